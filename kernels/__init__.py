@@ -1,0 +1,1 @@
+"""emunum.kernels: Numba rounding kernels. Nothing is compiled at import; CUDA is imported only on use."""

@@ -1,0 +1,228 @@
+"""Scalar rounding cores, written once and shared by the CPU (``@njit(parallel=True)``) and CUDA kernels.
+
+Signature-less ``@njit`` functions: numba specialises them for each caller. Format parameters are always
+arguments (never globals, which ``cache=True`` would freeze). Everything here works on integers so that
+rounding is exact: a float is handled as the unsigned bits of an IEEE binary32 or binary64 value.
+
+Codes (mirrors of ``emunum.spec``; this layer does not import emunum):
+  mode      0 nearest-even, 1 nearest-away, 2 toward zero, 3 up, 4 down, 5 odd, 6 stochastic
+  overflow  0 -> inf, 1 -> NaN, 2 -> saturate to max
+"""
+import math
+
+import numpy as np
+from numba import njit
+
+U64 = np.uint64
+ONE = np.uint64(1)
+ZERO = np.uint64(0)
+
+NEAREST, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC = 0, 1, 2, 3, 4, 5, 6
+OVF_INF, OVF_NAN, OVF_SAT = 0, 1, 2
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit
+def mix64(z):
+    """splitmix64's finaliser: a bijective 64-bit mix."""
+    z = (z ^ (z >> U64(30))) * U64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> U64(27))) * U64(0x94D049BB133111EB)
+    return z ^ (z >> U64(31))
+
+
+@njit
+def random_bits(key, index, nbits):
+    """``nbits`` (1..32) uniform bits for element ``index``: the splitmix64 output at counter ``index``.
+
+    ``key`` is the uint64 seed key (``mix64(seed)``); the result depends only on (key, index, nbits).
+    """
+    z = mix64(U64(key) + (U64(index) + ONE) * GOLDEN)
+    return z >> U64(64 - nbits)
+
+
+@njit
+def round_up_decision(rem, half, lsb, sign, mode):
+    """Whether a magnitude with dropped part ``rem`` (half = 1/2 ulp) rounds away from zero.
+
+    Non-stochastic modes; all arguments are uint64 (sign 0/1, lsb = last kept bit).
+    """
+    if mode == NEAREST:
+        return rem > half or (rem == half and lsb == ONE)
+    if mode == NEAREST_AWAY:
+        return rem >= half
+    if mode == UP:
+        return rem != ZERO and sign == ZERO
+    if mode == DOWN:
+        return rem != ZERO and sign == ONE
+    if mode == ODD:
+        return rem != ZERO and lsb == ZERO
+    return False  # toward zero
+
+
+@njit
+def stochastic_decision(rem, shift, rnd, nbits):
+    """Round away iff rem/2**shift, rounded to ``nbits`` bits (ties to even), plus rnd/2**nbits >= 1.
+
+    This is gfloat's ``RoundMode.Stochastic`` with ``srnumbits=nbits``: P(away) = frac to nbits bits.
+    """
+    if shift <= nbits:
+        drnd = rem << U64(nbits - shift)
+    else:
+        d = shift - nbits
+        if d >= 63:
+            drnd = ZERO
+        else:
+            q = rem >> U64(d)
+            r = rem & ((ONE << U64(d)) - ONE)
+            h = ONE << U64(d - 1)
+            drnd = q + U64(1 if (r > h or (r == h and (q & ONE) == ONE)) else 0)
+    return drnd + U64(rnd) >= (ONE << U64(nbits))
+
+
+@njit
+def _msb(v):
+    """Index of the highest set bit of v > 0."""
+    n = 0
+    while v > ONE:
+        v >>= ONE
+        n += 1
+    return n
+
+
+@njit
+def round_float_bits(u, sign_pos, in_man, in_bias, man, emin, subnormals, max_bits, overflow, negzero,
+                     mode, rnd, nbits):
+    """Round one IEEE float, given as its bits, to a FloatFormat; returns the bits of the result.
+
+    u: uint64 bits of a binary32 (sign_pos=31, in_man=23, in_bias=127) or binary64 (63, 52, 1023) value.
+    man, emin: the target's mantissa bits and smallest normal exponent; subnormals: 0/1.
+    max_bits: bits of the target's largest finite magnitude, in the input's own encoding.
+    overflow: 0 inf, 1 NaN, 2 saturate; negzero: 0 if the target has no -0.
+    rnd: random bits for mode 6 (else ignored), nbits: how many.
+    The result is a value of the target format encoded in the input's binary format.
+    """
+    u = U64(u)
+    sign = (u >> U64(sign_pos)) & ONE
+    signbit = sign << U64(sign_pos)
+    a = u & ((ONE << U64(sign_pos)) - ONE)
+    exp_field = a >> U64(in_man)
+    exp_all = (ONE << U64(sign_pos - in_man)) - ONE
+    inf_bits = exp_all << U64(in_man)
+    if exp_field == exp_all:
+        if a != inf_bits:
+            return u  # NaN stays NaN
+        if overflow == OVF_SAT:
+            return signbit | U64(max_bits)
+        if overflow == OVF_INF:
+            return u
+        return inf_bits | (ONE << U64(in_man - 1))
+    if a == ZERO:
+        return signbit if negzero != 0 else ZERO
+
+    # exponent of the input's last bit, and its true (unbiased) exponent
+    if exp_field == ZERO:
+        ulpexp = 1 - in_bias - in_man
+        etrue = ulpexp + _msb(a) if emin < 1 - in_bias else 1 - in_bias - 1
+    else:
+        etrue = np.int64(exp_field) - in_bias
+        ulpexp = etrue - in_man
+    # exponent of the target's quantum at this magnitude
+    if etrue >= emin:
+        qe = etrue - man
+    elif subnormals != 0:
+        qe = emin - man
+    else:
+        qe = emin
+    shift = qe - ulpexp
+
+    if shift <= 0:
+        res = a
+    elif shift <= in_man:
+        mask = (ONE << U64(shift)) - ONE
+        rem = a & mask
+        lsb = (a >> U64(shift)) & ONE
+        if mode == STOCHASTIC:
+            up = stochastic_decision(rem, shift, rnd, nbits)
+        else:
+            up = round_up_decision(rem, ONE << U64(shift - 1), lsb, sign, mode)
+        res = (a & ~mask) + (U64(1 if up else 0) << U64(shift))
+    else:
+        # the magnitude is below one quantum: the result is 0 or 2**qe
+        sig = (a & ((ONE << U64(in_man)) - ONE)) | ((ONE << U64(in_man)) if exp_field != ZERO else ZERO)
+        if mode == STOCHASTIC:
+            up = stochastic_decision(sig, shift, rnd, nbits)
+        else:
+            hs = shift if shift < in_man + 2 else in_man + 2
+            up = round_up_decision(sig, ONE << U64(hs - 1), ZERO, sign, mode)
+        if up:
+            if qe >= 1 - in_bias:
+                res = U64(qe + in_bias) << U64(in_man)
+            else:
+                res = ONE << U64(qe - (1 - in_bias - in_man))
+        else:
+            res = ZERO
+
+    if res > U64(max_bits):
+        if (overflow == OVF_SAT or mode == TOWARD_ZERO or mode == ODD
+                or (mode == UP and sign == ONE) or (mode == DOWN and sign == ZERO)):
+            res = U64(max_bits)
+        elif overflow == OVF_INF:
+            res = inf_bits
+        else:
+            return inf_bits | (ONE << U64(in_man - 1))
+    if res == ZERO and negzero == 0:
+        return ZERO
+    return signbit | res
+
+
+@njit
+def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbits):
+    """Round one float64 value to fixed point (integer code * 2**-frac_bits); returns a float64.
+
+    Magnitude rounding as in ``round_float_bits``; then saturate to [code_min, code_max] or wrap modulo
+    2**bits. Infinities saturate; NaN stays NaN; zero is +0.
+    """
+    if x != x:
+        return x
+    y = x * math.pow(2.0, frac_bits)
+    neg = y < 0.0
+    a = -y if neg else y
+    if a == math.inf:
+        return (code_min if neg else code_max) * math.pow(2.0, -frac_bits)
+    k = math.floor(a)
+    r = a - k
+    if r != 0.0:
+        odd = math.fmod(k, 2.0) == 1.0
+        if mode == NEAREST:
+            up = r > 0.5 or (r == 0.5 and odd)
+        elif mode == NEAREST_AWAY:
+            up = r >= 0.5
+        elif mode == UP:
+            up = not neg
+        elif mode == DOWN:
+            up = neg
+        elif mode == ODD:
+            up = not odd
+        elif mode == STOCHASTIC:
+            d = r * math.pow(2.0, nbits)
+            f = math.floor(d)
+            dd = d - f
+            if dd > 0.5 or (dd == 0.5 and math.fmod(f, 2.0) == 1.0):
+                f += 1.0
+            up = f + float(rnd) >= math.pow(2.0, nbits)
+        else:
+            up = False
+        if up:
+            k += 1.0
+    v = 0.0 - k if neg else k
+    if v > code_max or v < code_min:
+        if saturate != 0:
+            v = float(code_max) if v > code_max else float(code_min)
+        else:
+            span = float(code_max) - float(code_min) + 1.0
+            w = math.fmod(v - code_min, span)
+            if w < 0.0:
+                w += span
+            v = w + code_min
+    return v * math.pow(2.0, -frac_bits)

@@ -72,7 +72,8 @@ def round_float_reference(x: np.ndarray, fmt: FloatFormat, mode: RoundMode, seed
     qe = np.where(e >= fmt.emin, e - fmt.man, fmt.emin - fmt.man if fmt.subnormals else fmt.emin)
     y = np.ldexp(safe, -qe)
     k = np.floor(y)
-    mag = np.ldexp(_round_magnitude(k, y - k, neg, mode, rbits, sr_bits), qe)
+    with np.errstate(over="ignore"):
+        mag = np.ldexp(_round_magnitude(k, y - k, neg, mode, rbits, sr_bits), qe)
     mag = np.where(finite, mag, a)
 
     over = mag > fmt.max

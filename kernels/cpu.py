@@ -4,8 +4,13 @@ Each kernel exists twice, compiled lazily on first call (``cache=True``): a seri
 and a ``parallel=True`` / ``prange`` loop for large ones, where the thread start-up pays off. Both visit
 element ``i`` with the same arguments, so the bits never depend on the thread count.
 """
+
 import numpy as np
 from numba import njit, prange
+
+from . import _cache, scalar
+
+_cache.guard(__file__, [scalar.__file__])
 
 from .scalar import STOCHASTIC, random_bits, round_fixed_value, round_float_bits
 

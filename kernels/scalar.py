@@ -141,7 +141,10 @@ def round_float_bits(u, sign_pos, in_man, in_bias, man, emin, subnormals, max_bi
     elif shift <= in_man:
         mask = (ONE << U64(shift)) - ONE
         rem = a & mask
-        lsb = (a >> U64(shift)) & ONE
+        if shift < in_man:
+            lsb = (a >> U64(shift)) & ONE
+        else:  # the kept significand is the implicit bit alone
+            lsb = ONE if exp_field != ZERO else ZERO
         if mode == STOCHASTIC:
             up = stochastic_decision(rem, shift, rnd, nbits)
         else:
@@ -193,7 +196,7 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
     k = math.floor(a)
     r = a - k
     if r != 0.0:
-        odd = math.fmod(k, 2.0) == 1.0
+        odd = k % 2.0 == 1.0
         if mode == NEAREST:
             up = r > 0.5 or (r == 0.5 and odd)
         elif mode == NEAREST_AWAY:
@@ -208,7 +211,7 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
             d = r * math.pow(2.0, nbits)
             f = math.floor(d)
             dd = d - f
-            if dd > 0.5 or (dd == 0.5 and math.fmod(f, 2.0) == 1.0):
+            if dd > 0.5 or (dd == 0.5 and f % 2.0 == 1.0):
                 f += 1.0
             up = f + float(rnd) >= math.pow(2.0, nbits)
         else:
@@ -221,8 +224,5 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
             v = float(code_max) if v > code_max else float(code_min)
         else:
             span = float(code_max) - float(code_min) + 1.0
-            w = math.fmod(v - code_min, span)
-            if w < 0.0:
-                w += span
-            v = w + code_min
+            v = (v - code_min) % span + code_min
     return v * math.pow(2.0, -frac_bits)

@@ -193,7 +193,7 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
     a = -y if neg else y
     if a == math.inf:
         return (code_min if neg else code_max) * math.pow(2.0, -frac_bits)
-    k = math.floor(a)
+    k = np.floor(a)
     r = a - k
     if r != 0.0:
         odd = k % 2.0 == 1.0
@@ -209,7 +209,7 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
             up = not odd
         elif mode == STOCHASTIC:
             d = r * math.pow(2.0, nbits)
-            f = math.floor(d)
+            f = np.floor(d)
             dd = d - f
             if dd > 0.5 or (dd == 0.5 and f % 2.0 == 1.0):
                 f += 1.0

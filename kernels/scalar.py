@@ -190,7 +190,7 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
         return x
     y = x * math.pow(2.0, frac_bits)
     neg = y < 0.0
-    a = -y if neg else y
+    a = abs(y)
     if a == math.inf:
         return (code_min if neg else code_max) * math.pow(2.0, -frac_bits)
     k = np.floor(a)

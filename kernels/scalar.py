@@ -226,3 +226,70 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
             span = float(code_max) - float(code_min) + 1.0
             v = (v - code_min) % span + code_min
     return v * math.pow(2.0, -frac_bits)
+
+
+@njit
+def round_f32_fast(u, man, emin, subnormals, max_bits, overflow, negzero, mode, rnd, nbits):
+    """``round_float_bits`` for binary32 input bits, written branch-free so that loops over it vectorise.
+
+    Same arguments and result as ``round_float_bits(u, 31, 23, 127, ...)`` (as int64), for targets with
+    emin >= -126 (every format whose normal range lies inside float32's); callers check that.
+    The significand of every finite input is ``sig = a - ((max(E, 1) - 1) << 23)`` with the quantum of the
+    target at this exponent 2**shift units of the input's last place; the result re-encodes linearly
+    (a carry into the exponent field is the correct next binade) while shift <= 24, and is 0 or 2**qe beyond.
+    """
+    u = np.int64(u)
+    sign = u & 0x80000000
+    a = u & 0x7FFFFFFF
+    e_field = a >> 23
+    ep = max(e_field, 1)
+    et = ep - 127
+    qe = et - man if et >= emin else (emin - man if subnormals != 0 else emin)
+    shift = qe - et + 23
+    sig = a - ((ep - 1) << 23)
+    s = min(shift, 31)
+    kept = sig >> s
+    rem = sig & ((np.int64(1) << s) - 1)
+    half = (np.int64(1) << s) >> 1
+    odd = (kept & 1) == 1
+    inexact = rem != 0
+    if mode == NEAREST:
+        up = inexact & ((rem > half) | ((rem == half) & odd))
+    elif mode == NEAREST_AWAY:
+        up = inexact & (rem >= half)
+    elif mode == UP:
+        up = inexact & (sign == 0)
+    elif mode == DOWN:
+        up = inexact & (sign != 0)
+    elif mode == ODD:
+        up = inexact & ~odd
+    elif mode == STOCHASTIC:
+        d = shift - nbits  # the true shift: beyond 31 all of sig is remainder
+        if d <= 0:
+            drnd = rem << (-d)
+        else:
+            d = min(d, 62)
+            q = rem >> d
+            r = rem & ((np.int64(1) << d) - 1)
+            h = np.int64(1) << (d - 1)
+            drnd = q + np.int64((r > h) | ((r == h) & ((q & 1) == 1)))
+        up = drnd + np.int64(rnd) >= (np.int64(1) << nbits)
+    else:
+        up = False
+    k2 = kept + np.int64(up)
+    pow2 = ((qe + 127) << 23) if qe >= -126 else (np.int64(1) << (qe + 149))
+    res = (((ep - 1) << 23) + (k2 << s) if k2 != 0 else np.int64(0)) if shift <= 24 else (pow2 if up else np.int64(0))
+
+    over = res > max_bits
+    to_max = ((overflow == OVF_SAT) | (mode == TOWARD_ZERO) | (mode == ODD)
+              | ((mode == UP) & (sign != 0)) | ((mode == DOWN) & (sign == 0)))
+    nan_out = np.int64(0x7FC00000)
+    big = max_bits if to_max else (np.int64(0x7F800000) if overflow == OVF_INF else nan_out)
+    res = big if over else res
+    out = sign | res
+    out = np.int64(0) if (res == 0) & (negzero == 0) else out
+    out = nan_out if over & (~to_max) & (overflow == OVF_NAN) else out
+    # non-finite inputs
+    inf_out = (sign | max_bits) if overflow == OVF_SAT else (u if overflow == OVF_INF else nan_out)
+    out = (u if a > 0x7F800000 else inf_out) if e_field == 255 else out
+    return out

@@ -1,0 +1,190 @@
+"""torch custom ops (``torch.library.custom_op``) that carry emunum's rounding into autograd and torch.compile.
+
+Formats reach the ops as a plain ``int[]`` (``format_to_args`` / ``format_from_args``), rounding modes as
+their ``RoundMode`` code, and seeds as ``int?``. Every op has a fake (meta) implementation and an autograd
+formula, so ``torch.compile(fullgraph=True)`` traces through it and ``torch.library.opcheck`` passes.
+
+- ``emunum::quantize(x, fmt, mode, seed, sr_bits)``: ``emunum.quantize``; gradient straight through
+  (identity).
+- ``emunum::quantize_ste(x, fwd, fwd_mode, bwd, bwd_mode, clipped, seed, sr_bits)``: rounds x to ``fwd``
+  (``[]``: not at all); its backward rounds the incoming gradient to ``bwd`` (``[]``: not at all), after
+  zeroing it where |x| was beyond the forward format's range if ``clipped``.
+- ``emunum::exact_grad(value, x, fn, dim)``: returns ``value``; its backward is the exact derivative of
+  ``fn`` ("tanh", "sigmoid", "softmax" along ``dim``) at x. Approximate operators use it for ``grad="exact"``.
+
+Seeds: ``seed=None`` draws a fresh seed from torch's default CPU generator each time the op runs (eager or
+compiled alike, so ``torch.manual_seed`` makes runs repeatable); an int seed gives the same bits every time.
+The backward of ``quantize_ste`` rounds with ``derive_seed(seed, 1)`` (or a fresh seed if seed is None).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .formats import get_format
+from .quantize import quantize
+from .reference import mix64_int
+from .spec import FixedFormat, FloatFormat, Format, RoundMode, Special
+
+SEED_BITS = 62
+_SEED_MASK = (1 << SEED_BITS) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+# ---- plain-value encodings ---------------------------------------------------------------------------
+def format_to_args(fmt) -> list[int]:
+    """A format as plain ints for a custom op: float ``[0, exp, man, bias, subnormals, special, saturate]``,
+    fixed ``[1, bits, frac_bits, signed, saturate]``. ``None`` gives ``[]`` (no rounding)."""
+    if fmt is None:
+        return []
+    fmt = get_format(fmt)
+    if isinstance(fmt, FloatFormat):
+        return [0, fmt.exp, fmt.man, fmt.bias, int(fmt.subnormals), int(fmt.special), int(fmt.saturate)]
+    return [1, fmt.bits, fmt.frac_bits, int(fmt.signed), int(fmt.saturate)]
+
+
+def format_from_args(args) -> Format | None:
+    """Inverse of ``format_to_args``: ``format_from_args(format_to_args(f)) == f``; ``[]`` gives None."""
+    args = [int(a) for a in args]
+    if not args:
+        return None
+    if args[0] == 0 and len(args) == 7:
+        _, exp, man, bias, sub, special, sat = args
+        return FloatFormat(exp, man, bias=bias, subnormals=bool(sub), special=Special(special), saturate=bool(sat))
+    if args[0] == 1 and len(args) == 5:
+        _, bits, frac, signed, sat = args
+        return FixedFormat(bits, frac, signed=bool(signed), saturate=bool(sat))
+    raise ValueError(f"format args {args!r} are not an encoded format; expected [0, exp, man, bias, subnormals, "
+                     "special, saturate] or [1, bits, frac_bits, signed, saturate]")
+
+
+def check_seed(seed, field: str = "seed") -> Optional[int]:
+    """None, or an int that fits the ops' int64 schema."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"{field} must be an int or None, got {seed!r}")
+    if not -(2**63) <= seed < 2**63:
+        raise ValueError(f"{field}={seed} is out of range; allowed: -2**63 .. 2**63-1")
+    return seed
+
+
+def derive_seed(seed: Optional[int], stream: int) -> Optional[int]:
+    """The seed of sub-stream ``stream`` of ``seed``: ``mix64(seed + (stream+1) * golden) mod 2**62``.
+
+    Used for the backward pass (stream 1) and for the k-th rounding inside an emulated datapath.
+    None stays None (fresh randomness)."""
+    if seed is None:
+        return None
+    return mix64_int(seed + (stream + 1) * _GOLDEN) & _SEED_MASK
+
+
+def _mode(mode: int) -> RoundMode:
+    return RoundMode(int(mode))
+
+
+# ---- emunum::quantize ----------------------------------------------------------------------------------
+@torch.library.custom_op("emunum::quantize", mutates_args=())
+def quantize_op(x: Tensor, fmt: list[int], mode: int, seed: Optional[int], sr_bits: int) -> Tensor:
+    """Round x to ``format_from_args(fmt)`` with rounding mode code ``mode`` (a fresh, contiguous tensor)."""
+    return quantize(x, format_from_args(fmt), _mode(mode), seed=seed, sr_bits=sr_bits)
+
+
+@quantize_op.register_fake
+def _(x, fmt, mode, seed, sr_bits):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _quantize_backward(ctx, grad):
+    return grad, None, None, None, None
+
+
+quantize_op.register_autograd(_quantize_backward)
+
+
+# ---- emunum::quantize_ste ------------------------------------------------------------------------------
+@torch.library.custom_op("emunum::quantize_ste", mutates_args=())
+def quantize_ste_op(x: Tensor, fwd: list[int], fwd_mode: int, bwd: list[int], bwd_mode: int, clipped: bool,
+                    seed: Optional[int], sr_bits: int) -> Tensor:
+    """Forward rounding to ``fwd`` (``[]``: a copy of x); the backward rounds the gradient to ``bwd``."""
+    fmt = format_from_args(fwd)
+    if fmt is None:
+        return x.clone(memory_format=torch.contiguous_format)
+    return quantize(x, fmt, _mode(fwd_mode), seed=seed, sr_bits=sr_bits)
+
+
+@quantize_ste_op.register_fake
+def _(x, fwd, fwd_mode, bwd, bwd_mode, clipped, seed, sr_bits):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def in_range_mask(x: Tensor, fmt: Format) -> Tensor:
+    """True where x lies within fmt's range (|x| <= max for floats, min <= x <= max for fixed point), or is NaN.
+
+    Compared in float64, so that the format's limits are exact."""
+    xd = x.to(torch.float64)
+    if isinstance(fmt, FloatFormat):
+        return ~(xd.abs() > fmt.max)
+    return ~((xd > fmt.max) | (xd < fmt.min))
+
+
+def _ste_setup(ctx, inputs, output):
+    x, fwd, fwd_mode, bwd, bwd_mode, clipped, seed, sr_bits = inputs
+    ctx.fwd, ctx.bwd, ctx.bwd_mode, ctx.clipped, ctx.sr_bits = fwd, bwd, bwd_mode, clipped, sr_bits
+    ctx.bwd_seed = derive_seed(seed, 1)
+    ctx.save_for_backward(x if clipped else None)
+
+
+def _ste_backward(ctx, grad):
+    g = grad
+    if ctx.clipped:
+        (x,) = ctx.saved_tensors
+        g = torch.where(in_range_mask(x, format_from_args(ctx.fwd)), g, torch.zeros_like(g))
+    if ctx.bwd:
+        g = torch.ops.emunum.quantize(g, ctx.bwd, ctx.bwd_mode, ctx.bwd_seed, ctx.sr_bits)
+    return g, None, None, None, None, None, None, None
+
+
+quantize_ste_op.register_autograd(_ste_backward, setup_context=_ste_setup)
+
+
+# ---- emunum::exact_grad --------------------------------------------------------------------------------
+EXACT_GRAD_FUNCTIONS = ("tanh", "sigmoid", "softmax")
+
+
+@torch.library.custom_op("emunum::exact_grad", mutates_args=())
+def exact_grad_op(value: Tensor, x: Tensor, fn: str, dim: int) -> Tensor:
+    """Returns a copy of ``value``; the gradient w.r.t. x is that of the exact ``fn`` at x (value gets none)."""
+    if fn not in EXACT_GRAD_FUNCTIONS:
+        raise ValueError(f"fn={fn!r} is not supported; allowed: {', '.join(EXACT_GRAD_FUNCTIONS)}")
+    return value.clone(memory_format=torch.contiguous_format)
+
+
+@exact_grad_op.register_fake
+def _(value, x, fn, dim):
+    return torch.empty_like(value, memory_format=torch.contiguous_format)
+
+
+def _exact_setup(ctx, inputs, output):
+    value, x, fn, dim = inputs
+    ctx.fn, ctx.dim = fn, dim
+    ctx.save_for_backward(x)
+
+
+def _exact_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    if ctx.fn == "tanh":
+        t = torch.tanh(x)
+        gx = grad * (1 - t * t)
+    elif ctx.fn == "sigmoid":
+        s = torch.sigmoid(x)
+        gx = grad * (s * (1 - s))
+    else:
+        s = torch.softmax(x, ctx.dim)
+        gx = s * (grad - (grad * s).sum(ctx.dim, keepdim=True))
+    return None, gx, None, None
+
+
+exact_grad_op.register_autograd(_exact_backward, setup_context=_exact_setup)

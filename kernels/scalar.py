@@ -222,9 +222,9 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
     if saturate != 0:
         v = min(max(v, lo), hi)
     else:
-        span = hi - lo + 1.0  # a power of two: the wrap below is exact
-        w = v - lo
-        v = w - np.floor(w / span) * span + lo
+        span = hi - lo + 1.0  # a power of two, and lo <= 0 <= hi: every step below is exact
+        w = v - np.floor(v / span) * span
+        v = w - span if w > hi else w
     v = (hi if y > 0.0 else lo) if a == math.inf else v
     v = x if x != x else v
     return v * math.pow(2.0, -frac_bits)

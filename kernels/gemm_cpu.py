@@ -1,0 +1,265 @@
+"""Numba CPU kernels for emulated multiply-accumulate: batched GEMM and the element-wise MAD.
+
+The datapath (order of operations, roundings, stochastic counters) is specified in ``emunum.mad``; this
+module implements it. Output tiles of ``TM x TN`` elements are distributed over threads with ``prange``;
+inside a tile, row i, then the K loop, then a contiguous run of TN columns, so the accumulators of TN
+outputs advance together. Every output element sees the same operations in the same order whatever the
+tiling or thread count, so the bits never depend on either.
+
+Two GEMM kernels:
+- ``gemm_general``: any formats and rounding modes (exact sums via TwoSum and round-to-odd, rounding by the
+  bit-exact cores of ``scalar.py``; stochastic bits from the counter-based generator).
+- ``gemm_fast``: both roundings to nearest-even FloatFormats with mul precision <= acc precision, not fused.
+  Rounding is branch-free binary64 arithmetic (``round_nearest_fast``) and the sum product + accumulator is
+  taken as the binary64 ``fl(p + acc)`` without TwoSum. That is exact here: if fl(p + acc) != p + acc, the
+  smaller addend b is below 2**-27 times the larger a (both have <= 24 significant bits), and a lies on the
+  accumulator's grid (or the sum overflows, or both lie below the accumulator's quantum, where the sum is
+  exact); the grid's midpoints around a are at least 2**-25 |a| away, so the exact and the binary64 sums
+  round to the same neighbour. The same holds for chunk and lane sums (both addends on the grid). Bias is
+  added with TwoSum and round-to-odd. ``tests/kernels/test_gemm_cpu.py`` checks both kernels bit for bit.
+Nothing is compiled at import; each kernel compiles on first call (``cache=True``).
+"""
+import numpy as np
+from numba import njit, prange
+
+from . import _cache, gemm_scalar, scalar
+
+_cache.guard(__file__, [scalar.__file__, gemm_scalar.__file__])
+
+from .gemm_scalar import (  # noqa: E402
+    NSTREAMS, P_EMIN, P_KIND, P_MAN, P_MAXBITS, P_MODE, P_OVF, P_SUB, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE,
+    add_round, mac, reduce_lanes, round_nearest_fast, round_odd, two_sum,
+)
+from .scalar import NEAREST  # noqa: E402
+
+TM, TN = 8, 64  # output tile: rows x columns
+
+
+@njit(cache=True, parallel=True)
+def gemm_general(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits):
+    nb, M, N = out.shape
+    K = A.shape[2]
+    bA, bB = A.shape[0], B.shape[0]
+    ti, tj = (M + TM - 1) // TM, (N + TN - 1) // TN
+    span = chunk * lanes if chunk > 0 else max(K, 1)
+    k_mul, k_acc, k_chunk, k_red, k_bias = keys[S_MUL], keys[S_ACC], keys[S_CHUNK], keys[S_REDUCE], keys[S_BIAS]
+    for t in prange(nb * ti * tj):
+        b = t // (ti * tj)
+        r = t % (ti * tj)
+        i0, j0 = (r // tj) * TM, (r % tj) * TN
+        i1, nj = min(i0 + TM, M), min(j0 + TN, N) - j0
+        ab, bbi = b % bA, b % bB
+        inner = np.zeros((lanes, TN))
+        outer = np.zeros((lanes, TN))
+        v = np.empty(lanes)
+        for i in range(i0, i1):
+            inner[:, :] = 0.0
+            outer[:, :] = 0.0
+            obase = (b * M + i) * N + j0
+            for kk in range(0, K, span):
+                for k in range(kk, min(K, kk + span)):
+                    lane = k % lanes
+                    a = A[ab, i, k]
+                    for jj in range(nj):
+                        inner[lane, jj] = mac(a, B[bbi, k, j0 + jj], inner[lane, jj], fused, mulp, accp,
+                                              k_mul, k_acc, (obase + jj) * K + k, nbits)
+                if chunk > 0:
+                    for lane in range(lanes):
+                        for jj in range(nj):
+                            outer[lane, jj] = add_round(outer[lane, jj], inner[lane, jj], accp, k_chunk,
+                                                        (obase + jj) * K + kk + lane, nbits)
+                            inner[lane, jj] = 0.0
+            src = outer if chunk > 0 else inner
+            for jj in range(nj):
+                for lane in range(lanes):
+                    v[lane] = src[lane, jj]
+                y = reduce_lanes(v, lanes, accp, k_red, obase + jj, nbits)
+                if has_bias:
+                    y = add_round(y, bias[b, i, j0 + jj], accp, k_bias, obase + jj, nbits)
+                out[b, i, j0 + jj] = y
+
+
+@njit(cache=True, parallel=True)
+def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_sub, acc_sub, checks):
+    """Round-to-nearest FloatFormat units (``fast_plan``). A, B, mulf, accf share the work dtype (float32 or
+    float64); acc64: the accumulator's float64 parameters, for the bias addition."""
+    nb, M, N = out.shape
+    K = A.shape[2]
+    bA, bB = A.shape[0], B.shape[0]
+    ti, tj = (M + TM - 1) // TM, (N + TN - 1) // TN
+    span = chunk * lanes if chunk > 0 else max(K, 1)
+    ms, mm, mn, mx, mo = mulf[0], mulf[1], mulf[2], mulf[3], mulf[4]
+    as_, am, an, ax, ao = accf[0], accf[1], accf[2], accf[3], accf[4]
+    for t in prange(nb * ti * tj):
+        b = t // (ti * tj)
+        r = t % (ti * tj)
+        i0, j0 = (r // tj) * TM, (r % tj) * TN
+        i1, nj = min(i0 + TM, M), min(j0 + TN, N) - j0
+        ab, bbi = b % bA, b % bB
+        inner = np.zeros((lanes, TN), A.dtype)
+        outer = np.zeros((lanes, TN), A.dtype)
+        for i in range(i0, i1):
+            inner[:, :] = 0.0
+            outer[:, :] = 0.0
+            arow = A[ab, i]
+            for kk in range(0, K, span):
+                for k in range(kk, min(K, kk + span)):
+                    a = arow[k]
+                    brow = B[bbi, k]
+                    acc = inner[k % lanes]
+                    for jj in range(nj):
+                        p = round_nearest_fast(a * brow[j0 + jj], ms, mm, mn, mx, mo, mul_sub, checks)
+                        acc[jj] = round_nearest_fast(p + acc[jj], as_, am, an, ax, ao, acc_sub, checks)
+                if chunk > 0:
+                    for lane in range(lanes):
+                        for jj in range(nj):
+                            outer[lane, jj] = round_nearest_fast(outer[lane, jj] + inner[lane, jj],
+                                                                 as_, am, an, ax, ao, acc_sub, checks)
+                            inner[lane, jj] = 0.0
+            src = outer if chunk > 0 else inner
+            for jj in range(nj):
+                n = lanes
+                while n > 1:  # pairwise, as reduce_lanes
+                    h = n // 2
+                    for q in range(h):
+                        src[q, jj] = round_nearest_fast(src[2 * q, jj] + src[2 * q + 1, jj],
+                                                        as_, am, an, ax, ao, acc_sub, checks)
+                    if n % 2 == 1:
+                        src[h, jj] = src[n - 1, jj]
+                        n = h + 1
+                    else:
+                        n = h
+                y = np.float64(src[0, jj])
+                if has_bias:
+                    s, e = two_sum(y, bias[b, i, j0 + jj])
+                    y = round_nearest_fast(round_odd(s, e), acc64[0], acc64[1], acc64[2], acc64[3], acc64[4],
+                                           True, True)
+                out[b, i, j0 + jj] = y
+
+
+@njit(cache=True, parallel=True)
+def mad_elementwise(a, b, c, out, fused, mulp, accp, keys, nbits):
+    for i in prange(out.size):
+        out[i] = mac(a[i], b[i], c[i], fused, mulp, accp, keys[S_MUL], keys[S_ACC], i, nbits)
+
+
+def fast_params(p: np.ndarray, dtype=np.float64) -> np.ndarray:
+    """(split, magic, min_normal, max, overflow value) of ``round_nearest_fast`` for a float parameter vector,
+    in ``dtype`` arithmetic (float64: 53-bit significands; float32: 24)."""
+    t = 53 if np.dtype(dtype) == np.float64 else 24
+    man, emin, sub = int(p[P_MAN]), int(p[P_EMIN]), int(p[P_SUB])
+    max_value = float(np.array(p[P_MAXBITS], dtype=np.int64).view(np.float64))
+    q = emin - man if sub else emin
+    ovf = (np.inf, np.nan, max_value)[int(p[P_OVF])]
+    return np.array([2.0 ** (t - 1 - man) + 1.0, 1.5 * 2.0 ** (t - 1 + q), 2.0**emin, max_value, ovf], dtype=dtype)
+
+
+def fast_applies(fused: int, mulp: np.ndarray, accp: np.ndarray) -> bool:
+    """Whether ``gemm_fast`` can run the unit's datapath exactly: both roundings to nearest-even FloatFormats,
+    not fused, and the product format no wider than the accumulator (see the module docstring)."""
+    return bool(not fused and mulp[P_KIND] == 0 and accp[P_KIND] == 0 and mulp[P_MODE] == NEAREST
+                and accp[P_MODE] == NEAREST and mulp[P_MAN] <= accp[P_MAN])
+
+
+def _abs_range(x: np.ndarray) -> tuple[float, float]:
+    """(max |x|, smallest nonzero |x|) as float64; (0, inf) when x holds no nonzero value."""
+    a = np.abs(x.astype(np.float64, copy=False))
+    nz = a[a != 0]
+    return (float(a.max()) if a.size else 0.0), (float(nz.min()) if nz.size else np.inf)
+
+
+def _significant_bits(x: np.ndarray) -> int:
+    """Most significant bits (leading to last set bit) of any nonzero float32 value of x (0 if none)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).reshape(-1)
+    sig = (u & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
+    sig = sig[(u & np.uint32(0x7FFFFFFF)) != 0]
+    if sig.size == 0:
+        return 0
+    low = sig & (~sig + np.uint32(1))  # lowest set bit
+    return int(24 - np.log2(low.astype(np.float64)).min())
+
+
+def fast_plan(A, B, fused, mulp, accp):
+    """None when ``gemm_fast`` does not apply; else (work dtype, mul_sub, acc_sub, checks).
+
+    The flags drop work that provably cannot change a result for these operands:
+    mul_sub: some nonzero |a*b| may fall below the product format's min_normal;
+    acc_sub: some sum may fall below the accumulator's min_normal (never when the products' quantum,
+      2**(emin - man) of mul, is at least that min_normal: every sum is a multiple of it);
+    checks: a product or sum may overflow, or an operand is not finite (bound: K terms of |round(a*b)| <=
+      max|a| max|b| (1 + 2**-mul man), then at most 2K + 8 accumulator roundings on any path, each growing
+      a magnitude by a factor of at most 1 + 2**-acc man).
+    float32 work: exact when every product is exact in binary32 (significant bits of a plus those of b <= 24,
+    no underflow, no overflow), both formats keep far from binary32's limits, and
+    2 * (acc man + 1) <= 21, which keeps the binary32 sums as good as exact (module docstring, with 24 bits).
+    """
+    if not fast_applies(fused, mulp, accp):
+        return None
+    K = A.shape[2]
+    amax, amin = _abs_range(A)
+    bmax, bmin = _abs_range(B)
+    mul_man, mul_emin = int(mulp[P_MAN]), int(mulp[P_EMIN])
+    acc_man, acc_emin = int(accp[P_MAN]), int(accp[P_EMIN])
+    mul_max = float(np.array(mulp[P_MAXBITS], dtype=np.int64).view(np.float64))
+    acc_max = float(np.array(accp[P_MAXBITS], dtype=np.int64).view(np.float64))
+    finite = bool(np.isfinite(amax) and np.isfinite(bmax))
+    mul_sub = not (amin * bmin >= 2.0**mul_emin)
+    acc_sub = not (mul_emin - mul_man >= acc_emin)
+    checks = True
+    if finite and amax * bmax <= mul_max:
+        top = amax * bmax
+        if top == 0.0:
+            checks = False
+        else:
+            log_bound = (np.log2(max(K, 1)) + np.log2(top) + np.log2(1.0 + 2.0**-mul_man)
+                         + (2 * K + 8) * np.log2(1.0 + 2.0**-acc_man))
+            checks = not (log_bound < np.log2(acc_max) - 1e-9)
+    dtype = np.float64
+    if (2 * (acc_man + 1) <= 21 and finite and amax * bmax <= 2.0**100 and amin * bmin >= 2.0**-100
+            and mul_emin - (mul_man if mulp[P_SUB] else 0) >= -100 and acc_emin >= -100
+            and _significant_bits(A) + _significant_bits(B) <= 24):
+        dtype = np.float32
+    return dtype, mul_sub, acc_sub, checks
+
+
+def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=None):
+    """out[b] = A[b % bA] @ B[b % bB] (+ bias[b]) on the unit's datapath.
+
+    A: (bA, M, K), B: (bB, K, N): float32-representable values (float32 or float64 arrays), used as given;
+    bias: (nb, M, N) float64 or None; out: (nb, M, N) float64, written. mulp/accp: int64 parameter vectors;
+    lanes >= 1; chunk 0 (none) or >= 1; keys: NSTREAMS uint64 stream keys; nbits: stochastic bits.
+    fast: None picks ``gemm_fast`` whenever ``fast_plan`` allows; False forces ``gemm_general``;
+    a tuple forces that plan (tests).
+    """
+    if len(keys) != NSTREAMS:
+        raise ValueError(f"keys must hold {NSTREAMS} stream keys, got {len(keys)}")
+    has_bias = bias is not None
+    if bias is None:
+        bias = np.zeros((1, 1, 1))
+    plan = None
+    if fast is None:
+        plan = fast_plan(A, B, fused, mulp, accp)
+    elif fast is not False:
+        plan = fast if fast_applies(fused, mulp, accp) else None
+    if plan is not None:
+        dtype, mul_sub, acc_sub, checks = plan
+        gemm_fast(np.ascontiguousarray(A, dtype=dtype), np.ascontiguousarray(B, dtype=dtype), bias, has_bias, out,
+                  fast_params(mulp, dtype), fast_params(accp, dtype), fast_params(accp), lanes, chunk,
+                  bool(mul_sub), bool(acc_sub), bool(checks))
+    else:
+        gemm_general(np.ascontiguousarray(A, dtype=np.float32), np.ascontiguousarray(B, dtype=np.float32), bias,
+                     has_bias, out, int(fused), as_params(mulp), as_params(accp), lanes, chunk, as_keys(keys), nbits)
+
+
+def mad(a, b, c, out, fused, mulp, accp, keys, nbits):
+    """out[i] = the one-step MAD of (a[i], b[i], c[i]): flat a, b float32, c and out float64."""
+    mad_elementwise(a, b, c, out, int(fused), as_params(mulp), as_params(accp), as_keys(keys), nbits)
+
+
+def as_params(p) -> tuple:
+    """A parameter vector as the tuple of ints the kernels take (tuples pass to CPU and CUDA code alike)."""
+    return tuple(int(v) for v in p)
+
+
+def as_keys(keys) -> tuple:
+    return tuple(np.uint64(k) for k in keys)

@@ -1,4 +1,4 @@
-"""``emunum`` command line: ``emunum formats`` (more subcommands register below)."""
+"""``emunum`` command line: ``emunum formats | report | tta`` (more subcommands register below)."""
 from __future__ import annotations
 
 import argparse
@@ -28,11 +28,120 @@ def _cmd_formats(args) -> int:
     return 0
 
 
+def _write(text: str, out) -> None:
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        from pathlib import Path
+
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
+        print(f"wrote {out}", file=sys.stderr)
+
+
+def _fail(command: str, err: Exception) -> int:
+    print(f"emunum {command}: error: {err}", file=sys.stderr)
+    return 2
+
+
+def _cmd_report(args) -> int:
+    from pathlib import Path
+
+    from . import report
+
+    try:
+        how = report.OutputFormat.parse(args.format, "--format")
+        runs = report.load_sweep(args.sweep)
+        rep = report.summarize(runs, args.baseline)
+    except ValueError as e:
+        return _fail("report", e)
+    _write(report.render(rep, how), args.out)
+    if how == report.OutputFormat.CSV:
+        for n in rep.notes:
+            print(f"note: {n}", file=sys.stderr)
+    if not args.no_plot:
+        path = Path(args.plot) if args.plot else Path(args.sweep) / "convergence.png"
+        try:
+            report.convergence_plot(runs, path, args.baseline)
+            print(f"wrote {path}", file=sys.stderr)
+        except ValueError as e:
+            print(f"note: no plot: {e}", file=sys.stderr)
+    return 0
+
+
+def _cmd_tta(args) -> int:
+    from . import report, tta
+
+    if args.sweep is None:
+        return _fail("tta", ValueError(
+            "no sweep directory given; put it before --seconds-per-iteration, which takes every NAME=SECONDS "
+            "that follows it (emunum tta SWEEP --seconds-per-iteration fp32=0.031 fp8=0.012)"))
+    try:
+        how = report.OutputFormat.parse(args.format, "--format")
+        runs = report.load_sweep(args.sweep)
+        rep = report.summarize(runs, args.baseline)
+        formats = [s.format for s in rep.summaries]
+        sources, extra = {}, []
+        if args.seconds_per_iteration is not None:
+            times = tta.parse_pairs(args.seconds_per_iteration)
+            tta.check_known(times, formats, "--seconds-per-iteration")
+        elif args.sim is not None:
+            times = tta.load_sim(args.sim)
+            tta.check_known(times, formats, f"--sim {args.sim}")
+        else:
+            from .flops import Hardware
+
+            hw = Hardware.load(args.hardware)
+            times, sources, extra = tta.roofline_times(runs, hw)
+            extra.append(f"hardware {hw.name}: peak FLOP/s by width "
+                         + ", ".join(f"{w}-bit {p:.4g}" for w, p in hw.peak_flops)
+                         + f"; memory {hw.memory_bandwidth:.4g} B/s" + (f" ({hw.source})" if hw.source else ""))
+        out = tta.combine(rep.summaries, times, args.baseline, sources)
+        out = tta.TTAReport(out.rows, out.baseline, out.notes + tuple(extra) + rep.notes)
+    except ValueError as e:
+        return _fail("tta", e)
+    _write(tta.render(out, how), args.out)
+    if how == report.OutputFormat.CSV:
+        for n in out.notes:
+            print(f"note: {n}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="emunum", description="emunum: reduced-precision numerics emulation")
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("formats", help="print the preset format table")
     f.set_defaults(func=_cmd_formats)
+
+    r = sub.add_parser("report", help="per-format table and convergence plot of a training sweep",
+                       description="Per format: runs, reached/total, iterations to accuracy (mean ± std over "
+                       "the runs that reached the target), ratio to the baseline, best accuracy; and "
+                       "convergence.png (validation accuracy vs iterations, mean and min..max band over seeds).")
+    r.add_argument("sweep", help="a sweep directory (e.g. multirun/<date>/<time>) or any tree of run directories")
+    r.add_argument("--baseline", default="fp32", help="format name the ratios refer to (default fp32)")
+    r.add_argument("--format", default="text", help="table format: text, md or csv (default text)")
+    r.add_argument("--out", default=None, help="write the table to this file instead of stdout")
+    r.add_argument("--plot", default=None, help="where to write the plot (default <sweep>/convergence.png)")
+    r.add_argument("--no-plot", action="store_true", help="skip the convergence plot")
+    r.set_defaults(func=_cmd_report)
+
+    t = sub.add_parser("tta", help="time to accuracy: iterations (emulation) x seconds per iteration (simulation)",
+                       description="TTA = iterations to accuracy x seconds per iteration, per format, with the "
+                       "speed-up over the baseline split into throughput gain (t_iter baseline / t_iter format) "
+                       "and statistical-efficiency loss (iters format / iters baseline). --hardware gives a "
+                       "first-order roofline estimate, not a simulation.")
+    t.add_argument("sweep", nargs="?", help="a sweep directory (as for emunum report)")
+    t.add_argument("--baseline", default="fp32", help="format name the speed-ups refer to (default fp32)")
+    src = t.add_mutually_exclusive_group(required=True)
+    src.add_argument("--seconds-per-iteration", nargs="+", metavar="NAME=SECONDS",
+                     help="per-iteration time of each format, e.g. fp32=0.031 fp8=0.012")
+    src.add_argument("--sim", metavar="FILE", help="simulator results: .yaml/.yml (format: seconds) or .csv "
+                     "(columns format,seconds_per_iteration)")
+    src.add_argument("--hardware", metavar="NAME|FILE", help="roofline estimate on a hardware description: a "
+                     "name in experiments/conf/hardware (h100_like, a100_like) or a YAML file")
+    t.add_argument("--format", default="text", help="table format: text, md or csv (default text)")
+    t.add_argument("--out", default=None, help="write the table to this file instead of stdout")
+    t.set_defaults(func=_cmd_tta)
     return p
 
 

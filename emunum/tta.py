@@ -1,0 +1,296 @@
+"""Divide-and-conquer time-to-accuracy: ``emunum tta``.
+
+Emulation measures the iterations a format needs to reach the target (``emunum.report``); a simulator (or
+the first-order roofline of ``emunum.flops``) gives the time of one iteration on the target hardware. Per
+format, with the baseline format b (default fp32):
+
+- ``TTA = iters * t_iter`` (iters: mean iterations to accuracy over the runs that reached the target);
+- throughput gain ``t_iter(b) / t_iter(fmt)`` (> 1: faster iterations);
+- statistical-efficiency loss ``iters(fmt) / iters(b)`` (> 1: more iterations needed);
+- speed-up ``TTA(b) / TTA(fmt)`` = throughput gain / statistical-efficiency loss.
+
+Per-iteration times come from ``--seconds-per-iteration NAME=SECONDS ...``, a simulator file (``--sim``:
+YAML or CSV, see ``load_sim``), or ``--hardware`` (roofline from FLOP counts, see ``emunum.flops``).
+A format without a time, or that never reached the target, gets n/a and a note; so do the ratios when the
+baseline has neither.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .report import FormatSummary, OutputFormat, Run, fmt_num, render_table
+
+
+@dataclass(frozen=True)
+class TTARow:
+    format: str
+    runs: int
+    reached: int
+    iterations: float | None  # mean iterations to accuracy over reached runs
+    seconds_per_iteration: float | None
+    tta_seconds: float | None
+    throughput_gain: float | None  # t_iter(baseline) / t_iter(format)
+    stat_efficiency_loss: float | None  # iters(format) / iters(baseline)
+    speedup: float | None  # TTA(baseline) / TTA(format)
+    source: str = ""  # where t_iter came from (e.g. "sim", "roofline: memory-bound, 8-bit")
+
+
+@dataclass(frozen=True)
+class TTAReport:
+    rows: tuple[TTARow, ...]
+    baseline: str
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _seconds(value, what: str) -> float:
+    """A positive finite number of seconds, from a number or a string; ValueError naming ``what``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{what}: {value!r} is not a number of seconds")
+    try:
+        s = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}: {value!r} is not a number of seconds") from None
+    if not math.isfinite(s) or s <= 0:
+        raise ValueError(f"{what}: {value!r} must be a positive finite number of seconds")
+    return s
+
+
+def _add(times: dict, name, seconds, where: str) -> None:
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{where}: format name {name!r} must be a non-empty string")
+    name = name.strip()
+    if name in times:
+        raise ValueError(f"{where}: format {name!r} is given twice")
+    times[name] = _seconds(seconds, f"{where}: seconds per iteration of {name!r}")
+
+
+def parse_pairs(pairs: list[str]) -> dict[str, float]:
+    """``["fp32=0.031", "fp8=0.012"]`` -> ``{"fp32": 0.031, "fp8": 0.012}``; ValueError naming a bad pair."""
+    times: dict[str, float] = {}
+    for p in pairs:
+        if not isinstance(p, str) or p.count("=") != 1:
+            raise ValueError(f"--seconds-per-iteration: {p!r} is not NAME=SECONDS (e.g. fp8=0.012)")
+        name, value = p.split("=")
+        if not name.strip():
+            raise ValueError(f"--seconds-per-iteration: {p!r} has no format name before '='")
+        _add(times, name, value.strip(), f"--seconds-per-iteration {p!r}")
+    return times
+
+
+def load_sim(path) -> dict[str, float]:
+    """Seconds per iteration per format from a simulator results file.
+
+    - ``.yaml``/``.yml``: a mapping ``{fp32: 0.031, fp8: 0.012}``, the same under a top-level
+      ``seconds_per_iteration:`` key, or a list of ``{format: NAME, seconds_per_iteration: S}`` records;
+    - ``.csv``: a header row with ``format`` and ``seconds_per_iteration`` columns (others are ignored).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--sim {str(path)!r}: no such file")
+    times: dict[str, float] = {}
+    suffix = path.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        import yaml
+
+        with open(path) as f:
+            try:
+                d = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                raise ValueError(f"--sim {str(path)!r} is not valid YAML: {e}") from None
+        if isinstance(d, dict) and set(d) == {"seconds_per_iteration"}:
+            d = d["seconds_per_iteration"]
+        if isinstance(d, dict):
+            for k, v in d.items():
+                _add(times, k, v, f"--sim {path}")
+        elif isinstance(d, list):
+            for i, rec in enumerate(d):
+                if not isinstance(rec, dict) or "format" not in rec or "seconds_per_iteration" not in rec:
+                    raise ValueError(f"--sim {path}: record {i} ({rec!r}) needs keys format and seconds_per_iteration")
+                _add(times, rec["format"], rec["seconds_per_iteration"], f"--sim {path} record {i}")
+        else:
+            raise ValueError(f"--sim {path}: expected a mapping format -> seconds or a list of records, got {d!r}")
+    elif suffix == ".csv":
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            cols = reader.fieldnames or []
+            for c in ("format", "seconds_per_iteration"):
+                if c not in cols:
+                    raise ValueError(f"--sim {path}: no {c!r} column (columns: {cols}); allowed header: "
+                                     "format,seconds_per_iteration[,...]")
+            for i, rec in enumerate(reader, start=2):
+                _add(times, rec["format"], rec["seconds_per_iteration"], f"--sim {path} line {i}")
+    else:
+        raise ValueError(f"--sim {str(path)!r}: unknown file type {suffix!r}; allowed: .yaml, .yml, .csv")
+    if not times:
+        raise ValueError(f"--sim {path}: no formats in the file")
+    return times
+
+
+def check_known(times: dict[str, float], formats: list[str], where: str) -> None:
+    """ValueError naming the first format of ``times`` that is not in the sweep."""
+    for name in times:
+        if name not in formats:
+            raise ValueError(f"{where}: format {name!r} is not in the sweep; the sweep's formats: {', '.join(formats)}")
+
+
+def combine(summaries: tuple[FormatSummary, ...] | list[FormatSummary], times: dict[str, float],
+            baseline: str = "fp32", sources: dict[str, str] | None = None) -> TTAReport:
+    """The TTA table from per-format iteration summaries and seconds per iteration (module docstring)."""
+    sources = sources or {}
+    names = [s.format for s in summaries]
+    notes = []
+    by = {s.format: s for s in summaries}
+    base = by.get(baseline)
+    if base is None:
+        notes.append(f"baseline {baseline!r} is not in the sweep (formats: {', '.join(names)}): no speed-ups; "
+                     "pass --baseline NAME")
+    b_iters = base.iters_mean if base else None
+    b_t = times.get(baseline)
+    if base is not None and b_iters is None:
+        notes.append(f"baseline {baseline!r} never reached the target: no statistical-efficiency loss or speed-up")
+    if base is not None and b_t is None:
+        notes.append(f"no seconds per iteration for the baseline {baseline!r}: no throughput gain or speed-up")
+    rows = []
+    for s in summaries:
+        t = times.get(s.format)
+        if t is None and s.format != baseline:
+            notes.append(f"no seconds per iteration for {s.format!r}: its TTA is n/a")
+        if s.iters_mean is None and s.format != baseline:
+            notes.append(f"{s.format!r} never reached the target in {s.runs} run(s): its TTA is n/a")
+        tta = s.iters_mean * t if s.iters_mean is not None and t is not None else None
+        gain = b_t / t if b_t is not None and t is not None else None
+        loss = s.iters_mean / b_iters if s.iters_mean is not None and b_iters else None
+        b_tta = b_iters * b_t if b_iters is not None and b_t is not None else None
+        speedup = b_tta / tta if b_tta is not None and tta else None
+        rows.append(TTARow(s.format, s.runs, s.reached, s.iters_mean, t, tta, gain, loss, speedup,
+                           sources.get(s.format, "")))
+    return TTAReport(tuple(rows), baseline, tuple(notes))
+
+
+def render(report: TTAReport, how="text") -> str:
+    """The TTA table as text, Markdown or CSV (CSV: every field at full precision)."""
+    how = OutputFormat.parse(how)
+    if how == OutputFormat.CSV:
+        header = ["format", "runs", "reached", "iterations", "seconds_per_iteration", "tta_seconds",
+                  "throughput_gain", "stat_efficiency_loss", "speedup", "source"]
+        rows = [[r.format, str(r.runs), str(r.reached)] + ["" if v is None else repr(v) for v in (
+            r.iterations, r.seconds_per_iteration, r.tta_seconds, r.throughput_gain, r.stat_efficiency_loss,
+            r.speedup)] + [r.source] for r in report.rows]
+        return render_table(header, rows, how)
+    b = report.baseline
+    header = ["format", "reached", "iters (mean)", "s/iter", "TTA (s)", "throughput gain", "stat. eff. loss",
+              f"speed-up vs {b}"]
+    rows = []
+    for r in report.rows:
+        x = lambda v: "n/a" if v is None else f"{v:.3f}x"  # noqa: E731
+        rows.append([r.format, f"{r.reached}/{r.runs}", fmt_num(r.iterations, ".1f"),
+                     fmt_num(r.seconds_per_iteration, ".4g"), fmt_num(r.tta_seconds, ".4g"),
+                     x(r.throughput_gain), x(r.stat_efficiency_loss), x(r.speedup)])
+    align = ["<"] + [">"] * (len(header) - 1)
+    if any(r.source for r in report.rows):
+        header.append("s/iter source")
+        align.append("<")
+        for row, r in zip(rows, report.rows):
+            row.append(r.source)
+    notes = [f"TTA = iters x s/iter; throughput gain = s/iter({b}) / s/iter; stat. eff. loss = iters / iters({b}); "
+             f"speed-up = TTA({b}) / TTA = throughput gain / stat. eff. loss", *report.notes]
+    return render_table(header, rows, how, notes, align)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# roofline times for a sweep (first-order; see emunum.flops)
+# ---------------------------------------------------------------------------------------------------------
+def format_bits(cfg: dict) -> int:
+    """Bit width of a run's numerics recipe: ``format.fmt`` (an emunum format name; null means fp32)."""
+    from .formats import get_format
+
+    fmt = (cfg.get("format") or {}).get("fmt") if isinstance(cfg.get("format"), dict) else None
+    return 32 if fmt is None else get_format(fmt).bits
+
+
+def _experiments_root(run_dir: Path) -> Path | None:
+    """The directory holding the ``experiments`` package a run was launched from (its Hydra config path)."""
+    import yaml
+
+    p = run_dir / ".hydra" / "hydra.yaml"
+    if not p.is_file():
+        return None
+    with open(p) as f:
+        h = (yaml.safe_load(f) or {}).get("hydra", {})
+    for src in (h.get("runtime") or {}).get("config_sources") or []:
+        if src.get("provider") == "main" and src.get("schema") == "file":
+            conf = Path(src["path"])
+            if (conf.parent / "models.py").is_file():
+                return conf.parent.parent
+    return None
+
+
+def iteration_cost_of_run(run: Run):
+    """``emunum.flops.IterationCost`` of one training iteration of a run's model (plain fp32 model, the run's
+    batch size), built with the ``experiments`` package the run was launched from (models.build, data.load)."""
+    import importlib
+    import sys
+
+    import torch
+
+    from .flops import count_iteration
+    from .report import hydra_config
+
+    cfg = hydra_config(run.path)
+    if cfg is None:
+        raise ValueError(f"{run.path}: no .hydra/config.yaml, so the model is unknown; --hardware needs Hydra runs")
+    root = _experiments_root(run.path)
+    if root is not None and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        models = importlib.import_module("experiments.models")
+        data = importlib.import_module("experiments.data")
+    except ImportError as e:
+        raise ValueError(f"--hardware needs the experiments package the sweep ran from (not found: {e}); "
+                         "run emunum tta from the repository root") from None
+    from omegaconf import OmegaConf
+
+    oc = OmegaConf.create(cfg)
+    ds = data.load(oc.data)
+    model = models.build(oc.model, ds.input_shape, ds.num_outputs)
+    bs = int(cfg.get("batch_size", 1))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn((bs, *ds.input_shape), generator=g)
+    if ds.task == "classification":
+        y = torch.randint(0, ds.num_outputs, (bs,), generator=g)
+        return count_iteration(model, x, y, torch.nn.functional.cross_entropy)
+    y = torch.randn((bs, ds.num_outputs), generator=g)
+    return count_iteration(model, x, y, torch.nn.functional.mse_loss)
+
+
+def roofline_times(runs: list[Run], hardware) -> tuple[dict[str, float], dict[str, str], list[str]]:
+    """Roofline seconds per iteration per format (one run of each format is measured; runs with the same
+    model, data and batch size share one count). Returns (times, sources, notes)."""
+    import json
+
+    from .report import hydra_config
+
+    times, sources, notes, cache = {}, {}, [], {}
+    for run in runs:
+        if run.format in times:
+            continue
+        cfg = hydra_config(run.path)
+        if cfg is None:
+            notes.append(f"{run.path}: no .hydra/config.yaml; no roofline time for {run.format!r}")
+            continue
+        key = json.dumps([cfg.get("model"), cfg.get("data"), cfg.get("batch_size")], sort_keys=True, default=str)
+        if key not in cache:
+            cache[key] = iteration_cost_of_run(run)
+        cost = cache[key]
+        bits = format_bits(cfg)
+        r = hardware.roofline(cost, bits)
+        times[run.format] = r.seconds
+        sources[run.format] = f"roofline {hardware.name}: {r.bound}-bound, {r.width}-bit"
+    for cost in dict.fromkeys(cache.values()):
+        notes.append(f"per iteration: {cost.flops:.4g} FLOPs (FlopCounterMode), {cost.param_elements} parameters, "
+                     f"{cost.activation_elements} activation elements, {cost.input_elements} input elements; "
+                     "first-order roofline max(FLOPs/peak, bytes/bandwidth), not a simulator")
+    return times, sources, notes

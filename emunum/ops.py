@@ -10,7 +10,8 @@ formula, so ``torch.compile(fullgraph=True)`` traces through it and ``torch.libr
   (``[]``: not at all); its backward rounds the incoming gradient to ``bwd`` (``[]``: not at all), after
   zeroing it where |x| was beyond the forward format's range if ``clipped``.
 - ``emunum::exact_grad(value, x, fn, dim)``: returns ``value``; its backward is the exact derivative of
-  ``fn`` ("tanh", "sigmoid", "softmax" along ``dim``) at x. Approximate operators use it for ``grad="exact"``.
+  ``fn`` ("tanh", "sigmoid", "exp2", "softmax" along ``dim``) at x; approximate operators use it for
+  ``grad="exact"``.
 
 Seeds: ``seed=None`` draws a fresh seed from torch's default CPU generator each time the op runs (eager or
 compiled alike, so ``torch.manual_seed`` makes runs repeatable); an int seed gives the same bits every time.
@@ -18,6 +19,7 @@ The backward of ``quantize_ste`` rounds with ``derive_seed(seed, 1)`` (or a fres
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -47,7 +49,11 @@ def format_to_args(fmt) -> list[int]:
 
 def format_from_args(args) -> Format | None:
     """Inverse of ``format_to_args``: ``format_from_args(format_to_args(f)) == f``; ``[]`` gives None."""
-    args = [int(a) for a in args]
+    return _format_from_args(tuple(int(a) for a in args))
+
+
+@lru_cache(maxsize=1024)
+def _format_from_args(args: tuple) -> Format | None:
     if not args:
         return None
     if args[0] == 0 and len(args) == 7:
@@ -151,7 +157,7 @@ quantize_ste_op.register_autograd(_ste_backward, setup_context=_ste_setup)
 
 
 # ---- emunum::exact_grad --------------------------------------------------------------------------------
-EXACT_GRAD_FUNCTIONS = ("tanh", "sigmoid", "softmax")
+EXACT_GRAD_FUNCTIONS = ("tanh", "sigmoid", "exp2", "softmax")
 
 
 @torch.library.custom_op("emunum::exact_grad", mutates_args=())
@@ -181,6 +187,8 @@ def _exact_backward(ctx, grad):
     elif ctx.fn == "sigmoid":
         s = torch.sigmoid(x)
         gx = grad * (s * (1 - s))
+    elif ctx.fn == "exp2":
+        gx = grad * (torch.exp2(x) * 0.6931471805599453)
     else:
         s = torch.softmax(x, ctx.dim)
         gx = s * (grad - (grad * s).sum(ctx.dim, keepdim=True))

@@ -6,7 +6,7 @@ import warnings
 import torch
 
 from .formats import get_format
-from .reference import quantize_reference, seed_key
+from .reference import quantize_reference, quantize_torch, seed_key
 from .spec import FixedFormat, FloatFormat, Format, RoundMode
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -55,18 +55,73 @@ def _check_out(out, x: torch.Tensor) -> None:
 
 def _run_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: RoundMode, key: int, nbits: int):
     """src, dst: flat contiguous float32/float64 tensors on one device (dst may be src)."""
-    if src.device.type == "cpu":
-        from .kernels import cpu as backend
-        s, d = src.numpy(), dst.numpy()
-    else:
-        from .kernels import cuda as backend  # raises a clear ImportError without numba-cuda
-        s, d = backend.as_device_array(src), backend.as_device_array(dst)
+    if src.device.type == "cuda":
+        _run_cuda_kernel(src, dst, fmt, mode, key, nbits)
+        return
+    from .kernels import cpu as backend
+    s, d = src.numpy(), dst.numpy()
     if isinstance(fmt, FloatFormat):
         _, man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()
         backend.quantize_float(s, d, man, emin, sub, mx, ovf, negzero, int(mode), key, nbits)
     else:
         _, frac, cmin, cmax, sat = fmt.to_kernel_args()
         backend.quantize_fixed(s, d, frac, cmin, cmax, sat, int(mode), key, nbits)
+
+
+# ---- CUDA ------------------------------------------------------------------------------------------------
+
+# CUDA tensors with at most this many elements take the pure-torch path (``reference.quantize_torch``: the
+# same bits, from ~40 small elementwise torch ops on the device) instead of one numba-cuda launch.
+# UNMEASURED ESTIMATE (no GPU was available when it was written). Both paths cost host time, not GPU time, at
+# this size: ~40 torch launches (a few us each) against one numba launch with ~30-60 us of Python-side
+# argument marshalling, so the torch path mostly buys skipping numba's first-call JIT (about a second per
+# dtype) in programs that round only scalars and small scale/bias tensors. Measure by timing quantize with
+# this set to 0 and to 2**62, and move it.
+CUDA_TORCH_PATH_MAX_NUMEL = 256
+
+_LAYOUT16 = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _cuda_backend():
+    """The CUDA kernel module; a clear ImportError naming the package when numba-cuda is missing."""
+    from .kernels import cuda as backend  # lazy: numba.cuda is imported on the first CUDA tensor only
+    return backend
+
+
+def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: RoundMode, key: int, nbits: int):
+    """src, dst: flat contiguous CUDA tensors of one dtype (float32/float64/float16/bfloat16; dst may be src).
+
+    Zero-copy views, launched on torch's current stream of src's device; 16-bit dtypes round in-kernel.
+    """
+    backend = _cuda_backend()
+    layout = _LAYOUT16.get(src.dtype)
+    with backend.device_of(src):
+        s, d = backend.as_device_array(src), backend.as_device_array(dst)
+        stream = backend.torch_stream(src.device)
+        if isinstance(fmt, FloatFormat):
+            _, man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()
+            backend.quantize_float(s, d, man, emin, sub, mx, ovf, negzero, int(mode), key, nbits,
+                                   layout=layout, stream=stream)
+        else:
+            _, frac, cmin, cmax, sat = fmt.to_kernel_args()
+            backend.quantize_fixed(s, d, frac, cmin, cmax, sat, int(mode), key, nbits, layout=layout,
+                                   stream=stream)
+
+
+def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: RoundMode, seed: int, key: int,
+                   nbits: int) -> None:
+    """Round CUDA tensor x into result (x's shape, dtype and device); tiny tensors take the torch path."""
+    _cuda_backend()  # the same error for every size when numba-cuda is missing
+    if x.numel() <= CUDA_TORCH_PATH_MAX_NUMEL:
+        result.copy_(quantize_torch(x, fmt, mode, seed=seed, sr_bits=nbits))
+        return
+    src = x.detach().contiguous().view(-1)
+    if result.is_contiguous():
+        _run_cuda_kernel(src, result.view(-1), fmt, mode, key, nbits)
+    else:
+        tmp = torch.empty_like(src)
+        _run_cuda_kernel(src, tmp, fmt, mode, key, nbits)
+        result.copy_(tmp.view(x.shape))
 
 
 def quantize(x: torch.Tensor, fmt, rounding="nearest", *, seed: int | None = None,
@@ -103,6 +158,9 @@ def quantize(x: torch.Tensor, fmt, rounding="nearest", *, seed: int | None = Non
                 warnings.warn(f"emunum has no kernel for device {dev!r}; using the slow reference path",
                               RuntimeWarning, stacklevel=2)
             result.copy_(quantize_reference(x, fmt, mode, seed=seed, sr_bits=nbits))
+            return result
+        if dev == "cuda":
+            _quantize_cuda(x, result, fmt, mode, seed, key, nbits)
             return result
         if x.dtype in (torch.float16, torch.bfloat16):
             work = x.detach().reshape(-1).float()

@@ -1,8 +1,12 @@
-"""Slow, obviously-right rounding in float64 arithmetic (numpy): a second implementation for the tests,
-and the fallback for devices without a kernel.
+"""Slow, obviously-right rounding in float64 arithmetic: a second implementation for the tests, and the
+fallback for devices without a kernel.
 
-It shares no code with the kernels except the counter-based random bits, re-derived here in numpy, so
-that stochastic rounding can be compared bit for bit.
+Two twins with the same semantics: numpy (``round_float_reference``, ``round_fixed_reference``,
+``quantize_reference``: computed on the host) and torch (``round_float_torch``, ``round_fixed_torch``,
+``quantize_torch``: computed on the tensor's own device, which is how tiny CUDA tensors skip a kernel launch).
+Every step is exact in float64 (scaling by powers of two built from their bits, floor, compare), so both
+give the kernels' bits. They share no code with the kernels except the counter-based random bits, re-derived
+here, so that stochastic rounding can be compared bit for bit.
 """
 from __future__ import annotations
 
@@ -58,6 +62,9 @@ def _round_magnitude(k, r, neg, mode: RoundMode, rbits, nbits):
     return k + up
 
 
+_TINY = 5e-324  # stands in for a nonzero remainder lost to underflow: below every rounding threshold
+
+
 def round_float_reference(x: np.ndarray, fmt: FloatFormat, mode: RoundMode, seed: int = 0,
                           sr_bits: int = 32) -> np.ndarray:
     """Round float64 values to ``fmt`` (semantics of ``FloatFormat``), returning float64."""
@@ -70,10 +77,12 @@ def round_float_reference(x: np.ndarray, fmt: FloatFormat, mode: RoundMode, seed
     safe = np.where(finite, a, 1.0)
     e = np.frexp(safe)[1].astype(np.int64) - 1
     qe = np.where(e >= fmt.emin, e - fmt.man, fmt.emin - fmt.man if fmt.subnormals else fmt.emin)
-    y = np.ldexp(safe, -qe)
+    with np.errstate(under="ignore"):
+        y = np.ldexp(safe, -qe)
     k = np.floor(y)
+    r = np.where(y == 0, _TINY, y - k)  # a tiny x under a huge quantum underflows: its remainder is not 0
     with np.errstate(over="ignore"):
-        mag = np.ldexp(_round_magnitude(k, y - k, neg, mode, rbits, sr_bits), qe)
+        mag = np.ldexp(_round_magnitude(k, r, neg, mode, rbits, sr_bits), qe)
     mag = np.where(finite, mag, a)
 
     over = mag > fmt.max
@@ -98,19 +107,23 @@ def round_fixed_reference(x: np.ndarray, fmt: FixedFormat, mode: RoundMode, seed
     x = np.asarray(x, dtype=np.float64)
     flat = x.reshape(-1)
     rbits = random_bits_reference(seed_key(seed), flat.size, sr_bits) if mode == RoundMode.STOCHASTIC else None
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        if not fmt.saturate:  # wrap: reduce modulo the period (exact) so that x * 2**frac_bits stays finite
+            flat = np.where(np.isfinite(flat), np.fmod(flat, np.ldexp(1.0, fmt.bits - fmt.frac_bits)), flat)
         y = np.ldexp(flat, fmt.frac_bits)
-        neg = y < 0
+        neg = flat < 0
         a = np.where(np.isfinite(y), np.abs(y), 0.0)
         k = np.floor(a)
-        kk = _round_magnitude(k, a - k, neg, mode, rbits, sr_bits)
+        # a tiny x scaled down (frac_bits < 0) may underflow to 0: its remainder is still nonzero
+        r = np.where((a == 0) & (flat != 0), _TINY, a - k)
+        kk = _round_magnitude(k, r, neg, mode, rbits, sr_bits)
         v = np.where(neg, -kk, kk) + 0.0
         lo, hi = float(fmt.code_min), float(fmt.code_max)
         if fmt.saturate:
             v = np.clip(v, lo, hi)
         else:
             span = hi - lo + 1.0
-            v = np.mod(v - lo, span) + lo
+            v = np.mod(np.fmod(v, span) - lo, span) + lo  # fmod first: exact for any integer v
         v = np.where(np.isinf(y), np.where(y > 0, hi, lo), v)
         v = np.where(np.isnan(flat), np.nan, v)
     return np.ldexp(v, -fmt.frac_bits).reshape(x.shape)
@@ -126,3 +139,146 @@ def quantize_reference(x: torch.Tensor, fmt: Format, rounding=RoundMode.NEAREST,
     else:
         r = round_fixed_reference(v, fmt, mode, seed, sr_bits)
     return torch.from_numpy(r).to(device=x.device, dtype=x.dtype)
+
+
+# ---- torch twins: the same steps on torch tensors, on the tensor's own device -----------------------------
+
+def _i64(c: int) -> int:
+    """A uint64 constant as the int64 with the same bits."""
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bits."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def random_bits_torch(key: int, n: int, nbits: int, device=None) -> torch.Tensor:
+    """``random_bits_reference`` on ``device``: int64 tensor of the kernels' bits for elements 0..n-1."""
+    z = torch.arange(1, n + 1, dtype=torch.int64, device=device) * _i64(0x9E3779B97F4A7C15) + _i64(key)
+    z = (z ^ _shr(z, 30)) * _i64(0xBF58476D1CE4E5B9)  # int64 products wrap modulo 2**64
+    z = (z ^ _shr(z, 27)) * _i64(0x94D049BB133111EB)
+    z = z ^ _shr(z, 31)
+    return _shr(z, 64 - nbits)
+
+
+def _pow2(e: torch.Tensor) -> torch.Tensor:
+    """2.0**e in float64, exact, for int64 e in [-1022, 1023] (built from its bits)."""
+    return ((e + 1023) << 52).view(torch.float64)
+
+
+def _round_magnitude_torch(k, r, neg, mode: RoundMode, rbits, nbits):
+    odd = torch.remainder(k, 2.0) == 1.0
+    if mode == RoundMode.NEAREST:
+        up = (r > 0.5) | ((r == 0.5) & odd)
+    elif mode == RoundMode.NEAREST_AWAY:
+        up = r >= 0.5
+    elif mode == RoundMode.TOWARD_ZERO:
+        up = torch.zeros_like(r, dtype=torch.bool)
+    elif mode == RoundMode.UP:
+        up = (r > 0) & ~neg
+    elif mode == RoundMode.DOWN:
+        up = (r > 0) & neg
+    elif mode == RoundMode.ODD:
+        up = (r > 0) & ~odd
+    else:
+        drnd = torch.round(r * float(2**nbits))  # ties to even
+        up = drnd + rbits.to(torch.float64) >= float(2**nbits)
+    return k + up.to(torch.float64)
+
+
+def round_float_torch(x: torch.Tensor, fmt: FloatFormat, mode: RoundMode, seed: int = 0,
+                      sr_bits: int = 32) -> torch.Tensor:
+    """``round_float_reference`` in torch on x's device: float64 in (other dtypes are converted), float64 out."""
+    mode = RoundMode.parse(mode)
+    flat = x.detach().to(torch.float64).reshape(-1)
+    dev = flat.device
+    rbits = random_bits_torch(seed_key(seed), flat.numel(), sr_bits, dev) if mode == RoundMode.STOCHASTIC else None
+    neg = torch.signbit(flat)
+    a = flat.abs()
+    finite = torch.isfinite(a) & (a > 0)
+    safe = torch.where(finite, a, 1.0)
+    e = torch.frexp(safe).exponent.to(torch.int64) - 1
+    below = fmt.emin - fmt.man if fmt.subnormals else fmt.emin
+    qe = torch.where(e >= fmt.emin, e - fmt.man, below)
+    half = torch.div(-qe, 2, rounding_mode="floor")  # two factors keep each power of two normal
+    y = safe * _pow2(half) * _pow2(-qe - half)
+    k = torch.floor(y)
+    r = torch.where(y == 0, _TINY, y - k)  # a tiny x under a huge quantum underflows: its remainder is not 0
+    mag = _round_magnitude_torch(k, r, neg, mode, rbits, sr_bits) * _pow2(qe)  # may overflow to inf
+    mag = torch.where(finite, mag, a)
+
+    over = mag > fmt.max
+    to_max = torch.full_like(over, fmt.overflow == Overflow.SATURATE)
+    if mode in (RoundMode.TOWARD_ZERO, RoundMode.ODD):
+        to_max |= torch.isfinite(a)
+    elif mode == RoundMode.UP:
+        to_max |= torch.isfinite(a) & neg
+    elif mode == RoundMode.DOWN:
+        to_max |= torch.isfinite(a) & ~neg
+    beyond = float("inf") if fmt.overflow == Overflow.INF else float("nan")
+    mag = torch.where(over & to_max, fmt.max, torch.where(over, beyond, mag))  # scalars take mag's float64
+    out = torch.where(neg, -mag, mag)
+    if not fmt.has_negative_zero:
+        out = torch.where(out == 0, 0.0, out)
+    return out.reshape(x.shape)
+
+
+def round_fixed_torch(x: torch.Tensor, fmt: FixedFormat, mode: RoundMode, seed: int = 0,
+                      sr_bits: int = 32) -> torch.Tensor:
+    """``round_fixed_reference`` in torch on x's device: float64 out."""
+    mode = RoundMode.parse(mode)
+    flat = x.detach().to(torch.float64).reshape(-1)
+    dev = flat.device
+    rbits = random_bits_torch(seed_key(seed), flat.numel(), sr_bits, dev) if mode == RoundMode.STOCHASTIC else None
+    if not fmt.saturate:  # wrap: reduce modulo the period (exact) so that x * 2**frac_bits stays finite
+        flat = torch.where(torch.isfinite(flat), torch.fmod(flat, 2.0 ** (fmt.bits - fmt.frac_bits)), flat)
+    y = flat * 2.0**fmt.frac_bits  # exact Python floats; scalars keep the path free of host-to-device copies
+    neg = flat < 0
+    a = torch.where(torch.isfinite(y), y.abs(), 0.0)
+    k = torch.floor(a)
+    r = torch.where((a == 0) & (flat != 0), _TINY, a - k)  # remainder lost to underflow (frac_bits < 0)
+    kk = _round_magnitude_torch(k, r, neg, mode, rbits, sr_bits)
+    v = torch.where(neg, -kk, kk) + 0.0
+    lo, hi = float(fmt.code_min), float(fmt.code_max)
+    if fmt.saturate:
+        v = v.clamp(lo, hi)
+    else:
+        span = hi - lo + 1.0
+        v = torch.remainder(torch.fmod(v, span) - lo, span) + lo
+    v = torch.where(torch.isinf(y) & (y > 0), hi, torch.where(torch.isinf(y), lo, v))
+    v = torch.where(torch.isnan(flat), float("nan"), v)
+    return (v * 2.0**-fmt.frac_bits).reshape(x.shape)
+
+
+# The kernels' NaN bits: a NaN input comes back with its sign and payload, with the quiet bit set where the
+# kernel converts it (16-bit dtypes, which round through binary32; fixed point, which rounds through float64)
+# and unchanged otherwise; a NaN made by overflow is the positive quiet NaN below.
+_INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
+             torch.bfloat16: torch.int16}
+_QUIET_NAN = {torch.float32: 0x7FC00000, torch.float64: _i64(0x7FF8000000000000), torch.float16: 0x7E00,
+              torch.bfloat16: 0x7FC0}
+_QUIET_BIT = {torch.float32: 1 << 22, torch.float64: 1 << 51, torch.float16: 1 << 9, torch.bfloat16: 1 << 6}
+_WIDE = (torch.float16, torch.bfloat16)
+
+
+def quantize_torch(x: torch.Tensor, fmt: Format, rounding=RoundMode.NEAREST, seed: int = 0,
+                   sr_bits: int = 32) -> torch.Tensor:
+    """Torch-in, torch-out on x's device, with the kernels' bits (NaN included): same dtype and shape.
+
+    float16/bfloat16 results go through float32 (as the kernels do: a fixed-point value is rounded to
+    float32, then to 16 bits, both to nearest even).
+    """
+    mode = RoundMode.parse(rounding)
+    if isinstance(fmt, FloatFormat):
+        r = round_float_torch(x, fmt, mode, seed, sr_bits)
+    else:
+        r = round_fixed_torch(x, fmt, mode, seed, sr_bits)
+    r = r.to(torch.float32).to(x.dtype) if x.dtype in _WIDE else r.to(x.dtype)
+    ity = _INT_VIEW[x.dtype]
+    bits = torch.where(torch.isnan(r), _QUIET_NAN[x.dtype], r.view(ity))
+    nan_in = x.detach().view(ity)
+    if x.dtype in _WIDE or isinstance(fmt, FixedFormat):
+        nan_in = nan_in | _QUIET_BIT[x.dtype]
+    bits = torch.where(torch.isnan(x), nan_in, bits)
+    return bits.view(x.dtype)

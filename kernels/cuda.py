@@ -16,6 +16,7 @@ and CUDA graph capture.
 """
 import importlib.util
 import math
+import warnings
 
 import numpy as np
 from numba import njit
@@ -271,10 +272,14 @@ def launch_config(n: int) -> tuple[int, int]:
 
 def _launch(kernel, n, stream, *args):
     blocks, threads = launch_config(n)
-    if stream is None:
-        kernel[blocks, threads](*args)
+    config = (blocks, threads) if stream is None else (blocks, threads, stream)
+    if blocks < 128:  # numba warns below 128 blocks; small arrays get small grids on purpose
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Grid size .* under-utilization")
+            launch = kernel[config]
     else:
-        kernel[blocks, threads, stream](*args)
+        launch = kernel[config]
+    launch(*args)
 
 
 def _layout16(src, layout):

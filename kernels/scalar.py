@@ -141,7 +141,9 @@ def round_float_bits(u, sign_pos, in_man, in_bias, man, emin, subnormals, max_bi
     elif shift <= in_man:
         mask = (ONE << U64(shift)) - ONE
         rem = a & mask
-        if shift < in_man:
+        if man == 0 and etrue >= emin:  # the code's parity is the biased exponent's
+            lsb = U64((etrue - emin + 1) & 1)
+        elif shift < in_man:
             lsb = (a >> U64(shift)) & ONE
         else:  # the kept significand is the implicit bit alone
             lsb = ONE if exp_field != ZERO else ZERO
@@ -180,8 +182,18 @@ def round_float_bits(u, sign_pos, in_man, in_bias, man, emin, subnormals, max_bi
 
 
 @njit
+def _floor(x):
+    """floor of a float64 as a float64, for CPU and CUDA alike (numba-cuda has no np.floor, and numba's
+    math.floor returns an int64)."""
+    if not abs(x) < 4503599627370496.0:  # 2**52 and beyond (inf, NaN too) are integers already
+        return x
+    t = float(np.int64(x))  # truncation toward zero
+    return t - 1.0 if t > x else t
+
+
+@njit
 def _is_odd(k):
-    return k - 2.0 * np.floor(k * 0.5) == 1.0
+    return k - 2.0 * _floor(k * 0.5) == 1.0
 
 
 @njit
@@ -191,11 +203,21 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
     Magnitude rounding as in ``round_float_bits``; then saturate to [code_min, code_max] or wrap modulo
     2**bits. Infinities saturate; NaN stays NaN; zero is +0. Written with selects so that loops vectorise.
     """
-    y = x * math.pow(2.0, frac_bits)
-    neg = y < 0.0
+    lo = float(code_min)
+    hi = float(code_max)
+    span = hi - lo + 1.0  # 2**bits, and lo <= 0 <= hi: every wrap step below is exact
+    if saturate == 0:
+        # reduce modulo the period first, so that scaling cannot overflow (x - trunc(x/P)*P is exact)
+        period = math.ldexp(span, -frac_bits)
+        t = x / period
+        t = _floor(t) if t >= 0.0 else -_floor(-t)
+        x = x - t * period if abs(x) < math.inf else x
+    y = x * math.ldexp(1.0, frac_bits)
+    neg = x < 0.0
     a = abs(y)
-    k = np.floor(a)
+    k = _floor(a)
     r = a - k
+    r = 5e-324 if (a == 0.0) & (x != 0.0) else r  # a remainder lost to underflow (frac_bits < 0) is not 0
     odd = _is_odd(k)
     if mode == NEAREST:
         up = (r > 0.5) | ((r == 0.5) & odd)
@@ -208,26 +230,23 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
     elif mode == ODD:
         up = (r > 0.0) & ~odd
     elif mode == STOCHASTIC:
-        d = r * math.pow(2.0, nbits)
-        f = np.floor(d)
+        d = r * math.ldexp(1.0, nbits)
+        f = _floor(d)
         dd = d - f
         f = f + (1.0 if (dd > 0.5) | ((dd == 0.5) & _is_odd(f)) else 0.0)
-        up = f + float(rnd) >= math.pow(2.0, nbits)
+        up = f + float(rnd) >= math.ldexp(1.0, nbits)
     else:
         up = False
     k = k + (1.0 if up else 0.0)
     v = (0.0 - k if neg else k) + 0.0
-    lo = float(code_min)
-    hi = float(code_max)
     if saturate != 0:
         v = min(max(v, lo), hi)
     else:
-        span = hi - lo + 1.0  # a power of two, and lo <= 0 <= hi: every step below is exact
-        w = v - np.floor(v / span) * span
+        w = v - _floor(v / span) * span
         v = w - span if w > hi else w
     v = (hi if y > 0.0 else lo) if a == math.inf else v
     v = x if x != x else v
-    return v * math.pow(2.0, -frac_bits)
+    return v * math.ldexp(1.0, -frac_bits)
 
 
 @njit
@@ -253,7 +272,7 @@ def round_f32_fast(u, man, emin, subnormals, max_bits, overflow, negzero, mode, 
     kept = sig >> s
     rem = sig & ((np.int64(1) << s) - 1)
     half = (np.int64(1) << s) >> 1
-    odd = (kept & 1) == 1
+    odd = ((kept & 1) == 1) if man > 0 else ((et >= emin) & (((et - emin + 1) & 1) == 1))
     inexact = rem != 0
     if mode == NEAREST:
         up = inexact & ((rem > half) | ((rem == half) & odd))

@@ -9,14 +9,20 @@ tiling or thread count, so the bits never depend on either.
 Two GEMM kernels:
 - ``gemm_general``: any formats and rounding modes (exact sums via TwoSum and round-to-odd, rounding by the
   bit-exact cores of ``scalar.py``; stochastic bits from the counter-based generator).
-- ``gemm_fast``: both roundings to nearest-even FloatFormats with mul precision <= acc precision, not fused.
-  Rounding is branch-free binary64 arithmetic (``round_nearest_fast``) and the sum product + accumulator is
-  taken as the binary64 ``fl(p + acc)`` without TwoSum. That is exact here: if fl(p + acc) != p + acc, the
-  smaller addend b is below 2**-27 times the larger a (both have <= 24 significant bits), and a lies on the
-  accumulator's grid (or the sum overflows, or both lie below the accumulator's quantum, where the sum is
-  exact); the grid's midpoints around a are at least 2**-25 |a| away, so the exact and the binary64 sums
-  round to the same neighbour. The same holds for chunk and lane sums (both addends on the grid). Bias is
-  added with TwoSum and round-to-odd. ``tests/kernels/test_gemm_cpu.py`` checks both kernels bit for bit.
+- ``gemm_fast``: both roundings to nearest-even FloatFormats, product precision P <= accumulator precision
+  p (significant bits, man + 1), not fused. Arithmetic in a work precision t: binary64 (t = 53) or, where
+  ``fast_plan`` proves it exact, binary32 (t = 24, twice the SIMD width). Rounding is ``round_nearest_fast``
+  (Veltkamp split / magic constant, branch-free) and a sum x + y (product + accumulator, chunk and lane
+  sums) is taken as fl_t(x + y), without TwoSum. That is exact: let |x| >= |y|, E the exponent of x, and
+  Q <= p the significant bits of y. If fl_t(x + y) != x + y, y's last bit is below x + y's last place, so
+  |y| < 2**(E+1-t+Q); then x + y and fl_t(x + y) both lie within 2**(E+1-t+Q) + 2**(E+1-t) of x. Where x
+  is on the accumulator's grid (an accumulator value, or a product: P <= p), the grid's midpoints nearest x
+  are at least 2**(E-p-1) away, which is farther when p + Q <= 2p <= t - 3: both values round to x. A
+  product off the grid lies beyond the accumulator's range (both overflow) or below its quantum (then
+  |y| <= |x| and x + y is exact). t = 53 holds for every format (p <= 24); t = 24 needs p <= 10.
+  Bias is added with TwoSum and round-to-odd in
+  binary64. The inner loop is compiled once per combination of its flags (``_mac_row``), branch-free.
+  ``tests/kernels/test_gemm_cpu.py`` checks every variant against ``gemm_general`` bit for bit.
 Nothing is compiled at import; each kernel compiles on first call (``cache=True``).
 """
 import numpy as np
@@ -79,6 +85,16 @@ def gemm_general(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, key
                 out[b, i, j0 + jj] = y
 
 
+@njit(inline="always")
+def _mac_row(acc, brow, a, mulf, accf, mul_sub, acc_sub, checks):
+    """acc[j] <- round_acc(round_mul(a * brow[j]) + acc[j]) for every j (round-to-nearest, fast rounding)."""
+    ms, mm, mn, mx, mo = mulf[0], mulf[1], mulf[2], mulf[3], mulf[4]
+    as_, am, an, ax, ao = accf[0], accf[1], accf[2], accf[3], accf[4]
+    for jj in range(acc.size):
+        p = round_nearest_fast(a * brow[jj], ms, mm, mn, mx, mo, mul_sub, checks)
+        acc[jj] = round_nearest_fast(p + acc[jj], as_, am, an, ax, ao, acc_sub, checks)
+
+
 @njit(cache=True, parallel=True)
 def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_sub, acc_sub, checks):
     """Round-to-nearest FloatFormat units (``fast_plan``). A, B, mulf, accf share the work dtype (float32 or
@@ -105,11 +121,19 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
             for kk in range(0, K, span):
                 for k in range(kk, min(K, kk + span)):
                     a = arow[k]
-                    brow = B[bbi, k]
-                    acc = inner[k % lanes]
-                    for jj in range(nj):
-                        p = round_nearest_fast(a * brow[j0 + jj], ms, mm, mn, mx, mo, mul_sub, checks)
-                        acc[jj] = round_nearest_fast(p + acc[jj], as_, am, an, ax, ao, acc_sub, checks)
+                    brow = B[bbi, k, j0:j0 + nj]
+                    acc = inner[k % lanes, :nj]
+                    # constant flags per loop, so that each loop compiles branch-free and vectorises
+                    if checks:
+                        _mac_row(acc, brow, a, mulf, accf, True, True, True)
+                    elif mul_sub and acc_sub:
+                        _mac_row(acc, brow, a, mulf, accf, True, True, False)
+                    elif mul_sub:
+                        _mac_row(acc, brow, a, mulf, accf, True, False, False)
+                    elif acc_sub:
+                        _mac_row(acc, brow, a, mulf, accf, False, True, False)
+                    else:
+                        _mac_row(acc, brow, a, mulf, accf, False, False, False)
                 if chunk > 0:
                     for lane in range(lanes):
                         for jj in range(nj):
@@ -156,9 +180,11 @@ def fast_params(p: np.ndarray, dtype=np.float64) -> np.ndarray:
 
 def fast_applies(fused: int, mulp: np.ndarray, accp: np.ndarray) -> bool:
     """Whether ``gemm_fast`` can run the unit's datapath exactly: both roundings to nearest-even FloatFormats,
-    not fused, and the product format no wider than the accumulator (see the module docstring)."""
+    not fused, the product format no wider than the accumulator (see the module docstring), and at least one
+    mantissa bit in each (with none, ties go to the even *code*, i.e. the even exponent, which Veltkamp's
+    split does not see)."""
     return bool(not fused and mulp[P_KIND] == 0 and accp[P_KIND] == 0 and mulp[P_MODE] == NEAREST
-                and accp[P_MODE] == NEAREST and mulp[P_MAN] <= accp[P_MAN])
+                and accp[P_MODE] == NEAREST and 1 <= mulp[P_MAN] <= accp[P_MAN])
 
 
 def _abs_range(x: np.ndarray) -> tuple[float, float]:
@@ -190,8 +216,9 @@ def fast_plan(A, B, fused, mulp, accp):
       max|a| max|b| (1 + 2**-mul man), then at most 2K + 8 accumulator roundings on any path, each growing
       a magnitude by a factor of at most 1 + 2**-acc man).
     float32 work: exact when every product is exact in binary32 (significant bits of a plus those of b <= 24,
-    no underflow, no overflow), both formats keep far from binary32's limits, and
-    2 * (acc man + 1) <= 21, which keeps the binary32 sums as good as exact (module docstring, with 24 bits).
+    no underflow), every product and partial sum stays below 2**100 (so Veltkamp's c = x * split cannot
+    overflow), both formats' smallest quanta are >= 2**-100-ish, and 2 * (acc man + 1) <= 21, which keeps the
+    binary32 sums as good as exact (module docstring's argument with 24-bit instead of 53-bit sums).
     """
     if not fast_applies(fused, mulp, accp):
         return None
@@ -205,17 +232,14 @@ def fast_plan(A, B, fused, mulp, accp):
     finite = bool(np.isfinite(amax) and np.isfinite(bmax))
     mul_sub = not (amin * bmin >= 2.0**mul_emin)
     acc_sub = not (mul_emin - mul_man >= acc_emin)
-    checks = True
-    if finite and amax * bmax <= mul_max:
-        top = amax * bmax
-        if top == 0.0:
-            checks = False
-        else:
-            log_bound = (np.log2(max(K, 1)) + np.log2(top) + np.log2(1.0 + 2.0**-mul_man)
-                         + (2 * K + 8) * np.log2(1.0 + 2.0**-acc_man))
-            checks = not (log_bound < np.log2(acc_max) - 1e-9)
+    top = amax * bmax
+    log_bound = np.inf  # log2 of a bound on every |product| and |partial sum|
+    if finite:
+        log_bound = -np.inf if top == 0.0 else (np.log2(max(K, 1)) + np.log2(top) + np.log2(1.0 + 2.0**-mul_man)
+                                                + (2 * K + 8) * np.log2(1.0 + 2.0**-acc_man))
+    checks = not (finite and top <= mul_max and log_bound < np.log2(acc_max) - 1e-9)
     dtype = np.float64
-    if (2 * (acc_man + 1) <= 21 and finite and amax * bmax <= 2.0**100 and amin * bmin >= 2.0**-100
+    if (2 * (acc_man + 1) <= 21 and log_bound <= 100 and amin * bmin >= 2.0**-100
             and mul_emin - (mul_man if mulp[P_SUB] else 0) >= -100 and acc_emin >= -100
             and _significant_bits(A) + _significant_bits(B) <= 24):
         dtype = np.float32

@@ -1,0 +1,79 @@
+"""GEMM throughput of emulated MAD units (emunum.matmul) next to torch.matmul, in GMAC/s.
+
+Default: 512x512x512, operands in e5m2 (1-5-2), MADUnit(mul_fmt="fp8_152", acc_fmt="fp16_169", chunk=64)
+(Wang et al. 2018's 1-5-2 products and 1-6-9 accumulator), on the CPU kernels. Each figure is the best of
+--repeat timed calls after one warm-up call (which compiles, or loads numba's cache). Also printed: the
+median, the CPU time per call (all threads; contention on a shared machine shows as wall >> cpu / threads),
+the fast-kernel plan the dispatcher took, and the general (per-rounding bit-exact core) kernel on a
+stochastic-accumulator unit at --general-size, for reference.
+
+    python benchmarks/gemm.py [--size 512] [--repeat 5] [--general-size 128] [--threads N]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import numba
+import torch
+
+import emunum
+from emunum import MADUnit
+from emunum.kernels import gemm_cpu
+
+
+def timed(fn, repeat: int) -> tuple[float, float, float]:
+    """(best wall s, median wall s, mean cpu s) over ``repeat`` calls after one warm-up call."""
+    fn()
+    walls, cpus = [], []
+    for _ in range(repeat):
+        c0, w0 = time.process_time(), time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+    return min(walls), statistics.median(walls), statistics.mean(cpus)
+
+
+def line(name: str, macs: int, best: float, median: float, cpu: float) -> str:
+    return (f"{name:<58} {macs / best / 1e9:8.3f} GMAC/s (best)  {macs / median / 1e9:8.3f} (median)  "
+            f"{best * 1e3:8.2f} ms  cpu {cpu * 1e3:8.2f} ms/call = {macs / cpu / 1e9:7.3f} GMAC per cpu-second")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=int, default=512, help="M = K = N (default 512)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--general-size", type=int, default=128, help="size for the general kernel (0: skip)")
+    ap.add_argument("--threads", type=int, default=0, help="numba and torch threads (0: leave the defaults)")
+    args = ap.parse_args()
+    if args.threads:
+        numba.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)
+    n = args.size
+    g = torch.Generator().manual_seed(0)
+    A = emunum.quantize(torch.randn(n, n, generator=g), "fp8_152")
+    B = emunum.quantize(torch.randn(n, n, generator=g), "fp8_152")
+    macs = n**3
+    unit = MADUnit("fp8_152", "fp16_169", chunk=64)
+    plan = gemm_cpu.fast_plan(A.numpy()[None], B.numpy()[None], 0, *unit.kernel_params())
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("n/a",)
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, numba threads "
+          f"{numba.get_num_threads()} ({numba.threading_layer() if hasattr(numba, 'threading_layer') else ''}), "
+          f"torch threads {torch.get_num_threads()}, load average {load[0]:.2f}")
+    print(f"# {n}x{n}x{n}, operands e5m2; fast-kernel plan (work dtype, mul_sub, acc_sub, checks): "
+          f"{None if plan is None else (plan[0].__name__, *plan[1:])}")
+    print(line(f"emunum.matmul {unit}", macs, *timed(lambda: emunum.matmul(A, B, unit), args.repeat)))
+    print(line("torch.matmul float32 (same operands)", macs, *timed(lambda: torch.matmul(A, B), args.repeat)))
+    if args.general_size:
+        m = args.general_size
+        As, Bs = A[:m, :m].contiguous(), B[:m, :m].contiguous()
+        sr = MADUnit("fp8_152", "fp16_169", acc_rounding="stochastic", chunk=64)
+        print(line(f"emunum.matmul {sr} ({m}^3, general kernel)", m**3,
+                   *timed(lambda: emunum.matmul(As, Bs, sr, seed=0), args.repeat)))
+
+
+if __name__ == "__main__":
+    main()

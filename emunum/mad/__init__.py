@@ -1,0 +1,28 @@
+"""Emulated multiply-accumulate units (issue 5): ``MADUnit`` and the functions that run on one.
+
+- ``unit``: the ``MADUnit`` spec and the datapath, stated precisely (order of operations, roundings,
+  accumulator start, bias, chunk and lanes, stochastic counters);
+- ``functional``: ``mad`` (element-wise), ``matmul``, ``linear``, with autograd on per-GEMM units;
+- ``conv``: ``conv1d`` / ``conv2d`` through unfold and the GEMM;
+- ``backend``: validation and dispatch to ``kernels.gemm_cpu`` / ``kernels.gemm_cuda`` (loaded on first use).
+
+``emunum.mad`` is both this module (``emunum.mad.linear``, ``from emunum import mad; mad.conv2d``) and the
+element-wise function (``emunum.mad(a, b, c, unit)``): the module is callable, forwarding to
+``functional.mad``. One name cannot otherwise be both, and both uses are part of the public API.
+"""
+import sys
+import types
+
+from .conv import conv1d, conv2d
+from .functional import derived_seed, linear, mad, matmul
+from .unit import MADUnit, Order
+
+__all__ = ["MADUnit", "Order", "mad", "matmul", "linear", "conv1d", "conv2d", "derived_seed"]
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, a, b, c, unit, *, seed=None):
+        return mad(a, b, c, unit, seed=seed)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,150 @@
+"""Validation and device dispatch for the MAD kernels: torch tensors in, torch tensors out.
+
+``gemm`` runs out[b] = A[b % bA] @ B[b % bB] (+ bias[b]) on a unit's datapath; ``elementwise`` runs the
+one-step MAD. Both compute in binary64 and return float64 tensors (the callers cast); kernels are imported
+on first use, so ``import emunum`` compiles nothing.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+from ..quantize import check_tensor, resolve_seed
+from .unit import MADUnit, Order, stream_keys
+
+_warned_devices: set[str] = set()
+
+
+def check_operand(x, name: str) -> None:
+    """x must be a float tensor whose values are float32-representable (all FloatFormat values are)."""
+    check_tensor(x, name)
+    if x.dtype == torch.float64:
+        with torch.no_grad():
+            back = x.to(torch.float32).to(torch.float64)
+            same = (back == x) | torch.isnan(x)
+            if not bool(same.all()):
+                bad = x[~same].reshape(-1)[0].item()
+                raise ValueError(
+                    f"{name} holds float64 values that are not float32 values (e.g. {bad!r}); a MAD unit's "
+                    "operands must be values of a format: quantize them first (emunum.quantize)")
+
+
+def check_same_device(**tensors) -> torch.device:
+    devices = {k: t.device for k, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        raise ValueError("tensors must share one device, got " + ", ".join(f"{k} on {d}" for k, d in devices.items()))
+    return next(iter(devices.values()))
+
+
+def output_dtype(unit: MADUnit, *tensors) -> torch.dtype:
+    """The promoted dtype of the inputs; float32-or-narrower results need acc_fmt values that fit float32."""
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        if t is not None:
+            dtype = torch.promote_types(dtype, t.dtype)
+    if dtype != torch.float64 and not unit.output_fits_float32():
+        raise ValueError(f"MADUnit.acc_fmt={unit.acc_fmt.name} has values that float32 cannot hold exactly; "
+                         f"pass float64 tensors (got {dtype})")
+    return dtype
+
+
+def seed_for(unit: MADUnit, seed) -> int:
+    return resolve_seed(seed) if unit.stochastic else 0
+
+
+def _host_fallback(device: torch.device) -> None:
+    if device.type not in _warned_devices:
+        _warned_devices.add(device.type)
+        warnings.warn(f"emunum has no MAD kernel for device {device.type!r}; computing on the CPU",
+                      RuntimeWarning, stacklevel=3)
+
+
+def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias: torch.Tensor | None = None,
+         nb: int | None = None) -> torch.Tensor:
+    """out (nb, M, N) float64: out[b] = A[b % bA] @ B[b % bB] (+ bias[b]) on ``unit``.
+
+    A: (bA, M, K), B: (bB, K, N), float32-representable values (already checked); bias: None or a tensor
+    broadcastable to (nb, M, N), any float values; nb defaults to max(bA, bB). ``seed`` is the resolved
+    stochastic-rounding seed. Order.ANY units run torch.matmul in float32 instead (see ``MADUnit``).
+    """
+    bA, M, K = A.shape
+    bB, K2, N = B.shape
+    if K != K2:
+        raise ValueError(f"inner dimensions differ: A is {tuple(A.shape)}, B is {tuple(B.shape)}")
+    nb = max(bA, bB) if nb is None else nb
+    device = A.device
+    if unit.order == Order.ANY:
+        idx = torch.arange(nb, device=device)
+        out = torch.matmul(A.to(torch.float32)[idx % bA], B.to(torch.float32)[idx % bB])
+        if bias is not None:
+            out = out + bias.to(torch.float32)
+        return out.to(torch.float64)
+    with torch.no_grad():
+        if device.type == "cuda":
+            return _gemm_cuda(A, B, unit, seed, bias, nb)
+        if device.type != "cpu":
+            _host_fallback(device)
+            b = None if bias is None else bias.cpu()
+            return gemm(A.cpu(), B.cpu(), unit, seed, b, nb).to(device)
+        from ..kernels import gemm_cpu
+
+        out = np.empty((nb, M, N), dtype=np.float64)
+        bias_np = None
+        if bias is not None:
+            bias_np = np.ascontiguousarray(
+                np.broadcast_to(bias.detach().to(torch.float64).numpy(), (nb, M, N)))
+        mulp, accp = unit.kernel_params()
+        gemm_cpu.gemm(_np32(A), _np32(B), bias_np, out, int(unit.fused), mulp, accp, unit.lanes, unit.chunk or 0,
+                      stream_keys(seed), unit.sr_bits)
+        return torch.from_numpy(out)
+
+
+def _np32(x: torch.Tensor) -> np.ndarray:
+    """Exact float32 numpy copy/view of a float32-representable CPU tensor."""
+    return x.detach().to(torch.float32).contiguous().numpy()
+
+
+def _gemm_cuda(A, B, unit, seed, bias, nb):
+    from ..kernels import gemm_cuda
+
+    M, N = A.shape[1], B.shape[2]
+    out = torch.empty((nb, M, N), dtype=torch.float64, device=A.device)
+    a32 = A.detach().to(torch.float32).contiguous()
+    b32 = B.detach().to(torch.float32).contiguous()
+    has_bias = bias is not None
+    bias64 = (bias.detach().to(torch.float64).expand(nb, M, N).contiguous() if has_bias
+              else torch.zeros((1, 1, 1), dtype=torch.float64, device=A.device))
+    mulp, accp = unit.kernel_params()
+    gemm_cuda.gemm_torch(a32, b32, bias64, has_bias, out, int(unit.fused), mulp, accp, unit.lanes, unit.chunk or 0,
+                         stream_keys(seed), unit.sr_bits)
+    return out
+
+
+def elementwise(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, unit: MADUnit, seed: int) -> torch.Tensor:
+    """round_acc(a*b + c) (fused) or round_acc(round_mul(a*b) + c), element-wise over broadcast shapes;
+    float64 result of the broadcast shape. Counters: the flat C-order index of the result."""
+    shape = torch.broadcast_shapes(a.shape, b.shape, c.shape)
+    device = a.device
+    with torch.no_grad():
+        if device.type not in ("cpu", "cuda"):
+            _host_fallback(device)
+            return elementwise(a.cpu(), b.cpu(), c.cpu(), unit, seed).to(device)
+        a32 = a.detach().to(torch.float32).expand(shape).contiguous().reshape(-1)
+        b32 = b.detach().to(torch.float32).expand(shape).contiguous().reshape(-1)
+        c64 = c.detach().to(torch.float64).expand(shape).contiguous().reshape(-1)
+        out = torch.empty(a32.numel(), dtype=torch.float64, device=device)
+        mulp, accp = unit.kernel_params()
+        if out.numel():
+            if device.type == "cuda":
+                from ..kernels import gemm_cuda
+
+                gemm_cuda.mad_torch(a32, b32, c64, out, int(unit.fused), mulp, accp, stream_keys(seed),
+                                    unit.sr_bits)
+            else:
+                from ..kernels import gemm_cpu
+
+                gemm_cpu.mad(a32.numpy(), b32.numpy(), c64.numpy(), out.numpy(), int(unit.fused), mulp, accp,
+                             stream_keys(seed), unit.sr_bits)
+        return out.reshape(shape)

@@ -1,0 +1,187 @@
+"""``conv1d`` / ``conv2d`` on a MAD unit, through unfold (im2col) and the emulated GEMM, with autograd.
+
+Forward: out[n, o, y, x] = round_acc(dot + b[o]), where dot runs over k = (c, i, j) in C order (input
+channel within o's group, kernel row, kernel column; i.e. ``weight.reshape(out_channels, -1)``'s columns),
+on the unfolded, zero-padded input: padding positions are terms (products with 0) like any other.
+Backward:
+- grad_weight[o, c, i, j] = sum over (n, y, x) in C order of grad[n, o, y, x] * input_padded[...]
+  (grad-weight unit); grad_bias[o] = the same sum of grad * 1 (a GEMM against ones, grad-weight unit);
+- grad_input = the stride-1 convolution of grad (zero-upsampled by ``stride``, padded by
+  dilation*(kernel-1) on both sides, plus rows/columns at the end to reach the input size) with the
+  flipped kernel, on the grad-input unit: each element's dot runs over (o within the group, i', j') with
+  i' = kh-1-i, j' = kw-1-j in C order, the inserted and padded zeros being terms.
+Explicit padding (ints, tuples, "valid", "same") is applied with ``F.pad`` before the convolution; its
+gradient (a crop) is exact.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import backend
+from .functional import (ROLE_GRAD_BIAS, ROLE_GRAD_INPUT, ROLE_GRAD_WEIGHT, _bwd_seed, _resolve_seed,
+                         parse_backward_units)
+from .unit import MADUnit, as_unit
+
+
+def _pair(value, name: str, n: int, lo: int) -> tuple:
+    vals = (value,) * n if isinstance(value, int) and not isinstance(value, bool) else value
+    if (not isinstance(vals, (tuple, list)) or len(vals) != n
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in vals)):
+        raise TypeError(f"{name} must be an int or a tuple of {n} ints, got {value!r}")
+    if any(v < lo for v in vals):
+        raise ValueError(f"{name}={value!r}: every entry must be >= {lo}")
+    return tuple(vals)
+
+
+def _padding(padding, kernel: tuple, dilation: tuple, stride: tuple, n: int) -> tuple:
+    """(before, after) per spatial dim."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return tuple((0, 0) for _ in range(n))
+        if padding == "same":
+            if any(s != 1 for s in stride):
+                raise ValueError(f"padding='same' needs stride 1, got stride={stride}")
+            out = []
+            for k, d in zip(kernel, dilation):
+                total = d * (k - 1)
+                out.append((total // 2, total - total // 2))  # as torch: the extra one at the end
+            return tuple(out)
+        raise ValueError(f"padding={padding!r} is not allowed; allowed: an int, a tuple of ints, 'valid', 'same'")
+    return tuple((p, p) for p in _pair(padding, "padding", n, 0))
+
+
+def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, bias=None):
+    """Unpadded 2-D convolution as one batched GEMM: x (N, C, H, W), weight (O, C/groups, kh, kw) -> float64."""
+    N, C, H, W = x.shape
+    O, Cg, kh, kw = weight.shape
+    G = groups
+    Og = O // G
+    Ho = (H - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    Wo = (W - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    L = Ho * Wo
+    cols = F.unfold(x, (kh, kw), dilation=dilation, stride=stride)  # (N, C*kh*kw, L), exact copies
+    Bm = cols.reshape(N * G, Cg * kh * kw, L)
+    Am = weight.reshape(G, Og, Cg * kh * kw)
+    b = None
+    if bias is not None:
+        b = bias.reshape(1, G, Og, 1).expand(N, G, Og, L).reshape(N * G, Og, L)
+    out = backend.gemm(Am, Bm, unit, seed, bias=b, nb=N * G)
+    return out.reshape(N, O, Ho, Wo)
+
+
+class _Conv2dFn(torch.autograd.Function):
+    """Convolution of an already padded input."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, stride, dilation, groups, unit, units_bwd, seed, dtype):
+        out = _conv_gemm(x, weight, stride, dilation, groups, unit, seed, bias)
+        ctx.save_for_backward(x, weight)
+        ctx.conf = (stride, dilation, groups, units_bwd, seed, bias is not None,
+                    None if bias is None else bias.dtype)
+        return out.to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        stride, dilation, G, (u_in, u_w), seed, has_bias, bias_dtype = ctx.conf
+        N, C, H, W = x.shape
+        O, Cg, kh, kw = weight.shape
+        Og = O // G
+        _, _, Ho, Wo = grad.shape
+        L = Ho * Wo
+        grad_x = grad_w = grad_b = None
+        if any(ctx.needs_input_grad[:3]):
+            backend.check_operand(grad, "grad_output")
+        if ctx.needs_input_grad[0]:
+            # zero-upsample by stride, pad by dilation*(k-1) (+ the rows/cols the forward dropped), flip the kernel
+            up = grad.new_zeros((N, O, (Ho - 1) * stride[0] + 1, (Wo - 1) * stride[1] + 1))
+            up[:, :, ::stride[0], ::stride[1]] = grad
+            ph, pw = dilation[0] * (kh - 1), dilation[1] * (kw - 1)
+            extra_h = H - ((Ho - 1) * stride[0] + 1 + dilation[0] * (kh - 1))
+            extra_w = W - ((Wo - 1) * stride[1] + 1 + dilation[1] * (kw - 1))
+            up = F.pad(up, (pw, pw + extra_w, ph, ph + extra_h))
+            wf = weight.reshape(G, Og, Cg, kh, kw).transpose(1, 2).flip(-1, -2).reshape(G * Cg, Og, kh, kw)
+            gx = _conv_gemm(up, wf, (1, 1), dilation, G, u_in, _bwd_seed(u_in, seed, ROLE_GRAD_INPUT))
+            grad_x = gx.to(x.dtype)
+        if ctx.needs_input_grad[1] or (has_bias and ctx.needs_input_grad[2]):
+            g = grad.reshape(N, G, Og, L)
+        if ctx.needs_input_grad[1]:
+            cols = F.unfold(x, (kh, kw), dilation=dilation, stride=stride).reshape(N, G, Cg * kh * kw, L)
+            Am = g.permute(1, 2, 0, 3).reshape(G, Og, N * L)
+            Bm = cols.permute(1, 0, 3, 2).reshape(G, N * L, Cg * kh * kw)
+            gw = backend.gemm(Am, Bm, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_WEIGHT))
+            grad_w = gw.reshape(O, Cg, kh, kw).to(weight.dtype)
+        if has_bias and ctx.needs_input_grad[2]:
+            Am = grad.permute(1, 0, 2, 3).reshape(1, O, N * L)
+            ones = torch.ones((1, N * L, 1), dtype=torch.float32, device=grad.device)
+            gb = backend.gemm(Am, ones, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_BIAS))
+            grad_b = gb.reshape(O).to(bias_dtype)
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None
+
+
+def _check(input, weight, bias, groups, nd: int):
+    backend.check_operand(input, "input")
+    backend.check_operand(weight, "weight")
+    if bias is not None:
+        backend.check_tensor(bias, "bias")
+    backend.check_same_device(input=input, weight=weight, bias=bias)
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups must be a positive int, got {groups!r}")
+    if input.dim() != nd + 2:
+        dims = "L" if nd == 1 else "H, W"
+        raise ValueError(f"input must be {nd + 2}-D (N, C, {dims}), got shape {tuple(input.shape)}")
+    if weight.dim() != nd + 2:
+        raise ValueError(f"weight must be {nd + 2}-D, got shape {tuple(weight.shape)}")
+    O, C = weight.shape[0], input.shape[1]
+    if O % groups or C % groups or weight.shape[1] != C // groups:
+        raise ValueError(f"groups={groups}: in_channels={C} and out_channels={O} must divide by groups and "
+                         f"weight.shape[1]={weight.shape[1]} must be in_channels/groups")
+    if bias is not None and bias.shape != (O,):
+        raise ValueError(f"bias must have shape ({O},), got {tuple(bias.shape)}")
+
+
+def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1, padding=0,
+           dilation=1, groups: int = 1, *, unit: MADUnit = None, backward_units=None,
+           seed: int | None = None) -> torch.Tensor:
+    """``torch.nn.functional.conv2d`` on a MAD unit (zero padding; datapath in this module's docstring).
+
+    Operands (input, weight): float32-representable values, used as given; bias: any values, added last
+    with one rounding. Stochastic counters: the output's flat C-order index (backward: that of each
+    gradient's GEMM output). ``backward_units`` as in ``emunum.linear``.
+    """
+    if unit is None:
+        raise TypeError("conv2d() needs unit=MADUnit(...)")
+    unit = as_unit(unit)
+    units_bwd = parse_backward_units(unit, backward_units)
+    _check(input, weight, bias, groups, 2)
+    stride = _pair(stride, "stride", 2, 1)
+    dilation = _pair(dilation, "dilation", 2, 1)
+    pads = _padding(padding, tuple(weight.shape[2:]), dilation, stride, 2)
+    if any(p for pair in pads for p in pair):
+        input = F.pad(input, (pads[1][0], pads[1][1], pads[0][0], pads[0][1]))
+    for d in range(2):
+        if input.shape[2 + d] < dilation[d] * (weight.shape[2 + d] - 1) + 1:
+            raise ValueError(f"the (padded) input {tuple(input.shape)} is smaller than the dilated kernel")
+    seed = _resolve_seed((unit, *units_bwd), seed)
+    dtype = backend.output_dtype(unit, input, weight, bias)
+    return _Conv2dFn.apply(input, weight, bias, stride, dilation, groups, unit, units_bwd, seed, dtype)
+
+
+def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1, padding=0,
+           dilation=1, groups: int = 1, *, unit: MADUnit = None, backward_units=None,
+           seed: int | None = None) -> torch.Tensor:
+    """``torch.nn.functional.conv1d`` on a MAD unit: ``conv2d`` on (N, C, 1, L) with a (1, k) kernel, so the
+    dot runs over (c, j) in C order and the stochastic counters are the output's flat C-order index."""
+    if unit is None:
+        raise TypeError("conv1d() needs unit=MADUnit(...)")
+    _check(input, weight, bias, groups, 1)
+    stride = _pair(stride, "stride", 1, 1)[0]
+    dilation = _pair(dilation, "dilation", 1, 1)[0]
+    if isinstance(padding, str):
+        pad2 = padding
+    else:
+        pad2 = (0, _pair(padding, "padding", 1, 0)[0])
+    out = conv2d(input.unsqueeze(2), weight.unsqueeze(2), bias, (1, stride), pad2, (1, dilation), groups,
+                 unit=unit, backward_units=backward_units, seed=seed)
+    return out.squeeze(2)

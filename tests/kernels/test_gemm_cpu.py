@@ -1,0 +1,218 @@
+"""CPU MAD kernels (kernels/gemm_cpu.py, kernels/gemm_scalar.py).
+
+- ``round_nearest_fast`` (Veltkamp / magic-constant rounding, float64 and float32 arithmetic) against
+  ``emunum.quantize`` (itself checked against gfloat), on every code, midpoint and neighbour;
+- ``two_sum`` + ``round_odd`` against exact rationals;
+- ``gemm_fast`` under every plan it may take against ``gemm_general`` (checked against the exact reference
+  in tests/test_mad.py), bit for bit, on adversarial operands and awkward shapes;
+- ``fast_plan`` picks the cheap variants only where they cannot change a result;
+- results do not depend on the thread count.
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numba
+import numpy as np
+import pytest
+import torch
+from numba import njit
+
+import emunum
+from emunum import FloatFormat, MADUnit
+from emunum.kernels import gemm_cpu
+from emunum.kernels.gemm_scalar import round_nearest_fast, round_odd, two_sum
+from emunum.mad.unit import stream_keys
+
+
+@njit
+def _round_all(x, out, f, sub, checks):
+    for i in range(x.size):
+        out[i] = round_nearest_fast(x[i], f[0], f[1], f[2], f[3], f[4], sub, checks)
+
+
+@njit
+def _two_sum_odd(a, b, out):
+    for i in range(a.size):
+        s, e = two_sum(a[i], b[i])
+        out[i] = round_odd(s, e)
+
+
+FAST_FORMATS = {
+    "e5m2": FloatFormat(5, 2), "e4m3fn": FloatFormat(4, 3, special="fn"),
+    "e4m3fnuz_sat": FloatFormat(4, 3, special="fnuz", saturate=True), "e4m3_nosub": FloatFormat(4, 3, subnormals=False),
+    "fp4_e2m1": FloatFormat(2, 1, special="none"), "e6m9": FloatFormat(6, 9), "fp16": FloatFormat(5, 10),
+    "bf16": FloatFormat(8, 7), "tf32": FloatFormat(8, 10), "fp32": FloatFormat(8, 23),
+    "e3m2_bias-1": FloatFormat(3, 2, bias=-1),
+}
+
+
+def _params(fmt):
+    return MADUnit(fmt, fmt).kernel_params()[1]
+
+
+# the float32 variant is only planned for man <= 10 and emin >= -100 (gemm_cpu.fast_plan)
+ROUND_CASES = [(name, np.float64) for name in FAST_FORMATS] + [
+    (name, np.float32) for name, f in FAST_FORMATS.items() if f.man <= 10 and f.emin >= -100]
+
+
+@pytest.mark.parametrize("name, dtype", ROUND_CASES, ids=[f"{n}-{np.dtype(d).name}" for n, d in ROUND_CASES])
+def test_round_nearest_fast_equals_quantize(name, dtype, oracles):
+    fmt = FAST_FORMATS[name]
+    x = np.array(oracles.float_probes(fmt, dtype))
+    if dtype == np.float32:  # the float32 kernel only meets values with <= 24 - man - 2 bits below the quantum
+        with np.errstate(invalid="ignore"):
+            x = x[np.abs(x.astype(np.float64)) < 2.0**100]
+    want = emunum.quantize(torch.from_numpy(x), fmt, "nearest").numpy()
+    got = np.empty_like(x)
+    _round_all(x, got, gemm_cpu.fast_params(_params(fmt), dtype), True, True)
+    # the fast rounding does not keep the sign of a zero result (the accumulators never hold -0)
+    oracles.assert_same_values(np.where(got == 0, 0.0, got), np.where(want == 0, 0.0, want), x, f"{name} {dtype}")
+
+
+def test_round_odd_of_two_sum_is_the_exact_round_to_odd():
+    rng = np.random.default_rng(1)
+    n = 20000
+    a = rng.standard_normal(n) * np.exp2(rng.integers(-300, 300, n))
+    b = rng.standard_normal(n) * np.exp2(rng.integers(-300, 300, n))
+    b[:2000] = -a[:2000] * (1 + np.exp2(-rng.integers(1, 60, 2000)))  # cancellation
+    b[2000:4000] = np.ldexp(np.floor(np.ldexp(a[2000:4000], -30)), 30) - a[2000:4000]  # exact sums
+    got = np.empty(n)
+    _two_sum_odd(a, b, got)
+    for i in range(n):
+        x = Fraction(a[i]) + Fraction(b[i])
+        if x == 0:
+            assert got[i] == 0
+            continue
+        m, e = abs(x), 0
+        e = m.numerator.bit_length() - m.denominator.bit_length()
+        if Fraction(2) ** e > m:
+            e -= 1
+        y = m / Fraction(2) ** (e - 52)
+        k = y.numerator // y.denominator
+        if y != k and k % 2 == 0:
+            k += 1
+        want = float(k * Fraction(2) ** (e - 52)) * (1 if x > 0 else -1)
+        assert got[i] == want, (a[i], b[i], got[i], want)
+
+
+# ---- GEMM kernels ----------------------------------------------------------------------------------------
+
+def _operands(rng, shape, fmt, special=False):
+    n = int(np.prod(shape))
+    x = rng.standard_normal(n) * np.exp2(rng.integers(-12, 12, n))
+    kind = rng.random(n)
+    x = np.where(kind < 0.1, 0.0, x)
+    x = np.where((kind > 0.1) & (kind < 0.2), np.exp2(rng.integers(-20, 12, n)), x)  # products far apart
+    x = np.where((kind > 0.2) & (kind < 0.25), -x, x)
+    if special:
+        x[rng.integers(0, n, 3)] = [np.inf, -np.inf, np.nan]
+    return emunum.quantize(torch.from_numpy(x.reshape(shape)), fmt).float().numpy()
+
+
+def _run(A, B, bias, unit, fast, seed=0):
+    nb = max(A.shape[0], B.shape[0])
+    out = np.empty((nb, A.shape[1], B.shape[2]))
+    mulp, accp = unit.kernel_params()
+    gemm_cpu.gemm(A, B, bias, out, int(unit.fused), mulp, accp, unit.lanes, unit.chunk or 0, stream_keys(seed),
+                  unit.sr_bits, fast=fast)
+    return out
+
+
+FAST_UNITS = {
+    "e5m2-e6m9_chunk8": MADUnit("fp8_152", "fp16_169", chunk=8),
+    "e5m2-e6m9_lanes3_chunk2": MADUnit("fp8_152", "fp16_169", chunk=2, lanes=3),
+    "e4m3fn-e4m3fn": MADUnit("e4m3fn", "e4m3fn", lanes=2),
+    "e5m2-fp16_nosub": MADUnit("fp8_152", FloatFormat(5, 10, subnormals=False)),
+    "bf16-fp32": MADUnit("bf16", "fp32", lanes=4),
+    "e4m3-bf16_sat": MADUnit("fp8_143", FloatFormat(8, 7, saturate=True), chunk=3),
+}
+PLANS = [(np.float64, True, True, True), (np.float64, False, False, False), (np.float64, True, False, True),
+         (np.float32, True, True, True), (np.float32, True, False, False)]
+
+
+@pytest.mark.parametrize("name", list(FAST_UNITS))
+def test_fast_kernel_equals_general_kernel(name):
+    """gemm_fast (every variant, where fast_plan could pick it for these operands) == gemm_general."""
+    unit = FAST_UNITS[name]
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    op = "fp8_152" if unit.mul_fmt.man <= 3 else "bf16"
+    A = _operands(rng, (2, 17, 70), op, special=True)
+    B = _operands(rng, (1, 70, 130), op)
+    bias = rng.standard_normal((2, 17, 130)) * 1e3
+    want = _run(A, B, bias, unit, fast=False)
+    mulp, accp = unit.kernel_params()
+    safe = gemm_cpu.fast_plan(A, B, 0, mulp, accp)
+    assert safe is not None and safe[3]  # non-finite operands: checks stay on
+    tried = 0
+    for plan in PLANS:
+        # a variant may drop work only where the plan for these operands allows it
+        if (plan[0] == np.float32 and safe[0] != np.float32) or (not plan[1] and safe[1]) \
+                or (not plan[2] and safe[2]) or (not plan[3] and safe[3]):
+            continue
+        tried += 1
+        np.testing.assert_array_equal(_run(A, B, bias, unit, fast=plan), want, err_msg=str(plan))
+    assert tried >= 1
+    # finite, well-scaled operands: the cheap variants are allowed and must agree as well
+    A2 = np.nan_to_num(A, nan=0.0, posinf=0.0, neginf=0.0)
+    plan = gemm_cpu.fast_plan(A2, B, 0, mulp, accp)
+    np.testing.assert_array_equal(_run(A2, B, bias, unit, fast=plan), _run(A2, B, bias, unit, fast=False))
+
+
+def test_fast_plan_drops_only_what_cannot_matter():
+    unit = MADUnit("fp8_152", "fp16_169", chunk=64)
+    mulp, accp = unit.kernel_params()
+    rng = np.random.default_rng(3)
+    A = emunum.quantize(torch.randn(1, 8, 512, generator=torch.Generator().manual_seed(0)) * 8, "fp8_152").numpy()
+    B = emunum.quantize(torch.randn(1, 512, 8, generator=torch.Generator().manual_seed(1)), "fp8_152").numpy()
+    dtype, mul_sub, acc_sub, checks = gemm_cpu.fast_plan(A, B, 0, mulp, accp)
+    # e5m2 values have <= 3 significant bits: binary32 products are exact; e6m9 sums are multiples of
+    # 2**-16 (e5m2's quantum) >= e6m9's min normal 2**-30: no accumulator subnormals
+    assert dtype == np.float32 and not acc_sub
+    assert mul_sub  # the smallest |a| * |b| is below e5m2's min normal 2**-14
+    assert not checks  # |a*b| <= 40 * 5 and 512 such terms cannot reach e6m9's max (~2**32)
+    assert np.abs(A).max() * np.abs(B).max() < 2.0**8 and np.abs(A[A != 0]).min() * np.abs(B[B != 0]).min() < 2.0**-14
+    # 13 significant bits per operand: binary32 cannot hold the products exactly
+    A13 = np.full((1, 2, 3), 1 + 2.0**-12, np.float32)
+    B13 = np.full((1, 3, 2), 1 + 2.0**-12, np.float32)
+    assert gemm_cpu._significant_bits(A13) == 13
+    assert gemm_cpu.fast_plan(A13, B13, 0, *MADUnit("fp8_152", "fp16_169").kernel_params())[0] == np.float64
+    # sums that may overflow the accumulator keep the checks
+    big = np.full((1, 2, 4096), 57344.0, np.float32)
+    assert gemm_cpu.fast_plan(big, big.transpose(0, 2, 1).copy(), 0, mulp, accp)[3]
+    # a wider product format than the accumulator, a fused unit or a directed mode: no fast kernel
+    for u in [MADUnit("fp16", "fp8_152"), MADUnit(None, "fp32", fused=True),
+              MADUnit("bf16", "fp32", acc_rounding="up")]:
+        assert gemm_cpu.fast_plan(A, B, int(u.fused), *u.kernel_params()) is None
+
+
+def test_results_do_not_depend_on_thread_count():
+    rng = np.random.default_rng(4)
+    A = _operands(rng, (1, 40, 33), "fp8_152")
+    B = _operands(rng, (1, 33, 70), "fp8_152")
+    for unit in [MADUnit("fp8_152", "fp16_169", chunk=4), MADUnit("fp8_152", "bf16", acc_rounding="stochastic",
+                                                                    lanes=2)]:
+        n = numba.get_num_threads()
+        try:
+            numba.set_num_threads(1)
+            one = _run(A, B, None, unit, fast=None, seed=9)
+        finally:
+            numba.set_num_threads(n)
+        np.testing.assert_array_equal(one, _run(A, B, None, unit, fast=None, seed=9))
+
+
+def test_empty_and_degenerate_shapes():
+    unit = MADUnit("fp8_152", "fp16_169", chunk=4, lanes=2)
+    A, B = np.zeros((1, 3, 0), np.float32), np.zeros((1, 0, 2), np.float32)
+    rounded = float(emunum.quantize(torch.tensor(0.3, dtype=torch.float64), "fp16_169"))
+    for fast in (None, False):
+        z = _run(A, B, None, unit, fast)
+        assert z.shape == (1, 3, 2) and not z.any() and not np.signbit(z).any()  # an empty sum is +0
+        assert np.array_equal(_run(A, B, np.full((1, 3, 2), 0.3), unit, fast), np.full((1, 3, 2), rounded))
+
+
+def test_fast_kernel_declines_formats_without_mantissa_bits():
+    """man=0 ties go to the even code (the even exponent), which Veltkamp's split cannot see."""
+    e8m0, bf16 = _params(FloatFormat(8, 0)), _params(FloatFormat(8, 7))
+    assert not gemm_cpu.fast_applies(0, e8m0, bf16)
+    assert gemm_cpu.fast_applies(0, bf16, bf16)

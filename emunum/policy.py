@@ -1,0 +1,306 @@
+"""What ``emunum.patch`` emulates: a frozen ``Policy`` holding a format and rounding per tensor ``Role``.
+
+A layer computes ``output = op(input, weight)``. Its six roles are the three forward tensors (``weight``,
+``input``, ``output``) and, in the backward pass, the gradients with respect to each of them
+(``grad_weight``, ``grad_input``, ``grad_output``; ``grad_output`` is the error arriving from above).
+Each role holds a ``RoleSpec`` (format + rounding) or None (left in the tensor's own dtype).
+
+The keyword form ``Policy.make(fmt="e5m2")`` (what ``emunum.patch(model, fmt=..., ...)`` calls) sets every
+role to ``fmt``, rounding to nearest (ties to even) in the forward pass and stochastically in the backward
+pass; ``grad=`` gives the three gradient roles another format, and a role's own keyword
+(``weight="int8"``, ``grad_input=None``, ``output=("e4m3fn", "toward_zero")``) overrides both.
+Strings (formats, roundings, roles, straight-through estimators) are parsed here, once.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Optional, Union
+
+from torch import nn
+
+from .autograd import STE
+from .formats import get_format
+from .quantize import check_sr_bits
+from .spec import FixedFormat, FloatFormat, Format, RoundMode
+
+
+class Role(enum.Enum):
+    """A tensor role in a layer. Values are the ``Policy`` field names."""
+
+    WEIGHT = "weight"
+    INPUT = "input"
+    OUTPUT = "output"
+    GRAD_WEIGHT = "grad_weight"
+    GRAD_INPUT = "grad_input"
+    GRAD_OUTPUT = "grad_output"
+
+    @classmethod
+    def parse(cls, value: Union[str, "Role"], field: str = "role") -> "Role":
+        if isinstance(value, Role):
+            return value
+        if isinstance(value, str):
+            key = value.strip().lower()
+            for m in cls:
+                if m.value == key:
+                    return m
+        raise ValueError(f"{field}={value!r} is not a tensor role; allowed: {', '.join(m.value for m in cls)}")
+
+    @property
+    def is_gradient(self) -> bool:
+        return self in GRADIENT_ROLES
+
+    @property
+    def gradient(self) -> "Role":
+        """The gradient role of a forward role (``INPUT.gradient is GRAD_INPUT``)."""
+        return _GRADIENT_OF[self]
+
+
+FORWARD_ROLES = (Role.WEIGHT, Role.INPUT, Role.OUTPUT)
+GRADIENT_ROLES = (Role.GRAD_WEIGHT, Role.GRAD_INPUT, Role.GRAD_OUTPUT)
+_GRADIENT_OF = dict(zip(FORWARD_ROLES, GRADIENT_ROLES))
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """Round a role's tensors to ``fmt`` with ``rounding`` (a name or ``RoundMode``, parsed here)."""
+
+    fmt: Format
+    rounding: RoundMode = RoundMode.NEAREST
+
+    def __post_init__(self):
+        object.__setattr__(self, "fmt", get_format(self.fmt))
+        object.__setattr__(self, "rounding", RoundMode.parse(self.rounding))
+
+    def __str__(self) -> str:
+        return f"{self.fmt.name}/{self.rounding.name.lower()}"
+
+
+def _role_spec(value, role: Role, default_rounding) -> Optional[RoleSpec]:
+    """None | RoleSpec | format | name | (format, rounding) -> RoleSpec or None, naming ``role`` on errors."""
+    if value is None or isinstance(value, RoleSpec):
+        return value
+    try:
+        if isinstance(value, tuple):
+            if len(value) != 2:
+                raise ValueError(f"a (format, rounding) pair has 2 items, got {len(value)}")
+            return RoleSpec(value[0], value[1])
+        if isinstance(value, (str, FloatFormat, FixedFormat)):
+            return RoleSpec(value, default_rounding)
+        raise TypeError(
+            f"expected a format, a format name, a RoleSpec, a (format, rounding) pair or None, "
+            f"got {type(value).__name__}"
+        )
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{role.value}={value!r}: {e}") from None
+
+
+def _format_field(value, field: str):
+    """A format (or None) given as ``field=``, with the field named in errors."""
+    if value is None:
+        return None
+    try:
+        return get_format(value)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{field}={value!r}: {e}") from None
+
+
+ActivationFactory = Callable[[nn.Module, "Policy"], nn.Module]
+
+_APPROX_TYPES = {"tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "softmax": nn.Softmax}
+
+
+@dataclass(frozen=True)
+class ApproxSpec:
+    """A factory of ``emunum.approx`` modules (compared by value): ``kind`` is tanh, sigmoid or softmax;
+    ``options`` the module's keyword arguments as sorted (name, value) pairs. The approximation computes in
+    ``options['fmt']`` if given, else in the policy's output format (fp32 if none), with the output
+    role's rounding unless ``options['rounding']`` says otherwise."""
+
+    kind: str
+    options: tuple = ()
+
+    def __call__(self, module: nn.Module, policy: "Policy") -> nn.Module:
+        from . import approx  # noqa: PLC0415  (approx sits above policy's imports; loaded when used)
+
+        opts = dict(self.options)
+        out = policy.output
+        opts.setdefault("fmt", out.fmt if out is not None else "fp32")
+        if out is not None:
+            opts.setdefault("rounding", out.rounding)
+        if self.kind == "softmax":
+            if module.dim is None:
+                raise ValueError("approx softmax: nn.Softmax(dim=None) has no explicit dim; give the model "
+                                 "nn.Softmax(dim=...) or exclude it")
+            return approx.Softmax(dim=module.dim, **opts)
+        return {"tanh": approx.Tanh, "sigmoid": approx.Sigmoid}[self.kind](**opts)
+
+
+def _approx_entry(key, value):
+    """One approx item -> (module type, factory)."""
+    if isinstance(key, str):
+        k = key.strip().lower()
+        if k not in _APPROX_TYPES:
+            raise ValueError(f"approx key {key!r} is not a known activation; allowed names: "
+                             f"{', '.join(_APPROX_TYPES)}, or an nn.Module subclass")
+        key = _APPROX_TYPES[k]
+    if not (isinstance(key, type) and issubclass(key, nn.Module)):
+        raise TypeError(f"approx key {key!r} must be an activation name or an nn.Module subclass (e.g. nn.Tanh)")
+    if isinstance(value, (str, dict)):
+        kinds = {t: n for n, t in _APPROX_TYPES.items()}
+        if key not in kinds:
+            raise ValueError(f"approx[{key.__name__}]={value!r}: a method name or options need an "
+                             f"emunum.approx operator, which exists for {', '.join(t.__name__ for t in kinds)}; "
+                             "give a factory(module, policy) instead")
+        kind = kinds[key]
+        if isinstance(value, str):
+            value = {"exp2" if kind == "softmax" else "method": value}
+        if not all(isinstance(n, str) for n in value):
+            raise TypeError(f"approx[{key.__name__}] options must have str keys, got {list(value)!r}")
+        return key, ApproxSpec(kind, tuple(sorted(value.items())))
+    if not callable(value):
+        raise TypeError(f"approx[{key.__name__}]={value!r} must be a method name, a dict of options, or a "
+                        "factory(module, policy) -> nn.Module")
+    return key, value
+
+
+def _approx_table(value) -> tuple:
+    """{activation type or name: method name | options dict | factory} -> ((type, factory), ...)."""
+    if value is None or value == ():
+        return ()
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, tuple) and all(isinstance(i, tuple) and len(i) == 2 for i in value):
+        items = list(value)
+    else:
+        raise TypeError(f"approx must be a dict {{activation: method | options | factory}}, got {value!r}")
+    table = dict(_approx_entry(k, v) for k, v in items)
+    return tuple(table.items())
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How ``emunum.patch`` emulates each layer. Frozen and compared by value (``filter``/factories by identity).
+
+    Role fields (``weight`` ... ``grad_output``) accept a ``RoleSpec``, a format or name (rounded to nearest
+    in the forward roles, stochastically in the gradient roles), a ``(format, rounding)`` pair, or None.
+    ste: the straight-through estimator of the forward roundings ("identity" or "clipped", see
+    ``emunum.quantize_ste``). sr_bits: random bits per stochastic rounding (None: 32).
+    mad / mad_backward: an ``emunum.mad.MADUnit`` for the GEMMs of Linear, Conv1d/2d and attention layers,
+    and the units of their backward GEMMs (passed to ``emunum.mad`` as ``backward_units``); None: torch's.
+    approx: ``{activation: spec}`` replaces activations by approximate operators instead of rounding their
+    output. activation: nn.Tanh / nn.Sigmoid / nn.Softmax or "tanh" / "sigmoid" / "softmax" (for a method
+    name or options), or any nn.Module subclass (for a factory). spec: an ``emunum.approx`` method name
+    (``{"tanh": "pwl"}``; for softmax the exp2 method), a dict of that module's options
+    (``{"tanh": {"method": "lut", "grad": "exact"}}``), or ``factory(module, policy) -> nn.Module``. By
+    default the operator computes in the output role's format and rounding (see ``ApproxSpec``).
+    filter: ``filter(module, qualified_name) -> bool``; only layers it accepts are emulated.
+    keep_first_last: leave the model's first and last weight layers (Linear, Conv*, Embedding, attention, in
+    ``named_modules`` order) in full precision, as Wang et al. (2018) did.
+    """
+
+    weight: Optional[RoleSpec] = None
+    input: Optional[RoleSpec] = None
+    output: Optional[RoleSpec] = None
+    grad_weight: Optional[RoleSpec] = None
+    grad_input: Optional[RoleSpec] = None
+    grad_output: Optional[RoleSpec] = None
+    ste: STE = STE.IDENTITY
+    sr_bits: Optional[int] = None
+    mad: Any = None
+    mad_backward: Any = None
+    approx: tuple = ()
+    filter: Optional[Callable[[nn.Module, str], bool]] = field(default=None)
+    keep_first_last: bool = False
+
+    def __post_init__(self):
+        for role in Role:
+            default = RoundMode.STOCHASTIC if role.is_gradient else RoundMode.NEAREST
+            object.__setattr__(self, role.value, _role_spec(getattr(self, role.value), role, default))
+        object.__setattr__(self, "ste", STE.parse(self.ste))
+        if self.sr_bits is not None:
+            check_sr_bits(self.sr_bits)
+        object.__setattr__(self, "approx", _approx_table(self.approx))
+        if self.filter is not None and not callable(self.filter):
+            raise TypeError(f"filter must be callable as filter(module, name) -> bool, got {self.filter!r}")
+        if not isinstance(self.keep_first_last, bool):
+            raise TypeError(f"keep_first_last must be a bool, got {self.keep_first_last!r}")
+        if self.mad is not None:
+            _check_mad(self.mad, "mad")
+        if self.mad_backward is not None:
+            units = self.mad_backward if isinstance(self.mad_backward, tuple) else (self.mad_backward,)
+            for u in units:
+                _check_mad(u, "mad_backward")
+
+    # ---- keyword form ---------------------------------------------------------------------------------
+    @classmethod
+    def make(cls, fmt=None, *, grad=..., rounding="nearest", grad_rounding="stochastic", **kwargs) -> "Policy":
+        """The keyword form: ``fmt`` for every role, ``grad`` (default: ``fmt``) for the gradient roles,
+        forward roles rounded with ``rounding``, gradient roles with ``grad_rounding``; a role's own keyword
+        overrides. Other keywords are ``Policy`` fields. Unknown keywords raise TypeError."""
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - allowed)
+        if unknown:
+            raise TypeError(
+                f"unknown policy option(s) {', '.join(map(repr, unknown))}; allowed: fmt, grad, rounding, "
+                f"grad_rounding, {', '.join(f.name for f in fields(cls))}"
+            )
+        fwd_mode = RoundMode.parse(rounding, "rounding")
+        bwd_mode = RoundMode.parse(grad_rounding, "grad_rounding")
+        base = _format_field(fmt, "fmt")
+        gbase = base if grad is ... else _format_field(grad, "grad")
+        for role in Role:
+            mode = bwd_mode if role.is_gradient else fwd_mode
+            if role.value in kwargs:
+                kwargs[role.value] = _role_spec(kwargs[role.value], role, mode)
+                continue
+            f = gbase if role.is_gradient else base
+            kwargs[role.value] = None if f is None else RoleSpec(f, mode)
+        return cls(**kwargs)
+
+    # ---- queries --------------------------------------------------------------------------------------
+    def spec(self, role) -> Optional[RoleSpec]:
+        return getattr(self, Role.parse(role).value)
+
+    @property
+    def rounds_anything(self) -> bool:
+        return any(self.spec(r) is not None for r in Role)
+
+    def describe(self, roles=tuple(Role)) -> str:
+        """``weight|input|output=e5m2/nearest, grad_weight|...=e5m2/stochastic``: roles grouped by spec
+        (``-``: not rounded), then any non-default ste, sr_bits and MAD unit."""
+        groups: dict = {}  # spec -> role names, in first-seen order; roles with one spec share an entry
+        for r in roles:
+            groups.setdefault(self.spec(r), []).append(r.value)
+        parts = [f"{'|'.join(names)}={spec if spec is not None else '-'}" for spec, names in groups.items()]
+        if self.ste != STE.IDENTITY:
+            parts.append(f"ste={self.ste.value}")
+        if self.sr_bits is not None:
+            parts.append(f"sr_bits={self.sr_bits}")
+        if self.mad is not None:
+            parts.append(f"mad={self.mad}")
+        return ", ".join(parts)
+
+
+def _check_mad(unit, field: str) -> None:
+    from .mad import MADUnit  # noqa: PLC0415  (imported only when a policy names a unit)
+
+    if not isinstance(unit, MADUnit):
+        raise TypeError(f"{field} must be an emunum.mad.MADUnit, got {type(unit).__name__}")
+
+
+def make_policy(fmt=None, policy: Optional[Policy] = None, **kwargs) -> Policy:
+    """The API edge of ``patch``: a Policy passed as ``fmt`` or ``policy=``, or the keyword form."""
+    if isinstance(fmt, Policy):
+        if policy is not None:
+            raise TypeError("give the Policy once: as fmt or as policy=, not both")
+        fmt, policy = None, fmt
+    if policy is not None:
+        if not isinstance(policy, Policy):
+            raise TypeError(f"policy must be an emunum.Policy, got {type(policy).__name__}")
+        if fmt is not None or kwargs:
+            extra = (["fmt"] if fmt is not None else []) + sorted(kwargs)
+            raise TypeError(f"a Policy was given; also passing {', '.join(extra)} is ambiguous: "
+                            "use dataclasses.replace(policy, ...) instead")
+        return policy
+    return Policy.make(fmt, **kwargs)

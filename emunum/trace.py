@@ -1,0 +1,352 @@
+"""Per-layer numerics counters for patched models: overflow, underflow, NaN and SQNR per tensor role.
+
+Usage::
+
+    with emunum.trace.collect(model) as t:      # or t = emunum.trace.enable(model); ...; t.close()
+        for step in range(n):
+            train_step(model)
+            if step % 100 == 0:
+                t.to_tensorboard(writer, step)  # rates since the last export, then cleared
+    print(t.to_json())
+
+Off by default; a patched model without a tracer pays nothing. For every emulated layer (``emunum.patch``) and
+every role it rounds, each sampled rounding of a tensor ``x`` to ``q`` adds up:
+
+- ``values``: elements seen (in sampled calls, see below);
+- ``overflow``: finite elements outside the format's finite range (beyond +-max for floats, outside
+  [min, max] for fixed point), which became +-inf, NaN, +-max or wrapped by the format's overflow rule;
+- ``underflow``: nonzero elements that became zero;
+- ``nan``: NaN results (NaN inputs included);
+- ``signal`` / ``noise``: sum of x**2 and of (q - x)**2 over elements where both are finite, in float64;
+  ``sqnr_db = 10 log10(signal / noise)`` (inf when nothing was lost).
+
+Forward roles are observed in the forward pass, gradient roles in the backward pass (a traced gradient
+rounding, which calls the same ``emunum::quantize`` op as ``quantize_ste``'s backward, sees the gradient
+before and after it). Counters
+accumulate in float64 tensors on the layer's device; nothing synchronises until an export.
+
+Sampling: ``every=k`` observes forward calls 0, k, 2k, ... of each layer, with all their roundings (forward
+and backward); the counts are exact for those calls (``sampled`` of ``calls``), and the fractions estimate
+the rates. The counters read both tensors once more than the rounding does: with every=1 they cost about
+10-15% of a small CNN's or MLP's training step on CPU, with the default every=10 about 1-1.5%
+(``benchmarks/trace_overhead.py``). every=1 counts every value.
+
+Tracing never changes results: it draws no random numbers and only reads tensors. Eager mode only (a
+compiled model is not traced).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .ops import format_to_args
+from .patch import emulated_modules
+from .policy import Role
+from .quantize import check_sr_bits
+from .spec import FixedFormat
+
+STATS = ("values", "overflow", "underflow", "nan", "signal", "noise")
+_ROLE_INDEX = {r: i for i, r in enumerate(Role)}
+_CPU_SERIAL_MAX = 1 << 20  # the parallel kernel won nothing below this on 2 cores (memory-bound pass)
+
+
+def _range(fmt) -> tuple:
+    """The format's finite range [lo, hi]."""
+    if isinstance(fmt, FixedFormat):
+        return float(fmt.min), float(fmt.max)
+    return -float(fmt.max), float(fmt.max)
+
+
+# ---- the counters of one rounding -------------------------------------------------------------------------
+def stats_torch(x: Tensor, q: Tensor, lo: float, hi: float, sqnr: bool = True) -> Tensor:
+    """float64 [values, overflow, underflow, nan, signal, noise] of rounding x -> q (any device)."""
+    x, q = x.detach().reshape(-1), q.detach().reshape(-1)
+    fin_x = torch.isfinite(x)
+    over = ((x > hi) | (x < lo)) & fin_x
+    under = (q == 0) & (x != 0)
+    parts = [torch.count_nonzero(over), torch.count_nonzero(under), torch.count_nonzero(torch.isnan(q))]
+    out = torch.empty(6, dtype=torch.float64, device=x.device)
+    out[0] = x.numel()
+    out[1:4] = torch.stack(parts)
+    if sqnr:
+        both = fin_x & torch.isfinite(q)
+        xd = torch.where(both, x, 0).double()
+        d = torch.where(both, q, 0).double() - xd
+        out[4] = torch.dot(xd, xd)
+        out[5] = torch.dot(d, d)
+    else:
+        out[4:] = 0
+    return out
+
+
+_kernels = None
+
+
+def _cpu_kernels():
+    """numba kernels (compiled on first use): one fused, vectorised pass instead of a dozen torch ops.
+
+    fastmath is limited to reassociation (and no-signed-zeros, contraction) so that the float64 sums
+    vectorise; NaN and inf tests keep their IEEE meaning."""
+    global _kernels
+    if _kernels is None:
+        import numpy as np
+        from numba import njit, prange
+
+        from .kernels import cpu as _cpu  # noqa: F401  (sets numba's threading layer beside torch's)
+
+        fm = {"reassoc", "nsz", "contract"}
+
+        @njit(cache=True, nogil=True, fastmath=fm)
+        def serial(x, q, lo, hi, sqnr, out):
+            over = under = nan = 0
+            sig = noise = 0.0
+            for i in range(x.size):
+                a, b = x[i], q[i]
+                fa = abs(a) < np.inf
+                over += fa & ((a > hi) | (a < lo))
+                under += (b == 0) & (a != 0)
+                nan += b != b
+                if sqnr:
+                    ok = fa & (abs(b) < np.inf)
+                    da = np.float64(a) if ok else 0.0
+                    d = (np.float64(b) if ok else 0.0) - da
+                    sig += da * da
+                    noise += d * d
+            out[0] += x.size
+            out[1] += over
+            out[2] += under
+            out[3] += nan
+            out[4] += sig
+            out[5] += noise
+
+        @njit(cache=True, parallel=True, fastmath=fm)
+        def parallel(x, q, lo, hi, sqnr, out):
+            over = under = nan = 0
+            sig = noise = 0.0
+            for i in prange(x.size):
+                a, b = x[i], q[i]
+                fa = abs(a) < np.inf
+                over += fa & ((a > hi) | (a < lo))
+                under += (b == 0) & (a != 0)
+                nan += b != b
+                if sqnr:
+                    ok = fa & (abs(b) < np.inf)
+                    da = np.float64(a) if ok else 0.0
+                    d = (np.float64(b) if ok else 0.0) - da
+                    sig += da * da
+                    noise += d * d
+            out[0] += x.size
+            out[1] += over
+            out[2] += under
+            out[3] += nan
+            out[4] += sig
+            out[5] += noise
+
+        _kernels = (serial, parallel)
+    return _kernels
+
+
+def accumulate(acc: Tensor, x: Tensor, q: Tensor, lo: float, hi: float, sqnr: bool = True) -> None:
+    """acc (float64 [6], on x's device) += the counters of rounding x -> q."""
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and q.dtype == x.dtype:
+        serial, parallel = _cpu_kernels()
+        xa = x.detach().contiguous().view(-1).numpy()
+        qa = q.detach().contiguous().view(-1).numpy()
+        (serial if xa.size < _CPU_SERIAL_MAX else parallel)(xa, qa, lo, hi, sqnr, acc.numpy())
+    else:
+        acc += stats_torch(x, q, lo, hi, sqnr)
+
+
+# ---- traced gradient rounding ---------------------------------------------------------------------------
+class _TracedGradRound(torch.autograd.Function):
+    """What the gradient half of ``quantize_ste`` does (forward: a copy; backward: ``emunum::quantize`` of the
+    gradient with a fresh seed), with the layer observing the gradient before and after the rounding."""
+
+    @staticmethod
+    def forward(ctx, x, layer, role, fmt_args, mode, sr_bits):
+        ctx.layer, ctx.role, ctx.fmt_args, ctx.mode, ctx.sr_bits = layer, role, fmt_args, mode, sr_bits
+        return x.clone(memory_format=torch.contiguous_format)
+
+    @staticmethod
+    def backward(ctx, g):
+        gq = torch.ops.emunum.quantize(g, ctx.fmt_args, ctx.mode, None, ctx.sr_bits)
+        ctx.layer.observe(ctx.role, g, gq)
+        return gq, None, None, None, None, None
+
+
+# ---- per-layer state ------------------------------------------------------------------------------------
+class LayerTrace:
+    """The counters of one emulated layer: ``acc[role]`` float64 [6] on the layer's device."""
+
+    def __init__(self, name: str, module: nn.Module, every: int, sqnr: bool):
+        self.name, self.every, self.sqnr = name, every, sqnr
+        pol = module.emunum_policy
+        self.roles = tuple(module.emunum_roles)
+        self.range = {r: _range(pol.spec(r).fmt) for r in self.roles if pol.spec(r) is not None}
+        self.grad_args = {r: (format_to_args(pol.spec(r).fmt), int(pol.spec(r).rounding), check_sr_bits(pol.sr_bits))
+                          for r in self.roles if r.is_gradient and pol.spec(r) is not None}
+        self.acc: dict = {}
+        self.calls = self.sampled = 0  # forward calls of the layer, and those observed
+        self.active = False
+
+    def begin(self) -> None:
+        """A forward call starts: observe it (all its roundings, forward and backward) if it is sampled."""
+        self.active = self.calls % self.every == 0
+        self.calls += 1
+        self.sampled += self.active
+
+    def observe(self, role: Role, x: Tensor, q: Tensor) -> None:
+        acc = self.acc.get(role)
+        if acc is None or acc.device != x.device:
+            acc = self.acc[role] = torch.zeros(6, dtype=torch.float64, device=x.device) if acc is None \
+                else acc.to(x.device)
+        lo, hi = self.range[role]
+        with torch.no_grad():
+            accumulate(acc, x, q, lo, hi, self.sqnr)
+
+    def round(self, x: Tensor, role: Role, fq, bq) -> Tensor:
+        """The layer's rounding of x in ``role`` (as ``EmuLayer._emu_round``), observed."""
+        if fq is not None:
+            y = fq(x)
+            if self.active:
+                self.observe(role, x, y)
+        else:
+            y = x
+        if bq is None:
+            return y
+        grole = role.gradient
+        if not (self.active and torch.is_grad_enabled() and y.requires_grad):
+            return bq(y)
+        return _TracedGradRound.apply(y, self, grole, *self.grad_args[grole])
+
+    def reset(self) -> None:
+        for acc in self.acc.values():
+            acc.zero_()
+        self.calls = self.sampled = 0
+
+    def to_dict(self) -> dict:
+        out = {}
+        for role in self.roles:
+            if role not in self.range:
+                continue
+            v = self.acc[role].tolist() if role in self.acc else [0.0] * 6
+            d = {k: int(v[i]) for i, k in enumerate(STATS[:4])}
+            d["signal"], d["noise"] = v[4], v[5]
+            d["sqnr_db"] = _sqnr_db(v[4], v[5]) if self.sqnr else None
+            d["calls"], d["sampled"] = self.calls, self.sampled
+            out[role.value] = d
+        return out
+
+
+def _sqnr_db(signal: float, noise: float) -> Optional[float]:
+    if noise == 0.0:
+        return math.inf if signal > 0 else None
+    return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+# ---- the tracer -----------------------------------------------------------------------------------------
+class Tracer:
+    """Counters of every emulated layer of a model. Create with ``enable`` or ``collect``."""
+
+    def __init__(self, model: nn.Module, *, every: int = 10, sqnr: bool = True):
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every={every!r} must be an int >= 1 (observe one call in every)")
+        if not isinstance(sqnr, bool):
+            raise TypeError(f"sqnr must be a bool, got {sqnr!r}")
+        mods = emulated_modules(model)
+        if not mods:
+            raise ValueError("emunum.trace: the model has no emulated layer; call emunum.patch(model, ...) first")
+        busy = [n for n, m in mods if m._emunum_trace is not None]
+        if busy:
+            raise ValueError(f"emunum.trace: {busy[0]!r} is already traced; close that tracer first")
+        self.every, self.sqnr = every, sqnr
+        self.layers = {}
+        self._modules = []
+        for name, m in mods:
+            name = name or "model"  # the model itself is the emulated layer
+            lt = LayerTrace(name, m, every, sqnr)
+            self.layers[name] = lt
+            self._modules.append(m)
+            m.__dict__["_emunum_trace"] = lt
+
+    def close(self) -> None:
+        """Detach from the model (counters stay readable)."""
+        mine = {id(lt) for lt in self.layers.values()}
+        for m in self._modules:
+            if id(m.__dict__.get("_emunum_trace")) in mine:
+                m.__dict__["_emunum_trace"] = None
+        self._modules = []
+
+    def __enter__(self) -> "Tracer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def reset(self) -> None:
+        """Zero every counter (call counts too)."""
+        for lt in self.layers.values():
+            lt.reset()
+
+    def to_dict(self) -> dict:
+        """``{layer: {role: {values, overflow, underflow, nan, signal, noise, sqnr_db, calls}}}``."""
+        return {name: lt.to_dict() for name, lt in self.layers.items()}
+
+    summary = to_dict
+
+    def to_json(self, path=None, indent: int = 2) -> str:
+        """The ``to_dict`` as JSON (inf/-inf SQNR as the strings "inf"/"-inf"); written to ``path`` if given."""
+        def fix(v):
+            if isinstance(v, dict):
+                return {k: fix(x) for k, x in v.items()}
+            if isinstance(v, float) and math.isinf(v):
+                return "inf" if v > 0 else "-inf"
+            return v
+
+        text = json.dumps(fix(self.to_dict()), indent=indent)
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text + "\n")
+        return text
+
+    def to_tensorboard(self, writer, step: int, *, prefix: str = "emunum", reset: bool = True) -> None:
+        """Scalars ``<prefix>/<layer>/<role>/{overflow,underflow,nan}`` (fractions of the values seen) and
+        ``.../sqnr_db`` for the counters since the last reset; then reset them (``reset=False`` keeps them)."""
+        for name, roles in self.to_dict().items():
+            for role, d in roles.items():
+                n = d["values"]
+                if n == 0:
+                    continue
+                tag = f"{prefix}/{name}/{role}"
+                for k in ("overflow", "underflow", "nan"):
+                    writer.add_scalar(f"{tag}/{k}", d[k] / n, step)
+                if d["sqnr_db"] is not None and math.isfinite(d["sqnr_db"]):
+                    writer.add_scalar(f"{tag}/sqnr_db", d["sqnr_db"], step)
+        if reset:
+            self.reset()
+
+
+def enable(model: nn.Module, *, every: int = 10, sqnr: bool = True) -> Tracer:
+    """Start tracing every emulated layer of ``model``; returns the ``Tracer`` (``close()`` stops it)."""
+    return Tracer(model, every=every, sqnr=sqnr)
+
+
+def disable(model: nn.Module) -> None:
+    """Stop every tracer attached to ``model``'s layers."""
+    for _, m in emulated_modules(model):
+        m.__dict__["_emunum_trace"] = None
+
+
+@contextlib.contextmanager
+def collect(model: nn.Module, *, every: int = 10, sqnr: bool = True):
+    """``with emunum.trace.collect(model) as t:`` trace inside the block; ``t`` stays readable after it."""
+    t = Tracer(model, every=every, sqnr=sqnr)
+    try:
+        yield t
+    finally:
+        t.close()

@@ -1,0 +1,387 @@
+"""Emulated layers (emunum.nn): every role rounded where the docs say, bit for bit.
+
+Oracle: the layer's torch functional applied to tensors rounded by ``emunum.reference.quantize_reference``
+(numpy float64 rounding, independent of the kernels and of the autograd ops), and torch.autograd.grad of
+that functional for the backward pass. Gradient roles round to nearest here, so that the oracle is
+deterministic; stochastic gradient rounding is checked for landing on the format's grid and for
+repeatability under torch.manual_seed.
+"""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import emunum
+from emunum.nn import EmuLayer, EmuLinear, from_float
+from emunum.policy import Policy, Role
+from emunum.reference import quantize_reference
+
+POLICIES = {
+    "e5m2": Policy.make("e5m2", grad_rounding="nearest"),
+    "mixed": Policy.make("e4m3fn", weight="fixed8_6", output="e5m2", grad="bf16", grad_output="e5m2",
+                         grad_rounding="nearest"),
+    "fwd_only": Policy.make("e4m3fn", grad=None, rounding="toward_zero"),
+}
+
+
+def Q(x, spec):
+    return x if spec is None else quantize_reference(x, spec.fmt, spec.rounding)
+
+
+def on_grid(t, fmt):
+    return torch.equal(quantize_reference(t, emunum.get_format(fmt), "nearest"), t)
+
+
+def leaf(t):
+    return t.detach().clone().requires_grad_(True)
+
+
+# (name, layer factory, input shape, functional oracle op(x, w, b, layer))
+WEIGHT_LAYERS = [
+    ("linear", lambda: nn.Linear(7, 5), (4, 7), lambda x, w, b, m: F.linear(x, w, b)),
+    ("linear_nobias", lambda: nn.Linear(7, 5, bias=False), (2, 3, 7), lambda x, w, b, m: F.linear(x, w, b)),
+    ("conv1d", lambda: nn.Conv1d(3, 4, 3, stride=2, padding=1), (2, 3, 9),
+     lambda x, w, b, m: F.conv1d(x, w, b, 2, 1)),
+    ("conv2d_groups", lambda: nn.Conv2d(4, 6, 3, padding=1, groups=2, dilation=1), (2, 4, 6, 6),
+     lambda x, w, b, m: F.conv2d(x, w, b, 1, 1, 1, 2)),
+    ("conv2d_reflect", lambda: nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"), (1, 2, 5, 5),
+     lambda x, w, b, m: F.conv2d(F.pad(x, (1, 1, 1, 1), mode="reflect"), w, b)),
+    ("conv3d", lambda: nn.Conv3d(2, 3, 2), (1, 2, 4, 4, 4), lambda x, w, b, m: F.conv3d(x, w, b)),
+    ("convT1d", lambda: nn.ConvTranspose1d(3, 2, 3, stride=2), (2, 3, 5),
+     lambda x, w, b, m: F.conv_transpose1d(x, w, b, 2)),
+    ("convT2d_outpad", lambda: nn.ConvTranspose2d(2, 4, 3, stride=2, padding=1, output_padding=1, groups=2),
+     (1, 2, 4, 4), lambda x, w, b, m: F.conv_transpose2d(x, w, b, 2, 1, 1, 2)),
+    ("convT3d", lambda: nn.ConvTranspose3d(2, 2, 2, bias=False), (1, 2, 3, 3, 3),
+     lambda x, w, b, m: F.conv_transpose3d(x, w, b)),
+]
+
+
+@pytest.mark.parametrize("policy", POLICIES.values(), ids=POLICIES.keys())
+@pytest.mark.parametrize("name, make, shape, op", WEIGHT_LAYERS, ids=[c[0] for c in WEIGHT_LAYERS])
+def test_weight_layer_rounds_inputs_weights_outputs_and_their_gradients(name, make, shape, op, policy):
+    torch.manual_seed(0)
+    layer = make()
+    x = torch.randn(shape) * 3
+    emu = from_float(layer, policy)
+    xe = leaf(x)
+    y = emu(xe)
+    g_up = torch.randn_like(y) * 2
+    y.backward(g_up)
+
+    P = policy
+    xq, wq = leaf(Q(x, P.input)), leaf(Q(layer.weight, P.weight))
+    bq = None if layer.bias is None else leaf(Q(layer.bias, P.weight))
+    y_ref = op(xq, wq, bq, layer)
+    assert torch.equal(y, Q(y_ref, P.output))
+    if P.grad_output is None and P.grad_input is None:
+        return
+    ins = [t for t in (xq, wq, bq) if t is not None]
+    grads = torch.autograd.grad(y_ref, ins, Q(g_up, P.grad_output))
+    assert torch.equal(xe.grad, Q(grads[0], P.grad_input))
+    assert torch.equal(layer.weight.grad, Q(grads[1], P.grad_weight))
+    if bq is not None:
+        assert torch.equal(layer.bias.grad, Q(grads[2], P.grad_weight))
+
+
+def test_conv_transpose_honours_output_size():
+    torch.manual_seed(0)
+    layer = nn.ConvTranspose2d(2, 2, 3, stride=2)
+    x = torch.randn(1, 2, 4, 4)
+    emu = from_float(layer, POLICIES["e5m2"])
+    y = emu(x, output_size=[10, 10])
+    assert y.shape == (1, 2, 10, 10)
+    P = POLICIES["e5m2"]
+    ref = F.conv_transpose2d(Q(x, P.input), Q(layer.weight, P.weight), Q(layer.bias, P.weight), 2, 0, (1, 1))
+    assert torch.equal(y, Q(ref, P.output))
+
+
+@pytest.mark.parametrize("policy", POLICIES.values(), ids=POLICIES.keys())
+@pytest.mark.parametrize("kwargs", [{}, {"padding_idx": 2, "scale_grad_by_freq": True}], ids=["plain", "pad_freq"])
+def test_embedding_rounds_the_table_and_its_gradient(policy, kwargs):
+    torch.manual_seed(0)
+    layer = nn.Embedding(10, 6, **kwargs)
+    with torch.no_grad():
+        layer.weight.mul_(40)
+    idx = torch.tensor([[1, 2, 2, 9], [0, 2, 5, 1]])
+    emu = from_float(layer, policy)
+    y = emu(idx)
+    g_up = torch.randn_like(y)
+    y.backward(g_up)
+    P = policy
+    wq = leaf(Q(layer.weight, P.weight))
+    y_ref = F.embedding(idx, wq, kwargs.get("padding_idx"), scale_grad_by_freq=kwargs.get("scale_grad_by_freq", False))
+    assert torch.equal(y, Q(y_ref, P.output))
+    if P.grad_weight is not None:
+        (gw,) = torch.autograd.grad(y_ref, wq, Q(g_up, P.grad_output))
+        assert torch.equal(layer.weight.grad, Q(gw, P.grad_weight))
+
+
+def test_embedding_max_norm_renormalises_the_stored_weight_as_torch_does():
+    torch.manual_seed(0)
+    layer = nn.Embedding(8, 4, max_norm=1.0)
+    with torch.no_grad():
+        layer.weight.mul_(3)
+    twin = copy.deepcopy(layer)
+    idx = torch.tensor([0, 3, 3, 7])
+    twin(idx)  # torch renormalises rows 0, 3, 7 of its weight in place
+    y = from_float(layer, POLICIES["e5m2"])(idx)
+    assert torch.equal(layer.weight, twin.weight)
+    P = POLICIES["e5m2"]
+    assert torch.equal(y, Q(F.embedding(idx, Q(twin.weight, P.weight)), P.output))
+
+
+def test_sparse_embedding_with_rounded_weight_gradient_is_refused():
+    with pytest.raises(ValueError, match="sparse=True"):
+        from_float(nn.Embedding(4, 2, sparse=True), POLICIES["e5m2"])
+    from_float(nn.Embedding(4, 2, sparse=True), POLICIES["fwd_only"])  # no gradient rounding: fine
+
+
+OUTPUT_LAYERS = [
+    ("batchnorm2d", lambda: nn.BatchNorm2d(3), (4, 3, 5, 5)),
+    ("layernorm", lambda: nn.LayerNorm(6), (3, 4, 6)),
+    ("groupnorm", lambda: nn.GroupNorm(2, 4), (2, 4, 3)),
+    ("rmsnorm", lambda: nn.RMSNorm(5), (3, 5)),
+    ("relu", nn.ReLU, (5, 7)),
+    ("gelu", nn.GELU, (5, 7)),
+    ("tanh", nn.Tanh, (5, 7)),
+    ("sigmoid", nn.Sigmoid, (5, 7)),
+    ("silu", nn.SiLU, (5, 7)),
+    ("softmax", lambda: nn.Softmax(dim=-1), (5, 7)),
+    ("prelu", nn.PReLU, (5, 7)),
+]
+
+
+@pytest.mark.parametrize("policy", POLICIES.values(), ids=POLICIES.keys())
+@pytest.mark.parametrize("name, make, shape", OUTPUT_LAYERS, ids=[c[0] for c in OUTPUT_LAYERS])
+def test_norm_and_activation_round_their_output_and_its_gradient(name, make, shape, policy):
+    torch.manual_seed(0)
+    layer = make()
+    twin = copy.deepcopy(layer)  # runs the same computation unemulated (BatchNorm running stats included)
+    x = torch.randn(shape) * 4
+    xe, xr = leaf(x), leaf(x)
+    y = from_float(layer, policy)(xe)
+    y_ref = twin(xr)
+    assert torch.equal(y, Q(y_ref, policy.output))
+    for a, b in zip(layer.buffers(), twin.buffers()):
+        assert torch.equal(a, b)
+    if policy.grad_output is not None:
+        g_up = torch.randn_like(y)
+        y.backward(g_up)
+        y_ref.backward(Q(g_up, policy.grad_output))
+        assert torch.equal(xe.grad, xr.grad)
+
+
+def test_from_float_shares_parameters_buffers_and_hooks():
+    bn = nn.BatchNorm1d(3)
+    calls = []
+    bn.register_forward_hook(lambda m, i, o: calls.append(type(m).__name__))
+    emu = from_float(bn, POLICIES["e5m2"])
+    assert isinstance(emu, nn.BatchNorm1d) and isinstance(emu, EmuLayer)
+    assert emu.weight is bn.weight and emu.running_mean is bn.running_mean
+    assert emu._parameters is bn._parameters and emu._buffers is bn._buffers
+    emu(torch.randn(4, 3))
+    assert calls == ["EmuBatchNorm1d"]
+    assert list(emu.state_dict()) == list(bn.state_dict())
+
+
+def test_stochastic_gradients_lie_on_the_grid_and_repeat_under_manual_seed():
+    layer = nn.Linear(16, 8)
+    emu = EmuLinear.from_float(layer, "e5m2")  # backward stochastic by default
+    x = leaf(torch.randn(32, 16))
+
+    def grads(seed):
+        torch.manual_seed(seed)
+        layer.zero_grad()
+        x.grad = None
+        emu(x).pow(2).sum().backward()
+        return layer.weight.grad.clone(), layer.bias.grad.clone(), x.grad.clone()
+
+    a, b, c = grads(1), grads(1), grads(2)
+    assert all(torch.equal(u, v) for u, v in zip(a, b))
+    assert not all(torch.equal(u, v) for u, v in zip(a, c))
+    assert all(on_grid(t, "e5m2") for t in a)
+
+
+def test_float64_and_bfloat16_inputs_keep_their_dtype():
+    for dtype in (torch.float64, torch.bfloat16):
+        layer = nn.Linear(4, 3).to(dtype)
+        y = from_float(layer, POLICIES["e5m2"])(torch.randn(2, 4, dtype=dtype))
+        assert y.dtype == dtype and on_grid(y.float(), "e5m2")
+
+
+def test_extra_repr_shows_the_formats():
+    text = repr(from_float(nn.Conv2d(1, 2, 3), POLICIES["mixed"]))
+    assert text.startswith("EmuConv2d(1, 2, kernel_size=(3, 3)")
+    assert text.endswith("weight=fixed8_6/nearest, input=e4m3fn/nearest, output|grad_output=e5m2/nearest, "
+                         "grad_weight|grad_input=e8m7/nearest)")
+    assert repr(from_float(nn.ReLU(), POLICIES["fwd_only"])) == "EmuReLU(output=e4m3fn/toward_zero, grad_output=-)"
+
+
+def test_from_float_refuses_wrong_types_and_emulated_modules():
+    with pytest.raises(TypeError, match="needs a Linear"):
+        EmuLinear.from_float(nn.ReLU(), "e5m2")
+    emu = EmuLinear.from_float(nn.Linear(2, 2), "e5m2")
+    with pytest.raises(ValueError, match="already emulated"):
+        EmuLinear.from_float(emu, "e5m2")
+    with pytest.raises(TypeError, match="no emulated layer for Identity"):
+        from_float(nn.Identity(), POLICIES["e5m2"])
+
+
+def test_subclass_keeping_forward_gets_an_emulated_subclass_of_its_own_class():
+    class MyLinear(nn.Linear):
+        def describe(self):
+            return "mine"
+
+    emu = from_float(MyLinear(3, 2), POLICIES["e5m2"])
+    assert isinstance(emu, MyLinear) and emu.describe() == "mine"
+    assert type(emu).__name__ == "EmuMyLinear"
+
+
+# ---- MultiheadAttention -----------------------------------------------------------------------------------
+MHA_CONFIGS = {
+    "default": {}, "batch_first": {"batch_first": True}, "bias_kv_zero_attn": {"add_bias_kv": True, "add_zero_attn": True},
+    "kdim_vdim": {"kdim": 6, "vdim": 5}, "no_bias": {"bias": False},
+}
+
+
+def _mha_inputs(cfg, L=3, S=4, N=2, E=8):
+    bf = cfg.get("batch_first", False)
+    shape = (lambda s, e: (N, s, e)) if bf else (lambda s, e: (s, N, e))
+    q = torch.randn(shape(L, E))
+    k = torch.randn(shape(S, cfg.get("kdim", E)))
+    v = torch.randn(shape(S, cfg.get("vdim", E)))
+    causal = torch.triu(torch.ones(L, S, dtype=torch.bool), 1)
+    pad = torch.zeros(N, S, dtype=torch.bool)
+    pad[0, -1] = True
+    float_mask = torch.randn(L, S)
+    cases = {"cross": ((q, k, v), {}), "bool_masks": ((q, k, v), {"attn_mask": causal, "key_padding_mask": pad}),
+             "float_mask": ((q, k, v), {"attn_mask": float_mask})}
+    if "kdim" not in cfg:
+        cases["self"] = ((q, q, q), {"attn_mask": torch.triu(torch.ones(L, L, dtype=torch.bool), 1)})
+        cases["kv_shared"] = ((q, k, k), {})
+    return cases
+
+
+@pytest.mark.parametrize("cfg", MHA_CONFIGS.values(), ids=MHA_CONFIGS.keys())
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_attention_with_fp32_policy_is_bit_identical_to_torch(cfg, train):
+    """Rounding to fp32 is the identity on float32: what is left is the structure of the computation.
+
+    (Gradient roles are left out: a rounded gradient is a fresh contiguous tensor, which can change the
+    summation order of torch's bias-gradient reductions; they are checked on the grid below.)"""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(8, 2, **cfg).train(train)
+    emu = from_float(mha, Policy.make("fp32", grad=None))
+    for label, (args, kw) in _mha_inputs(cfg).items():
+        ref_out, ref_w = mha(*args, need_weights=True, **kw)
+        out, w = emu(*args, need_weights=True, **kw)
+        assert torch.equal(out, ref_out), label
+        assert torch.equal(w, ref_w), label
+        out2, none = emu(*args, need_weights=False, average_attn_weights=False, **kw)
+        assert none is None and torch.equal(out2, ref_out), label
+        if train:
+            params = list(mha.parameters())
+            g_ref = torch.autograd.grad(ref_out.sum(), params)
+            g = torch.autograd.grad(out.sum(), params)
+            assert all(torch.equal(a, b) for a, b in zip(g, g_ref)), label
+
+
+def test_attention_unbatched_and_per_head_weights_match_torch():
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(8, 4)
+    emu = from_float(mha, Policy.make("fp32"))
+    q, k = torch.randn(3, 8), torch.randn(5, 8)
+    ref = mha(q, k, k, average_attn_weights=False)
+    got = emu(q, k, k, average_attn_weights=False)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+@pytest.mark.parametrize("param", ["in_proj_weight", "out_proj.weight"])
+def test_attention_rounds_the_projection_weights(param):
+    """A perturbation of a weight far below half an e5m2 ulp changes torch's output but not the emulation's:
+    the weight passed to the functional call is rounded (swapping out_proj alone would miss in_proj)."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True)
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.copy_(quantize_reference(p, emunum.get_format("e5m2"), "nearest"))
+    x = torch.randn(2, 3, 8)
+    emu = from_float(mha, Policy.make("e5m2"))
+    before, ref_before = emu(x, x, x)[0], mha(x, x, x)[0]
+    w = mha.get_parameter(param)
+    with torch.no_grad():
+        w.mul_(1 + 2.0**-12)
+    assert torch.equal(emu(x, x, x)[0], before)
+    assert not torch.equal(mha(x, x, x)[0], ref_before)
+
+
+def test_attention_output_weights_and_gradients_lie_on_the_grid():
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True)
+    emu = from_float(mha, Policy.make("e5m2", grad="e4m3fn"))
+    x = leaf(torch.randn(2, 3, 8))
+    out, w = emu(x, x, x)
+    assert on_grid(out, "e5m2")
+    out.square().sum().backward()
+    assert on_grid(x.grad, "e4m3fn")
+    assert all(on_grid(p.grad, "e4m3fn") for p in mha.parameters())
+
+
+def test_attention_is_causal_needs_a_mask_like_torch():
+    emu = from_float(nn.MultiheadAttention(4, 2), Policy.make("e5m2"))
+    x = torch.randn(3, 1, 4)
+    with pytest.raises(RuntimeError, match="attn_mask"):
+        emu(x, x, x, is_causal=True)
+
+
+def test_emulated_layer_roles():
+    assert from_float(nn.Linear(2, 2), POLICIES["e5m2"]).emunum_roles == (
+        Role.WEIGHT, Role.INPUT, Role.OUTPUT, Role.GRAD_WEIGHT, Role.GRAD_INPUT, Role.GRAD_OUTPUT)
+    assert from_float(nn.Embedding(2, 2), POLICIES["e5m2"]).emunum_roles == (
+        Role.WEIGHT, Role.OUTPUT, Role.GRAD_WEIGHT, Role.GRAD_OUTPUT)
+    assert from_float(nn.GELU(), POLICIES["e5m2"]).emunum_roles == (Role.OUTPUT, Role.GRAD_OUTPUT)
+
+
+# ---- MAD units ----------------------------------------------------------------------------------------------
+def test_linear_and_conv_gemms_run_on_the_policy_mad_unit():
+    from emunum import mad
+
+    unit = mad.MADUnit(mul_fmt="e5m2", acc_fmt="fp16", chunk=4)
+    P = Policy.make("e5m2", mad=unit)
+    torch.manual_seed(0)
+    lin, conv = nn.Linear(9, 4), nn.Conv2d(2, 3, 3, padding=1, padding_mode="circular")
+    x, xc = torch.randn(3, 9), torch.randn(1, 2, 5, 5)
+    y = from_float(lin, P)(x)
+    ref = mad.linear(Q(x, P.input), Q(lin.weight, P.weight), Q(lin.bias, P.weight), unit)
+    assert torch.equal(y, Q(ref, P.output))
+    yc = from_float(conv, P)(xc)
+    xp = F.pad(Q(xc, P.input), (1, 1, 1, 1), mode="circular")
+    ref = mad.conv2d(xp, Q(conv.weight, P.weight), Q(conv.bias, P.weight), unit=unit)
+    assert torch.equal(yc, Q(ref, P.output))
+    assert "mad=MAD[e5m2:nearest -> e5m10:nearest, chunk=4]" in repr(from_float(lin, P))
+
+
+def test_attention_runs_its_four_gemms_on_the_mad_unit(monkeypatch):
+    from emunum import mad
+
+    calls = []
+    for name in ("linear", "matmul"):
+        real = getattr(mad, name)
+        monkeypatch.setattr(mad, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k))
+    unit = mad.MADUnit(mul_fmt="fp32", acc_fmt="fp32")
+    emu = from_float(nn.MultiheadAttention(8, 2), Policy.make("e5m2", mad=unit))
+    x = torch.randn(3, 2, 8)
+    out, _ = emu(x, x, x)
+    assert sorted(calls) == ["linear", "linear", "matmul", "matmul"]  # packed in-projection, out-projection
+    assert on_grid(out, "e5m2")
+
+
+def test_layers_without_an_emulated_gemm_refuse_a_mad_unit():
+    from emunum import mad
+
+    P = Policy.make("e5m2", mad=mad.MADUnit(mul_fmt="fp32", acc_fmt="fp32"))
+    for layer in (nn.Conv3d(1, 1, 2), nn.ConvTranspose2d(1, 1, 2)):
+        with pytest.raises(ValueError, match=f"no emulated {type(layer).__name__} GEMM"):
+            from_float(layer, P)

@@ -1,0 +1,144 @@
+"""emunum.Policy: the keyword form's defaults and overrides, parsing once at the edge, and clear errors."""
+import dataclasses
+
+import pytest
+from torch import nn
+
+import emunum
+from emunum.autograd import STE
+from emunum.policy import FORWARD_ROLES, GRADIENT_ROLES, ApproxSpec, Policy, Role, RoleSpec, make_policy
+from emunum.spec import RoundMode
+
+E5M2, E4M3FN, INT8 = (emunum.get_format(n) for n in ("e5m2", "e4m3fn", "int8"))
+
+
+@pytest.mark.parametrize("name", ["e5m2", "fp8_152", "e4m3fn", "int8", "fixed16_12", "bf16"])
+def test_fmt_sets_every_role_nearest_forward_stochastic_backward(name):
+    p = Policy.make(name)
+    fmt = emunum.get_format(name)
+    for role in FORWARD_ROLES:
+        assert p.spec(role) == RoleSpec(fmt, RoundMode.NEAREST)
+    for role in GRADIENT_ROLES:
+        assert p.spec(role) == RoleSpec(fmt, RoundMode.STOCHASTIC)
+
+
+def test_grad_sets_the_gradient_roles_and_role_keywords_override_both():
+    p = Policy.make("e4m3fn", grad="e5m2", weight="int8", grad_input=None, output=("e5m2", "toward_zero"))
+    assert p.weight == RoleSpec(INT8, "nearest")
+    assert p.input == RoleSpec(E4M3FN, "nearest")
+    assert p.output == RoleSpec(E5M2, RoundMode.TOWARD_ZERO)
+    assert p.grad_weight == p.grad_output == RoleSpec(E5M2, "stochastic")
+    assert p.grad_input is None
+
+
+def test_rounding_keywords_apply_to_their_direction():
+    p = Policy.make("e5m2", rounding="rtz", grad_rounding="nearest")
+    assert {p.spec(r).rounding for r in FORWARD_ROLES} == {RoundMode.TOWARD_ZERO}
+    assert {p.spec(r).rounding for r in GRADIENT_ROLES} == {RoundMode.NEAREST}
+
+
+def test_grad_none_leaves_gradients_unrounded():
+    p = Policy.make("e5m2", grad=None)
+    assert all(p.spec(r) is None for r in GRADIENT_ROLES)
+    assert all(p.spec(r) is not None for r in FORWARD_ROLES)
+
+
+def test_constructor_coerces_role_values_once():
+    p = Policy(weight="e5m2", grad_weight="e5m2", ste="clipped")
+    assert p.weight == RoleSpec(E5M2, RoundMode.NEAREST)
+    assert p.grad_weight == RoleSpec(E5M2, RoundMode.STOCHASTIC)
+    assert p.input is None and p.ste is STE.CLIPPED
+
+
+def test_policy_is_frozen_hashable_and_compared_by_value():
+    a, b = Policy.make("e5m2", keep_first_last=True), Policy.make("fp8_152", keep_first_last=True)
+    assert a == b and hash(a) == hash(b)
+    assert a != Policy.make("e5m2")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.weight = None
+
+
+def test_approx_method_names_are_compared_by_value():
+    a = Policy.make("e5m2", approx={"tanh": "pwl"})
+    b = Policy.make("e5m2", approx={nn.Tanh: {"method": "pwl"}})
+    assert a == b
+    assert a.approx == ((nn.Tanh, ApproxSpec("tanh", (("method", "pwl"),))),)
+
+
+@pytest.mark.parametrize("value", ["input", "INPUT", " grad_output ", Role.WEIGHT])
+def test_role_parse_accepts_names_and_members(value):
+    assert isinstance(Role.parse(value), Role)
+
+
+def test_role_gradient_pairs():
+    assert [r.gradient for r in FORWARD_ROLES] == list(GRADIENT_ROLES)
+    assert all(r.is_gradient for r in GRADIENT_ROLES) and not any(r.is_gradient for r in FORWARD_ROLES)
+
+
+def test_unknown_role_names_the_value_and_the_allowed_roles():
+    with pytest.raises(ValueError, match=r"role='activation'.*allowed: weight, input, output"):
+        Role.parse("activation")
+    with pytest.raises(ValueError, match="'activation'"):
+        Policy.make("e5m2").spec("activation")
+
+
+def test_unknown_format_names_the_role_and_the_value():
+    with pytest.raises(ValueError, match=r"weight='float7'.*not a known format"):
+        Policy.make("e5m2", weight="float7")
+    with pytest.raises(ValueError, match=r"fmt='fp7'.*not a known format"):
+        Policy.make("fp7")
+    with pytest.raises(TypeError, match=r"grad=3.*must be a FloatFormat"):
+        Policy.make("e5m2", grad=3)
+
+
+def test_bad_rounding_names_the_field():
+    with pytest.raises(ValueError, match=r"grad_rounding='sideways'.*allowed: nearest"):
+        Policy.make("e5m2", grad_rounding="sideways")
+    with pytest.raises(ValueError, match=r"output=\('e5m2', 'sideways'\)"):
+        Policy.make("e5m2", output=("e5m2", "sideways"))
+
+
+def test_bad_role_value_type_is_a_type_error():
+    with pytest.raises(TypeError, match=r"input=3.*expected a format"):
+        Policy.make("e5m2", input=3)
+    with pytest.raises(ValueError, match=r"2 items"):
+        Policy.make("e5m2", input=("e5m2", "nearest", "extra"))
+
+
+def test_unknown_keyword_is_a_type_error_listing_the_options():
+    with pytest.raises(TypeError, match=r"'weights'.*allowed: .*weight"):
+        Policy.make("e5m2", weights="int8")
+
+
+@pytest.mark.parametrize("kwargs, exc, pattern", [
+    (dict(filter=3), TypeError, "filter must be callable"),
+    (dict(keep_first_last="yes"), TypeError, "keep_first_last must be a bool"),
+    (dict(sr_bits=0), ValueError, "sr_bits=0"),
+    (dict(ste="sigmoid"), ValueError, "ste='sigmoid'"),
+    (dict(approx={"relu": "pwl"}), ValueError, "approx key 'relu'"),
+    (dict(approx={nn.ReLU: "pwl"}), ValueError, r"approx\[ReLU\]='pwl'"),
+    (dict(approx={nn.Tanh: 3}), TypeError, r"approx\[Tanh\]=3"),
+    (dict(approx={3: "pwl"}), TypeError, "approx key 3"),
+    (dict(approx=["tanh"]), TypeError, "approx must be a dict"),
+    (dict(mad="fp32"), TypeError, "mad must be an emunum.mad.MADUnit"),
+])
+def test_bad_options_raise_naming_the_field(kwargs, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        Policy.make("e5m2", **kwargs)
+
+
+def test_make_policy_takes_a_policy_once():
+    p = Policy.make("e5m2")
+    assert make_policy(p) is p and make_policy(policy=p) is p
+    with pytest.raises(TypeError, match="ambiguous"):
+        make_policy(policy=p, weight="int8")
+    with pytest.raises(TypeError, match="not both"):
+        make_policy(p, policy=p)
+    with pytest.raises(TypeError, match="must be an emunum.Policy"):
+        make_policy(policy="e5m2")
+
+
+def test_describe_groups_roles_with_one_spec():
+    p = Policy.make("e5m2", weight="int8", grad=None)
+    assert p.describe() == ("weight=fixed8_0/nearest, input|output=e5m2/nearest, "
+                            "grad_weight|grad_input|grad_output=-")

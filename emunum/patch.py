@@ -195,6 +195,9 @@ def _fast_paths_off(module: nn.Module) -> None:
                 setattr(module, a, v)
 
 
+DEFAULT_FMT = "fp8_152"
+
+
 def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, **kwargs) -> nn.Module:
     """Emulate ``model``'s layers in place and return the model (see the module doc).
 
@@ -202,11 +205,14 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, **kwar
     nearest rounding forward, stochastic backward; ``grad=``, ``weight=``, ``input=``, ``output=``,
     ``grad_weight=``, ``grad_input=``, ``grad_output=``, ``rounding=``, ``grad_rounding=``, ``ste=``,
     ``sr_bits=``, ``mad=``, ``mad_backward=``, ``approx=``, ``filter=``, ``keep_first_last=``.
-    Or a ``Policy`` as ``fmt`` or ``policy=``. Raises ValueError if the filter accepts no layer, or if the
-    model is already patched with another policy; warns if the model has no layer to emulate.
+    Or a ``Policy`` as ``fmt`` or ``policy=``. With no format, policy or option at all, ``fmt`` is
+    ``DEFAULT_FMT`` ("fp8_152", ARCHITECTURE.md's default). Raises ValueError if the filter accepts no layer,
+    or if the model is already patched with another policy; warns if the model has no layer to emulate.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if fmt is None and policy is None and not kwargs:
+        fmt = DEFAULT_FMT
     pol = make_policy(fmt, policy, **kwargs)
     if not (pol.rounds_anything or pol.approx or pol.mad is not None):
         raise ValueError("the policy emulates nothing: give fmt=, a role format (weight=, input=, output=, "

@@ -324,7 +324,7 @@ def test_filter_matching_nothing_is_an_error_naming_the_candidates():
     (dict(fmt="fp7"), ValueError, "not a known format"),
     (dict(fmt="e5m2", grad="e5m9x"), ValueError, "grad='e5m9x'"),
     (dict(fmt="e5m2", wieght="int8"), TypeError, "unknown policy option"),
-    (dict(), ValueError, "the policy emulates nothing"),
+    (dict(grad=None), ValueError, "the policy emulates nothing"),
     (dict(fmt="e5m2", rounding="up-ish"), ValueError, "rounding='up-ish'"),
 ])
 def test_bad_input_raises_clear_errors_and_leaves_the_model_alone(kwargs, exc, pattern):
@@ -333,6 +333,11 @@ def test_bad_input_raises_clear_errors_and_leaves_the_model_alone(kwargs, exc, p
     with pytest.raises(exc, match=pattern):
         emunum.patch(model, **kwargs)
     assert [(n, m, type(m)) for n, m in model.named_modules()] == snap
+
+
+def test_patch_without_options_uses_the_contract_default_fp8_152():
+    model = emunum.patch(make_model("mlp"))
+    assert "e5m2" in repr(model)
 
 
 def test_patch_refuses_non_modules():

@@ -2,8 +2,16 @@
 
 ``import emunum`` stays lean: it loads no numba.cuda and no hydra, starts no CUDA, and compiles nothing.
 """
+from . import approx  # noqa: E402  (emunum.approx: approximate tanh/sigmoid/softmax operators)
+from .arithmetic import arithmetic, emulated
+from .autograd import Quantizer, quantize_ste
 from .formats import PRESETS, get_format
+from . import mad  # noqa: E402  (emunum.mad: the MAD-unit module, also callable as the element-wise mad)
+from .mad import MADUnit, conv1d, conv2d, linear, matmul
 from .optim import LossScaler, OptimLP
+from .patch import patch, patched, register, unpatch
+from .policy import Policy, Role, RoleSpec
+from . import trace  # noqa: E402  (emunum.trace.collect / enable: per-layer numerics counters)
 from .quantize import quantize
 from .spec import FixedFormat, FloatFormat, RoundMode, Special
 
@@ -12,4 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FloatFormat", "FixedFormat", "RoundMode", "Special", "PRESETS", "get_format", "quantize",
     "OptimLP", "LossScaler",
+    "patch", "unpatch", "patched", "register", "Policy", "Role", "RoleSpec", "trace",
+    "Quantizer", "quantize_ste", "arithmetic", "emulated", "approx",
+    "MADUnit", "mad", "matmul", "linear", "conv1d", "conv2d",
 ]

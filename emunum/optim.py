@@ -9,9 +9,12 @@
    ``second_moment`` format (Adam ``exp_avg_sq``, ``max_exp_avg_sq``). Other state entries are left alone.
    The wrapped step thus updates the weights with the freshly computed state; the rounded state is what
    the next step starts from (as stored state would be in hardware).
-A role whose format is None is not rounded. Stochastic rounding seeds are derived from
-(``seed``, step number, parameter index, role) by ``derive_seed``, so a run restarted from ``state_dict()``
-draws the same bits as one that never stopped.
+A role whose format is None is not rounded. Each role's tensors are rounded as one flat concatenation, in
+``param_groups`` order (gradients: the parameters that have one; state: per parameter, in the key order
+above), one concatenation per (device, dtype) group: a stochastic rounding's counter is the element's index
+in that concatenation, and its seed is ``derive_seed(seed, step number, role id, group index)`` (role ids:
+grad 1, weight 2, momentum 3, second_moment 4), so a run restarted from ``state_dict()`` draws the same bits
+as one that never stopped.
 
 ``LossScaler`` multiplies the loss by ``scale`` before backward and divides the gradients by it before the
 step. Static scaling keeps ``scale`` fixed and always steps. Dynamic scaling skips a step whose unscaled
@@ -105,13 +108,17 @@ class OptimLP(torch.optim.Optimizer):
     def _params(self):
         return [p for g in self.param_groups for p in g["params"]]
 
-    def _round(self, t: torch.Tensor, role: str, index: int) -> None:
+    def _round(self, tensors: list, role: str) -> None:
+        """Round ``tensors`` in place, as one concatenation per (device, dtype) group (see the module doc)."""
         spec, mode = self.roles[role]
-        seed = derive_seed(self.seed, self.steps, index, _ROLE_IDS[role]) if mode == RoundMode.STOCHASTIC else None
-        if t.is_contiguous():
-            quantize(t, spec, mode, seed=seed, out=t)
-        else:
-            t.copy_(quantize(t, spec, mode, seed=seed))
+        groups: dict = {}
+        for t in tensors:
+            groups.setdefault((t.device, t.dtype), []).append(t)
+        for g, ts in enumerate(groups.values()):
+            seed = derive_seed(self.seed, self.steps, _ROLE_IDS[role], g) if mode == RoundMode.STOCHASTIC else None
+            flat = torch.cat([t.reshape(-1) for t in ts])
+            quantize(flat, spec, mode, seed=seed, out=flat)
+            torch._foreach_copy_(ts, [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in ts]), ts)])
 
     @torch.no_grad()
     def quantize_parameters_(self) -> None:
@@ -130,21 +137,21 @@ class OptimLP(torch.optim.Optimizer):
                 loss = closure()
         params = self._params()
         if self.roles["grad"] is not None:
-            for i, p in enumerate(params):
-                if p.grad is not None:
-                    self._round(p.grad, "grad", i)
+            grads = [p.grad for p in params if p.grad is not None]
+            if grads:
+                self._round(grads, "grad")
         self.optimizer.step()
-        for i, p in enumerate(params):
-            if self.roles["weight"] is not None:
-                self._round(p.data, "weight", i)
-            state = self.state.get(p, {})
-            for role, keys in (("momentum", MOMENTUM_KEYS), ("second_moment", SECOND_MOMENT_KEYS)):
-                if self.roles[role] is None:
-                    continue
-                for k in keys:
-                    buf = state.get(k)
-                    if isinstance(buf, torch.Tensor) and buf.shape == p.shape:
-                        self._round(buf, role, i)
+        if self.roles["weight"] is not None and params:
+            self._round([p.data for p in params], "weight")
+        for role, keys in (("momentum", MOMENTUM_KEYS), ("second_moment", SECOND_MOMENT_KEYS)):
+            if self.roles[role] is None:
+                continue
+            bufs = []
+            for p in params:
+                state = self.state.get(p, {})
+                bufs += [state[k] for k in keys if isinstance(state.get(k), torch.Tensor) and state[k].shape == p.shape]
+            if bufs:
+                self._round(bufs, role)
         self.steps += 1
         return loss
 
@@ -210,12 +217,16 @@ class LossScaler:
         if self._found_inf is not None:
             raise RuntimeError("LossScaler.unscale_ was already called since the last update()")
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        inv = 1.0 / self.scale_value
-        if grads:
-            torch._foreach_mul_(grads, inv)
-            found = bool(torch.stack([torch.logical_not(torch.isfinite(g)).any() for g in grads]).any())
-        else:
-            found = False
+        found = False
+        by_device: dict = {}
+        for g in grads:
+            by_device.setdefault((g.device, g.dtype), []).append(g)
+        for (device, _), gs in by_device.items():
+            flag = torch.zeros(1, device=device)
+            inv = torch.full((1,), 1.0 / self.scale_value, device=device)
+            # one fused pass: g *= inv, flag = 1 if any g is inf/NaN
+            torch._amp_foreach_non_finite_check_and_unscale_(gs, flag, inv)
+            found = found or bool(flag.item())
         self._found_inf = found
         return found
 

@@ -1,0 +1,111 @@
+"""Training-step time of the default CNN on MNIST-1D: fp32 against emulated recipes, in one process.
+
+    python benchmarks/train_step.py [--steps 20] [--rounds 5] [--threads 2]
+
+Recipes (experiments/conf/format): ``fp32``; ``elementwise`` = the fp8 recipe without its MAD unit (every
+rounding is elementwise: 1-5-2 weights/activations/errors, stochastic weight gradients, OptimLP with 1-6-9
+stochastic weight updates, dynamic loss scaling; the GEMMs run in torch fp32 on rounded operands);
+``fp8`` = the full Wang et al. recipe, whose GEMMs run on the emulated 1-6-9 chunk-64 MAD unit.
+One step = batch gather, forward, loss, backward, optimizer step (as in experiments/loop.py). Each round
+times ``--steps`` steps of every recipe in turn (after one warm-up round that compiles the kernels); the
+figure is the median over rounds of the mean step time, and the ratio is against fp32's median.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RECIPES = {
+    "fp32": ["format=fp32"],
+    "elementwise": ["format=fp8", "format.mad=null"],
+    "fp8": ["format=fp8"],
+}
+
+
+def build(overrides: list[str], threads: int):
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from emunum.optim import derive_seed
+    from experiments import data as data_mod
+    from experiments import models
+    from experiments.loop import loss_fn, set_threads
+    from experiments.recipe import apply_format, make_optimizer, make_scaler
+    from experiments.schema import register
+
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "experiments" / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=overrides + [f"threads={threads}"])
+    set_threads(threads)
+    ds = data_mod.load(cfg.data)
+    torch.manual_seed(derive_seed(int(cfg.seed), 0))
+    model = apply_format(models.build(cfg.model, ds.input_shape, ds.num_outputs), cfg.format)
+    opt, scaler = make_optimizer(model, cfg), make_scaler(cfg.format.loss_scale)
+    sampler = data_mod.BatchSampler(len(ds.x_train), int(cfg.batch_size), int(cfg.seed))
+    crit = loss_fn(ds.task)
+    state = {"it": 0}
+
+    def step():
+        it = state["it"]
+        state["it"] += 1
+        torch.manual_seed(derive_seed(int(cfg.seed), 3, it))
+        idx = sampler.indices(it)
+        opt.zero_grad(set_to_none=True)
+        loss = crit(model(ds.x_train[idx]).float(), ds.y_train[idx])
+        if scaler is not None:
+            scaler.scale_loss(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        return loss.detach().item()
+
+    return step, cfg
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=20, help="steps per recipe per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1, help="torch and numba threads (train.py default: 1)")
+    p.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated subset of {list(RECIPES)}")
+    a = p.parse_args(argv)
+    names = [n.strip() for n in a.recipes.split(",") if n.strip()]
+    bad = [n for n in names if n not in RECIPES]
+    if bad or not names:
+        p.error(f"--recipes: unknown {bad}; allowed: {', '.join(RECIPES)}")
+    if "fp32" not in names:
+        names.insert(0, "fp32")
+    for k in ("steps", "rounds", "threads"):
+        if getattr(a, k) < 1:
+            p.error(f"--{k}={getattr(a, k)} must be >= 1")
+
+    steps = {n: build(RECIPES[n], a.threads)[0] for n in names}
+    for n in names:  # warm-up: compile every kernel the recipe uses
+        for _ in range(3):
+            steps[n]()
+    per_round = {n: [] for n in names}
+    for _ in range(a.rounds):
+        for n in names:
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                steps[n]()
+            per_round[n].append((time.perf_counter() - t0) / a.steps)
+    base = statistics.median(per_round["fp32"])
+    print(f"default CNN (cnn1d) on MNIST-1D, batch 100, threads={a.threads}, {a.steps} steps x {a.rounds} rounds")
+    print(f"{'recipe':<12} {'ms/step (median)':>17} {'min':>8} {'max':>8} {'x fp32':>8}")
+    for n in names:
+        v = per_round[n]
+        med = statistics.median(v)
+        print(f"{n:<12} {1e3 * med:17.2f} {1e3 * min(v):8.2f} {1e3 * max(v):8.2f} {med / base:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The training harness: Hydra entry point (train.py), configs (conf/), data, models, the loop and plots."""

@@ -1,0 +1,455 @@
+"""The training loop behind ``experiments/train.py``: ``train(cfg, run_dir) -> Results``.
+
+Measurement. Iterations are counted from 1 (``iteration`` = optimizer steps taken). Every ``eval_every``
+iterations (and at ``max_iters``) the whole validation set is evaluated; iterations-to-accuracy is the first
+such iteration whose validation accuracy is >= ``target_accuracy`` (regression data: whose validation loss
+is <= ``target_loss``). With ``stop_at_target`` the run ends there.
+
+Outcomes (``status``): "reached"; "not_reached" (max_iters without reaching the target); "diverged" (a
+NaN/inf training loss, or a dynamic loss scaler that still sees non-finite gradients at its minimum scale):
+the run stops, and its logs, TensorBoard events and results.json are kept. ``stop_after`` ends the process
+after that iteration as a kill would (no results.json; resume from the last checkpoint).
+
+Determinism. Everything random is a function of (cfg.seed, purpose, iteration): the initial weights, each
+epoch's batch order, the OptimLP stochastic-rounding seeds (from its step counter) and, because torch's
+default generator is reseeded with ``derive_seed(seed, STREAM_STEP, iteration)`` before every step, every
+seed an emulated layer draws. A checkpoint (model, optimizer, scaler, loop state, RNG states) therefore lets
+``resume=true`` reproduce an uninterrupted run bit for bit.
+
+``seconds_per_iteration`` is the wall time of the training steps (batch, forward, backward, optimizer)
+divided by the iterations run; evaluation, logging and checkpoints are excluded.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from emunum.optim import derive_seed
+
+from . import data as data_mod
+from . import models
+from .recipe import STREAM_INIT, STREAM_STEP, apply_format, make_optimizer, make_scaler
+from .schema import LogMode, Schedule, check_keys
+
+log = logging.getLogger("experiments.train")
+
+RESULT_KEYS = ("format", "status", "iterations_to_accuracy", "target_accuracy", "best_accuracy",
+               "final_accuracy", "iterations_run", "seconds_per_iteration")
+CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_VERSION = 1
+# keys that may differ between a killed run and its resumption
+RUN_CONTROL_KEYS = ("max_iters", "eval_every", "stop_at_target", "threads", "trace", "checkpoint_every",
+                    "resume", "stop_after", "log", "device")
+
+
+@dataclass
+class Results:
+    format: str
+    status: str  # reached | not_reached | diverged (| interrupted: never written)
+    iterations_to_accuracy: int | None
+    target_accuracy: float | None
+    best_accuracy: float | None
+    final_accuracy: float | None
+    iterations_run: int
+    seconds_per_iteration: float | None
+    target_loss: float | None = None
+    best_loss: float | None = None
+    final_loss: float | None = None
+    model: str = ""
+    data: str = ""
+    optim: str = ""
+    seed: int = 0
+    skipped_steps: int = 0
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        def clean(v):
+            return None if isinstance(v, float) and not math.isfinite(v) else v
+
+        return {k: clean(v) for k, v in asdict(self).items()}
+
+
+@dataclass
+class LoopState:
+    """What a checkpoint must carry besides model/optimizer/scaler."""
+
+    iteration: int = 0
+    evals: list = field(default_factory=list)  # [{"iteration", "loss", "accuracy"}]
+    reached_at: int | None = None
+    train_seconds: float = 0.0
+
+
+# ---- small helpers -------------------------------------------------------------------------------------
+def _check_positive(cfg, key: str, minimum: int | float) -> None:
+    v = cfg[key]
+    if v is None or v < minimum:
+        raise ValueError(f"{key}={v} is out of range; allowed: >= {minimum}")
+
+
+def validate(cfg) -> None:
+    check_keys(cfg)
+    for key, lo in (("max_iters", 1), ("eval_every", 1), ("batch_size", 1), ("checkpoint_every", 0)):
+        _check_positive(cfg, key, lo)
+    if not cfg.lr > 0:
+        raise ValueError(f"lr={cfg.lr} is out of range; allowed: > 0")
+    if not 0.0 < cfg.target_accuracy <= 1.0:
+        raise ValueError(f"target_accuracy={cfg.target_accuracy} is out of range; allowed: 0 < x <= 1")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ValueError(f"threads={cfg.threads} is out of range; allowed: >= 1 or null")
+    if cfg.stop_after is not None and cfg.stop_after < 1:
+        raise ValueError(f"stop_after={cfg.stop_after} is out of range; allowed: >= 1 or null")
+
+
+def set_threads(n: int | None) -> None:
+    if n is None:
+        return
+    torch.set_num_threads(n)
+    import numba
+
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+def resolve_log_mode(mode) -> LogMode:
+    mode = LogMode(mode) if not isinstance(mode, LogMode) else mode
+    if mode != LogMode.auto:
+        return mode
+    ci = os.environ.get("CI", "").lower() not in ("", "0", "false")
+    return LogMode.progress if sys.stderr.isatty() and not ci else LogMode.quiet
+
+
+def lr_at(cfg, iteration: int) -> float:
+    """Learning rate of the step that starts at ``iteration`` (0-based)."""
+    base, warm = float(cfg.lr), int(cfg.optim.warmup_iters)
+    if warm and iteration < warm:
+        return base * (iteration + 1) / warm
+    if Schedule(cfg.optim.schedule) == Schedule.cosine:
+        progress = (iteration - warm) / max(1, int(cfg.max_iters) - warm)
+        return base * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return base
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, allow_nan=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def identity(cfg) -> dict:
+    """The config entries that define the computation (a resumed run must match them)."""
+    c = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    return {k: v for k, v in c.items() if k not in RUN_CONTROL_KEYS}
+
+
+def hydra_run_dir() -> Path:
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        raise ValueError("run_dir is required when train() is called outside a Hydra run")
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+# ---- progress ------------------------------------------------------------------------------------------
+class Progress:
+    """A tqdm bar with live loss/accuracy (``log=progress``), or log lines at evaluations (``quiet``)."""
+
+    def __init__(self, mode: LogMode, total: int, initial: int, name: str):
+        self.bar = None
+        if mode == LogMode.progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc=name, dynamic_ncols=True, leave=True)
+        self.postfix: dict = {}
+
+    def step(self, iteration: int, loss: float) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            if iteration % 10 == 0:
+                self.postfix["loss"] = f"{loss:.4f}"
+                self.bar.set_postfix(self.postfix, refresh=False)
+
+    def evaluated(self, iteration: int, train_loss: float, ev: dict) -> None:
+        acc = ev["accuracy"]
+        if self.bar is not None:
+            self.postfix["val_loss"] = f"{ev['loss']:.4f}"
+            if acc is not None:
+                self.postfix["val_acc"] = f"{acc:.4f}"
+            self.bar.set_postfix(self.postfix)
+        log.info("iter %d  train_loss %.4f  val_loss %.4f%s", iteration, train_loss, ev["loss"],
+                 f"  val_acc {acc:.4f}" if acc is not None else "")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ---- the loop ------------------------------------------------------------------------------------------
+def loss_fn(task: str):
+    return torch.nn.functional.cross_entropy if task == "classification" else torch.nn.functional.mse_loss
+
+
+@torch.no_grad()
+def evaluate(model, x, y, task: str, batch_size: int) -> dict:
+    was_training = model.training
+    model.eval()
+    total, correct = 0.0, 0
+    fn = loss_fn(task)
+    for i in range(0, len(x), batch_size):
+        out = model(x[i:i + batch_size])
+        yb = y[i:i + batch_size]
+        total += float(fn(out.float(), yb, reduction="sum"))
+        if task == "classification":
+            correct += int((out.argmax(dim=1) == yb).sum())
+    model.train(was_training)
+    n = len(x)
+    per = total / (n * (1 if task == "classification" else y.shape[1]))
+    return {"loss": per, "accuracy": correct / n if task == "classification" else None}
+
+
+def _reached(ev: dict, cfg, task: str) -> bool:
+    if task == "classification":
+        return ev["accuracy"] >= cfg.target_accuracy
+    return ev["loss"] <= cfg.target_loss
+
+
+def save_checkpoint(path: Path, model, opt, scaler, state: LoopState, cfg) -> None:
+    np_state = np.random.get_state()
+    ckpt = {
+        "version": CHECKPOINT_VERSION,
+        "identity": json.dumps(identity(cfg), sort_keys=True),
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "loop": asdict(state),
+        "rng": {"torch": torch.get_rng_state(), "python": list(_py_state_to_list(random.getstate())),
+                "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]]},
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(ckpt, tmp)
+    os.replace(tmp, path)
+
+
+def _py_state_to_list(st):
+    return [st[0], list(st[1]), st[2]]
+
+
+def load_checkpoint(path: Path, model, opt, scaler, cfg) -> LoopState:
+    if not path.exists():
+        raise ValueError(f"resume=true but {path} does not exist; allowed: a run directory with a checkpoint "
+                         f"(pass hydra.run.dir=<that directory>)")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if ckpt.get("version") != CHECKPOINT_VERSION:
+        raise ValueError(f"{path}: checkpoint version {ckpt.get('version')} is not {CHECKPOINT_VERSION}")
+    saved, now = json.loads(ckpt["identity"]), identity(cfg)
+    if saved != now:
+        diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+        raise ValueError(f"resume=true: {path} was written with a different config in {diff}; "
+                         f"allowed changes: {', '.join(RUN_CONTROL_KEYS)}")
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    if (scaler is None) != (ckpt["scaler"] is None):
+        raise ValueError(f"{path}: loss-scaler state does not match format.loss_scale")
+    if scaler is not None:
+        scaler.load_state_dict(ckpt["scaler"])
+    rng = ckpt["rng"]
+    torch.set_rng_state(rng["torch"])
+    py = rng["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    npst = rng["numpy"]
+    np.random.set_state((npst[0], np.asarray(npst[1], dtype=np.uint32), *npst[2:]))
+    return LoopState(**ckpt["loop"])
+
+
+def train(cfg, run_dir: str | os.PathLike | None = None) -> Results:
+    """Train as configured; write results.json, TensorBoard events and checkpoints into ``run_dir``
+    (default: the Hydra run directory). Returns the Results (status "interrupted" after ``stop_after``)."""
+    validate(cfg)
+    run_dir = Path(run_dir) if run_dir is not None else hydra_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    set_threads(cfg.threads)
+    device = torch.device(cfg.device)
+    seed = int(cfg.seed)
+
+    ds = data_mod.load(cfg.data)
+    task = ds.task
+    if task == "regression" and cfg.target_loss is None:
+        raise ValueError(f"data={ds.name} is a regression task; set target_loss (a validation MSE)")
+    xtr, ytr = ds.x_train.to(device), ds.y_train.to(device)
+    xva, yva = ds.x_val.to(device), ds.y_val.to(device)
+    sampler = data_mod.BatchSampler(len(xtr), int(cfg.batch_size), seed)
+
+    torch.manual_seed(derive_seed(seed, STREAM_INIT))
+    model = models.build(cfg.model, ds.input_shape, ds.num_outputs).to(device)
+    model = apply_format(model, cfg.format)
+    opt = make_optimizer(model, cfg)
+    scaler = make_scaler(cfg.format.loss_scale)
+    criterion = loss_fn(task)
+
+    ckpt_path = run_dir / CHECKPOINT
+    state = load_checkpoint(ckpt_path, model, opt, scaler, cfg) if cfg.resume else LoopState()
+    if cfg.resume:
+        log.info("resumed from %s at iteration %d", ckpt_path, state.iteration)
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    tracer = _make_tracer(model, cfg)
+    writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=state.iteration + 1 if cfg.resume else None)
+    try:
+        return _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, (xtr, ytr, xva, yva), state,
+                    ckpt_path, writer, tracer)
+    finally:
+        writer.close()
+        if tracer is not None:
+            tracer.close()
+
+
+def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, state, ckpt_path, writer, tracer):
+    xtr, ytr, xva, yva = tensors
+    seed = int(cfg.seed)
+    device = xtr.device
+    progress = Progress(resolve_log_mode(cfg.log), int(cfg.max_iters), state.iteration, cfg.format.name)
+    status, reason = None, ""
+    last_loss = float("nan")
+    with contextlib.ExitStack() as stack:
+        if progress.bar is not None:  # console log lines go through the bar instead of breaking it
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            stack.enter_context(logging_redirect_tqdm())
+        stack.callback(progress.close)
+        it = state.iteration
+        model.train()
+        while it < cfg.max_iters and not (state.reached_at is not None and cfg.stop_at_target):
+            t0 = time.perf_counter()
+            torch.manual_seed(derive_seed(seed, STREAM_STEP, it))
+            idx = sampler.indices(it).to(device)
+            xb, yb = xtr[idx], ytr[idx]
+            lr = lr_at(cfg, it)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            opt.zero_grad(set_to_none=True)
+            loss = criterion(model(xb).float(), yb)
+            last_loss = loss.detach().item()
+            if not math.isfinite(last_loss):
+                status, reason = "diverged", f"training loss {last_loss} at iteration {it + 1}"
+                writer.add_scalar("train/loss", last_loss, it + 1)
+                break
+            if scaler is not None:
+                scaler.scale_loss(loss).backward()
+                stepped = scaler.step(opt)
+                at_floor = scaler.scale <= scaler.min_scale
+                scaler.update()
+                if not stepped and at_floor:
+                    status, reason = "diverged", f"non-finite gradients at the minimum loss scale (iteration {it + 1})"
+                    break
+            else:
+                loss.backward()
+                opt.step()
+            it += 1
+            state.iteration = it
+            state.train_seconds += time.perf_counter() - t0
+
+            writer.add_scalar("train/loss", last_loss, it)
+            writer.add_scalar("train/lr", lr, it)
+            if scaler is not None:
+                writer.add_scalar("train/loss_scale", scaler.scale, it)
+            progress.step(it, last_loss)
+            if it % cfg.eval_every == 0 or it == cfg.max_iters:
+                _evaluate_and_log(model, xva, yva, ds, cfg, state, writer, progress, it, last_loss, tracer)
+            if cfg.checkpoint_every and it % cfg.checkpoint_every == 0:
+                save_checkpoint(ckpt_path, model, opt, scaler, state, cfg)
+            if cfg.stop_after is not None and it >= cfg.stop_after and it < cfg.max_iters:
+                status, reason = "interrupted", f"stop_after={cfg.stop_after}"
+                break
+
+    if status != "interrupted":
+        if not state.evals or state.evals[-1]["iteration"] != state.iteration:
+            _evaluate_and_log(model, xva, yva, ds, cfg, state, writer, progress, state.iteration, last_loss, tracer)
+        if status is None:
+            status = "reached" if state.reached_at is not None else "not_reached"
+    results = _results(cfg, ds, state, status, reason, scaler)
+    if status != "interrupted":
+        metric = objective(results, cfg.max_iters)
+        hparams = {"format": cfg.format.name, "model": cfg.model.name, "data": cfg.data.name,
+                   "optim": cfg.optim.name, "lr": float(cfg.lr), "batch_size": int(cfg.batch_size), "seed": seed}
+        writer.add_hparams(hparams, {"hparam/iterations_to_accuracy": float(metric),
+                                     "hparam/best_accuracy": _nan_if_none(results.best_accuracy),
+                                     "hparam/best_loss": _nan_if_none(results.best_loss)}, run_name=".")
+        write_json_atomic(run_dir / "results.json", results.to_json())
+        best = (f"best_accuracy={results.best_accuracy}" if results.best_accuracy is not None
+                else f"best_loss={results.best_loss}")
+        log.info("%s: %s, iterations_to_accuracy=%s, %s, %.3g ms/iteration", cfg.format.name, status,
+                 results.iterations_to_accuracy, best, 1e3 * (results.seconds_per_iteration or float("nan")))
+    return results
+
+
+def objective(results: Results, max_iters: int) -> int:
+    """What ``main`` returns for sweepers to minimise: iterations-to-accuracy if the target was reached,
+    else ``max_iters + 1`` (not reached, diverged or interrupted)."""
+    if results.status == "reached" and results.iterations_to_accuracy is not None:
+        return int(results.iterations_to_accuracy)
+    return int(max_iters) + 1
+
+
+def _nan_if_none(v):
+    return float("nan") if v is None else float(v)
+
+
+def _evaluate_and_log(model, xva, yva, ds, cfg, state, writer, progress, it, train_loss, tracer):
+    if tracer is not None:
+        tracer.to_tensorboard(writer, it)  # the training steps since the last evaluation
+    ev = evaluate(model, xva, yva, ds.task, int(cfg.data.eval_batch_size))
+    if tracer is not None:
+        tracer.reset()  # leave the evaluation's own forward passes out of the next window
+    ev["iteration"] = it
+    state.evals.append(ev)
+    writer.add_scalar("val/loss", ev["loss"], it)
+    if ev["accuracy"] is not None:
+        writer.add_scalar("val/accuracy", ev["accuracy"], it)
+    progress.evaluated(it, train_loss, ev)
+    if state.reached_at is None and math.isfinite(ev["loss"]) and _reached(ev, cfg, ds.task):
+        state.reached_at = it
+    writer.flush()
+
+
+def _results(cfg, ds, state: LoopState, status, reason, scaler) -> Results:
+    accs = [e["accuracy"] for e in state.evals if e["accuracy"] is not None]
+    losses = [e["loss"] for e in state.evals if math.isfinite(e["loss"])]
+    final = state.evals[-1] if state.evals else {"accuracy": None, "loss": None}
+    classification = ds.task == "classification"
+    return Results(
+        format=cfg.format.name, status=status, iterations_to_accuracy=state.reached_at,
+        target_accuracy=float(cfg.target_accuracy) if classification else None,
+        best_accuracy=max(accs) if accs else None, final_accuracy=final["accuracy"],
+        iterations_run=state.iteration,
+        seconds_per_iteration=state.train_seconds / state.iteration if state.iteration else None,
+        target_loss=None if classification else float(cfg.target_loss),
+        best_loss=min(losses) if losses else None, final_loss=final["loss"],
+        model=cfg.model.name, data=cfg.data.name, optim=cfg.optim.name, seed=int(cfg.seed),
+        skipped_steps=scaler.skipped_steps if scaler is not None else 0, reason=reason)
+
+
+def _make_tracer(model, cfg):
+    """``emunum.trace`` counters of every emulated layer, exported to TensorBoard at each evaluation as
+    ``emunum/<layer>/<role>/{overflow,underflow,nan,sqnr_db}``: rates over the training steps since the
+    previous evaluation (evaluation passes are left out)."""
+    if not cfg.trace:
+        return None
+    import emunum
+
+    if cfg.format.fmt is None:
+        raise ValueError(f"trace=true: format={cfg.format.name} has no emulated layer to trace; allowed: an "
+                         "emulated format (fmt not null)")
+    return emunum.trace.enable(model)

@@ -1,0 +1,83 @@
+"""Turn a ``format/`` recipe into objects: the emulated model (``emunum.patch``), the optimizer (wrapped in
+``emunum.OptimLP`` when the recipe rounds weights, gradients or optimizer state) and the loss scaler."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from omegaconf import OmegaConf
+
+import emunum
+from emunum.optim import LossScaler, OptimLP, derive_seed
+
+from .schema import LossScaleMode, Scaling
+
+# derive_seed streams of one run (the first counter after cfg.seed)
+STREAM_INIT, STREAM_DATA, STREAM_OPTIM, STREAM_STEP = 0, 1, 2, 3
+
+
+ROLE_KEYS = ("weight", "input", "output", "grad_weight", "grad_input", "grad_output")
+
+
+def policy_kwargs(fcfg) -> dict:
+    """The keyword arguments of ``emunum.patch`` besides ``fmt``: ``format.policy`` plus the MAD unit."""
+    policy = OmegaConf.to_container(fcfg.policy, resolve=True) if OmegaConf.is_config(fcfg.policy) else dict(fcfg.policy)
+    for k in ROLE_KEYS:
+        if isinstance(policy.get(k), list):
+            policy[k] = tuple(policy[k])
+    if fcfg.mad is not None:
+        if "mad" in policy:
+            raise ValueError("give the MAD unit once: format.mad or format.policy.mad, not both")
+        from emunum.mad import MADUnit
+
+        m = fcfg.mad
+        policy["mad"] = MADUnit(mul_fmt=m.mul_fmt, acc_fmt=m.acc_fmt, mul_rounding=m.mul_rounding,
+                                acc_rounding=m.acc_rounding, fused=bool(m.fused), chunk=m.chunk, lanes=int(m.lanes))
+    if Scaling(fcfg.scaling) != Scaling.none:
+        if "scaling" not in {f.name for f in dataclasses.fields(emunum.Policy)}:
+            raise NotImplementedError(
+                f"format.scaling={Scaling(fcfg.scaling).value} needs per-tensor scaling in emunum.Policy (a "
+                "'scaling' field), which this emunum does not have; run with format.scaling=none")
+        policy["scaling"] = Scaling(fcfg.scaling).value
+    return policy
+
+
+def apply_format(model: torch.nn.Module, fcfg) -> torch.nn.Module:
+    """``emunum.patch(model, fmt=fcfg.fmt, **policy_kwargs(fcfg))``; fp32 (fmt null) returns the model as is."""
+    if fcfg.fmt is None:
+        if fcfg.policy or fcfg.mad is not None or Scaling(fcfg.scaling) != Scaling.none:
+            raise ValueError("format.policy, format.mad and format.scaling need format.fmt; fmt=null means plain fp32")
+        return model
+    emunum.get_format(fcfg.fmt)  # a bad name fails here, naming the known formats
+    return emunum.patch(model, fmt=fcfg.fmt, **policy_kwargs(fcfg))
+
+
+def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
+    o = cfg.optim
+    params = [p for p in model.parameters() if p.requires_grad]
+    if o.name == "sgd":
+        base = torch.optim.SGD(params, lr=cfg.lr, momentum=o.momentum, nesterov=o.nesterov,
+                               weight_decay=o.weight_decay)
+    elif o.name == "adam":
+        base = torch.optim.Adam(params, lr=cfg.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                                weight_decay=o.weight_decay)
+    else:
+        raise ValueError(f"optim.name={o.name!r} is not an optimizer; allowed: sgd, adam")
+    lp = cfg.format.optim
+    if all(getattr(lp, k) is None for k in ("weight", "grad", "momentum", "second_moment")):
+        return base
+    opt = OptimLP(base, weight=lp.weight, weight_rounding=lp.weight_rounding, grad=lp.grad,
+                  grad_rounding=lp.grad_rounding, momentum=lp.momentum, momentum_rounding=lp.momentum_rounding,
+                  second_moment=lp.second_moment, second_moment_rounding=lp.second_moment_rounding,
+                  seed=derive_seed(int(cfg.seed), STREAM_OPTIM))
+    opt.quantize_parameters_()
+    return opt
+
+
+def make_scaler(lcfg) -> LossScaler | None:
+    mode = LossScaleMode(lcfg.mode) if not isinstance(lcfg.mode, LossScaleMode) else lcfg.mode
+    if mode == LossScaleMode.none:
+        return None
+    return LossScaler(float(lcfg.init_scale), dynamic=mode == LossScaleMode.dynamic,
+                      growth_factor=float(lcfg.growth_factor), backoff_factor=float(lcfg.backoff_factor),
+                      growth_interval=int(lcfg.growth_interval))

@@ -1,0 +1,266 @@
+"""Structured config schema for ``experiments/train.py`` (Hydra ConfigStore dataclasses).
+
+Every YAML file under ``conf/`` is merged onto one of these dataclasses, so a misspelt key fails at
+composition with OmegaConf's "Key '...' not in '...'" message, and a value of the wrong type fails with
+the field's name. Each ``model/``, ``data/`` and ``optim/`` option has its own dataclass (its YAML lists
+``/schema/<group>@_here_: <name>`` first in its defaults), because their fields differ. Keys added with
+Hydra's ``+key=value`` bypass the schema; ``check_keys`` rejects them.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+class LogMode(enum.Enum):
+    """auto: a tqdm bar on a terminal, plain log lines when there is no tty or the CI variable is set."""
+
+    auto = "auto"
+    progress = "progress"
+    quiet = "quiet"
+
+
+class LossScaleMode(enum.Enum):
+    none = "none"
+    static = "static"
+    dynamic = "dynamic"
+
+
+class Schedule(enum.Enum):
+    constant = "constant"
+    cosine = "cosine"  # cosine decay from lr to 0 over max_iters, after warmup_iters of linear warm-up
+
+
+class Scaling(enum.Enum):
+    none = "none"
+    per_tensor = "per_tensor"  # scale each tensor so its amax maps to the format's max before rounding
+
+
+# ---- format/ -------------------------------------------------------------------------------------------
+@dataclass
+class MADConfig:
+    """An ``emunum.mad.MADUnit`` for the GEMMs of Linear/Conv layers (forward and backward)."""
+
+    acc_fmt: str = "fp16_169"
+    mul_fmt: Optional[str] = "fp16_169"
+    acc_rounding: str = "nearest"
+    mul_rounding: str = "nearest"
+    fused: bool = False
+    chunk: Optional[int] = None
+    lanes: int = 1
+
+
+@dataclass
+class LossScaleConfig:
+    mode: LossScaleMode = LossScaleMode.none
+    init_scale: float = 65536.0
+    growth_interval: int = 1000
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+
+
+@dataclass
+class OptimLPConfig:
+    """Formats (preset names, see emunum.get_format) for emunum.OptimLP; null leaves a role in fp32."""
+
+    weight: Optional[str] = None
+    weight_rounding: str = "nearest"
+    grad: Optional[str] = None
+    grad_rounding: str = "nearest"
+    momentum: Optional[str] = None
+    momentum_rounding: str = "nearest"
+    second_moment: Optional[str] = None
+    second_moment_rounding: str = "nearest"
+
+
+@dataclass
+class FormatConfig:
+    """A numerics recipe. ``fmt`` null means plain fp32 (no emulation); otherwise the model is passed to
+    ``emunum.patch(model, fmt=fmt, mad=<MADUnit from mad>, **policy)``. ``policy`` is handed over as given
+    (lists become tuples, e.g. ``grad_weight: [fp8_152, stochastic]``); its keys are the keyword form of
+    ``emunum.Policy`` (fmt, grad, rounding, grad_rounding and the Policy fields), checked there."""
+
+    name: str = MISSING  # the "format" entry of results.json
+    fmt: Optional[str] = None
+    policy: Dict[str, Any] = field(default_factory=dict)
+    mad: Optional[MADConfig] = None  # null: the GEMMs run in torch's fp32 on the rounded operands
+    scaling: Scaling = Scaling.none
+    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
+    optim: OptimLPConfig = field(default_factory=OptimLPConfig)
+
+
+# ---- model/ --------------------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    name: str = "mlp"
+    hidden: List[int] = field(default_factory=lambda: [100, 100])
+
+
+@dataclass
+class CNN1dConfig(ModelConfig):
+    """The MNIST-1D paper's CNN: three stride-2 conv layers (kernel 5, 3, 3), ReLU, one linear layer."""
+
+    name: str = "cnn1d"
+    channels: int = 25
+
+
+@dataclass
+class ResNetConfig(ModelConfig):
+    name: str = "resnet"
+    channels: int = 32
+    blocks: int = 2  # residual blocks per stage (two stages; the second halves the length)
+    batchnorm: bool = True
+
+
+@dataclass
+class TransformerConfig(ModelConfig):
+    name: str = "transformer"
+    patch: int = 4  # samples per token
+    d_model: int = 32
+    heads: int = 2
+    layers: int = 2
+    mlp_ratio: int = 2
+
+
+# ---- data/ ---------------------------------------------------------------------------------------------
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    target_loss: Optional[float] = None  # default target for regression data (top-level target_loss)
+    eval_batch_size: int = 1000
+
+
+@dataclass
+class MNIST1DConfig(DataConfig):
+    name: str = "mnist1d"
+    num_samples: int = 5000  # split 80/20 into train/validation as in the MNIST-1D paper
+    seed: int = 42  # the dataset's own seed (42 is the published dataset)
+    shuffle_seq: bool = False
+    cache_dir: Optional[str] = None  # null: $EMUNUM_CACHE_DIR, else ~/.cache/emunum
+
+
+@dataclass
+class DigitsConfig(DataConfig):
+    name: str = "digits"
+    val_fraction: float = 0.2
+    split_seed: int = 0
+
+
+@dataclass
+class Regression13Config(DataConfig):
+    """Synthetic regression, 13 inputs -> 1 output: y = w.x + 0.5 sin(3 v.x) + noise (unit-variance x)."""
+
+    name: str = "regression13"
+    target_loss: Optional[float] = 0.05
+    num_train: int = 4000
+    num_val: int = 1000
+    noise: float = 0.1
+    seed: int = 13
+
+
+@dataclass
+class IdxConfig(DataConfig):
+    """MNIST-format IDX files in ``path``: train-images-idx3-ubyte, train-labels-idx1-ubyte, and optionally
+    t10k-images-idx3-ubyte / t10k-labels-idx1-ubyte (each may end in .gz). Without the t10k pair a
+    ``val_fraction`` of the training set is held out."""
+
+    name: str = "idx"
+    path: str = MISSING
+    val_fraction: float = 0.1
+    split_seed: int = 0
+    limit: Optional[int] = None  # use only the first `limit` training examples
+
+
+# ---- optim/ --------------------------------------------------------------------------------------------
+@dataclass
+class OptimConfig:
+    name: str = MISSING
+    weight_decay: float = 0.0
+    schedule: Schedule = Schedule.constant
+    warmup_iters: int = 0
+
+
+@dataclass
+class SGDConfig(OptimConfig):
+    name: str = "sgd"
+    momentum: float = 0.9
+    nesterov: bool = False
+
+
+@dataclass
+class AdamConfig(OptimConfig):
+    name: str = "adam"
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+
+# ---- top level -----------------------------------------------------------------------------------------
+@dataclass
+class TrainConfig:
+    format: FormatConfig = MISSING
+    model: ModelConfig = MISSING
+    data: DataConfig = MISSING
+    optim: OptimConfig = MISSING
+    target_accuracy: float = 0.9  # classification: reached when validation accuracy >= this
+    target_loss: Optional[float] = "${data.target_loss}"  # regression: reached when validation loss <= this
+    max_iters: int = 4000
+    eval_every: int = 100
+    stop_at_target: bool = True  # stop at the first evaluation that reaches the target
+    seed: int = 0
+    threads: Optional[int] = 1  # torch and numba thread counts (null: their defaults); see conf/train.yaml
+    batch_size: int = 100
+    lr: float = 0.01
+    trace: bool = False  # per-layer numerics from emunum.trace into TensorBoard
+    checkpoint_every: int = 500  # iterations between checkpoints; 0 disables them
+    resume: bool = False  # continue from <run dir>/checkpoint.pt (pass hydra.run.dir=<old run dir>)
+    stop_after: Optional[int] = None  # end the process after this iteration, like a kill (for resume tests)
+    log: LogMode = LogMode.auto
+    device: str = "cpu"
+
+
+def check_keys(cfg, node_type=None, path: str = "") -> None:
+    """Raise ValueError for any key that is not a field of the schema (e.g. one added with ``+key=...``)."""
+    import dataclasses
+
+    from omegaconf import DictConfig, OmegaConf
+
+    node_type = node_type or OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(node_type):
+        return
+    fields = {f.name: f for f in dataclasses.fields(node_type)}
+    for key in cfg.keys():
+        if key not in fields:
+            where = f"{path}.{key}" if path else key
+            raise ValueError(f"unknown config key {where!r}; allowed at {path or 'the top level'}: "
+                             f"{', '.join(sorted(fields))}")
+        if not OmegaConf.is_missing(cfg, key) and isinstance(cfg[key], DictConfig):
+            check_keys(cfg[key], OmegaConf.get_type(cfg, key), f"{path}.{key}" if path else key)
+
+
+def register() -> None:
+    """Store the schema in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(group="schema", name="format", node=FormatConfig)
+    for group, nodes in SCHEMAS.items():
+        for name, node in nodes.items():
+            cs.store(group=f"schema/{group}", name=name, node=node)
+
+
+SCHEMAS = {
+    "model": {"mlp": MLPConfig, "cnn1d": CNN1dConfig, "resnet": ResNetConfig, "transformer": TransformerConfig},
+    "data": {"mnist1d": MNIST1DConfig, "digits": DigitsConfig, "regression13": Regression13Config,
+             "idx": IdxConfig},
+    "optim": {"sgd": SGDConfig, "adam": AdamConfig},
+}

@@ -1,0 +1,121 @@
+"""Datasets and batch order: IDX files written here, the MNIST-1D cache, deterministic sampling."""
+from __future__ import annotations
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from experiments import data as data_mod
+from experiments.data import BatchSampler, read_idx
+from experiments.loop import train
+
+
+def write_idx(path, array: np.ndarray, gz: bool = False) -> None:
+    codes = {np.dtype(np.uint8): 0x08, np.dtype(">i4"): 0x0C, np.dtype(">f4"): 0x0D}
+    a = np.ascontiguousarray(array)
+    header = bytes([0, 0, codes[a.dtype], a.ndim]) + struct.pack(f">{a.ndim}I", *a.shape)
+    payload = header + a.tobytes()
+    if gz:
+        with gzip.open(path, "wb") as f:
+            f.write(payload)
+    else:
+        path.write_bytes(payload)
+
+
+def make_idx_dir(root, n=120, test=True, gz=False):
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 10, n).astype(np.uint8)
+    x = (rng.integers(0, 40, (n, 8, 8)) + 20 * y[:, None, None]).astype(np.uint8)  # label-dependent images
+    root.mkdir(parents=True, exist_ok=True)
+    sfx = ".gz" if gz else ""
+    write_idx(root / f"train-images-idx3-ubyte{sfx}", x, gz)
+    write_idx(root / f"train-labels-idx1-ubyte{sfx}", y, gz)
+    if test:
+        write_idx(root / f"t10k-images-idx3-ubyte{sfx}", x[:40], gz)
+        write_idx(root / f"t10k-labels-idx1-ubyte{sfx}", y[:40], gz)
+    return x, y
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, ">i4", ">f4"])
+@pytest.mark.parametrize("gz", [False, True])
+def test_read_idx_round_trips(tmp_path, dtype, gz):
+    a = (np.arange(2 * 3 * 5).reshape(2, 3, 5) * 7 % 251).astype(dtype)
+    p = tmp_path / ("a.idx.gz" if gz else "a.idx")
+    write_idx(p, a, gz)
+    b = read_idx(p)
+    assert b.shape == a.shape and b.dtype == np.dtype(dtype) and np.array_equal(a, b)
+
+
+def test_read_idx_rejects_other_files(tmp_path):
+    p = tmp_path / "x.idx"
+    p.write_bytes(b"\x89PNG....")
+    with pytest.raises(ValueError, match="not an IDX file"):
+        read_idx(p)
+
+
+@pytest.mark.parametrize("test_split,gz", [(True, False), (False, True)])
+def test_idx_dataset_trains(compose, tmp_path, test_split, gz):
+    x, y = make_idx_dir(tmp_path / "mnist", test=test_split, gz=gz)
+    cfg = compose("data=idx", f"data.path={tmp_path / 'mnist'}", "model=mlp")
+    ds = data_mod.load(cfg.data)
+    assert ds.input_shape == (1, 64) and ds.num_outputs == 10
+    assert len(ds.x_val) == (40 if test_split else 12) and len(ds.x_train) == (120 if test_split else 108)
+    res = train(cfg, tmp_path / "run")
+    assert res.iterations_run == 4 and res.data == "idx"
+
+
+def test_idx_missing_path_fails_clearly(compose, tmp_path):
+    cfg = compose("data=idx", f"data.path={tmp_path / 'nowhere'}")
+    with pytest.raises(ValueError, match="data.path=.*nowhere.*does not exist.*train-images-idx3-ubyte"):
+        train(cfg, tmp_path / "run")
+    with pytest.raises(ValueError, match="data.path is not set"):
+        train(compose("data=idx"), tmp_path / "run")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="has no train-images-idx3-ubyte"):
+        train(compose("data=idx", f"data.path={tmp_path / 'empty'}"), tmp_path / "run")
+
+
+def test_mnist1d_cache_holds_the_generated_dataset(compose, tmp_path):
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    cfg = compose(f"data.cache_dir={tmp_path}")
+    state = np.random.get_state()
+    first = data_mod.load(cfg.data)
+    assert np.array_equal(np.random.get_state()[1], state[1]), "numpy's global generator was left reseeded"
+    assert len(list(tmp_path.glob("mnist1d_*.npz"))) == 1
+    again = data_mod.load(cfg.data)  # from the cache
+    ref = make_dataset(get_dataset_args())
+    for got in (first, again):
+        assert torch.equal(got.x_train[:, 0], torch.as_tensor(ref["x"], dtype=torch.float32))
+        assert torch.equal(got.y_val, torch.as_tensor(ref["y_test"]))
+    assert first.input_shape == (1, 40) and len(first.x_train) == 4000 and len(first.x_val) == 1000
+
+
+def test_batch_order_is_a_function_of_seed_and_iteration():
+    a, b = BatchSampler(103, 10, seed=5), BatchSampler(103, 10, seed=5)
+    seq = [a.indices(i) for i in range(25)]
+    assert all(torch.equal(b.indices(i), seq[i]) for i in reversed(range(25)))  # any order of calls
+    epoch0 = torch.cat(seq[:10])
+    assert len(set(epoch0.tolist())) == 100  # each epoch: distinct examples, the last partial batch dropped
+    assert not torch.equal(torch.cat(seq[10:20]), epoch0)
+    assert not torch.equal(BatchSampler(103, 10, seed=6).indices(0), seq[0])
+    with pytest.raises(ValueError, match="batch_size"):
+        BatchSampler(5, 6, seed=0)
+
+
+def test_regression13_is_deterministic_and_learnable_by_its_definition(compose):
+    cfg = compose("data=regression13")
+    d1, d2 = data_mod.load(cfg.data), data_mod.load(cfg.data)
+    assert torch.equal(d1.x_train, d2.x_train) and torch.equal(d1.y_val, d2.y_val)
+    assert d1.input_shape == (1, 13) and d1.y_train.shape == (4000, 1) and d1.task == "regression"
+    # the noise floor: a perfect model's MSE is noise**2 = 0.01, below the default target 0.05
+    assert cfg.target_loss == 0.05 and cfg.data.noise**2 < cfg.target_loss
+
+
+def test_digits_split_is_disjoint_and_standardised(compose):
+    d = data_mod.load(compose("data=digits").data)
+    assert len(d.x_train) + len(d.x_val) == 1797 and d.input_shape == (1, 64)
+    assert abs(float(d.x_train.mean())) < 1e-5 and abs(float(d.x_train.std()) - 1) < 1e-3

@@ -84,77 +84,11 @@ def stats_torch(x: Tensor, q: Tensor, lo: float, hi: float, sqnr: bool = True) -
     return out
 
 
-_kernels = None
-
-
-def _cpu_kernels():
-    """numba kernels (compiled on first use): one fused, vectorised pass instead of a dozen torch ops.
-
-    fastmath is limited to reassociation (and no-signed-zeros, contraction) so that the float64 sums
-    vectorise; NaN and inf tests keep their IEEE meaning."""
-    global _kernels
-    if _kernels is None:
-        import numpy as np
-        from numba import njit, prange
-
-        from .kernels import cpu as _cpu  # noqa: F401  (sets numba's threading layer beside torch's)
-
-        fm = {"reassoc", "nsz", "contract"}
-
-        @njit(cache=True, nogil=True, fastmath=fm)
-        def serial(x, q, lo, hi, sqnr, out):
-            over = under = nan = 0
-            sig = noise = 0.0
-            for i in range(x.size):
-                a, b = x[i], q[i]
-                fa = abs(a) < np.inf
-                over += fa & ((a > hi) | (a < lo))
-                under += (b == 0) & (a != 0)
-                nan += b != b
-                if sqnr:
-                    ok = fa & (abs(b) < np.inf)
-                    da = np.float64(a) if ok else 0.0
-                    d = (np.float64(b) if ok else 0.0) - da
-                    sig += da * da
-                    noise += d * d
-            out[0] += x.size
-            out[1] += over
-            out[2] += under
-            out[3] += nan
-            out[4] += sig
-            out[5] += noise
-
-        @njit(cache=True, parallel=True, fastmath=fm)
-        def parallel(x, q, lo, hi, sqnr, out):
-            over = under = nan = 0
-            sig = noise = 0.0
-            for i in prange(x.size):
-                a, b = x[i], q[i]
-                fa = abs(a) < np.inf
-                over += fa & ((a > hi) | (a < lo))
-                under += (b == 0) & (a != 0)
-                nan += b != b
-                if sqnr:
-                    ok = fa & (abs(b) < np.inf)
-                    da = np.float64(a) if ok else 0.0
-                    d = (np.float64(b) if ok else 0.0) - da
-                    sig += da * da
-                    noise += d * d
-            out[0] += x.size
-            out[1] += over
-            out[2] += under
-            out[3] += nan
-            out[4] += sig
-            out[5] += noise
-
-        _kernels = (serial, parallel)
-    return _kernels
-
-
 def accumulate(acc: Tensor, x: Tensor, q: Tensor, lo: float, hi: float, sqnr: bool = True) -> None:
     """acc (float64 [6], on x's device) += the counters of rounding x -> q."""
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and q.dtype == x.dtype:
-        serial, parallel = _cpu_kernels()
+        from .kernels.counters import counters_parallel as parallel, counters_serial as serial
+
         xa = x.detach().contiguous().view(-1).numpy()
         qa = q.detach().contiguous().view(-1).numpy()
         (serial if xa.size < _CPU_SERIAL_MAX else parallel)(xa, qa, lo, hi, sqnr, acc.numpy())

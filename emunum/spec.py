@@ -288,11 +288,11 @@ class FloatFormat:
         return codes.astype(np.int64)
 
     def values(self) -> np.ndarray:
-        """Every finite value, sorted ascending, as float64 (one zero). Formats of 16 bits or fewer."""
+        """Every finite value, sorted ascending, as float64 (one zero, +0). Formats of 16 bits or fewer."""
         if self.bits > 16:
             raise ValueError(f"values() lists formats of at most 16 bits; {self.name} has {self.bits}")
         v = self.decode(np.arange(2**self.bits))
-        return np.unique(v[np.isfinite(v)])
+        return np.unique(v[np.isfinite(v)]) + 0.0  # + 0.0: np.unique may keep -0 as the zero
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,207 @@
+"""Throughput of emunum.quantize beside the memory-copy ceiling and torch's own float8 cast.
+
+    python benchmarks/quantize.py                      # CPU, 16M float32 elements
+    python benchmarks/quantize.py --device cuda        # GPU (torch.cuda.synchronize around every timing)
+    python benchmarks/quantize.py --crossover          # serial vs parallel CPU kernel, 2**10..2**20 elements
+    python benchmarks/quantize.py --cold               # import + first call in a fresh process, empty numba cache
+
+Every figure is the best of --repeats timings (after one untimed warm-up call, which also compiles), in
+millions of elements per second; "% copy" is the share of out.copy_(x)'s rate (read 4 + write 4 bytes per
+element, the same traffic as quantize with out=).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)  # run from a checkout without installing
+
+import emunum  # noqa: E402
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def best_seconds(fn, device: str, repeats: int, inner: int = 1) -> float:
+    """Best wall time of ``inner`` calls of fn (per call), over ``repeats`` timings, after one warm-up."""
+    fn()
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        t = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        _sync(device)
+        best = min(best, (time.perf_counter() - t) / inner)
+    return best
+
+
+def git_state() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return f"{head}{' + uncommitted changes' if dirty else ''}" if head else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def header(device: str) -> None:
+    import numba
+
+    print(f"# {datetime.datetime.now().isoformat(timespec='seconds')}  commit {git_state()}")
+    print(f"# {platform.platform()}, {os.cpu_count()} CPUs; python {platform.python_version()}, torch {torch.__version__}, "
+          f"numba {numba.__version__} ({numba.get_num_threads()} threads, layer {numba.config.THREADING_LAYER}), "
+          f"torch threads {torch.get_num_threads()}")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    if load is not None:
+        print(f"# load average before the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (other processes share the CPUs)")
+    if device == "cuda":
+        print(f"# GPU: {torch.cuda.get_device_name()}")
+
+
+def throughput(n: int, device: str, repeats: int, fmt: str) -> None:
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(n, device=device, generator=g) * 100
+    out = torch.empty_like(x)
+    rows: list[tuple[str, float | None, str]] = []
+
+    def add(name, fn, note=""):
+        rows.append((name, best_seconds(fn, device, repeats), note))
+
+    add("out.copy_(x)", lambda: out.copy_(x), "memory-copy ceiling")
+    add("x.to(torch.float8_e5m2).float()", lambda: x.to(torch.float8_e5m2).float(), "torch cast, e5m2 only")
+    add(f"quantize(x, {fmt!r})", lambda: emunum.quantize(x, fmt))
+    add(f"quantize(x, {fmt!r}, out=out)", lambda: emunum.quantize(x, fmt, out=out))
+    add(f"quantize(x, {fmt!r}, 'stochastic')", lambda: emunum.quantize(x, fmt, "stochastic", seed=1))
+    add(f"quantize(x, {fmt!r}, 'stochastic', out=out)",
+        lambda: emunum.quantize(x, fmt, "stochastic", seed=1, out=out))
+    try:
+        from qtorch.quant import float_quantize  # QPyTorch
+    except ImportError:
+        rows.append(("qtorch float_quantize(x, 5, 2)", None, "not installed"))
+    else:
+        add("qtorch float_quantize(x, 5, 2)", lambda: float_quantize(x, 5, 2, rounding="nearest"))
+
+    copy_rate = n / rows[0][1] / 1e6
+    print(f"\nn = {n} float32 elements on {device}, best of {repeats}")
+    print(f"{'operation':<46} {'ms':>9} {'Melem/s':>10} {'% copy':>7}  note")
+    for name, sec, note in rows:
+        if sec is None:
+            print(f"{name:<46} {'-':>9} {'-':>10} {'-':>7}  {note}")
+            continue
+        rate = n / sec / 1e6
+        print(f"{name:<46} {sec * 1e3:>9.2f} {rate:>10.1f} {100 * rate / copy_rate:>6.0f}%  {note}")
+
+
+def crossover(repeats: int, fmt_name: str) -> None:
+    """Serial vs parallel CPU float kernel (nearest, float32) at 2**10..2**20 elements."""
+    from emunum.kernels import cpu
+    from emunum.reference import seed_key
+
+    fmt = emunum.get_format(fmt_name)
+    _, man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()
+    print(f"\nserial vs parallel CPU kernel, {fmt.name}, nearest, float32, best of {repeats} "
+          f"(kernels.cpu.PARALLEL_MIN = {cpu.PARALLEL_MIN})")
+    print(f"{'n':>9} {'serial us':>10} {'parallel us':>12} {'serial Melem/s':>15} {'parallel Melem/s':>17}  faster")
+    first_parallel = None
+    for p in range(10, 21):
+        n = 1 << p
+        src = (np.random.default_rng(p).standard_normal(n) * 100).astype(np.float32)
+        dst = np.empty_like(src)
+        inner = max(1, (1 << 22) // n)
+        times = {}
+        for par in (False, True):
+            times[par] = best_seconds(
+                lambda: cpu.quantize_float(src, dst, man, emin, sub, mx, ovf, negzero, 0, seed_key(0), 32,
+                                           parallel=par), "cpu", repeats, inner)
+        faster = "parallel" if times[True] < times[False] else "serial"
+        if faster == "parallel" and first_parallel is None:
+            first_parallel = n
+        elif faster == "serial":
+            first_parallel = None  # the crossover is where parallel wins from then on
+        print(f"{n:>9} {times[False] * 1e6:>10.1f} {times[True] * 1e6:>12.1f} {n / times[False] / 1e6:>15.1f} "
+              f"{n / times[True] / 1e6:>17.1f}  {faster}")
+    if first_parallel is None:
+        print("crossover: none up to 2**20 (serial was faster at the largest size)")
+    else:
+        print(f"crossover: parallel is faster from n = {first_parallel} (2**{first_parallel.bit_length() - 1}) on")
+
+
+COLD_PROBE = r"""
+import json, time
+t0 = time.perf_counter()
+import torch, emunum
+t1 = time.perf_counter()
+x = torch.randn(1 << 20)
+t2 = time.perf_counter(); emunum.quantize(x, FMT); t3 = time.perf_counter()
+emunum.quantize(x, FMT, "stochastic", seed=0); t4 = time.perf_counter()
+steady = []
+for _ in range(5):
+    t = time.perf_counter()
+    emunum.quantize(x, FMT)
+    steady.append(time.perf_counter() - t)
+print(json.dumps({"import": t1 - t0, "first_nearest": t3 - t2, "first_stochastic": t4 - t3,
+                  "steady_nearest": min(steady)}))
+"""
+
+
+def cold(fmt: str) -> None:
+    """Fresh processes sharing one new, empty NUMBA_CACHE_DIR: the first compiles, the second loads."""
+    print(f"\ncold start: python -c 'import emunum; quantize(2**20 float32, {fmt!r})' in fresh processes")
+    print(f"{'run':<34} {'import s':>9} {'1st nearest s':>14} {'1st stochastic s':>17} {'steady ms':>10}")
+    with tempfile.TemporaryDirectory(prefix="emunum-numba-cache-") as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        for label in ("empty numba cache (compiles)", "warm numba cache (loads)"):
+            r = subprocess.run([sys.executable, "-c", COLD_PROBE.replace("FMT", repr(fmt))], env=env, cwd=ROOT,
+                               capture_output=True, text=True, timeout=1200)
+            if r.returncode != 0:
+                print(f"{label:<34} failed:\n{r.stderr}")
+                return
+            d = json.loads(r.stdout.strip().splitlines()[-1])
+            print(f"{label:<34} {d['import']:>9.2f} {d['first_nearest']:>14.2f} {d['first_stochastic']:>17.2f} "
+                  f"{d['steady_nearest'] * 1e3:>10.2f}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=1 << 24, help="elements (default 2**24 = 16M)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--format", default="fp8_152", help="emunum format (default fp8_152, to compare with torch's cast)")
+    p.add_argument("--repeats", type=int, default=5, help="timings per figure; the best is reported")
+    p.add_argument("--crossover", action="store_true", help="serial vs parallel CPU kernel at 2**10..2**20")
+    p.add_argument("--cold", action="store_true", help="import + first call in fresh processes, empty numba cache")
+    args = p.parse_args(argv)
+    if args.n < 1:
+        p.error(f"--n={args.n} must be >= 1")
+    if args.repeats < 1:
+        p.error(f"--repeats={args.repeats} must be >= 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device")
+    header(args.device)
+    throughput(args.n, args.device, args.repeats, args.format)
+    if args.crossover:
+        crossover(args.repeats, args.format)
+    if args.cold:
+        cold(args.format)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

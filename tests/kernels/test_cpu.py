@@ -1,0 +1,147 @@
+"""CPU kernels (emunum.kernels.cpu) called directly: serial and parallel loops give the same bits, on one or
+two numba threads, in place or not, and agree bit for bit with the numpy reference."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import emunum
+from emunum import FixedFormat, FloatFormat, RoundMode
+from emunum.reference import round_fixed_reference, round_float_reference, seed_key
+
+cpu = pytest.importorskip("emunum.kernels.cpu")
+numba = pytest.importorskip("numba")
+
+SEED = 31337
+FLOAT_CASES = {
+    "fp8_152": emunum.get_format("fp8_152"),
+    "e4m3fnuz": emunum.get_format("e4m3fnuz"),
+    "e4m3_nosub_sat": FloatFormat(4, 3, subnormals=False, saturate=True),
+    "e8m3_bias140": FloatFormat(8, 3, bias=140),  # float32 inputs take the generic (not the fast) path
+}
+FIXED_CASES = {"int8": emunum.get_format("int8"), "fixed8_3_wrap": FixedFormat(8, 3, saturate=False)}
+
+
+def _inputs(dtype, n: int = 3 * (1 << 14)) -> np.ndarray:
+    """Random bit patterns (every exponent, NaN payloads, subnormals) and log-uniform values of either sign."""
+    rng = np.random.default_rng(4)
+    uint = np.uint32 if dtype == np.float32 else np.uint64
+    bits = rng.integers(0, np.iinfo(uint).max, n // 2, dtype=uint, endpoint=True).view(dtype)
+    mags = np.exp2(rng.uniform(-40, 40, n - n // 2)) * np.where(rng.random(n - n // 2) < 0.5, -1, 1)
+    return np.concatenate([bits, mags.astype(dtype)])
+
+
+def _float_call(fmt: FloatFormat, src, dst, mode, sr_bits=32, parallel=None):
+    _, man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()
+    cpu.quantize_float(src, dst, man, emin, sub, mx, ovf, negzero, int(mode), seed_key(SEED), sr_bits,
+                       parallel=parallel)
+
+
+def _fixed_call(fmt: FixedFormat, src, dst, mode, sr_bits=32, parallel=None):
+    _, frac, cmin, cmax, sat = fmt.to_kernel_args()
+    cpu.quantize_fixed(src, dst, frac, cmin, cmax, sat, int(mode), seed_key(SEED), sr_bits, parallel=parallel)
+
+
+def _run(fmt, src, mode, sr_bits=32, parallel=None, inplace=False):
+    dst = src.copy() if inplace else np.empty_like(src)
+    call = _float_call if isinstance(fmt, FloatFormat) else _fixed_call
+    call(fmt, dst if inplace else src, dst, mode, sr_bits, parallel)
+    return dst
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint32 if a.dtype == np.float32 else np.uint64)
+
+
+def _reference(fmt, src, mode, sr_bits=32):
+    with np.errstate(invalid="ignore"):
+        v = src.astype(np.float64)
+    if isinstance(fmt, FloatFormat):
+        return round_float_reference(v, fmt, mode, seed=SEED, sr_bits=sr_bits)
+    return round_fixed_reference(v, fmt, mode, seed=SEED, sr_bits=sr_bits)
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> None:
+    with np.errstate(invalid="ignore"):
+        got = got.astype(np.float64)
+    gn, wn = np.isnan(got), np.isnan(want)
+    bad = (gn != wn) | (~gn & ((got != want) | (np.signbit(got) != np.signbit(want))))
+    assert not bad.any(), (np.flatnonzero(bad)[:5], got[bad][:5], want[bad][:5])
+
+
+# the generic float32 path (e8m3_bias140) with two modes here; test_quantize.py covers all its modes
+FLOAT_RUNS = [(n, m) for n in FLOAT_CASES for m in RoundMode
+              if n != "e8m3_bias140" or m in (RoundMode.NEAREST, RoundMode.STOCHASTIC)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name,mode", FLOAT_RUNS, ids=[f"{n}-{m.name.lower()}" for n, m in FLOAT_RUNS])
+def test_float_serial_parallel_and_reference_agree(name, mode, dtype):
+    fmt = FLOAT_CASES[name]
+    src = _inputs(dtype)
+    before = src.copy()
+    serial = _run(fmt, src, mode, parallel=False)
+    parallel = _run(fmt, src, mode, parallel=True)
+    assert np.array_equal(_bits(serial), _bits(parallel))
+    assert np.array_equal(_bits(_run(fmt, src, mode, inplace=True)), _bits(serial))
+    assert np.array_equal(_bits(src), _bits(before))
+    _same(serial, _reference(fmt, src, mode))
+    nan_in = np.isnan(src)
+    assert np.array_equal(_bits(serial)[nan_in], _bits(src)[nan_in])  # input NaNs keep their bits
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("mode", list(RoundMode), ids=lambda m: m.name.lower())
+@pytest.mark.parametrize("name", list(FIXED_CASES))
+def test_fixed_serial_parallel_and_reference_agree(name, mode, dtype):
+    fmt = FIXED_CASES[name]
+    src = _inputs(dtype)
+    serial = _run(fmt, src, mode, parallel=False)
+    parallel = _run(fmt, src, mode, parallel=True)
+    assert np.array_equal(_bits(serial), _bits(parallel))
+    assert np.array_equal(_bits(_run(fmt, src, mode, inplace=True)), _bits(serial))
+    _same(serial, _reference(fmt, src, mode))
+
+
+@pytest.mark.parametrize("sr_bits", [1, 3, 8, 32])
+def test_stochastic_bits_independent_of_thread_count(sr_bits):
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has a single thread here")
+    src = _inputs(np.float32, 1 << 16)
+    fmt, fx = FLOAT_CASES["fp8_152"], FIXED_CASES["int8"]
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = _run(fmt, src, RoundMode.STOCHASTIC, sr_bits, parallel=True)
+        one_fx = _run(fx, src, RoundMode.STOCHASTIC, sr_bits, parallel=True)
+        numba.set_num_threads(2)
+        two = _run(fmt, src, RoundMode.STOCHASTIC, sr_bits, parallel=True)
+        two_fx = _run(fx, src, RoundMode.STOCHASTIC, sr_bits, parallel=True)
+    finally:
+        numba.set_num_threads(before)
+    assert np.array_equal(_bits(one), _bits(two))
+    assert np.array_equal(_bits(one_fx), _bits(two_fx))
+    assert np.array_equal(_bits(one), _bits(_run(fmt, src, RoundMode.STOCHASTIC, sr_bits, parallel=False)))
+    _same(one, _reference(fmt, src, RoundMode.STOCHASTIC, sr_bits))
+
+
+def test_size_picks_the_loop_without_changing_bits():
+    fmt = FLOAT_CASES["fp8_152"]
+    for n in sorted({max(1, cpu.PARALLEL_MIN - 1), max(1, cpu.PARALLEL_MIN), cpu.PARALLEL_MIN + 1}):
+        src = _inputs(np.float32, n)
+        auto = _run(fmt, src, RoundMode.STOCHASTIC)
+        assert np.array_equal(_bits(auto), _bits(_run(fmt, src, RoundMode.STOCHASTIC, parallel=False)))
+
+
+def test_empty_and_single_element_arrays():
+    fmt = FLOAT_CASES["fp8_152"]
+    for parallel in (False, True):
+        assert _run(fmt, np.empty(0, np.float32), RoundMode.NEAREST, parallel=parallel).size == 0
+        assert _run(fmt, np.array([1.1], np.float32), RoundMode.NEAREST, parallel=parallel)[0] == 1.0
+
+
+def test_max_bits_is_the_binary_layout_of_max():
+    assert cpu.max_bits(448.0, np.float32) == 0x43E00000
+    assert cpu.max_bits(57344.0, np.float64) == 0x40EC000000000000
+    assert cpu.LAYOUT[np.dtype(np.float32)][1:] == (31, 23, 127)
+    assert cpu.LAYOUT[np.dtype(np.float64)][1:] == (63, 52, 1023)

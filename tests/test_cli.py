@@ -1,0 +1,63 @@
+"""`emunum formats`: every preset with its limits, from the module, the console script and main()."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from emunum.cli import main
+from emunum.formats import PRESETS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _check_table(text: str) -> None:
+    lines = text.splitlines()
+    assert lines[0].split()[:2] == ["name", "kind"]
+    rows = {line.split()[0]: line for line in lines[2:] if line.strip()}
+    assert set(rows) == set(PRESETS)
+    for name, fmt in PRESETS.items():
+        fields = rows[name].split()
+        assert f"{fmt.max:.6g}" in fields, (name, rows[name])
+        assert f"{fmt.eps:.4g}" in fields, (name, rows[name])
+
+
+def test_formats_via_python_module():
+    r = subprocess.run([sys.executable, "-m", "emunum.cli", "formats"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    _check_table(r.stdout)
+
+
+def test_formats_via_console_script():
+    exe = shutil.which("emunum", path=os.path.dirname(sys.executable))
+    if exe is None:
+        pytest.skip("the emunum console script is not installed in this environment")
+    r = subprocess.run([exe, "formats"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    _check_table(r.stdout)
+
+
+def test_formats_via_main(capsys):
+    assert main(["formats"]) == 0
+    _check_table(capsys.readouterr().out)
+
+
+def test_known_rows():
+    from emunum.cli import formats_table
+
+    rows = {line.split()[0]: line.split() for line in formats_table().splitlines()[2:]}
+    assert rows["e4m3fn"][:6] == ["e4m3fn", "float", "4", "3", "7", "fn"] and "448" in rows["e4m3fn"]
+    assert rows["fp8_152"][6] == "57344" and rows["int8"][:2] == ["int8", "fixed"] and "127" in rows["int8"]
+    assert rows["uint8"][1] == "ufixed" and "255" in rows["uint8"]
+
+
+@pytest.mark.parametrize("argv", [[], ["nope"]])
+def test_bad_command_exits_with_usage(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert "usage: emunum" in capsys.readouterr().err

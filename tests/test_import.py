@@ -1,0 +1,49 @@
+"""`import emunum` stays lean: no numba (so no numba.cuda), no hydra, no CUDA initialisation."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PROBE = """
+import json, sys
+import emunum
+import torch
+mods = sorted(sys.modules)
+print(json.dumps({
+    "heavy": [m for m in mods if m.split(".")[0] in ("numba", "llvmlite", "hydra", "omegaconf", "gfloat",
+                                                      "ml_dtypes", "tensorboard", "matplotlib")],
+    "cuda_initialized": torch.cuda.is_initialized(),
+    "missing": [n for n in emunum.__all__ if not hasattr(emunum, n)],
+}))
+"""
+
+
+def _probe(extra_env=None):
+    env = {**os.environ, **(extra_env or {})}
+    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=ROOT, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_import_emunum_is_lean():
+    got = _probe()
+    assert got["heavy"] == []
+    assert got["cuda_initialized"] is False
+    assert got["missing"] == []
+
+
+def test_import_emunum_is_lean_under_the_cuda_simulator():
+    assert _probe({"NUMBA_ENABLE_CUDASIM": "1"})["heavy"] == []
+
+
+def test_cpu_kernels_import_without_numba_cuda():
+    code = ("import sys; import emunum.kernels.cpu; "
+            "print(any(m == 'numba.cuda' or m.startswith('numba.cuda.') for m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"

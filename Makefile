@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned, so that nothing pulls the CUDA build
 	$(PY) -m pip install -q -c constraints.txt torch
-	$(PY) -m pip install -q -c constraints.txt -e ".[test,exp,cuda]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,exp]"  # test brings numba-cuda for the CUDA simulator
 	touch $(STAMP)
 
 train: $(STAMP)

@@ -196,7 +196,7 @@ def _is_odd(k):
     return k - 2.0 * _floor(k * 0.5) == 1.0
 
 
-@njit
+@njit(inline="always")
 def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbits):
     """Round one float64 value to fixed point (integer code * 2**-frac_bits); returns a float64.
 
@@ -249,7 +249,7 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
     return v * math.ldexp(1.0, -frac_bits)
 
 
-@njit
+@njit(inline="always")  # numba-IR inlining: the per-mode loops each vectorise
 def round_f32_fast(u, man, emin, subnormals, max_bits, overflow, negzero, mode, rnd, nbits):
     """``round_float_bits`` for binary32 input bits, written branch-free so that loops over it vectorise.
 

@@ -171,9 +171,8 @@ def round_fixed_torch(x: torch.Tensor, fmt: FixedFormat, mode: RoundMode, seed: 
     return (v * 2.0**-fmt.frac_bits).reshape(x.shape)
 
 
-# The kernels' NaN bits: a NaN input comes back with its sign and payload, with the quiet bit set where the
-# kernel converts it (16-bit dtypes, which round through binary32; fixed point, which rounds through float64)
-# and unchanged otherwise; a NaN made by overflow is the positive quiet NaN below.
+# The kernels' NaN bits: a NaN input comes back with its sign and payload and the quiet bit set (IEEE 754's
+# rule for operations); a NaN made by overflow is the positive quiet NaN below.
 _INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
              torch.bfloat16: torch.int16}
 _QUIET_NAN = {torch.float32: 0x7FC00000, torch.float64: _i64(0x7FF8000000000000), torch.float16: 0x7E00,
@@ -197,8 +196,6 @@ def quantize_torch(x: torch.Tensor, fmt: Format, rounding=RoundMode.NEAREST, see
     r = r.to(torch.float32).to(x.dtype) if x.dtype in _WIDE else r.to(x.dtype)
     ity = _INT_VIEW[x.dtype]
     bits = torch.where(torch.isnan(r), _QUIET_NAN[x.dtype], r.view(ity))
-    nan_in = x.detach().view(ity)
-    if x.dtype in _WIDE or isinstance(fmt, FixedFormat):
-        nan_in = nan_in | _QUIET_BIT[x.dtype]
+    nan_in = x.detach().view(ity) | _QUIET_BIT[x.dtype]  # a NaN comes back quietened (IEEE 754)
     bits = torch.where(torch.isnan(x), nan_in, bits)
     return bits.view(x.dtype)

@@ -34,9 +34,9 @@ _cache.guard(__file__, [scalar.__file__, gemm_scalar.__file__])
 
 from .gemm_scalar import (  # noqa: E402
     NSTREAMS, P_EMIN, P_KIND, P_MAN, P_MAXBITS, P_MODE, P_OVF, P_SUB, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE,
-    add_round, mac, reduce_lanes, round_nearest_fast, round_odd, two_sum,
+    add_round, mac, reduce_lanes, round_odd, two_sum,
 )
-from .scalar import NEAREST  # noqa: E402
+from .scalar import NEAREST, round_nearest_fast  # noqa: E402
 
 TM, TN = 8, 64  # output tile: rows x columns
 

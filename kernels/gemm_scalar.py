@@ -106,29 +106,6 @@ def mac(a, b, acc, fused, mulp, accp, key_mul, key_acc, index, nbits):
 
 
 @njit
-def round_nearest_fast(x, split, magic, min_normal, max_value, ovf_value, sub, checks):
-    """Round-to-nearest-even of ``x`` (float32 or float64 arithmetic, by x's type) to a FloatFormat.
-
-    Normal range: Veltkamp's split (c = x * split, split = 2**(t-1-man) + 1 for t-bit significands;
-    c - (c - x)) leaves x rounded to man+1 bits, ties to even. ``sub``: below min_normal use
-    (x + magic) - magic, magic = 1.5 * 2**(t-1+q), which rounds x to a multiple of the quantum 2**q (the
-    subnormal quantum, or min_normal itself without subnormals). ``checks``: a result above max_value (or
-    an infinite x) becomes +-ovf_value (inf, NaN or max, by the format's overflow policy) and NaN stays NaN.
-    Callers drop ``sub``/``checks`` only where they cannot matter. The sign of a zero result is not kept (the
-    GEMM accumulators never hold -0). Needs IEEE arithmetic without FMA contraction (numba's CPU default).
-    Branch-free when inlined into a loop with constant flags, so it vectorises.
-    """
-    c = x * split
-    y = c - (c - x)
-    if sub:
-        lo = (x + magic) - magic
-        y = lo if abs(x) < min_normal else y
-    if checks:
-        bad = x if x != x else math.copysign(ovf_value, x)
-        y = y if abs(y) <= max_value else bad
-    return y
-
-@njit
 def reduce_lanes(v, lanes, accp, key, o, nbits):
     """Pairwise reduction of the lane accumulators v[0..lanes-1] in place; returns the total.
 

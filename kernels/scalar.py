@@ -111,7 +111,7 @@ def round_float_bits(u, sign_pos, in_man, in_bias, man, emin, subnormals, max_bi
     inf_bits = exp_all << U64(in_man)
     if exp_field == exp_all:
         if a != inf_bits:
-            return u  # NaN stays NaN
+            return u | (ONE << U64(in_man - 1))  # NaN: the same NaN, quietened (IEEE 754)
         if overflow == OVF_SAT:
             return signbit | U64(max_bits)
         if overflow == OVF_INF:
@@ -312,5 +312,29 @@ def round_f32_fast(u, man, emin, subnormals, max_bits, overflow, negzero, mode, 
     out = nan_out if over & (~to_max) & (overflow == OVF_NAN) else out
     # non-finite inputs
     inf_out = (sign | max_bits) if overflow == OVF_SAT else (u if overflow == OVF_INF else nan_out)
-    out = (u if a > 0x7F800000 else inf_out) if e_field == 255 else out
+    out = ((u | 0x400000) if a > 0x7F800000 else inf_out) if e_field == 255 else out
     return out
+
+
+@njit(inline="always")
+def round_nearest_fast(x, split, magic, min_normal, max_value, ovf_value, sub, checks):
+    """Round-to-nearest-even of ``x`` (float32 or float64 arithmetic, by x's type) to a FloatFormat.
+
+    Normal range: Veltkamp's split (c = x * split, split = 2**(t-1-man) + 1 for t-bit significands;
+    c - (c - x)) leaves x rounded to man+1 bits, ties to even. ``sub``: below min_normal use
+    (x + magic) - magic, magic = 1.5 * 2**(t-1+q), which rounds x to a multiple of the quantum 2**q (the
+    subnormal quantum, or min_normal itself without subnormals). ``checks``: a result above max_value (or
+    an infinite x) becomes +-ovf_value (inf, NaN or max, by the format's overflow policy) and NaN stays NaN.
+    Callers drop ``sub``/``checks`` only where they cannot matter. The sign of a zero result is not kept (the
+    GEMM accumulators never hold -0). Needs IEEE arithmetic without FMA contraction (numba's CPU default).
+    Branch-free when inlined into a loop with constant flags, so it vectorises.
+    """
+    c = x * split
+    y = c - (c - x)
+    if sub:
+        lo = (x + magic) - magic
+        y = lo if abs(x) < min_normal else y
+    if checks:
+        bad = x if x != x else math.copysign(ovf_value, x)
+        y = y if abs(y) <= max_value else bad
+    return y

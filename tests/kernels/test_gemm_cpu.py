@@ -21,7 +21,8 @@ from numba import njit
 import emunum
 from emunum import FloatFormat, MADUnit
 from emunum.kernels import gemm_cpu
-from emunum.kernels.gemm_scalar import round_nearest_fast, round_odd, two_sum
+from emunum.kernels.gemm_scalar import round_odd, two_sum
+from emunum.kernels.scalar import round_nearest_fast
 from emunum.mad.unit import stream_keys
 
 

@@ -10,7 +10,7 @@ from . import mad  # noqa: E402  (emunum.mad: the MAD-unit module, also callable
 from .mad import MADUnit, conv1d, conv2d, linear, matmul
 from .optim import LossScaler, OptimLP
 from .patch import patch, patched, register, unpatch
-from .policy import Policy, Role, RoleSpec
+from .policy import Policy, Role, RoleSpec, Scaling
 from . import trace  # noqa: E402  (emunum.trace.collect / enable: per-layer numerics counters)
 from .quantize import quantize
 from .spec import FixedFormat, FloatFormat, RoundMode, Special
@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FloatFormat", "FixedFormat", "RoundMode", "Special", "PRESETS", "get_format", "quantize",
     "OptimLP", "LossScaler",
-    "patch", "unpatch", "patched", "register", "Policy", "Role", "RoleSpec", "trace",
+    "patch", "unpatch", "patched", "register", "Policy", "Role", "RoleSpec", "Scaling", "trace",
     "Quantizer", "quantize_ste", "arithmetic", "emulated", "approx",
     "MADUnit", "mad", "matmul", "linear", "conv1d", "conv2d",
 ]

@@ -9,7 +9,9 @@ The keyword form ``Policy.make(fmt="e5m2")`` (what ``emunum.patch(model, fmt=...
 role to ``fmt``, rounding to nearest (ties to even) in the forward pass and stochastically in the backward
 pass; ``grad=`` gives the three gradient roles another format, and a role's own keyword
 (``weight="int8"``, ``grad_input=None``, ``output=("e4m3fn", "toward_zero")``) overrides both.
-Strings (formats, roundings, roles, straight-through estimators) are parsed here, once.
+``scaling="per_tensor"`` (``grad_scaling=`` for the gradient roles, default: the same) rounds each tensor
+with per-tensor power-of-two scaling (``Scaling``).
+Strings (formats, roundings, scalings, roles, straight-through estimators) are parsed here, once.
 """
 from __future__ import annotations
 
@@ -61,34 +63,70 @@ GRADIENT_ROLES = (Role.GRAD_WEIGHT, Role.GRAD_INPUT, Role.GRAD_OUTPUT)
 _GRADIENT_OF = dict(zip(FORWARD_ROLES, GRADIENT_ROLES))
 
 
+class Scaling(enum.Enum):
+    """How a role's tensors are scaled around their rounding.
+
+    NONE: rounded as they are. PER_TENSOR ("current scaling" of FP8 training recipes): every tensor ``x``
+    is rounded as ``quantize(x * s) / s`` with the power of two ``s = 2**floor(log2(fmt.max / amax))``,
+    ``amax = max |x|`` over the whole tensor, computed afresh on every call (no history), so that ``amax * s``
+    lands in ``(fmt.max / 2, fmt.max]`` and the rounded values use the format's whole range. Because ``s`` is
+    a power of two, multiplying and dividing by it only moves the exponent: exact unless ``x * s`` falls
+    into x's own dtype's subnormal range (only possible when ``amax > fmt.max``, for elements below
+    ``2**-126 / s`` in float32) or ``quantize(x * s) / s`` leaves the dtype's finite range. ``s = 1`` when
+    amax is 0 or not finite (x holds an inf or a NaN): the tensor is then rounded unscaled, so inf and NaN
+    follow the format's own overflow rules (e.g. NaN in e4m3fn). ``s`` is clamped to the normal powers of
+    two of x's dtype (``2**-126 .. 2**127`` for float32/bfloat16, ``2**-14 .. 2**15`` for float16). See
+    ``emunum.nn.per_tensor_scale``.
+    """
+
+    NONE = "none"
+    PER_TENSOR = "per_tensor"
+
+    @classmethod
+    def parse(cls, value: Union[str, "Scaling"], field: str = "scaling") -> "Scaling":
+        if isinstance(value, Scaling):
+            return value
+        if isinstance(value, str):
+            key = value.strip().lower().replace("-", "_")
+            for m in cls:
+                if m.value == key:
+                    return m
+        raise ValueError(f"{field}={value!r} is not a scaling; allowed: {', '.join(m.value for m in cls)}")
+
+
 @dataclass(frozen=True)
 class RoleSpec:
-    """Round a role's tensors to ``fmt`` with ``rounding`` (a name or ``RoundMode``, parsed here)."""
+    """Round a role's tensors to ``fmt`` with ``rounding`` (a name or ``RoundMode``) after ``scaling`` (a
+    name or ``Scaling``; see there); names are parsed here."""
 
     fmt: Format
     rounding: RoundMode = RoundMode.NEAREST
+    scaling: Scaling = Scaling.NONE
 
     def __post_init__(self):
         object.__setattr__(self, "fmt", get_format(self.fmt))
         object.__setattr__(self, "rounding", RoundMode.parse(self.rounding))
+        object.__setattr__(self, "scaling", Scaling.parse(self.scaling))
 
     def __str__(self) -> str:
-        return f"{self.fmt.name}/{self.rounding.name.lower()}"
+        s = f"{self.fmt.name}/{self.rounding.name.lower()}"
+        return s if self.scaling == Scaling.NONE else f"{s}/{self.scaling.value}"
 
 
-def _role_spec(value, role: Role, default_rounding) -> Optional[RoleSpec]:
-    """None | RoleSpec | format | name | (format, rounding) -> RoleSpec or None, naming ``role`` on errors."""
+def _role_spec(value, role: Role, default_rounding, default_scaling=Scaling.NONE) -> Optional[RoleSpec]:
+    """None | RoleSpec | format | name | (format, rounding[, scaling]) -> RoleSpec or None, naming ``role`` on
+    errors. A plain format or a pair takes ``default_scaling``."""
     if value is None or isinstance(value, RoleSpec):
         return value
     try:
         if isinstance(value, tuple):
-            if len(value) != 2:
-                raise ValueError(f"a (format, rounding) pair has 2 items, got {len(value)}")
-            return RoleSpec(value[0], value[1])
+            if len(value) not in (2, 3):
+                raise ValueError(f"a (format, rounding[, scaling]) tuple has 2 or 3 items, got {len(value)}")
+            return RoleSpec(value[0], value[1], value[2] if len(value) == 3 else default_scaling)
         if isinstance(value, (str, FloatFormat, FixedFormat)):
-            return RoleSpec(value, default_rounding)
+            return RoleSpec(value, default_rounding, default_scaling)
         raise TypeError(
-            f"expected a format, a format name, a RoleSpec, a (format, rounding) pair or None, "
+            f"expected a format, a format name, a RoleSpec, a (format, rounding[, scaling]) tuple or None, "
             f"got {type(value).__name__}"
         )
     except (TypeError, ValueError) as e:
@@ -115,7 +153,8 @@ class ApproxSpec:
     """A factory of ``emunum.approx`` modules (compared by value): ``kind`` is tanh, sigmoid or softmax;
     ``options`` the module's keyword arguments as sorted (name, value) pairs. The approximation computes in
     ``options['fmt']`` if given, else in the policy's output format (fp32 if none), with the output
-    role's rounding unless ``options['rounding']`` says otherwise."""
+    role's rounding unless ``options['rounding']`` says otherwise. The output role's scaling does not apply
+    (an approximate operator computes in its format's range)."""
 
     kind: str
     options: tuple = ()
@@ -183,7 +222,8 @@ class Policy:
     """How ``emunum.patch`` emulates each layer. Frozen and compared by value (``filter``/factories by identity).
 
     Role fields (``weight`` ... ``grad_output``) accept a ``RoleSpec``, a format or name (rounded to nearest
-    in the forward roles, stochastically in the gradient roles), a ``(format, rounding)`` pair, or None.
+    in the forward roles, stochastically in the gradient roles, unscaled), a ``(format, rounding)`` pair, a
+    ``(format, rounding, scaling)`` triple, or None.
     ste: the straight-through estimator of the forward roundings ("identity" or "clipped", see
     ``emunum.quantize_ste``). sr_bits: random bits per stochastic rounding (None: 32).
     mad / mad_backward: an ``emunum.mad.MADUnit`` for the GEMMs of Linear, Conv1d/2d and attention layers,
@@ -234,28 +274,34 @@ class Policy:
 
     # ---- keyword form ---------------------------------------------------------------------------------
     @classmethod
-    def make(cls, fmt=None, *, grad=..., rounding="nearest", grad_rounding="stochastic", **kwargs) -> "Policy":
+    def make(cls, fmt=None, *, grad=..., rounding="nearest", grad_rounding="stochastic", scaling="none",
+             grad_scaling=..., **kwargs) -> "Policy":
         """The keyword form: ``fmt`` for every role, ``grad`` (default: ``fmt``) for the gradient roles,
-        forward roles rounded with ``rounding``, gradient roles with ``grad_rounding``; a role's own keyword
-        overrides. Other keywords are ``Policy`` fields. Unknown keywords raise TypeError."""
+        forward roles rounded with ``rounding`` after ``scaling`` ("none" or "per_tensor", see ``Scaling``),
+        gradient roles with ``grad_rounding`` after ``grad_scaling`` (default: ``scaling``); a role's own
+        keyword overrides (a plain format there takes its direction's rounding and scaling). Other keywords
+        are ``Policy`` fields. Unknown keywords raise TypeError."""
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - allowed)
         if unknown:
             raise TypeError(
                 f"unknown policy option(s) {', '.join(map(repr, unknown))}; allowed: fmt, grad, rounding, "
-                f"grad_rounding, {', '.join(f.name for f in fields(cls))}"
+                f"grad_rounding, scaling, grad_scaling, {', '.join(f.name for f in fields(cls))}"
             )
         fwd_mode = RoundMode.parse(rounding, "rounding")
         bwd_mode = RoundMode.parse(grad_rounding, "grad_rounding")
+        fwd_scaling = Scaling.parse(scaling, "scaling")
+        bwd_scaling = fwd_scaling if grad_scaling is ... else Scaling.parse(grad_scaling, "grad_scaling")
         base = _format_field(fmt, "fmt")
         gbase = base if grad is ... else _format_field(grad, "grad")
         for role in Role:
             mode = bwd_mode if role.is_gradient else fwd_mode
+            sc = bwd_scaling if role.is_gradient else fwd_scaling
             if role.value in kwargs:
-                kwargs[role.value] = _role_spec(kwargs[role.value], role, mode)
+                kwargs[role.value] = _role_spec(kwargs[role.value], role, mode, sc)
                 continue
             f = gbase if role.is_gradient else base
-            kwargs[role.value] = None if f is None else RoleSpec(f, mode)
+            kwargs[role.value] = None if f is None else RoleSpec(f, mode, sc)
         return cls(**kwargs)
 
     # ---- queries --------------------------------------------------------------------------------------
@@ -268,7 +314,7 @@ class Policy:
 
     def describe(self, roles=tuple(Role)) -> str:
         """``weight|input|output=e5m2/nearest, grad_weight|...=e5m2/stochastic``: roles grouped by spec
-        (``-``: not rounded), then any non-default ste, sr_bits and MAD unit."""
+        (``-``: not rounded; a ``/per_tensor`` suffix: scaled), then any non-default ste, sr_bits and MAD unit."""
         groups: dict = {}  # spec -> role names, in first-seen order; roles with one spec share an entry
         for r in roles:
             groups.setdefault(self.spec(r), []).append(r.value)

@@ -2,8 +2,6 @@
 ``emunum.OptimLP`` when the recipe rounds weights, gradients or optimizer state) and the loss scaler."""
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from omegaconf import OmegaConf
 
@@ -20,7 +18,9 @@ ROLE_KEYS = ("weight", "input", "output", "grad_weight", "grad_input", "grad_out
 
 
 def policy_kwargs(fcfg) -> dict:
-    """The keyword arguments of ``emunum.patch`` besides ``fmt``: ``format.policy`` plus the MAD unit."""
+    """The keyword arguments of ``emunum.patch`` besides ``fmt``: ``format.policy`` plus the MAD unit and
+    ``format.scaling`` (as ``scaling=``: per-tensor power-of-two scaling of every rounded tensor, forward and
+    gradient, unless ``format.policy.grad_scaling`` says otherwise; see ``emunum.policy.Scaling``)."""
     policy = OmegaConf.to_container(fcfg.policy, resolve=True) if OmegaConf.is_config(fcfg.policy) else dict(fcfg.policy)
     for k in ROLE_KEYS:
         if isinstance(policy.get(k), list):
@@ -33,12 +33,11 @@ def policy_kwargs(fcfg) -> dict:
         m = fcfg.mad
         policy["mad"] = MADUnit(mul_fmt=m.mul_fmt, acc_fmt=m.acc_fmt, mul_rounding=m.mul_rounding,
                                 acc_rounding=m.acc_rounding, fused=bool(m.fused), chunk=m.chunk, lanes=int(m.lanes))
-    if Scaling(fcfg.scaling) != Scaling.none:
-        if "scaling" not in {f.name for f in dataclasses.fields(emunum.Policy)}:
-            raise NotImplementedError(
-                f"format.scaling={Scaling(fcfg.scaling).value} needs per-tensor scaling in emunum.Policy (a "
-                "'scaling' field), which this emunum does not have; run with format.scaling=none")
-        policy["scaling"] = Scaling(fcfg.scaling).value
+    scaling = Scaling(fcfg.scaling)
+    if scaling != Scaling.none:
+        if "scaling" in policy:
+            raise ValueError("give the scaling once: format.scaling or format.policy.scaling, not both")
+        policy["scaling"] = scaling.value  # every role (Policy.make: grad_scaling defaults to scaling)
     return policy
 
 

@@ -5,6 +5,10 @@
 iteration at which validation accuracy >= target_accuracy (regression: validation loss <= target_loss), or
 ``max_iters + 1`` when the target was not reached (status not_reached or diverged) or the run was stopped by
 ``stop_after``. The work is done by the importable ``experiments.loop.train(cfg, run_dir)``.
+
+A run that fails with an exception still leaves ``results.json`` (``write_failure``): every contract key
+(null where unknown), ``status`` "failed", ``reason`` "<ExceptionType>: <message>", ``iterations_run`` 0,
+written atomically before the exception propagates (Hydra then reports it and exits non-zero).
 """
 from __future__ import annotations
 
@@ -18,18 +22,70 @@ if __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
 
-from experiments.loop import objective, train  # noqa: E402
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from experiments.loop import Results, hydra_run_dir, objective, train, write_json_atomic  # noqa: E402
 from experiments.schema import register  # noqa: E402
 
 register()
+log = logging.getLogger("experiments.train")
+
+
+def failure_results(cfg, exc: BaseException) -> Results:
+    """The record of a failed run: the configured format, seed, target and model/data/optim names (None
+    where the config lacks them), no measurements, ``status="failed"``, ``iterations_run=0`` and
+    ``reason=f"{type(exc).__name__}: {exc}"``."""
+
+    def get(key, default=None):
+        try:
+            v = OmegaConf.select(cfg, key, default=default)
+        except Exception:  # a config too broken to read: leave the entry unknown
+            return default
+        return default if v is None else v
+
+    def number(key):
+        v = get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    seed = get("seed", 0)
+    return Results(
+        format=str(get("format.name", "")), status="failed", iterations_to_accuracy=None,
+        target_accuracy=number("target_accuracy"), best_accuracy=None, final_accuracy=None, iterations_run=0,
+        seconds_per_iteration=None, target_loss=number("target_loss"), model=str(get("model.name", "")),
+        data=str(get("data.name", "")), optim=str(get("optim.name", "")),
+        seed=int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else 0,
+        reason=f"{type(exc).__name__}: {exc}")
+
+
+def write_failure(cfg, run_dir, exc: BaseException) -> None:
+    """Write ``failure_results(cfg, exc)`` to ``<run_dir>/results.json`` atomically (run_dir None: the Hydra
+    run directory). Never raises: a record that cannot be written is logged, so that ``exc`` stays the error."""
+    try:
+        path = Path(run_dir) if run_dir is not None else hydra_run_dir()
+        path.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path / "results.json", failure_results(cfg, exc).to_json())
+    except Exception as e:  # noqa: BLE001
+        log.error("could not write the failure record of this run: %s: %s", type(e).__name__, e)
+
+
+def run(cfg, run_dir: str | os.PathLike | None = None) -> int:
+    """``train(cfg, run_dir)`` and the objective that ``main`` returns; an exception leaves a "failed"
+    results.json (``write_failure``) and then propagates."""
+    try:
+        results = train(cfg, run_dir)
+    except Exception as e:
+        write_failure(cfg, run_dir, e)
+        raise
+    return objective(results, cfg.max_iters)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> int:
-    return objective(train(cfg), cfg.max_iters)
+    return run(cfg)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ deterministic; stochastic gradient rounding is checked for landing on the format
 repeatability under torch.manual_seed.
 """
 import copy
+import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ from torch import nn
 
 import emunum
 from emunum.nn import EmuLayer, EmuLinear, from_float
-from emunum.policy import Policy, Role
+from emunum.policy import Policy, Role, Scaling
 from emunum.reference import quantize_reference
 
 POLICIES = {
@@ -23,11 +25,41 @@ POLICIES = {
     "mixed": Policy.make("e4m3fn", weight="fixed8_6", output="e5m2", grad="bf16", grad_output="e5m2",
                          grad_rounding="nearest"),
     "fwd_only": Policy.make("e4m3fn", grad=None, rounding="toward_zero"),
+    # per-tensor scaling: every role; and a mix of scaled float/fixed-point roles, rounding up, one unscaled
+    "e4m3_scaled": Policy.make("e4m3fn", scaling="per_tensor", grad_rounding="nearest"),
+    "mixed_scaled": Policy.make("e5m2", rounding="up", scaling="per_tensor", weight="int8", grad="e4m3fn",
+                                grad_output=("e5m2", "nearest", "none"), grad_rounding="nearest"),
 }
 
 
+def oracle_scale(x, fmt) -> float:
+    """2**e for the largest integer e with amax * 2**e <= fmt.max (exact rationals), clamped to the normal
+    powers of two of x's dtype; 1.0 when x is empty or amax is 0 or not finite."""
+    if x.numel() == 0:
+        return 1.0
+    amax = x.detach().abs().max().item()
+    if amax == 0 or not math.isfinite(amax):
+        return 1.0
+    a, m = Fraction(amax), Fraction(emunum.get_format(fmt).max)
+    e = 0
+    while a * Fraction(2) ** e > m:
+        e -= 1
+    while a * Fraction(2) ** (e + 1) <= m:
+        e += 1
+    fi = torch.finfo(x.dtype)
+    lo, hi = round(math.log2(fi.tiny)), math.frexp(fi.max)[1] - 1
+    return 2.0 ** min(max(e, lo), hi)
+
+
 def Q(x, spec):
-    return x if spec is None else quantize_reference(x, spec.fmt, spec.rounding)
+    """The oracle rounding of a role: quantize_reference, of x * s and divided by s when the role is scaled
+    (in float64, where both steps are exact, then back to x's dtype)."""
+    if spec is None:
+        return x
+    if spec.scaling == Scaling.NONE:
+        return quantize_reference(x, spec.fmt, spec.rounding)
+    s = oracle_scale(x, spec.fmt)
+    return (quantize_reference(x.detach().double() * s, spec.fmt, spec.rounding) / s).to(x.dtype)
 
 
 def on_grid(t, fmt):
@@ -385,3 +417,141 @@ def test_layers_without_an_emulated_gemm_refuse_a_mad_unit():
     for layer in (nn.Conv3d(1, 1, 2), nn.ConvTranspose2d(1, 1, 2)):
         with pytest.raises(ValueError, match=f"no emulated {type(layer).__name__} GEMM"):
             from_float(layer, P)
+
+
+# ---- per-tensor scaling -------------------------------------------------------------------------------------
+def _wide_range(n=2048, offset=0, seed=0, dtype=torch.float32):
+    """randn values spread over 2**-12 .. 2**12 around 2**offset: many land in a narrow format's subnormals."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g, dtype=torch.float64) * torch.exp2(torch.randint(-12, 13, (n,), generator=g))
+    return (x * 2.0**offset).to(dtype)
+
+
+def _scale_cases(dtype):
+    yield torch.tensor([1.0, -0.25], dtype=dtype)
+    for fmt in ("e4m3fn", "e5m2", "int8", "fp4_e2m1", "bf16"):  # amax exactly at max * 2**k, and its neighbours
+        for k in (-3, 0, 2):
+            v = torch.tensor(emunum.get_format(fmt).max * 2.0**k, dtype=dtype)
+            if torch.isfinite(v):
+                for w in (torch.nextafter(v, torch.tensor(0.0, dtype=dtype)), v,
+                          torch.nextafter(v, torch.tensor(math.inf, dtype=dtype))):
+                    yield torch.stack([w, -w / 3])
+    for offset in (-100, -40, -10, 0, 10, 40, 100):
+        yield _wide_range(64, offset, seed=offset + 200, dtype=torch.float64).to(dtype)  # fp16 may hold inf
+    yield torch.tensor([torch.finfo(dtype).tiny / 4, 0.0], dtype=dtype)  # a subnormal amax
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2", "int8", "fp4_e2m1", "bf16"])
+def test_per_tensor_scale_is_the_largest_power_of_two_keeping_amax_within_max(fmt, dtype):
+    from emunum.nn import per_tensor_scale
+
+    for x in _scale_cases(dtype):
+        s = per_tensor_scale(x, fmt)
+        assert s.dtype == dtype and s.shape == () and s.device == x.device
+        assert s.item() == oracle_scale(x, fmt), (x, s)
+
+
+@pytest.mark.parametrize("x", [torch.zeros(5), torch.zeros(0), torch.tensor([1.0, math.inf]),
+                               torch.tensor([-math.inf, 2.0]), torch.tensor([math.nan, 2.0])],
+                         ids=["zeros", "empty", "inf", "-inf", "nan"])
+def test_per_tensor_scale_is_one_for_empty_zero_and_nonfinite_tensors(x):
+    from emunum.nn import per_tensor_scale
+
+    assert per_tensor_scale(x, "e4m3fn").item() == 1.0
+
+
+@pytest.mark.parametrize("offset", [-40, 0, 40])
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2", "fp4_e2m1", "int8"])
+@pytest.mark.parametrize("mode", ["nearest", "toward_zero", "up", "down", "odd", "stochastic"])
+def test_scaled_rounding_is_quantize_of_x_times_s_divided_by_s(mode, fmt, offset):
+    from emunum.autograd import Quantizer
+    from emunum.nn import ScaledQuantizer
+
+    x = _wide_range(offset=offset, seed=offset + 1)
+    y = ScaledQuantizer(Quantizer(forward=fmt, forward_rounding=mode, seed=11), fmt)(x)
+    s = oracle_scale(x, fmt)
+    xs = x * s  # exact: s is a power of two and x * s stays normal
+    assert torch.equal(xs.double(), x.double() * s)
+    ref = quantize_reference(xs, emunum.get_format(fmt), mode, seed=11) / s
+    assert torch.equal(y, ref)
+    if fmt == "e4m3fn":  # the scaled tensor keeps e4m3's relative precision, wherever x lies
+        big = x.abs() >= x.abs().max() * 2.0**-6
+        assert ((y - x).abs()[big] <= x.abs()[big] * 2.0**-3).all()
+
+
+@pytest.mark.parametrize("fmt, special", [("e4m3fn", "nan"), ("e5m2", "inf")])
+def test_a_tensor_holding_inf_or_nan_is_rounded_unscaled(fmt, special):
+    from emunum.autograd import Quantizer
+    from emunum.nn import ScaledQuantizer
+
+    x = torch.tensor([math.inf, -3.0, 1e-3, 1e6, math.nan, 0.0])
+    y = ScaledQuantizer(Quantizer(forward=fmt), fmt)(x)
+    ref = quantize_reference(x, emunum.get_format(fmt))
+    torch.testing.assert_close(y, ref, atol=0, rtol=0, equal_nan=True)
+    assert (torch.isnan(y[0]) if special == "nan" else y[0] == math.inf)
+
+
+def test_scaled_gradient_rounding_rounds_down_or_up_on_the_scaled_grid():
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 32)
+    pol = Policy.make("e4m3fn", scaling="per_tensor", grad=None, grad_weight=("e4m3fn", "stochastic", "per_tensor"))
+    emu = from_float(layer, pol)
+    x = torch.randn(16, 64) * 1e-4
+    g_up = torch.randn(16, 32) * 1e-5  # gw ~ 1e-8, far below e4m3's range: unscaled, all would round to 0
+    emu(x).backward(g_up)
+    xq = Q(x, pol.input)
+    gw = g_up.t() @ xq  # the weight gradient before its rounding (F.linear's backward)
+    fmt, s = pol.grad_weight.fmt, oracle_scale(gw, "e4m3fn")
+    down = quantize_reference(gw * s, fmt, "down") / s
+    up = quantize_reference(gw * s, fmt, "up") / s
+    got = layer.weight.grad
+    assert ((got == down) | (got == up)).all()
+    assert (got != quantize_reference(gw * s, fmt, "nearest") / s).any()  # stochastic, not nearest
+    assert (got != 0).float().mean() > 0.9
+
+
+def test_scaled_layers_compile_fullgraph_to_the_eager_results():
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4))
+    pol = POLICIES["e4m3_scaled"]
+    eager, compiled = copy.deepcopy(base), copy.deepcopy(base)
+    emunum.patch(eager, pol)
+    emunum.patch(compiled, pol)
+    x = torch.randn(8, 12) * 1e-3
+    g = torch.randn(8, 4) * 1e3
+    y = eager(x)
+    y.backward(g)
+    yc = torch.compile(compiled, fullgraph=True)(x)
+    yc.backward(g)
+    assert torch.equal(y, yc)
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        assert torch.equal(a.grad, b.grad)
+
+
+def test_tracing_does_not_change_scaled_results():
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4))
+    pol = Policy.make("e4m3fn", scaling="per_tensor")  # stochastic gradient rounding
+    x, g = torch.randn(8, 12), torch.randn(8, 4) * 1e-6
+
+    def run(trace):
+        m = emunum.patch(copy.deepcopy(base), pol)
+        torch.manual_seed(5)
+        with (emunum.trace.collect(m, every=1) if trace else contextlib_null()):
+            m(x).backward(g)
+        return [p.grad for p in m.parameters()]
+
+    for a, b in zip(run(False), run(True)):
+        assert torch.equal(a, b)
+
+
+def contextlib_null():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_extra_repr_shows_the_scaling():
+    assert repr(from_float(nn.ReLU(), Policy.make("e4m3fn", scaling="per_tensor", grad=None))) == \
+        "EmuReLU(output=e4m3fn/nearest/per_tensor, grad_output=-)"

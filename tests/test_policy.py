@@ -6,7 +6,7 @@ from torch import nn
 
 import emunum
 from emunum.autograd import STE
-from emunum.policy import FORWARD_ROLES, GRADIENT_ROLES, ApproxSpec, Policy, Role, RoleSpec, make_policy
+from emunum.policy import FORWARD_ROLES, GRADIENT_ROLES, ApproxSpec, Policy, Role, RoleSpec, Scaling, make_policy
 from emunum.spec import RoundMode
 
 E5M2, E4M3FN, INT8 = (emunum.get_format(n) for n in ("e5m2", "e4m3fn", "int8"))
@@ -101,7 +101,10 @@ def test_bad_rounding_names_the_field():
 def test_bad_role_value_type_is_a_type_error():
     with pytest.raises(TypeError, match=r"input=3.*expected a format"):
         Policy.make("e5m2", input=3)
-    with pytest.raises(ValueError, match=r"2 items"):
+    with pytest.raises(ValueError, match=r"input=.*2 or 3 items, got 4"):
+        Policy.make("e5m2", input=("e5m2", "nearest", "per_tensor", "extra"))
+    with pytest.raises(ValueError, match=r"input=\('e5m2', 'nearest', 'extra'\).*scaling='extra'.*allowed: "
+                                         r"none, per_tensor"):
         Policy.make("e5m2", input=("e5m2", "nearest", "extra"))
 
 
@@ -142,3 +145,56 @@ def test_describe_groups_roles_with_one_spec():
     p = Policy.make("e5m2", weight="int8", grad=None)
     assert p.describe() == ("weight=fixed8_0/nearest, input|output=e5m2/nearest, "
                             "grad_weight|grad_input|grad_output=-")
+
+
+# ---- per-tensor scaling -------------------------------------------------------------------------------------
+def test_roles_are_unscaled_by_default():
+    p = Policy.make("e4m3fn")
+    assert {p.spec(r).scaling for r in Role} == {Scaling.NONE}
+    assert RoleSpec("e4m3fn").scaling is Scaling.NONE
+
+
+def test_scaling_keyword_scales_every_role_and_grad_scaling_the_gradient_roles():
+    p = Policy.make("e4m3fn", scaling="per_tensor")
+    assert {p.spec(r).scaling for r in Role} == {Scaling.PER_TENSOR}
+    p = Policy.make("e4m3fn", grad="e5m2", scaling="per_tensor", grad_scaling="none")
+    assert {p.spec(r).scaling for r in FORWARD_ROLES} == {Scaling.PER_TENSOR}
+    assert {p.spec(r).scaling for r in GRADIENT_ROLES} == {Scaling.NONE}
+    p = Policy.make("e5m2", grad="e4m3fn", grad_scaling=Scaling.PER_TENSOR)
+    assert {p.spec(r).scaling for r in FORWARD_ROLES} == {Scaling.NONE}
+    assert {p.spec(r).scaling for r in GRADIENT_ROLES} == {Scaling.PER_TENSOR}
+
+
+def test_role_keywords_take_their_directions_scaling_unless_a_triple_says_otherwise():
+    p = Policy.make("e4m3fn", scaling="per_tensor", weight="int8", output=("e5m2", "nearest"),
+                    input=("e4m3fn", "toward_zero", "none"), grad_input=("e5m2", "stochastic", "per_tensor"),
+                    grad_scaling="none")
+    assert p.weight == RoleSpec(INT8, "nearest", "per_tensor")
+    assert p.output == RoleSpec(E5M2, "nearest", Scaling.PER_TENSOR)
+    assert p.input == RoleSpec(E4M3FN, RoundMode.TOWARD_ZERO, Scaling.NONE)
+    assert p.grad_input == RoleSpec(E5M2, RoundMode.STOCHASTIC, Scaling.PER_TENSOR)
+    assert p.grad_weight == RoleSpec(E4M3FN, RoundMode.STOCHASTIC, Scaling.NONE)
+
+
+@pytest.mark.parametrize("value", ["per_tensor", "PER_TENSOR", " per-tensor ", Scaling.PER_TENSOR])
+def test_scaling_parse_accepts_names_and_members(value):
+    assert Scaling.parse(value) is Scaling.PER_TENSOR
+
+
+@pytest.mark.parametrize("kwargs, exc, pattern", [
+    (dict(scaling="per_channel"), ValueError, r"scaling='per_channel' is not a scaling; allowed: none, per_tensor"),
+    (dict(grad_scaling="amax"), ValueError, r"grad_scaling='amax' is not a scaling; allowed: none, per_tensor"),
+    (dict(scaling=1), ValueError, r"scaling=1 is not a scaling"),
+    (dict(weight=("e4m3fn", "nearest", "delayed")), ValueError, r"weight=.*scaling='delayed'"),
+])
+def test_bad_scaling_names_the_field_the_value_and_the_choices(kwargs, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        Policy.make("e4m3fn", **kwargs)
+
+
+def test_scaled_policies_differ_from_unscaled_ones_and_describe_the_scaling():
+    scaled = Policy.make("e4m3fn", scaling="per_tensor", grad_scaling="none")
+    assert scaled != Policy.make("e4m3fn") and hash(scaled) == hash(Policy.make("e4m3fn", scaling="per_tensor",
+                                                                               grad_scaling="none"))
+    assert scaled.describe() == ("weight|input|output=e4m3fn/nearest/per_tensor, "
+                                 "grad_weight|grad_input|grad_output=e4m3fn/stochastic")

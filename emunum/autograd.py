@@ -4,8 +4,9 @@ Forward: y = quantize(x, forward, forward_rounding, seed). Backward: dL/dx = qua
 backward_rounding, derive_seed(seed, 1)), where m = 1 (``ste="identity"``) or, for ``ste="clipped"``,
 m = 0 where x lay beyond the forward format's range (|x| > max for floats, which is exactly where the result
 saturated or overflowed to inf/NaN; x outside [min, max] for fixed point, where it saturated or wrapped)
-and 1 elsewhere (NaN included). A None format skips rounding in that direction. Both go through the custom
-op ``emunum::quantize_ste``, so they trace under ``torch.compile(fullgraph=True)``.
+and 1 elsewhere (NaN included). A None format skips rounding in that direction. Both are the custom op
+``emunum::quantize_ste``, so they trace under ``torch.compile(fullgraph=True)``; in plain eager mode
+(``ops.eager_ok``) they run its implementation and gradient formula without the op's dispatch cost.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from .formats import get_format
-from .ops import check_seed, format_to_args
-from .quantize import check_sr_bits, check_tensor
+from .ops import check_seed, derive_seed, eager_ok, format_to_args, ste_gradient
+from .quantize import check_sr_bits, check_tensor, quantize_checked
 from .spec import RoundMode
 
 
@@ -51,7 +52,8 @@ def _fmt_or_none(fmt, field: str):
 class _Plan:
     """Validated, op-ready arguments of one straight-through quantiser (parsed once)."""
 
-    __slots__ = ("forward", "backward", "forward_mode", "backward_mode", "ste", "seed", "sr_bits", "args")
+    __slots__ = ("forward", "backward", "forward_mode", "backward_mode", "ste", "seed", "sr_bits", "args",
+                 "clipped", "backward_seed")
 
     def __init__(self, forward, backward, forward_rounding, backward_rounding, ste, seed, sr_bits):
         self.forward = _fmt_or_none(forward, "forward")
@@ -64,12 +66,44 @@ class _Plan:
                              "allowed: ste='identity' with forward=None")
         self.seed = check_seed(seed)
         self.sr_bits = check_sr_bits(sr_bits)
+        self.clipped = self.ste == STE.CLIPPED
+        self.backward_seed = derive_seed(self.seed, 1)
         self.args = (format_to_args(self.forward), int(self.forward_mode), format_to_args(self.backward),
-                     int(self.backward_mode), self.ste == STE.CLIPPED, self.seed, self.sr_bits)
+                     int(self.backward_mode), self.clipped, self.seed, self.sr_bits)
 
     def __call__(self, x: Tensor) -> Tensor:
         check_tensor(x)
+        if eager_ok(x):  # the op's own implementation and autograd formula, without its dispatch
+            if x.requires_grad and torch.is_grad_enabled():
+                return _EagerSTE.apply(x, self)
+            return self.forward_value(x)
         return torch.ops.emunum.quantize_ste(x, *self.args)
+
+    def forward_value(self, x: Tensor) -> Tensor:
+        """What ``emunum::quantize_ste`` returns: x rounded to ``forward``, or a contiguous copy of x."""
+        if self.forward is None:
+            return x.clone(memory_format=torch.contiguous_format)
+        return quantize_checked(x, self.forward, self.forward_mode, self.seed, self.sr_bits)
+
+
+class _EagerSTE(torch.autograd.Function):
+    """``emunum::quantize_ste`` in eager mode where ``ops.eager_ok`` holds: the same forward value, the same
+    backward (``ops.ste_gradient``, shared with the op's registered formula) and the same seed draws in the
+    same order, at a tenth of the op's dispatch cost. torch.compile and every other tracer see the op."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, plan: _Plan) -> Tensor:
+        ctx.plan = plan
+        if plan.clipped:
+            ctx.save_for_backward(x)
+        return plan.forward_value(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        p = ctx.plan
+        x = ctx.saved_tensors[0] if p.clipped else None
+        return ste_gradient(grad, x, p.forward, p.backward, p.args[2], p.backward_mode, p.backward_seed,
+                            p.sr_bits), None
 
 
 def quantize_ste(x: Tensor, forward=None, backward=None, *, forward_rounding="nearest",

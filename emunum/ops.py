@@ -13,6 +13,12 @@ formula, so ``torch.compile(fullgraph=True)`` traces through it and ``torch.libr
   ``fn`` ("tanh", "sigmoid", "exp2", "softmax" along ``dim``) at x; approximate operators use it for
   ``grad="exact"``.
 
+Eager fast path: dispatching a custom op from Python costs ~25-100 us, so where the dispatch provably only
+routes to the Python implementation (``eager_ok``: a plain CPU/CUDA tensor, no compile/export tracing, no
+torch-function or dispatch mode, no functorch transform, no autocast, no forward-mode AD), ``Quantizer`` /
+``quantize_ste`` run the same implementation and gradient formula directly (``autograd._EagerSTE``), and
+``quantize_args`` calls ``quantize`` for ``emunum::quantize``. Values, gradients and seed draws are the same.
+
 Seeds: ``seed=None`` draws a fresh seed from torch's default CPU generator each time the op runs (eager or
 compiled alike, so ``torch.manual_seed`` makes runs repeatable); an int seed gives the same bits every time.
 The backward of ``quantize_ste`` rounds with ``derive_seed(seed, 1)`` (or a fresh seed if seed is None).
@@ -23,10 +29,11 @@ from functools import lru_cache
 from typing import Optional
 
 import torch
+import torch.autograd.forward_ad as _fwd_ad
 from torch import Tensor
 
 from .formats import get_format
-from .quantize import quantize
+from .quantize import quantize, quantize_checked
 from .reference import mix64_int
 from .spec import FixedFormat, FloatFormat, Format, RoundMode, Special
 
@@ -91,6 +98,39 @@ def _mode(mode: int) -> RoundMode:
     return RoundMode(int(mode))
 
 
+# ---- eager fast path ---------------------------------------------------------------------------------
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_C = torch._C
+
+
+def eager_ok(x: Tensor) -> bool:
+    """Whether calling an op's Python implementation directly is the same as dispatching the op.
+
+    True for a plain CPU/CUDA tensor (not a subclass: no FakeTensor, functorch wrapper or DTensor) outside
+    torch.compile / export tracing, with no torch-function or dispatch mode, no functorch transform, no
+    autocast and no forward-mode AD level active. There the op's dispatch (~30-100 us in eager) only routes
+    to that implementation, so skipping it cannot change a value, a seed draw or a gradient. Anywhere
+    else the op is dispatched as usual (``torch.compiler.is_compiling()`` is tested first, so dynamo folds
+    the test to False while tracing)."""
+    return (not torch.compiler.is_compiling()
+            and type(x) in _PLAIN_TENSORS
+            and not _C._len_torch_function_stack()
+            and not _C._len_torch_dispatch_stack()
+            and not _C._are_functorch_transforms_active()
+            and not _C._is_any_autocast_enabled()
+            and _fwd_ad._current_level < 0
+            and (x.is_cpu or x.is_cuda))
+
+
+def quantize_args(x: Tensor, fmt: Format, fmt_args, mode: int, seed: Optional[int], sr_bits: int) -> Tensor:
+    """``torch.ops.emunum.quantize(x, fmt_args, mode, seed, sr_bits)``, where ``fmt`` is
+    ``format_from_args(fmt_args)``; its implementation is called directly where that gives the same result
+    (``eager_ok`` and no autograd graph to record), else the op is dispatched."""
+    if eager_ok(x) and not (x.requires_grad and torch.is_grad_enabled()):
+        return quantize_checked(x, fmt, RoundMode(mode), seed, sr_bits)
+    return torch.ops.emunum.quantize(x, fmt_args, mode, seed, sr_bits)
+
+
 # ---- emunum::quantize ----------------------------------------------------------------------------------
 @torch.library.custom_op("emunum::quantize", mutates_args=())
 def quantize_op(x: Tensor, fmt: list[int], mode: int, seed: Optional[int], sr_bits: int) -> Tensor:
@@ -143,13 +183,22 @@ def _ste_setup(ctx, inputs, output):
     ctx.save_for_backward(x if clipped else None)
 
 
-def _ste_backward(ctx, grad):
+def ste_gradient(grad: Tensor, x: Optional[Tensor], fwd: Format | None, bwd: Format | None, bwd_args,
+                 bwd_mode: int, bwd_seed: Optional[int], sr_bits: int) -> Tensor:
+    """The gradient ``quantize_ste`` passes to x: ``grad`` masked to fwd's range where ``x`` is given (the
+    clipped estimator), then rounded to ``bwd`` (``bwd_args`` its ``format_to_args``) unless None."""
     g = grad
-    if ctx.clipped:
-        (x,) = ctx.saved_tensors
-        g = torch.where(in_range_mask(x, format_from_args(ctx.fwd)), g, torch.zeros_like(g))
-    if ctx.bwd:
-        g = torch.ops.emunum.quantize(g, ctx.bwd, ctx.bwd_mode, ctx.bwd_seed, ctx.sr_bits)
+    if x is not None:
+        g = torch.where(in_range_mask(x, fwd), g, torch.zeros_like(g))
+    if bwd is not None:
+        g = quantize_args(g, bwd, bwd_args, bwd_mode, bwd_seed, sr_bits)
+    return g
+
+
+def _ste_backward(ctx, grad):
+    x = ctx.saved_tensors[0] if ctx.clipped else None
+    g = ste_gradient(grad, x, format_from_args(ctx.fwd), format_from_args(ctx.bwd), ctx.bwd, ctx.bwd_mode,
+                     ctx.bwd_seed, ctx.sr_bits)
     return g, None, None, None, None, None, None, None
 
 

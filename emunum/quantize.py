@@ -1,8 +1,10 @@
 """``quantize()``: validate once, then hand flat memory to the kernel for the tensor's device."""
 from __future__ import annotations
 
+import functools
 import warnings
 
+import numpy as np
 import torch
 
 from .formats import get_format
@@ -13,6 +15,11 @@ FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 DEFAULT_SR_BITS = 32
 
 _warned_devices: set[str] = set()
+
+_STOCHASTIC = RoundMode.STOCHASTIC
+_KEY0 = seed_key(0)  # the key of seed 0, which every non-stochastic rounding passes
+# dtypes the CPU kernels read in place, and their numpy twins
+_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 
 
 def check_tensor(x, name: str = "x") -> None:
@@ -53,19 +60,34 @@ def _check_out(out, x: torch.Tensor) -> None:
         )
 
 
-def _run_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: RoundMode, key: int, nbits: int):
-    """src, dst: flat contiguous float32/float64 tensors on one device (dst may be src)."""
-    if src.device.type == "cuda":
-        _run_cuda_kernel(src, dst, fmt, mode, key, nbits)
-        return
-    from .kernels import cpu as backend
-    s, d = src.numpy(), dst.numpy()
+@functools.lru_cache(maxsize=512)
+def _cpu_runner(fmt: Format, dtype: torch.dtype):
+    """The CPU kernel for (fmt, dtype) with its arguments bound, ``run(src, dst, n, mode, key, nbits)``."""
+    backend = _cpu()
+    args = fmt.to_kernel_args()[1:]
     if isinstance(fmt, FloatFormat):
-        _, man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()
-        backend.quantize_float(s, d, man, emin, sub, mx, ovf, negzero, int(mode), key, nbits)
-    else:
-        _, frac, cmin, cmax, sat = fmt.to_kernel_args()
-        backend.quantize_fixed(s, d, frac, cmin, cmax, sat, int(mode), key, nbits)
+        return backend.float_runner(_NUMPY_DTYPES[dtype], *args)
+    return backend.fixed_runner(_NUMPY_DTYPES[dtype], *args)
+
+
+_cpu_backend = None
+
+
+def _cpu():
+    """The CPU kernel module, imported (and its cache checked) on first use, not at ``import emunum``."""
+    global _cpu_backend
+    if _cpu_backend is None:
+        from .kernels import cpu
+        _cpu_backend = cpu
+    return _cpu_backend
+
+
+def _run_cpu(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: int, key: int, nbits: int) -> None:
+    """src, dst: contiguous CPU float32/float64 tensors of one dtype and numel (dst may be src), any shape.
+
+    The kernels get their addresses (``data_ptr``), not numpy views; both tensors stay referenced here for
+    the duration of the call."""
+    _cpu_runner(fmt, src.dtype)(src.data_ptr(), dst.data_ptr(), src.numel(), int(mode), key, nbits)
 
 
 # ---- CUDA ------------------------------------------------------------------------------------------------
@@ -142,11 +164,40 @@ def quantize(x: torch.Tensor, fmt, rounding="nearest", *, seed: int | None = Non
     fmt = get_format(fmt)
     mode = RoundMode.parse(rounding)
     nbits = check_sr_bits(sr_bits)
-    seed = resolve_seed(seed) if mode == RoundMode.STOCHASTIC else 0
-    key = seed_key(seed)
     if out is not None:
         _check_out(out, x)
-    result = out if out is not None else torch.empty_like(x, memory_format=torch.contiguous_format)
+    return quantize_checked(x, fmt, mode, seed, nbits, out)
+
+
+def quantize_checked(x: torch.Tensor, fmt: Format, mode: RoundMode, seed: int | None, nbits: int,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """``quantize`` for arguments already checked and parsed (a float tensor, a Format, a RoundMode, sr_bits
+    as an int, ``out`` matching x or None): callers that validate once, at construction, use it per call."""
+    if mode is _STOCHASTIC:
+        seed = resolve_seed(seed)
+        key = seed_key(seed)
+    else:
+        seed, key = 0, _KEY0
+    if out is not None:
+        result = out
+    elif x.is_contiguous():
+        result = torch.empty_like(x)  # contiguous like x (preserve_format), and faster to ask for
+    else:
+        result = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if x.is_cpu and x.dtype in _NUMPY_DTYPES:  # the hot path: no autograd bookkeeping, no views
+        if x.numel() == 0:
+            return result
+        src = x if x.is_contiguous() else x.detach().contiguous()
+        if result.is_contiguous():
+            _run_cpu(src, result, fmt, mode, key, nbits)
+        else:
+            tmp = torch.empty_like(src, memory_format=torch.contiguous_format)
+            _run_cpu(src, tmp, fmt, mode, key, nbits)
+            with torch.no_grad():
+                result.copy_(tmp)
+        if out is not None:  # written behind autograd's back: let it see the in-place change
+            torch.autograd.graph.increment_version(out)
+        return result
     if x.numel() == 0:
         return result
 
@@ -162,17 +213,8 @@ def quantize(x: torch.Tensor, fmt, rounding="nearest", *, seed: int | None = Non
         if dev == "cuda":
             _quantize_cuda(x, result, fmt, mode, seed, key, nbits)
             return result
-        if x.dtype in (torch.float16, torch.bfloat16):
-            work = x.detach().reshape(-1).float()
-            _run_kernel(work, work, fmt, mode, key, nbits)
-            result.copy_(work.view(x.shape))
-            return result
-        src = x.detach().contiguous().view(-1)
-        if result.is_contiguous():
-            _run_kernel(src, result.view(-1), fmt, mode, key, nbits)
-        else:
-            tmp = torch.empty_like(src)
-            _run_kernel(src, tmp, fmt, mode, key, nbits)
-            result.copy_(tmp.view(x.shape))
+        # CPU float16/bfloat16: round their (exact) float32 values, cast back
+        work = x.detach().reshape(-1).float()
+        _run_cpu(work, work, fmt, mode, key, nbits)
+        result.copy_(work.view(x.shape))
     return result
-

@@ -2,14 +2,19 @@
 
 Each kernel exists twice, compiled lazily on first call (``cache=True``): a serial loop for small arrays,
 and a ``parallel=True`` / ``prange`` loop for large ones, where the thread start-up pays off. Both visit
-element ``i`` with the same arguments, so the bits never depend on the thread count.
+element ``i`` with the same arguments, so the bits never depend on the thread count. Entry points: on numpy
+arrays (``quantize_float`` / ``quantize_fixed``) and on raw addresses (``quantize_float_at`` /
+``quantize_fixed_at``, and the cached ``float_runner`` / ``fixed_runner`` that ``emunum.quantize`` uses).
 """
 
+import functools
 import os
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import carray, njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from . import _cache, scalar
 
@@ -20,11 +25,25 @@ _cache.guard(__file__, [scalar.__file__])
 if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
     numba.config.THREADING_LAYER = "workqueue"
 
-from .scalar import (DOWN, NEAREST, NEAREST_AWAY, ODD, STOCHASTIC, TOWARD_ZERO, UP, random_bits,  # noqa: E402
-                     round_f32_fast, round_fixed_value, round_float_bits)
+from .scalar import DOWN, NEAREST, NEAREST_AWAY, ODD, STOCHASTIC, TOWARD_ZERO, UP  # noqa: E402
 
-# Below this many elements the serial loop wins (measured by benchmarks/quantize.py --crossover).
-PARALLEL_MIN = 1 << 15
+# The loops call the scalar cores inlined at numba-IR level (``inline="always"``: the same Python functions,
+# so the same bits). Called as separate functions, LLVM keeps each element's rounding a call and the serial
+# loops do not vectorise: measured 7 ns/element serial against 1.4 ns inlined (float32 e5m2, one thread).
+round_f32_fast = njit(inline="always")(scalar.round_f32_fast.py_func)
+round_float_bits = njit(inline="always")(scalar.round_float_bits.py_func)
+round_fixed_value = njit(inline="always")(scalar.round_fixed_value.py_func)
+random_bits = njit(inline="always")(scalar.random_bits.py_func)
+
+# From this many elements on, and only when numba may use more than one thread, the prange loop runs.
+# Measured on a 2-core VM with the inlined loops (~1.6 ns/element serial): back to back, with numba's
+# workers warm, the 2-thread loop wins from 2**12 (benchmarks/quantize.py --crossover); with a torch op
+# before every call, as in training (benchmarks/call_overhead.py --parallel-sweep --threads 2), each
+# workqueue launch costs ~45 us more and the serial loop won at every size up to 2**20. At 2**18 that
+# launch cost is ~10% of the serial time, which a machine with free cores recovers many times over.
+PARALLEL_MIN = 1 << 18
+
+_F32 = np.dtype(np.float32)
 
 
 @njit(cache=True)
@@ -145,36 +164,157 @@ def fixed_parallel(src, dst, frac_bits, code_min, code_max, saturate, mode, key,
             dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, STOCHASTIC, random_bits(key, i, nbits), nbits)
 
 
+# ---- raw-memory entry points ------------------------------------------------------------------------
+# The same loops on memory given by address: torch tensors reach them through ``data_ptr()`` (0.1 us) instead
+# of ``.numpy()`` views and numba's array unboxing (~10 us per call in all, measured on 1000 float32 values).
+# ``w`` is a zero-length array whose dtype says what the memory holds (a compile-time type, like the views).
+
+@intrinsic
+def _voidptr(typingctx, addr):
+    """An integer address as a ``void*``."""
+    if not isinstance(addr, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(addr), codegen
+
+
+@njit(cache=True)
+def f32_at(src, dst, n, w, par, man, emin, sub, max_bits, ovf, negzero, mode, key, nbits):
+    s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
+    if par:
+        f32_parallel(s, d, man, emin, sub, max_bits, ovf, negzero, mode, key, nbits)
+    else:
+        f32_serial(s, d, man, emin, sub, max_bits, ovf, negzero, mode, key, nbits)
+
+
+@njit(cache=True)
+def float_at(src, dst, n, w, par, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+             nbits):
+    s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
+    if par:
+        float_parallel(s, d, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key, nbits)
+    else:
+        float_serial(s, d, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key, nbits)
+
+
+@njit(cache=True)
+def fixed_at(src, dst, n, w, par, frac_bits, code_min, code_max, saturate, mode, key, nbits):
+    s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
+    if par:
+        fixed_parallel(s, d, frac_bits, code_min, code_max, saturate, mode, key, nbits)
+    else:
+        fixed_serial(s, d, frac_bits, code_min, code_max, saturate, mode, key, nbits)
+
+
+# ---- dispatch ---------------------------------------------------------------------------------------------
 # binary layout of the float dtypes the float kernels read as bits: (uint view, sign_pos, man, bias)
 LAYOUT = {
     np.dtype(np.float32): (np.uint32, 31, 23, 127),
     np.dtype(np.float64): (np.uint64, 63, 52, 1023),
 }
+_BITS_WITNESS = {dt: np.empty(0, LAYOUT[dt][0]) for dt in LAYOUT}  # float loops read the values' bits
+_VALUE_WITNESS = {dt: np.empty(0, dt) for dt in LAYOUT}  # fixed-point loops read the values
+
+
+@functools.lru_cache(maxsize=256)
+def _max_bits(max_value: float, dtype: np.dtype) -> int:
+    return int(np.array(max_value, dtype=dtype).view(LAYOUT[dtype][0]))
 
 
 def max_bits(max_value: float, dtype) -> int:
-    """Bits of ``max_value`` in the binary layout of ``dtype`` (float32 or float64)."""
-    uint = LAYOUT[np.dtype(dtype)][0]
-    return int(np.array(max_value, dtype=dtype).view(uint))
+    """Bits of ``max_value`` in the binary layout of ``dtype`` (float32 or float64); cached per (value, dtype)."""
+    return _max_bits(float(max_value), np.dtype(dtype))
+
+
+def use_parallel(n: int, parallel=None) -> bool:
+    """The loop for ``n`` elements: ``parallel`` if given, else the prange loop from ``PARALLEL_MIN`` elements
+    on when numba may use more than one thread (with one thread the serial loop is never slower)."""
+    if parallel is not None:
+        return bool(parallel)
+    return n >= PARALLEL_MIN and numba.get_num_threads() > 1
+
+
+def _check_dtype(dtype) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt not in LAYOUT:
+        raise TypeError(f"dtype={dt} is not supported by the CPU kernels; allowed: float32, float64")
+    return dt
+
+
+def float_runner(dtype, man, emin, subnormals, max_value, overflow, negzero):
+    """``quantize_float_at`` with the dtype and format arguments checked and converted once:
+    returns ``run(src, dst, n, mode, key, nbits, parallel=None)``. Cached per argument tuple."""
+    return _float_runner(_check_dtype(dtype), int(man), int(emin), int(subnormals), float(max_value),
+                         int(overflow), int(negzero))
+
+
+@functools.lru_cache(maxsize=512)
+def _float_runner(dt, man, emin, subnormals, max_value, overflow, negzero):
+    _, sign_pos, in_man, in_bias = LAYOUT[dt]
+    w, mbits = _BITS_WITNESS[dt], _max_bits(max_value, dt)
+    if dt == _F32 and emin >= -126:
+        fn, pre = f32_at, (man, emin, subnormals, np.int64(mbits), overflow, negzero)
+    else:
+        fn, pre = float_at, (sign_pos, in_man, in_bias, man, emin, subnormals, np.uint64(mbits), overflow, negzero)
+
+    def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
+        fn(src, dst, n, w, use_parallel(n, parallel), *pre, mode, np.uint64(key), nbits)
+
+    return run
+
+
+def fixed_runner(dtype, frac_bits, code_min, code_max, saturate):
+    """``quantize_fixed_at`` with the dtype and format arguments bound (see ``float_runner``)."""
+    return _fixed_runner(_check_dtype(dtype), int(frac_bits), int(code_min), int(code_max), int(saturate))
+
+
+@functools.lru_cache(maxsize=512)
+def _fixed_runner(dt, frac_bits, code_min, code_max, saturate):
+    w, pre = _VALUE_WITNESS[dt], (frac_bits, np.int64(code_min), np.int64(code_max), saturate)
+
+    def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
+        fixed_at(src, dst, n, w, use_parallel(n, parallel), *pre, mode, np.uint64(key), nbits)
+
+    return run
+
+
+def quantize_float_at(src: int, dst: int, n: int, dtype, man, emin, subnormals, max_value, overflow, negzero,
+                      mode, key, nbits, parallel=None):
+    """``quantize_float`` on raw memory: ``n`` contiguous ``dtype`` (float32/float64) values at address ``src``
+    rounded into the ``n`` at ``dst`` (may equal ``src``). The caller keeps both buffers alive, writable and
+    of that dtype for the duration of the call (for torch tensors: ``t.data_ptr()`` of contiguous tensors)."""
+    float_runner(dtype, man, emin, subnormals, max_value, overflow, negzero)(src, dst, n, mode, key, nbits,
+                                                                             parallel)
+
+
+def quantize_fixed_at(src: int, dst: int, n: int, dtype, frac_bits, code_min, code_max, saturate, mode, key,
+                      nbits, parallel=None):
+    """``quantize_fixed`` on raw memory (see ``quantize_float_at`` for the caller's obligations)."""
+    fixed_runner(dtype, frac_bits, code_min, code_max, saturate)(src, dst, n, mode, key, nbits, parallel)
 
 
 def quantize_float(src: np.ndarray, dst: np.ndarray, man, emin, subnormals, max_value, overflow, negzero,
                    mode, key, nbits, parallel=None):
     """Round the flat float32/float64 array ``src`` into ``dst`` (same dtype and size; may be ``src``)."""
-    uint, sign_pos, in_man, in_bias = LAYOUT[src.dtype]
-    par = src.size >= PARALLEL_MIN if parallel is None else parallel
-    if src.dtype == np.float32 and emin >= -126:
+    dtype = src.dtype
+    uint, sign_pos, in_man, in_bias = LAYOUT[dtype]
+    par = use_parallel(src.size, parallel)
+    mbits = _max_bits(float(max_value), dtype)
+    if dtype == _F32 and emin >= -126:
         run = f32_parallel if par else f32_serial
-        run(src.view(uint), dst.view(uint), man, emin, subnormals, np.int64(max_bits(max_value, src.dtype)),
+        run(src.view(uint), dst.view(uint), man, emin, subnormals, np.int64(mbits),
             overflow, negzero, mode, np.uint64(key), nbits)
         return
     run = float_parallel if par else float_serial
     run(src.view(uint), dst.view(uint), sign_pos, in_man, in_bias, man, emin, subnormals,
-        np.uint64(max_bits(max_value, src.dtype)), overflow, negzero, mode, np.uint64(key), nbits)
+        np.uint64(mbits), overflow, negzero, mode, np.uint64(key), nbits)
 
 
 def quantize_fixed(src: np.ndarray, dst: np.ndarray, frac_bits, code_min, code_max, saturate, mode, key, nbits,
                    parallel=None):
     """Round the flat float32/float64 array ``src`` to fixed point into ``dst``."""
-    run = fixed_parallel if (src.size >= PARALLEL_MIN if parallel is None else parallel) else fixed_serial
+    run = fixed_parallel if use_parallel(src.size, parallel) else fixed_serial
     run(src, dst, frac_bits, np.int64(code_min), np.int64(code_max), saturate, mode, np.uint64(key), nbits)

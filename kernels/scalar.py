@@ -31,7 +31,7 @@ def mix64(z):
     return z ^ (z >> U64(31))
 
 
-@njit
+@njit(inline="always")
 def random_bits(key, index, nbits):
     """``nbits`` (1..32) uniform bits for element ``index``: the splitmix64 output at counter ``index``.
 
@@ -90,7 +90,7 @@ def _msb(v):
     return n
 
 
-@njit
+@njit(inline="always")
 def round_float_bits(u, sign_pos, in_man, in_bias, man, emin, subnormals, max_bits, overflow, negzero,
                      mode, rnd, nbits):
     """Round one IEEE float, given as its bits, to a FloatFormat; returns the bits of the result.
@@ -338,3 +338,17 @@ def round_nearest_fast(x, split, magic, min_normal, max_value, ovf_value, sub, c
         bad = x if x != x else math.copysign(ovf_value, x)
         y = y if abs(y) <= max_value else bad
     return y
+
+
+@njit(inline="always")
+def round_nearest_value(x, split, magic, min_normal, max_value, ovf_value, negzero):
+    """Round-to-nearest-even of a float64 ``x`` to a FloatFormat with man >= 1: ``round_nearest_fast`` with
+    the bit-level cores' conventions, so that the bits agree with ``round_float_bits``: a zero keeps x's sign
+    when the format has -0 (``negzero``), a NaN made by overflow is the positive quiet NaN, and an input NaN
+    comes back quietened. (With man = 0, ties go to the even code, which this path does not see.)"""
+    y = round_nearest_fast(x, split, magic, min_normal, max_value, ovf_value, True, True)
+    y = abs(y) if (y != y) & (x == x) else y
+    y = x + 0.0 if x != x else y
+    zero = math.copysign(0.0, x) if negzero != 0 else 0.0
+    return zero if y == 0.0 else y
+

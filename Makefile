@@ -18,8 +18,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e ".[test,exp]"  # test brings numba-cuda for the CUDA simulator
 	touch $(STAMP)
 
+# The main job on the embedded default (MNIST-1D, the paper's CNN): the fp32 baseline and the Wang et al. fp8
+# recipe as one Hydra sweep, then the iterations-to-accuracy table (about 1.5 minutes on 2 cores).
 train: $(STAMP)
-	$(PY) experiments/train.py
+	d=outputs/make_train/$$(date +%Y-%m-%d_%H-%M-%S); \
+	$(PY) experiments/train.py -m format=fp32,fp8 hydra.sweep.dir=$$d && \
+	$(PY) -m emunum.cli report $$d --baseline fp32
 
 test: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=$(CUDASIM) $(PY) -m pytest -q tests

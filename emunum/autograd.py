@@ -16,10 +16,10 @@ from typing import Union
 import torch
 from torch import Tensor, nn
 
-from .formats import get_format
+from .formats import format_or_none
 from .ops import check_seed, derive_seed, eager_ok, format_to_args, ste_gradient
 from .quantize import check_sr_bits, check_tensor, quantize_checked
-from .spec import RoundMode
+from .spec import RoundMode, parse_enum
 
 
 class STE(enum.Enum):
@@ -30,23 +30,9 @@ class STE(enum.Enum):
 
     @classmethod
     def parse(cls, value: Union[str, "STE"], field: str = "ste") -> "STE":
-        if isinstance(value, STE):
-            return value
-        if isinstance(value, str):
-            for m in cls:
-                if m.value == value.strip().lower():
-                    return m
-        raise ValueError(f"{field}={value!r} is not a straight-through estimator; allowed: "
-                         f"{', '.join(m.value for m in cls)}")
+        return parse_enum(cls, value, field, "a straight-through estimator")
 
 
-def _fmt_or_none(fmt, field: str):
-    if fmt is None:
-        return None
-    try:
-        return get_format(fmt)
-    except (TypeError, ValueError) as e:
-        raise type(e)(f"{field}: {e}") from None
 
 
 class _Plan:
@@ -56,8 +42,8 @@ class _Plan:
                  "clipped", "backward_seed")
 
     def __init__(self, forward, backward, forward_rounding, backward_rounding, ste, seed, sr_bits):
-        self.forward = _fmt_or_none(forward, "forward")
-        self.backward = _fmt_or_none(backward, "backward")
+        self.forward = format_or_none(forward, "forward")
+        self.backward = format_or_none(backward, "backward")
         self.forward_mode = RoundMode.parse(forward_rounding, "forward_rounding")
         self.backward_mode = RoundMode.parse(backward_rounding, "backward_rounding")
         self.ste = STE.parse(ste)

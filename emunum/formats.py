@@ -104,3 +104,13 @@ def get_format(name_or_spec) -> Format:
             "or write fp<N>_<s><e><m>, e<E>m<M>[fn|fnuz|none], fixed<bits>_<frac>"
         )
     return fmt
+
+
+def format_or_none(value, field: str) -> Format | None:
+    """``get_format(value)``, or None for None; errors name ``field`` and the value."""
+    if value is None:
+        return None
+    try:
+        return get_format(value)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{field}={value!r}: {e}") from None

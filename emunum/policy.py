@@ -22,9 +22,9 @@ from typing import Any, Callable, Optional, Union
 from torch import nn
 
 from .autograd import STE
-from .formats import get_format
+from .formats import format_or_none, get_format
 from .quantize import check_sr_bits
-from .spec import FixedFormat, FloatFormat, Format, RoundMode
+from .spec import FixedFormat, FloatFormat, Format, RoundMode, parse_enum
 
 
 class Role(enum.Enum):
@@ -39,14 +39,7 @@ class Role(enum.Enum):
 
     @classmethod
     def parse(cls, value: Union[str, "Role"], field: str = "role") -> "Role":
-        if isinstance(value, Role):
-            return value
-        if isinstance(value, str):
-            key = value.strip().lower()
-            for m in cls:
-                if m.value == key:
-                    return m
-        raise ValueError(f"{field}={value!r} is not a tensor role; allowed: {', '.join(m.value for m in cls)}")
+        return parse_enum(cls, value, field, "a tensor role")
 
     @property
     def is_gradient(self) -> bool:
@@ -84,14 +77,7 @@ class Scaling(enum.Enum):
 
     @classmethod
     def parse(cls, value: Union[str, "Scaling"], field: str = "scaling") -> "Scaling":
-        if isinstance(value, Scaling):
-            return value
-        if isinstance(value, str):
-            key = value.strip().lower().replace("-", "_")
-            for m in cls:
-                if m.value == key:
-                    return m
-        raise ValueError(f"{field}={value!r} is not a scaling; allowed: {', '.join(m.value for m in cls)}")
+        return parse_enum(cls, value, field, "a scaling")
 
 
 @dataclass(frozen=True)
@@ -133,14 +119,6 @@ def _role_spec(value, role: Role, default_rounding, default_scaling=Scaling.NONE
         raise type(e)(f"{role.value}={value!r}: {e}") from None
 
 
-def _format_field(value, field: str):
-    """A format (or None) given as ``field=``, with the field named in errors."""
-    if value is None:
-        return None
-    try:
-        return get_format(value)
-    except (TypeError, ValueError) as e:
-        raise type(e)(f"{field}={value!r}: {e}") from None
 
 
 ActivationFactory = Callable[[nn.Module, "Policy"], nn.Module]
@@ -292,8 +270,8 @@ class Policy:
         bwd_mode = RoundMode.parse(grad_rounding, "grad_rounding")
         fwd_scaling = Scaling.parse(scaling, "scaling")
         bwd_scaling = fwd_scaling if grad_scaling is ... else Scaling.parse(grad_scaling, "grad_scaling")
-        base = _format_field(fmt, "fmt")
-        gbase = base if grad is ... else _format_field(grad, "grad")
+        base = format_or_none(fmt, "fmt")
+        gbase = base if grad is ... else format_or_none(grad, "grad")
         for role in Role:
             mode = bwd_mode if role.is_gradient else fwd_mode
             sc = bwd_scaling if role.is_gradient else fwd_scaling

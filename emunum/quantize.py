@@ -9,7 +9,7 @@ import torch
 
 from .formats import get_format
 from .reference import quantize_reference, quantize_torch, seed_key
-from .spec import FixedFormat, FloatFormat, Format, RoundMode
+from .spec import FloatFormat, Format, RoundMode
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 DEFAULT_SR_BITS = 32

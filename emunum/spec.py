@@ -19,6 +19,22 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_TINY_EXP = -149  # exponent of float32's smallest subnormal
 
 
+def parse_enum(cls, value, field: str, what: str, aliases: dict | None = None):
+    """``value`` as a member of the enum ``cls``: a member, or its name or (string) value, case-insensitive,
+    with '-' read as '_' and ``aliases`` applied first. Anything else: ValueError naming the field, the value
+    and the choices."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        key = value.strip().lower().replace("-", "_")
+        key = (aliases or {}).get(key, key)
+        for m in cls:
+            if key == m.name.lower() or (isinstance(m.value, str) and key == m.value):
+                return m
+    allowed = ", ".join(m.value if isinstance(m.value, str) else m.name.lower() for m in cls)
+    raise ValueError(f"{field}={value!r} is not {what}; allowed: {allowed}")
+
+
 class RoundMode(enum.IntEnum):
     """Rounding modes. The integer values are the codes the kernels receive."""
 
@@ -32,17 +48,7 @@ class RoundMode(enum.IntEnum):
 
     @classmethod
     def parse(cls, value: Union[str, "RoundMode"], field: str = "rounding") -> "RoundMode":
-        if isinstance(value, RoundMode):
-            return value
-        if isinstance(value, str):
-            key = value.strip().lower()
-            key = _ROUND_ALIASES.get(key, key)
-            for m in cls:
-                if m.name.lower() == key:
-                    return m
-        raise ValueError(
-            f"{field}={value!r} is not a rounding mode; allowed: {', '.join(m.name.lower() for m in cls)}"
-        )
+        return parse_enum(cls, value, field, "a rounding mode", _ROUND_ALIASES)
 
 
 _ROUND_ALIASES = {
@@ -64,15 +70,7 @@ class Special(enum.IntEnum):
 
     @classmethod
     def parse(cls, value: Union[str, "Special"]) -> "Special":
-        if isinstance(value, Special):
-            return value
-        if isinstance(value, str):
-            for m in cls:
-                if m.name.lower() == value.strip().lower():
-                    return m
-        raise ValueError(
-            f"special={value!r} is not a special-value policy; allowed: {', '.join(m.name.lower() for m in cls)}"
-        )
+        return parse_enum(cls, value, "special", "a special-value policy")
 
 
 class Overflow(enum.IntEnum):

@@ -104,7 +104,6 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
     bA, bB = A.shape[0], B.shape[0]
     ti, tj = (M + TM - 1) // TM, (N + TN - 1) // TN
     span = chunk * lanes if chunk > 0 else max(K, 1)
-    ms, mm, mn, mx, mo = mulf[0], mulf[1], mulf[2], mulf[3], mulf[4]
     as_, am, an, ax, ao = accf[0], accf[1], accf[2], accf[3], accf[4]
     for t in prange(nb * ti * tj):
         b = t // (ti * tj)

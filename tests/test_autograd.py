@@ -189,8 +189,8 @@ def test_quantizer_repr_for_none_formats():
 @pytest.mark.parametrize("kwargs,exc,match", [
     (dict(ste="straight"), ValueError, "ste='straight'.*allowed: identity, clipped"),
     (dict(forward=None, ste="clipped"), ValueError, "ste='clipped' needs a forward format"),
-    (dict(forward="fp7"), ValueError, "forward: fmt='fp7' is not a known format"),
-    (dict(backward=3), TypeError, "backward: fmt must be"),
+    (dict(forward="fp7"), ValueError, "forward='fp7': fmt='fp7' is not a known format"),
+    (dict(backward=3), TypeError, r"backward=.*: fmt must be"),
     (dict(forward_rounding="nearst"), ValueError, "forward_rounding='nearst'"),
     (dict(backward_rounding="sr2"), ValueError, "backward_rounding='sr2'"),
     (dict(seed=1.5), TypeError, "seed must be an int"),

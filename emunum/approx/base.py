@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..formats import get_format
+from ..spec import parse_enum
 from ..quantize import check_tensor
 from .datapath import Datapath, DesignRounder
 
@@ -30,13 +31,7 @@ class Grad(enum.Enum):
 
     @classmethod
     def parse(cls, value: Union[str, "Grad"], field: str = "grad") -> "Grad":
-        if isinstance(value, Grad):
-            return value
-        if isinstance(value, str):
-            for m in cls:
-                if m.value == value.strip().lower():
-                    return m
-        raise ValueError(f"{field}={value!r} is not a gradient choice; allowed: {', '.join(m.value for m in cls)}")
+        return parse_enum(cls, value, field, "a gradient choice")
 
 
 @dataclass(frozen=True)

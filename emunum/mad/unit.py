@@ -51,9 +51,9 @@ from typing import Union
 
 import numpy as np
 
-from ..formats import get_format
+from ..formats import format_or_none
 from ..reference import mix64_int, seed_key
-from ..spec import FixedFormat, FloatFormat, Format, RoundMode
+from ..spec import FloatFormat, Format, RoundMode, parse_enum
 
 MAX_LANES = 64
 NPARAM = 12  # mirrors kernels.gemm_scalar.NPARAM (this layer compiles nothing)
@@ -69,22 +69,9 @@ class Order(enum.IntEnum):
 
     @classmethod
     def parse(cls, value: Union[str, "Order"]) -> "Order":
-        if isinstance(value, Order):
-            return value
-        if isinstance(value, str):
-            for m in cls:
-                if m.name.lower() == value.strip().lower():
-                    return m
-        raise ValueError(f"MADUnit.order={value!r} is not an order; allowed: sequential, any")
+        return parse_enum(cls, value, "MADUnit.order", "an order")
 
 
-def _format_or_none(field: str, value) -> Format | None:
-    if value is None:
-        return None
-    try:
-        return get_format(value)
-    except (TypeError, ValueError) as err:
-        raise type(err)(f"MADUnit.{field}: {err}") from None
 
 
 def _positive_int(field: str, value, lo: int, hi: int) -> int:
@@ -134,8 +121,8 @@ class MADUnit:
         object.__setattr__(self, "fused", bool(self.fused))
         if self.acc_fmt is None:
             raise ValueError("MADUnit.acc_fmt=None: the accumulator needs a format (e.g. 'fp32', 'fp16_169')")
-        object.__setattr__(self, "acc_fmt", _format_or_none("acc_fmt", self.acc_fmt))
-        object.__setattr__(self, "mul_fmt", _format_or_none("mul_fmt", self.mul_fmt))
+        object.__setattr__(self, "acc_fmt", format_or_none(self.acc_fmt, "MADUnit.acc_fmt"))
+        object.__setattr__(self, "mul_fmt", format_or_none(self.mul_fmt, "MADUnit.mul_fmt"))
         object.__setattr__(self, "mul_rounding", RoundMode.parse(self.mul_rounding, "MADUnit.mul_rounding"))
         object.__setattr__(self, "acc_rounding", RoundMode.parse(self.acc_rounding, "MADUnit.acc_rounding"))
         if self.fused and self.mul_fmt is not None:

@@ -104,7 +104,8 @@ class FloatFormat:
     ``min_normal`` rounds to 0 or ``min_normal`` by the rounding mode (round-to-set, not flush-to-zero).
     Overflow (a rounded magnitude above ``max``, or an infinite input): with ``saturate`` -> +-max;
     otherwise ieee -> +-inf, fn/fnuz -> NaN, none -> +-max. Directed modes follow IEEE 754: toward zero
-    and odd never overflow past +-max; up/down overflow only in their own direction. A NaN comes back as the same NaN, quietened.
+    and odd never overflow past +-max; up/down overflow only in their own direction. A NaN comes back as
+    the same NaN, quietened.
     Every value must fit a float32: exp 1..8, man 0..23, max <= float32 max, min_subnormal >= 2**-149.
     """
 

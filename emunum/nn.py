@@ -151,6 +151,16 @@ def _make_quantizers(policy: Policy, role: Role):
     return fq, bq
 
 
+def _merged_quantizer(policy: Policy, role: Role):
+    """One straight-through node rounding values forward and gradients backward, where that is the same as
+    the pair from ``_make_quantizers`` (both roles present and unscaled): half the autograd nodes per role."""
+    spec, gspec = policy.spec(role), policy.spec(role.gradient)
+    if spec is None or gspec is None or Scaling.PER_TENSOR in (spec.scaling, gspec.scaling):
+        return None
+    return Quantizer(forward=spec.fmt, backward=gspec.fmt, forward_rounding=spec.rounding,
+                     backward_rounding=gspec.rounding, ste=policy.ste.value, sr_bits=policy.sr_bits)
+
+
 class EmuLayer:
     """Mixin of every emulated layer. ``ROLES``: the forward roles the layer rounds (gradients follow)."""
 
@@ -179,6 +189,7 @@ class EmuLayer:
         d["_emunum_policy"] = pol
         d["_emunum_trace"] = None
         d["_emunum_q"] = {role: _make_quantizers(pol, role) for role in cls.ROLES}
+        d["_emunum_q1"] = {role: _merged_quantizer(pol, role) for role in cls.ROLES}
         return emu
 
     @classmethod
@@ -207,6 +218,9 @@ class EmuLayer:
             if isinstance(bq, ScaledGradQuantizer):  # the tracer's gradient rounding is unscaled: not traced
                 return bq(trace.round(x, role, fq, None))
             return trace.round(x, role, fq, bq)
+        merged = self.__dict__.get("_emunum_q1", {}).get(role)
+        if merged is not None:
+            return merged(x)
         if fq is not None:
             x = fq(x)
         if bq is not None:

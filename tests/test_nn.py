@@ -555,3 +555,29 @@ def contextlib_null():
 def test_extra_repr_shows_the_scaling():
     assert repr(from_float(nn.ReLU(), Policy.make("e4m3fn", scaling="per_tensor", grad=None))) == \
         "EmuReLU(output=e4m3fn/nearest/per_tensor, grad_output=-)"
+
+
+@pytest.mark.parametrize("fmt, kw", [("e5m2", {}), ("e4m3fn", {"grad": "e5m2", "ste": "clipped"}),
+                                     ("fixed16_12", {}), ("bf16", {"grad_rounding": "nearest"})])
+def test_merged_value_and_gradient_node_gives_the_same_bits_as_the_pair(fmt, kw):
+    """_merged_quantizer (one straight-through node per role) == the separate value and gradient quantisers,
+    outputs and gradients bit for bit, stochastic seeds drawn from torch's generator included."""
+    def run(merged):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Conv1d(1, 8, 5), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(8 * 36, 10), torch.nn.Tanh())
+        emunum.patch(m, fmt=fmt, **kw)
+        if not merged:
+            for mod in m.modules():
+                if "_emunum_q1" in mod.__dict__:
+                    mod.__dict__["_emunum_q1"] = {}
+        torch.manual_seed(1)
+        x = torch.randn(16, 1, 40)
+        for _ in range(3):
+            m.zero_grad()
+            out = m(x)
+            out.square().sum().backward()
+        return [out.detach()] + [p.grad.clone() for p in m.parameters()]
+
+    merged, pair = run(True), run(False)
+    assert all(torch.equal(a, b) for a, b in zip(merged, pair))

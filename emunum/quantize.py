@@ -217,4 +217,17 @@ def quantize_checked(x: torch.Tensor, fmt: Format, mode: RoundMode, seed: int | 
         work = x.detach().reshape(-1).float()
         _run_cpu(work, work, fmt, mode, key, nbits)
         result.copy_(work.view(x.shape))
+        _restore_nans16(x, result)
     return result
+
+
+_QUIET16 = {torch.float16: 1 << 9, torch.bfloat16: 1 << 6}
+
+
+def _restore_nans16(x: torch.Tensor, result: torch.Tensor) -> None:
+    """torch's CPU float32 -> bfloat16 cast writes every NaN as 0xFFFF: give each input NaN back its sign and
+    payload, quietened, as the float32/float64 and CUDA paths do."""
+    nan = torch.isnan(x)
+    if nan.any():
+        bits = result.view(torch.int16)
+        bits[nan] = x.detach().view(torch.int16)[nan] | _QUIET16[x.dtype]

@@ -105,13 +105,19 @@ def _round_magnitude_torch(k, r, neg, mode: RoundMode, rbits, nbits, odd=None):
     return k + up.to(torch.float64)
 
 
+def _prelude(x: torch.Tensor, mode, seed: int, sr_bits: int):
+    """(mode, x as a flat float64 tensor on its device, the stochastic bits or None)."""
+    mode = RoundMode.parse(mode)
+    flat = x.detach().to(torch.float64).reshape(-1)
+    stochastic = mode == RoundMode.STOCHASTIC
+    rbits = random_bits_torch(seed_key(seed), flat.numel(), sr_bits, flat.device) if stochastic else None
+    return mode, flat, rbits
+
+
 def round_float_torch(x: torch.Tensor, fmt: FloatFormat, mode: RoundMode, seed: int = 0,
                       sr_bits: int = 32) -> torch.Tensor:
     """``round_float_reference`` in torch on x's device: float64 in (other dtypes are converted), float64 out."""
-    mode = RoundMode.parse(mode)
-    flat = x.detach().to(torch.float64).reshape(-1)
-    dev = flat.device
-    rbits = random_bits_torch(seed_key(seed), flat.numel(), sr_bits, dev) if mode == RoundMode.STOCHASTIC else None
+    mode, flat, rbits = _prelude(x, mode, seed, sr_bits)
     neg = torch.signbit(flat)
     a = flat.abs()
     finite = torch.isfinite(a) & (a > 0)
@@ -147,10 +153,7 @@ def round_float_torch(x: torch.Tensor, fmt: FloatFormat, mode: RoundMode, seed: 
 def round_fixed_torch(x: torch.Tensor, fmt: FixedFormat, mode: RoundMode, seed: int = 0,
                       sr_bits: int = 32) -> torch.Tensor:
     """``round_fixed_reference`` in torch on x's device: float64 out."""
-    mode = RoundMode.parse(mode)
-    flat = x.detach().to(torch.float64).reshape(-1)
-    dev = flat.device
-    rbits = random_bits_torch(seed_key(seed), flat.numel(), sr_bits, dev) if mode == RoundMode.STOCHASTIC else None
+    mode, flat, rbits = _prelude(x, mode, seed, sr_bits)
     if not fmt.saturate:  # wrap: reduce modulo the period (exact) so that x * 2**frac_bits stays finite
         flat = torch.where(torch.isfinite(flat), torch.fmod(flat, 2.0 ** (fmt.bits - fmt.frac_bits)), flat)
     y = flat * 2.0**fmt.frac_bits  # exact Python floats; scalars keep the path free of host-to-device copies

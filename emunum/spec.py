@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Union
 
 import numpy as np
@@ -111,6 +111,7 @@ class FloatFormat:
 
     exp: int
     man: int
+    _: KW_ONLY
     bias: int | None = None
     subnormals: bool = True
     special: Special = Special.IEEE
@@ -306,6 +307,7 @@ class FixedFormat:
 
     bits: int
     frac_bits: int
+    _: KW_ONLY
     signed: bool = True
     saturate: bool = True
 

@@ -284,3 +284,9 @@ def test_widest_formats_that_fit_float32_are_accepted():
     assert f.max == float(np.finfo(np.float32).max) and f.min_subnormal == 2.0**-149
     g = FloatFormat(8, 3, bias=146)  # smallest subnormal 2**-148
     assert g.min_subnormal == 2.0**-148
+
+
+@pytest.mark.parametrize("make", [lambda: FloatFormat(5, 2, 15), lambda: FixedFormat(8, 3, False)])
+def test_options_after_the_widths_are_keyword_only_as_in_the_contract(make):
+    with pytest.raises(TypeError):
+        make()

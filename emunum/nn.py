@@ -214,7 +214,7 @@ class EmuLayer:
     def _emu_round(self, x: Tensor, role: Role) -> Tensor:
         fq, bq = self._emunum_q[role]
         trace = self._emunum_trace
-        if trace is not None:
+        if trace is not None and trace.active:  # a sampled call; the others take the untraced path below
             if isinstance(bq, ScaledGradQuantizer):  # the tracer's gradient rounding is unscaled: not traced
                 return bq(trace.round(x, role, fq, None))
             return trace.round(x, role, fq, bq)

@@ -27,9 +27,6 @@ qmod = importlib.import_module("emunum.quantize")  # the module (emunum.quantize
 
 HAVE_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
 HAVE_GPU = torch.cuda.is_available()
-if (HAVE_NUMBA_CUDA and not HAVE_GPU and "numba.cuda" not in sys.modules
-        and os.environ.get("NUMBA_ENABLE_CUDASIM", "") in ("", "0")):
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # numba.cuda reads it when first imported
 SIM = False
 
 if HAVE_NUMBA_CUDA:

@@ -24,9 +24,6 @@ from emunum.mad.unit import stream_keys
 
 HAVE_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
 HAVE_GPU = torch.cuda.is_available()
-if (HAVE_NUMBA_CUDA and not HAVE_GPU and "numba.cuda" not in sys.modules
-        and os.environ.get("NUMBA_ENABLE_CUDASIM", "") in ("", "0")):
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # numba.cuda reads it when first imported
 SIM = False
 if HAVE_NUMBA_CUDA:
     from numba import cuda

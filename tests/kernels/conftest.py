@@ -1,0 +1,14 @@
+"""Kernel tests: without a GPU, numba-cuda's kernels run on its CUDA simulator.
+
+``make test`` sets ``NUMBA_ENABLE_CUDASIM=1``; this also sets it for a plain ``pytest`` run. numba.cuda reads
+the variable when it is first imported, which happens in the test modules, after this file.
+"""
+import importlib.util
+import os
+import sys
+
+import torch
+
+if (importlib.util.find_spec("numba_cuda") is not None and not torch.cuda.is_available()
+        and "numba.cuda" not in sys.modules and os.environ.get("NUMBA_ENABLE_CUDASIM", "") in ("", "0")):
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"

@@ -113,7 +113,7 @@ def throughput(n: int, device: str, repeats: int, fmt: str) -> None:
 def crossover(repeats: int, fmt_name: str) -> None:
     """Serial vs parallel CPU float kernel (nearest, float32) at 2**10..2**20 elements."""
     from emunum.kernels import cpu
-    from emunum.reference import seed_key
+    from emunum.rng import seed_key
 
     fmt = emunum.get_format(fmt_name)
     _, man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()

@@ -4,8 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .formats import PRESETS
-from .spec import FloatFormat
+from .formats import FloatFormat, PRESETS
 
 
 def formats_table() -> str:

@@ -32,10 +32,9 @@ import torch
 import torch.autograd.forward_ad as _fwd_ad
 from torch import Tensor
 
-from .formats import get_format
+from .formats import FixedFormat, FloatFormat, Format, RoundMode, Special, get_format
 from .quantize import quantize, quantize_checked
-from .reference import mix64_int
-from .spec import FixedFormat, FloatFormat, Format, RoundMode, Special
+from .rng import mix64_int
 
 SEED_BITS = 62
 _SEED_MASK = (1 << SEED_BITS) - 1

@@ -7,9 +7,9 @@ import warnings
 import numpy as np
 import torch
 
-from .formats import get_format
-from .reference import quantize_reference, quantize_torch, seed_key
-from .spec import FloatFormat, Format, RoundMode
+from .formats import FloatFormat, Format, RoundMode, get_format
+from .rng import seed_key
+from .reference import quantize_reference, quantize_torch
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 DEFAULT_SR_BITS = 32

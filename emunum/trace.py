@@ -48,7 +48,7 @@ from .ops import format_to_args
 from .patch import emulated_modules
 from .policy import Role
 from .quantize import check_sr_bits
-from .spec import FixedFormat
+from .formats import FixedFormat
 
 STATS = ("values", "overflow", "underflow", "nan", "signal", "noise")
 _ROLE_INDEX = {r: i for i, r in enumerate(Role)}

@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from ..ops import check_seed
 from ..quantize import check_sr_bits
-from ..spec import RoundMode
+from ..formats import RoundMode
 from .base import apply, check_grad, method_class
 from .softmax_method import SoftmaxDatapath
 

@@ -1,80 +1,18 @@
-"""Slow, obviously-right rounding in float64 arithmetic: a second implementation for the tests, and the
-fallback for devices without a kernel.
+"""Exact rounding of values to a format, in float64 torch arithmetic on the tensor's own device.
 
-Two twins with the same semantics: numpy (``round_float_reference``, ``round_fixed_reference``,
-``quantize_reference``: computed on the host) and torch (``round_float_torch``, ``round_fixed_torch``,
-``quantize_torch``: computed on the tensor's own device, which is how tiny CUDA tensors skip a kernel launch).
-Every step is exact in float64 (scaling by powers of two built from their bits, floor, compare), so both
-give the kernels' bits. They share no code with the kernels except the counter-based random bits, re-derived
-here, so that stochastic rounding can be compared bit for bit.
+Every step is exact in float64 (scaling by powers of two built from their bits, floor, compare), so the
+result is the format's correctly rounded value with the kernels' semantics. The formats' ``encode`` uses
+it; ``emunum.reference`` builds the tests' reference and the pure-torch fallback on it. It reads a spec's
+fields by name (``emin``, ``man``, ``max``, ...) and imports no spec, so the specs can import it.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from .spec import FixedFormat, FloatFormat, Format, Overflow, RoundMode
-
-_M64 = (1 << 64) - 1
-
-
-def mix64_int(z: int) -> int:
-    """splitmix64's finaliser on a Python int (the seed key: ``key = mix64_int(seed)``)."""
-    z &= _M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
-
-
-def seed_key(seed: int) -> int:
-    return mix64_int(int(seed))
-
-
-def random_bits_reference(key: int, n: int, nbits: int) -> np.ndarray:
-    """The kernels' random bits for elements 0..n-1, as uint64."""
-    return random_bits_torch(key, n, nbits).numpy().astype(np.uint64)
-
-
-def round_float_reference(x, fmt: FloatFormat, mode: RoundMode, seed: int = 0, sr_bits: int = 32) -> np.ndarray:
-    """Round float64 values to ``fmt`` (semantics of ``FloatFormat``), returning float64 (numpy in and out)."""
-    t = torch.from_numpy(np.array(x, dtype=np.float64))
-    return round_float_torch(t, fmt, RoundMode.parse(mode), seed, sr_bits).numpy()
-
-
-def round_fixed_reference(x, fmt: FixedFormat, mode: RoundMode, seed: int = 0, sr_bits: int = 32) -> np.ndarray:
-    """Round float64 values to fixed point ``fmt`` (semantics of ``FixedFormat``), returning float64."""
-    t = torch.from_numpy(np.array(x, dtype=np.float64))
-    return round_fixed_torch(t, fmt, RoundMode.parse(mode), seed, sr_bits).numpy()
-
-
-def quantize_reference(x: torch.Tensor, fmt: Format, rounding=RoundMode.NEAREST, seed: int = 0,
-                       sr_bits: int = 32) -> torch.Tensor:
-    """Torch-in, torch-out on the host (for devices without kernels): same dtype, shape and device as ``x``."""
-    return quantize_torch(x.detach().cpu(), fmt, rounding, seed, sr_bits).to(x.device)
-
+from ..rng import random_bits_torch, seed_key
+from .base import Overflow, RoundMode
 
 _TINY = 5e-324  # stands in for a nonzero remainder lost to underflow: below every rounding threshold
-
-
-# ---- torch twins: the same steps on torch tensors, on the tensor's own device -----------------------------
-
-def _i64(c: int) -> int:
-    """A uint64 constant as the int64 with the same bits."""
-    return c - (1 << 64) if c >= 1 << 63 else c
-
-
-def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
-    """Logical right shift of int64 bits."""
-    return (z >> s) & ((1 << (64 - s)) - 1)
-
-
-def random_bits_torch(key: int, n: int, nbits: int, device=None) -> torch.Tensor:
-    """``random_bits_reference`` on ``device``: int64 tensor of the kernels' bits for elements 0..n-1."""
-    z = torch.arange(1, n + 1, dtype=torch.int64, device=device) * _i64(0x9E3779B97F4A7C15) + _i64(key)
-    z = (z ^ _shr(z, 30)) * _i64(0xBF58476D1CE4E5B9)  # int64 products wrap modulo 2**64
-    z = (z ^ _shr(z, 27)) * _i64(0x94D049BB133111EB)
-    z = z ^ _shr(z, 31)
-    return _shr(z, 64 - nbits)
 
 
 def _pow2(e: torch.Tensor) -> torch.Tensor:
@@ -114,9 +52,10 @@ def _prelude(x: torch.Tensor, mode, seed: int, sr_bits: int):
     return mode, flat, rbits
 
 
-def round_float_torch(x: torch.Tensor, fmt: FloatFormat, mode: RoundMode, seed: int = 0,
+def round_float_torch(x: torch.Tensor, fmt, mode: RoundMode, seed: int = 0,
                       sr_bits: int = 32) -> torch.Tensor:
-    """``round_float_reference`` in torch on x's device: float64 in (other dtypes are converted), float64 out."""
+    """Round x to the float format ``fmt`` (``FloatFormat`` semantics) on x's device: any float dtype in,
+    float64 out."""
     mode, flat, rbits = _prelude(x, mode, seed, sr_bits)
     neg = torch.signbit(flat)
     a = flat.abs()
@@ -150,9 +89,9 @@ def round_float_torch(x: torch.Tensor, fmt: FloatFormat, mode: RoundMode, seed: 
     return out.reshape(x.shape)
 
 
-def round_fixed_torch(x: torch.Tensor, fmt: FixedFormat, mode: RoundMode, seed: int = 0,
+def round_fixed_torch(x: torch.Tensor, fmt, mode: RoundMode, seed: int = 0,
                       sr_bits: int = 32) -> torch.Tensor:
-    """``round_fixed_reference`` in torch on x's device: float64 out."""
+    """Round x to the fixed-point format ``fmt`` (``FixedFormat`` semantics) on x's device: float64 out."""
     mode, flat, rbits = _prelude(x, mode, seed, sr_bits)
     if not fmt.saturate:  # wrap: reduce modulo the period (exact) so that x * 2**frac_bits stays finite
         flat = torch.where(torch.isfinite(flat), torch.fmod(flat, 2.0 ** (fmt.bits - fmt.frac_bits)), flat)
@@ -174,31 +113,3 @@ def round_fixed_torch(x: torch.Tensor, fmt: FixedFormat, mode: RoundMode, seed: 
     return (v * 2.0**-fmt.frac_bits).reshape(x.shape)
 
 
-# The kernels' NaN bits: a NaN input comes back with its sign and payload and the quiet bit set (IEEE 754's
-# rule for operations); a NaN made by overflow is the positive quiet NaN below.
-_INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
-             torch.bfloat16: torch.int16}
-_QUIET_NAN = {torch.float32: 0x7FC00000, torch.float64: _i64(0x7FF8000000000000), torch.float16: 0x7E00,
-              torch.bfloat16: 0x7FC0}
-_QUIET_BIT = {torch.float32: 1 << 22, torch.float64: 1 << 51, torch.float16: 1 << 9, torch.bfloat16: 1 << 6}
-_WIDE = (torch.float16, torch.bfloat16)
-
-
-def quantize_torch(x: torch.Tensor, fmt: Format, rounding=RoundMode.NEAREST, seed: int = 0,
-                   sr_bits: int = 32) -> torch.Tensor:
-    """Torch-in, torch-out on x's device, with the kernels' bits (NaN included): same dtype and shape.
-
-    float16/bfloat16 results go through float32 (as the kernels do: a fixed-point value is rounded to
-    float32, then to 16 bits, both to nearest even).
-    """
-    mode = RoundMode.parse(rounding)
-    if isinstance(fmt, FloatFormat):
-        r = round_float_torch(x, fmt, mode, seed, sr_bits)
-    else:
-        r = round_fixed_torch(x, fmt, mode, seed, sr_bits)
-    r = r.to(torch.float32).to(x.dtype) if x.dtype in _WIDE else r.to(x.dtype)
-    ity = _INT_VIEW[x.dtype]
-    bits = torch.where(torch.isnan(r), _QUIET_NAN[x.dtype], r.view(ity))
-    nan_in = x.detach().view(ity) | _QUIET_BIT[x.dtype]  # a NaN comes back quietened (IEEE 754)
-    bits = torch.where(torch.isnan(x), nan_in, bits)
-    return bits.view(x.dtype)

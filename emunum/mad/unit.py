@@ -51,9 +51,8 @@ from typing import Union
 
 import numpy as np
 
-from ..formats import format_or_none
-from ..reference import mix64_int, seed_key
-from ..spec import FloatFormat, Format, RoundMode, parse_enum
+from ..formats import FloatFormat, Format, RoundMode, format_or_none, parse_enum
+from ..rng import mix64_int, seed_key
 
 MAX_LANES = 64
 NPARAM = 12  # mirrors kernels.gemm_scalar.NPARAM (this layer compiles nothing)

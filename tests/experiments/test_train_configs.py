@@ -20,7 +20,7 @@ from experiments.train import run
 
 import emunum
 from emunum.policy import Role, Scaling
-from emunum.spec import RoundMode
+from emunum.formats import RoundMode
 
 ROOT = Path(__file__).resolve().parents[2]
 

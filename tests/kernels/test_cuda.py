@@ -20,8 +20,9 @@ import pytest
 import torch
 
 import emunum
-from emunum.reference import quantize_torch, round_fixed_reference, round_fixed_torch, seed_key
-from emunum.spec import FixedFormat, FloatFormat, RoundMode
+from emunum.rng import seed_key
+from emunum.reference import quantize_torch, round_fixed_reference, round_fixed_torch
+from emunum.formats import FixedFormat, FloatFormat, RoundMode
 
 qmod = importlib.import_module("emunum.quantize")  # the module (emunum.quantize is also the function)
 

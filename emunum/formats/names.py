@@ -1,0 +1,88 @@
+"""Name parsing: ``get_format("fp8_152")``, ``"e4m3fn"``, ``"fixed16_12"``, ...
+
+Names are case-insensitive. Grammar (besides the presets):
+- ``fp<N>_<s><e><m>[fn|fnuz|none]``: digit-packed sign/exponent/mantissa widths; the bit total N decides
+  how the digits split (``fp16_1510`` is 1-5-10), and must match.
+- ``[fp<N>_]e<E>m<M>[fn|fnuz|none]``: IEEE-style unless a suffix names another special-value policy.
+- ``fixed<bits>_<frac>`` / ``ufixed<bits>_<frac>``; ``int<N>`` / ``uint<N>`` (frac 0).
+"""
+from __future__ import annotations
+
+import re
+
+from .base import NumberFormat
+from .fixed import FixedFormat
+from .float import FloatFormat, Special
+from .presets import ALIASES, PRESETS, known_names
+
+_SUFFIX = r"(fn|fnuz|none)?"
+_PACKED = re.compile(r"fp(\d+)_1(\d+?)" + _SUFFIX + r"$")
+_EM = re.compile(r"(?:fp(\d+)_)?e(\d+)m(\d+)" + _SUFFIX + r"$")
+_FIXED = re.compile(r"(u?)fixed(\d+)_(-?\d+)$")
+_INT = re.compile(r"(u?)int(\d+)$")
+
+
+def _special(suffix: str | None) -> Special:
+    return Special.parse(suffix) if suffix else Special.IEEE
+
+
+def _checked_total(name: str, total: str | None, fmt: FloatFormat) -> FloatFormat:
+    if total is not None and int(total) != fmt.bits:
+        raise ValueError(f"format name {name!r}: fp{total} does not match 1+{fmt.exp}+{fmt.man}={fmt.bits} bits")
+    return fmt
+
+
+def _parse(name: str) -> NumberFormat | None:
+    m = _EM.match(name)
+    if m:
+        total, e, mm, suffix = m.groups()
+        return _checked_total(name, total, FloatFormat(int(e), int(mm), special=_special(suffix)))
+    m = _PACKED.match(name)
+    if m:
+        total, digits, suffix = int(m.group(1)), m.group(2), m.group(3)
+        splits = [(int(digits[:i]), int(digits[i:])) for i in range(1, len(digits))
+                  if 1 + int(digits[:i]) + int(digits[i:]) == total]
+        if len(splits) != 1:
+            raise ValueError(
+                f"format name {name!r}: the digits 1{digits} split into sign-exponent-mantissa summing to {total} "
+                f"in {len(splits)} ways; write e<E>m<M> instead"
+            )
+        return FloatFormat(*splits[0], special=_special(suffix))
+    m = _FIXED.match(name)
+    if m:
+        return FixedFormat(int(m.group(2)), int(m.group(3)), signed=not m.group(1))
+    m = _INT.match(name)
+    if m:
+        return FixedFormat(int(m.group(2)), 0, signed=not m.group(1))
+    return None
+
+
+def get_format(name_or_spec) -> NumberFormat:
+    """A format spec (any ``NumberFormat``) passes through; a name is looked up or parsed (see module doc)."""
+    if isinstance(name_or_spec, NumberFormat):
+        return name_or_spec
+    if not isinstance(name_or_spec, str):
+        raise TypeError(
+            f"fmt must be a FloatFormat, FixedFormat or a format name, got {type(name_or_spec).__name__}"
+        )
+    key = name_or_spec.strip().lower()
+    key = ALIASES.get(key, key)
+    if key in PRESETS:
+        return PRESETS[key]
+    fmt = _parse(key)
+    if fmt is None:
+        raise ValueError(
+            f"fmt={name_or_spec!r} is not a known format; presets: {', '.join(known_names())}; "
+            "or write fp<N>_<s><e><m>, e<E>m<M>[fn|fnuz|none], fixed<bits>_<frac>"
+        )
+    return fmt
+
+
+def format_or_none(value, field: str) -> NumberFormat | None:
+    """``get_format(value)``, or None for None; errors name ``field`` and the value."""
+    if value is None:
+        return None
+    try:
+        return get_format(value)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{field}={value!r}: {e}") from None

@@ -19,7 +19,7 @@ from numba.extending import intrinsic
 
 from . import _cache, scalar
 
-_cache.guard(__file__, [scalar.__file__])
+_cache.guard(__file__, scalar.SOURCES)
 
 # numba's OpenMP layer contends with torch's own OpenMP runtime (measured: half the throughput once torch is
 # loaded); the workqueue layer does not. A user's explicit NUMBA_THREADING_LAYER wins.
@@ -30,7 +30,7 @@ from .scalar import (DOWN, NEAREST, NEAREST_AWAY, ODD, OVF_INF, OVF_NAN, STOCHAS
                      TOWARD_ZERO, UP, random_bits, round_f32_fast, round_fixed_value, round_float_bits,
                      round_nearest_value)
 
-# The scalar cores are inlined at numba-IR level (``inline="always"`` in scalar.py). Called as separate
+# The scalar cores are inlined at numba-IR level (``inline="always"`` in kernels/scalar/). Called as separate
 # functions, LLVM keeps each element's rounding a call and the serial loops do not vectorise: measured
 # 7 ns/element serial against 1.4 ns inlined (float32 e5m2, one thread).
 

@@ -8,7 +8,7 @@ tiling or thread count, so the bits never depend on either.
 
 Two GEMM kernels:
 - ``gemm_general``: any formats and rounding modes (exact sums via TwoSum and round-to-odd, rounding by the
-  bit-exact cores of ``scalar.py``; stochastic bits from the counter-based generator).
+  bit-exact cores of ``kernels/scalar/``; stochastic bits from the counter-based generator).
 - ``gemm_fast``: both roundings to nearest-even FloatFormats, product precision P <= accumulator precision
   p (significant bits, man + 1), not fused. Arithmetic in a work precision t: binary64 (t = 53) or, where
   ``fast_plan`` proves it exact, binary32 (t = 24, twice the SIMD width). Rounding is ``round_nearest_fast``
@@ -30,7 +30,7 @@ from numba import njit, prange
 
 from . import _cache, gemm_scalar, scalar
 
-_cache.guard(__file__, [scalar.__file__, gemm_scalar.__file__])
+_cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
 from .gemm_scalar import (  # noqa: E402
     NSTREAMS, P_EMIN, P_KIND, P_MAN, P_MAXBITS, P_MODE, P_OVF, P_SUB, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE,

@@ -46,7 +46,7 @@ def _fail(command: str, err: Exception) -> int:
 def _cmd_report(args) -> int:
     from pathlib import Path
 
-    from . import report
+    from .analysis import report
 
     try:
         how = report.OutputFormat.parse(args.format, "--format")
@@ -69,7 +69,7 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_tta(args) -> int:
-    from . import report, tta
+    from .analysis import report, tta
 
     if args.sweep is None:
         return _fail("tta", ValueError(
@@ -88,7 +88,7 @@ def _cmd_tta(args) -> int:
             times = tta.load_sim(args.sim)
             tta.check_known(times, formats, f"--sim {args.sim}")
         else:
-            from .flops import Hardware
+            from .analysis.flops import Hardware
 
             hw = Hardware.load(args.hardware)
             times, sources, extra = tta.roofline_times(runs, hw)

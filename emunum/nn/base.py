@@ -12,6 +12,8 @@ from ..autograd import Quantizer
 from ..policy import FORWARD_ROLES, Policy, Role, Scaling, make_policy
 from .scaling import ScaledGradQuantizer, ScaledQuantizer
 
+STATE_PREFIX = "_emunum_"  # every attribute an emulated layer adds to the original's state starts with it
+
 def _make_quantizers(policy: Policy, role: Role):
     """(forward-value quantiser or None, gradient quantiser or None) for a forward role."""
     spec, gspec = policy.spec(role), policy.spec(role.gradient)

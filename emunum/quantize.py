@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import torch
 
+from . import buffers
 from .formats import FloatFormat, Format, RoundMode, get_format
 from .rng import seed_key
 from .reference import quantize_reference, quantize_torch
@@ -180,6 +181,8 @@ def quantize_checked(x: torch.Tensor, fmt: Format, mode: RoundMode, seed: int | 
         seed, key = 0, _KEY0
     if out is not None:
         result = out
+    elif x.is_cpu and x.numel() * x.element_size() >= buffers.HUGE_MIN_BYTES:
+        result = buffers.empty_like(x)  # first-touch page faults would cost more than the rounding
     elif x.is_contiguous():
         result = torch.empty_like(x)  # contiguous like x (preserve_format), and faster to ask for
     else:

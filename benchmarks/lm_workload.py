@@ -84,7 +84,8 @@ def summarize(out: Path, baseline: str = "fp32") -> str:
         censored = len(rs) - len(reached)
         if reached:
             m, lo, hi = t_ci(list(reached.values()))
-            its = fmt_ci(m, lo, hi, ".0f") if not censored else f"{m:.0f} over reached only (no CI: {censored} censored)"
+            its = (fmt_ci(m, lo, hi, ".0f") if not censored
+                   else f"{m:.0f} over reached only (no CI: {censored} censored)")
         else:
             its = "none reached"
         if reached and not censored and len(base) == len(runs[baseline]) and len(set(reached) & set(base)) >= 2:

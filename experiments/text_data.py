@@ -11,7 +11,8 @@ the next-byte targets (the window shifted by one). So x and y are int64 tensors 
   directory, excluding the directories in ``STDLIB_EXCLUDED`` (tests, third-party site-packages, ...), in
   the order of their sorted relative POSIX paths, every k-th of them (k spreads ``max_bytes`` over the
   whole library; see ``stdlib_corpus``), concatenated whole (each preceded by a ``# file: <path>`` line),
-  and cut at ``max_bytes``. Another Python version has another standard library, so the corpus' sha256 digest goes into results.json (``data_sha256``): two runs compare only if their digests match.
+  and cut at ``max_bytes``. Another Python version has another standard library, so the corpus' sha256
+  digest goes into results.json (``data_sha256``): two runs compare only if their digests match.
 - text: the bytes of the file ``path`` (the first ``max_bytes`` of them if set).
 """
 from __future__ import annotations

@@ -171,3 +171,17 @@ def test_bits_per_byte_is_the_loss_in_bits_and_only_for_language_models():
     logits, y = torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5))
     assert torch.equal(tasks.loss_fn("language_model")(logits, y),
                        torch.nn.functional.cross_entropy(logits.transpose(1, 2), y))
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "fp8"])
+def test_lm_resumed_after_a_kill_ends_bit_identical_to_the_uninterrupted_run(compose, tmp_path, fmt):
+    common = [*TINY, f"format={fmt}", "max_iters=6", "eval_every=2", "checkpoint_every=2", "seed=5"]
+    train(compose(*common), tmp_path / "full")
+    part = train(compose(*common, "stop_after=5"), tmp_path / "killed")
+    assert part.status == "interrupted" and not (tmp_path / "killed" / "results.json").exists()
+    train(compose(*common, "resume=true"), tmp_path / "killed")
+    a, b = _results(tmp_path / "full"), _results(tmp_path / "killed")
+    assert {k: v for k, v in a.items() if k != "seconds_per_iteration"} == \
+        {k: v for k, v in b.items() if k != "seconds_per_iteration"}
+    sa, sb = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=True) for d in ("full", "killed"))
+    assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])

@@ -131,7 +131,7 @@ def test_text_without_a_target_loss_asks_for_one(compose, tmp_path):
 
 def test_lm_and_signal_models_refuse_the_other_kind_of_data(compose, tmp_path):
     with pytest.raises(ValueError, match="model=lm needs token data"):
-        train(compose("model=lm", "max_iters=1"), tmp_path / "a")
+        train(compose("model=lm", "data=digits", "max_iters=1"), tmp_path / "a")
     with pytest.raises(ValueError, match=r"model=mlp needs \(channels, length\) inputs; got \(64,\) "
                                          r"\(token data goes with model=lm\)"):
         train(compose(*[o for o in TINY if not o.startswith("model.")], "model=mlp"), tmp_path / "b")

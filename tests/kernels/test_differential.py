@@ -3,7 +3,8 @@
 x float32, float64, float16 and bfloat16 inputs, on the inputs that matter: float32 subnormals, the format's
 min-normal boundary and the gap below it, midpoints, max and beyond, +-0, +-inf, NaN. Zero tolerance.
 
-The default run checks a fixed-seed sample of the grid (every policy is in it); ``-m slow`` runs all of it.
+The default run checks a fixed-seed sample of the grid (every policy is in it); ``pytest -m exhaustive``
+runs all of it (about 2,300 formats).
 It would have caught the float32 core treating float32-subnormal inputs as normal for an 8-exponent-bit target
 without subnormals (wrong in every mode but nearest).
 """
@@ -88,7 +89,7 @@ def test_kernels_equal_the_exact_reference_on_the_inputs_that_matter(fmt, dtype)
     _check(fmt, dtype)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_kernels_equal_the_exact_reference_on_every_format_of_the_grid(dtype):
     for fmt in GRID:
@@ -100,6 +101,7 @@ def test_float32_subnormals_round_into_a_no_subnormal_8_bit_exponent_format(mode
     """The issue's examples: FloatFormat(8, 7, subnormals=False) holds no value between 0 and 2**-126."""
     f = FloatFormat(8, 7, subnormals=False)
     for dtype in (torch.float32, torch.bfloat16):
-        got = emunum.quantize(torch.tensor([4e-41, 1e-45], dtype=dtype), f, mode)
-        assert got.tolist() == [want, want]
+        for v in ([4e-41, 1e-45] if dtype == torch.float32 else [2.0**-130, 2.0**-133]):  # subnormals of dtype
+            got = emunum.quantize(torch.tensor([v], dtype=dtype), f, mode)
+            assert got.item() == want, (dtype, v)
     assert emunum.quantize(torch.tensor([1e-39]), FloatFormat(8, 0, subnormals=False), "odd").item() == 2.0**-126

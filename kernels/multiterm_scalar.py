@@ -159,9 +159,9 @@ def product(a, b, ea_min, prm, mulp):
 
 
 @njit
-def fused_step(A, ab, i, B, bb, j, k0, k1, c, prm, mulp, accp, limbs):
-    """One multi-term step: products k0..k1-1 of row A[ab, i] and column B[bb, j] (B stored as (.., N, K)) and
-    the accumulator c, aligned, summed and rounded to acc_fmt (see module docstring)."""
+def fused_step(av, bv, cnt, c, prm, mulp, accp, limbs):
+    """One multi-term step: the products av[q]*bv[q], q < cnt, and the accumulator c, aligned, summed and
+    rounded to acc_fmt (see module docstring). av, bv: the step's operands (local arrays of the caller)."""
     in_emin = prm[T_IN_EMIN]
     p_bits = prm[T_P]
     # pass 1: the step exponent, and non-finite terms
@@ -177,8 +177,8 @@ def fused_step(A, ab, i, B, bb, j, k0, k1, c, prm, mulp, accp, limbs):
         else:
             special += c
             has_special = True
-    for k in range(k0, k1):
-        t, e = product(A[ab, i, k], B[bb, j, k], in_emin, prm, mulp)
+    for q in range(cnt):
+        t, e = product(av[q], bv[q], in_emin, prm, mulp)
         if t == 0.0:
             continue
         if not math.isfinite(t):
@@ -194,8 +194,8 @@ def fused_step(A, ab, i, B, bb, j, k0, k1, c, prm, mulp, accp, limbs):
     if p_bits < 0:
         kul_clear(limbs)
         kul_add(limbs, c)
-        for k in range(k0, k1):
-            t, e = product(A[ab, i, k], B[bb, j, k], in_emin, prm, mulp)
+        for q in range(cnt):
+            t, e = product(av[q], bv[q], in_emin, prm, mulp)
             kul_add(limbs, t)
         return round_value(kul_ro53(limbs), accp, np.uint64(0), 32)
     shift = p_bits - E
@@ -203,8 +203,8 @@ def fused_step(A, ab, i, B, bb, j, k0, k1, c, prm, mulp, accp, limbs):
     s = 0.0
     if c != 0.0:
         s += align_term(c, shift, mode)
-    for k in range(k0, k1):
-        t, e = product(A[ab, i, k], B[bb, j, k], in_emin, prm, mulp)
+    for q in range(cnt):
+        t, e = product(av[q], bv[q], in_emin, prm, mulp)
         if t != 0.0:
             s += align_term(t, shift, mode)
     if prm[T_CARRY] >= 0:
@@ -215,49 +215,30 @@ def fused_step(A, ab, i, B, bb, j, k0, k1, c, prm, mulp, accp, limbs):
 
 
 @njit
-def dot_multiterm(A, ab, i, B, bb, j, K, c0, prm, mulp, accp, outerp, limbs):
-    """The chained steps of one output element (c0 enters the first step); with promotion, the outer sum."""
-    n = prm[T_TERMS]
-    promote = prm[T_PROMOTE]
-    acc = c0
-    outer = 0.0
-    k0 = 0
-    while True:
-        k1 = min(K, k0 + n)
-        acc = fused_step(A, ab, i, B, bb, j, k0, k1, acc, prm, mulp, accp, limbs)
-        if promote > 0 and (k1 % promote == 0 or k1 == K):
-            s, e = two_sum(outer, acc)
-            outer = round_value(round_odd(s, e), outerp, np.uint64(0), 32)
-            acc = 0.0
-        k0 = k1
-        if k0 >= K:
-            break
-    return outer if promote > 0 else acc
+def promote(outer, acc, outerp):
+    """round_outer(outer + acc): the exact sum rounded once (binary64 round-to-odd first)."""
+    s, e = two_sum(outer, acc)
+    return round_value(round_odd(s, e), outerp, np.uint64(0), 32)
 
 
 @njit
-def dot_exact(A, ab, i, B, bb, j, K, c0, bias, prm, mulp, outp, limbs, key, index, nbits):
-    """Kulisch accumulation of c0 + sum_k a_k b_k (+ bias), rounded once to outp's format and mode."""
-    kul_clear(limbs)
-    special = 0.0
-    has_special = False
-    if math.isfinite(c0):
-        kul_add(limbs, c0)
-    else:
-        special += c0
-        has_special = True
-    if math.isfinite(bias):
-        kul_add(limbs, bias)
-    else:
-        special += bias
-        has_special = True
-    for k in range(K):
-        t, e = product(A[ab, i, k], B[bb, j, k], prm[T_IN_EMIN], prm, mulp)
-        if math.isfinite(t):
-            kul_add(limbs, t)
-        else:
-            special += t
-            has_special = True
+def is_promotion_point(k1, K, prm):
+    """Whether the step ending before product k1 closes a promotion block (every P products, and the last)."""
+    return prm[T_PROMOTE] > 0 and (k1 % prm[T_PROMOTE] == 0 or k1 == K)
+
+
+@njit
+def exact_accumulate(limbs, t, special, has_special):
+    """Kulisch accumulation of a term t (finite: into limbs; non-finite: into the special sum)."""
+    if math.isfinite(t):
+        kul_add(limbs, t)
+        return special, has_special
+    return special + t, True
+
+
+@njit
+def exact_result(limbs, special, has_special, outp, key, index, nbits):
+    """The exact sum rounded once to outp's format and mode (stochastic bits at counter index)."""
     if has_special:
         return round_draw(special, outp, key, index, nbits)
     return round_draw(kul_ro53(limbs), outp, key, index, nbits)

@@ -16,7 +16,7 @@ _cache.guard(__file__, [scalar.__file__, gemm_scalar.__file__, multiterm_scalar.
 from .gemm_scalar import S_ACC, S_BIAS, add_round  # noqa: E402
 from .multiterm_scalar import (  # noqa: E402
     NLIMB, T_IN_EMIN, T_KIND, T_PROMOTE, T_TERMS, exact_accumulate, exact_result, fused_step, is_promotion_point,
-    kul_clear, product, promote,
+    kul_add_int, kul_clear, product, promote, decompose, fast_step, T_AMODE, T_P, T_FUSED,
 )
 
 
@@ -69,3 +69,82 @@ def gemm(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits):
             elif has_bias:
                 acc = add_round(acc, bias[b, i, j], accp, keys[S_BIAS], o, nbits)
             out[b, i, j] = acc
+
+
+@njit(cache=True, parallel=True)
+def split(X, emin, M, E):
+    """M, E <- ``decompose`` of every element of X (b, r, K); returns whether all are exact integers."""
+    nb, R, K = X.shape
+    bad = np.zeros(nb * R, np.int64)
+    for t in prange(nb * R):
+        b, r = t // R, t % R
+        for k in range(K):
+            m, e, ok = decompose(np.float64(X[b, r, k]), emin)
+            M[t, k] = m
+            E[t, k] = e
+            if not ok:
+                bad[t] = 1
+    return bad.sum() == 0
+
+
+@njit(cache=True, parallel=True)
+def gemm_int(MA, EA, MB, EB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, nbits):
+    """``gemm`` on integer operands (``split``; rows b*M + i of A, b*N + j of B^T) for fused units with
+    toward-zero alignment (multi-term) or exact accumulation: the same bits, integer arithmetic."""
+    nb, M, N = out.shape
+    K = MA.shape[1]
+    n = prm[T_TERMS]
+    for t in prange(nb * M):
+        b = t // M
+        i = t % M
+        ia = (b % bA) * M + i
+        limbs = np.zeros(NLIMB, np.int64)
+        for j in range(N):
+            ib = (b % bB) * N + j
+            o = (b * M + i) * N + j
+            if prm[T_KIND] == 1:
+                kul_clear(limbs)
+                sp, has = exact_accumulate(limbs, C[b, i, j], 0.0, False)
+                if has_bias:
+                    sp, has = exact_accumulate(limbs, bias[b, i, j], sp, has)
+                for k in range(K):
+                    prod = MA[ia, k] * MB[ib, k]
+                    if prod != 0:
+                        kul_add_int(limbs, prod, EA[ia, k] + EB[ib, k] - 46)
+                out[b, i, j] = exact_result(limbs, sp, has, accp, keys[S_ACC], o, nbits)
+                continue
+            acc = C[b, i, j]
+            outer = 0.0
+            k0 = 0
+            while True:
+                k1 = min(K, k0 + n)
+                acc = fast_step(MA, EA, ia, MB, EB, ib, k0, k1, acc, prm, accp)
+                if is_promotion_point(k1, K, prm):
+                    outer = promote(outer, acc, outerp)
+                    acc = 0.0
+                k0 = k1
+                if k0 >= K:
+                    break
+            if prm[T_PROMOTE] > 0:
+                acc = outer
+                if has_bias:
+                    acc = add_round(acc, bias[b, i, j], outerp, keys[S_BIAS], o, nbits)
+            elif has_bias:
+                acc = add_round(acc, bias[b, i, j], accp, keys[S_BIAS], o, nbits)
+            out[b, i, j] = acc
+
+
+def gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits):
+    """``gemm_int`` where it applies (exact products; toward-zero alignment or exact accumulation; operands
+    on their format's grid), else ``gemm``. Same bits either way."""
+    exact = prm[T_KIND] == 1
+    if prm[T_FUSED] == 1 and (exact or (prm[T_P] >= 0 and prm[T_AMODE] == 2)):
+        bA, M, K = A.shape
+        bB, N, _ = BT.shape
+        MA, EA = np.empty((bA * M, K), np.int64), np.empty((bA * M, K), np.int64)
+        MB, EB = np.empty((bB * N, K), np.int64), np.empty((bB * N, K), np.int64)
+        emin = prm[T_IN_EMIN]
+        if split(A, emin, MA, EA) and split(BT, emin, MB, EB):
+            gemm_int(MA, EA, MB, EB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, nbits)
+            return
+    gemm(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits)

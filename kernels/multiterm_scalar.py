@@ -55,10 +55,15 @@ def kul_add(limbs, x):
     if x == 0.0:
         return
     m, e = math.frexp(x)
-    mant = np.int64(math.ldexp(m, 53))
+    kul_add_int(limbs, np.int64(math.ldexp(m, 53)), e - 53)
+
+
+@njit
+def kul_add_int(limbs, mant, lsb):
+    """limbs += mant * 2**lsb, exactly (|mant| < 2**53)."""
     neg = mant < 0
     u = -mant if neg else mant
-    pos = e - 53 - LOW
+    pos = lsb - LOW
     idx = pos // LIMB
     off = pos - idx * LIMB
     ml = u & MASK
@@ -242,3 +247,59 @@ def exact_result(limbs, special, has_special, outp, key, index, nbits):
     if has_special:
         return round_draw(special, outp, key, index, nbits)
     return round_draw(kul_ro53(limbs), outp, key, index, nbits)
+
+
+# ---- integer fast path (CPU): operands as significand x 2**(exponent - 23) -------------------------------
+
+@njit
+def decompose(x, emin):
+    """(m, e, ok): x = m * 2**(e - 23) with e = max(floor(log2|x|), emin) and m an integer (|m| < 2**24);
+    ok False when x is not finite or m would not be an integer (x below the operand format's grid)."""
+    if x == 0.0:
+        return np.int64(0), emin, True
+    if not math.isfinite(x):
+        return np.int64(0), emin, False
+    e = exponent_of(x, emin)
+    y = math.ldexp(x, 23 - e)
+    m = math.floor(y)
+    if m != y:
+        return np.int64(0), emin, False
+    return np.int64(m), e, True
+
+
+@njit
+def fast_step(MA, EA, ia, MB, EB, ib, k0, k1, c, prm, accp):
+    """``fused_step`` for exact products and toward-zero alignment on integer operands: row ia of (MA, EA),
+    row ib of (MB, EB) (from ``decompose``), products k0..k1-1. Same bits as ``fused_step``."""
+    E = prm[T_FLOOR]
+    nz = False
+    if c != 0.0:
+        if not math.isfinite(c):
+            return round_value(c, accp, np.uint64(0), 32)
+        ec = exponent_of(c, prm[T_C_EMIN])
+        E = ec if ec > E else E
+        nz = True
+    emax = NO_FLOOR
+    for k in range(k0, k1):
+        e = EA[ia, k] + EB[ib, k] if MA[ia, k] * MB[ib, k] != 0 else NO_FLOOR
+        emax = max(emax, e)
+    if emax > NO_FLOOR:
+        nz = True
+        E = max(E, emax)
+    if not nz:
+        return 0.0
+    p_bits = prm[T_P]
+    base = E - p_bits
+    s = np.int64(0)
+    if c != 0.0:
+        s += np.int64(align_term(c, -base, _TOWARD_ZERO))
+    for k in range(k0, k1):  # branch-free: |prod| >> sh with prod's sign (truncation toward zero)
+        prod = MA[ia, k] * MB[ib, k]
+        sh = min(base - (EA[ia, k] + EB[ib, k]) + 46, 63)
+        sgn = prod >> 63
+        s += (((prod ^ sgn) - sgn) >> sh ^ sgn) - sgn
+    if prm[T_CARRY] >= 0:
+        w = 3 + prm[T_CARRY] + p_bits
+        h = np.int64(1) << (w - 1)
+        s = ((s + h) & ((np.int64(1) << w) - 1)) - h
+    return round_value(math.ldexp(np.float64(s), base), accp, np.uint64(0), 32)

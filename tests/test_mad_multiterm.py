@@ -324,3 +324,26 @@ def test_units_cli_lists_every_preset_with_its_source(capsys):
     for name in PRESETS:
         assert name in out
     assert "models/H100TC.m" in out and "h200" in out
+
+
+@pytest.mark.parametrize("in_fmt", ["fp16", None])
+def test_integer_fast_path_and_general_path_agree_with_the_reference(in_fmt):
+    """fp32 operands with in_fmt=fp16 fall off the integer grid (general kernel); in_fmt=None stays on it."""
+    from emunum.kernels import gemm_multiterm
+
+    unit = MADUnit(None, "fp32", fused=True, acc_rounding="toward_zero", terms=4, align_bits=20, in_fmt=in_fmt)
+    rng = np.random.default_rng(11)
+    A = operands(rng, (1, 3, 9), "fp32", spread=20, subnormal_share=0.1)
+    B = operands(rng, (1, 9, 2), "fp32", spread=20, subnormal_share=0.1)
+    A[0, 0, 0] = 2.0**-140
+    C = torch.zeros((1, 3, 2))
+    prm, mulp, accp, outerp = (tuple(int(v) for v in p) for p in unit.multiterm_params())
+    keys = (np.uint64(0),) * 5
+    BT = np.ascontiguousarray(B.numpy().transpose(0, 2, 1))
+    general, auto = np.empty((1, 3, 2)), np.empty((1, 3, 2))
+    gemm_multiterm.gemm(A.numpy(), BT, C.double().numpy(), np.zeros((1, 1, 1)), False, general, prm, mulp, accp,
+                        outerp, keys, 32)
+    gemm_multiterm.gemm_auto(A.numpy(), BT, C.double().numpy(), np.zeros((1, 1, 1)), False, auto, prm, mulp, accp,
+                             outerp, keys, 32)
+    want = ref_gemm(unit, A.numpy(), B.numpy(), C.numpy())
+    assert same_bits(general, want) and same_bits(auto, want)

@@ -149,7 +149,7 @@ def _gemm_multiterm(A, B, unit, seed, bias, nb, c, dtype):
         else:
             from ..kernels import gemm_multiterm
 
-            gemm_multiterm.gemm(a32.numpy(), bt32.numpy(), c64.numpy(), bias64.numpy(), has_bias, out.numpy(),
+            gemm_multiterm.gemm_auto(a32.numpy(), bt32.numpy(), c64.numpy(), bias64.numpy(), has_bias, out.numpy(),
                                 prm, mulp, accp, outerp, keys, unit.sr_bits)
         return out
 

@@ -347,3 +347,21 @@ def test_integer_fast_path_and_general_path_agree_with_the_reference(in_fmt):
                              outerp, keys, 32)
     want = ref_gemm(unit, A.numpy(), B.numpy(), C.numpy())
     assert same_bits(general, want) and same_bits(auto, want)
+
+
+def test_patch_accepts_a_preset_name_and_runs_the_layers_on_it():
+    from emunum.policy import Policy
+
+    assert Policy.make("e4m3fn", mad="h200_fp8_e4m3").mad == MADUnit.preset("h100_fp8_e4m3")
+    torch.manual_seed(0)
+    x = emunum.quantize(torch.randn(2, 40), "e4m3fn")
+    outs = []
+    for mad in ("h100_fp8_e4m3", MADUnit.preset("h100_fp8_e4m3"), MADUnit(None, "fp32", fused=True)):
+        torch.manual_seed(1)
+        model = emunum.patch(torch.nn.Sequential(torch.nn.Linear(40, 3)), fmt="e4m3fn", output=None, mad=mad)
+        y = model(x)
+        y.sum().backward()
+        assert model[0].weight.grad is not None
+        outs.append(y.detach())
+    assert torch.equal(outs[0], outs[1])
+    assert not torch.equal(outs[0], outs[2])  # 13-bit steps differ from fp32 accumulation somewhere

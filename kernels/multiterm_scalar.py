@@ -20,7 +20,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .gemm_scalar import round_draw, round_odd, round_value, two_sum
+from .gemm_scalar import P_EMIN, P_MAN, P_MAXBITS, P_MODE, P_SUB, bits_f64, f64_bits, round_draw, round_odd, round_value, two_sum
 
 T_KIND, T_TERMS, T_P, T_AMODE, T_FLOOR, T_CARRY, T_PROMOTE, T_FUSED, T_IN_EMIN, T_C_EMIN, T_MUL_EMIN = range(11)
 NTPARAM = 11
@@ -268,15 +268,56 @@ def decompose(x, emin):
 
 
 @njit
+def round_int_scaled(s, base, accp):
+    """round_acc(s * 2**base) for an int64 s (|s| < 2**53): integer rounding for toward_zero and nearest-even
+    to a float format with subnormals, else (and on overflow) the bit-exact core. Same bits either way."""
+    if s == 0:
+        return 0.0
+    mode = accp[P_MODE]
+    if accp[P_SUB] == 0 or (mode != _TOWARD_ZERO and mode != _NEAREST):
+        return round_value(math.ldexp(np.float64(s), base), accp, np.uint64(0), 32)
+    neg = s < 0
+    u = -s if neg else s
+    L = 0
+    while (u >> L) != 0:
+        L += 1
+    e = base + L - 1
+    q = (e if e > accp[P_EMIN] else accp[P_EMIN]) - accp[P_MAN]
+    r = q - base
+    if r > 0:
+        k = u >> r if r < 63 else np.int64(0)
+        if mode == _NEAREST and r < 64:
+            rem = u - (k << r) if r < 63 else u
+            half = np.int64(1) << (r - 1)
+            if rem > half or (rem == half and (k & 1) == 1):
+                k += 1
+        v = math.ldexp(np.float64(k), q)
+    else:
+        v = math.ldexp(np.float64(u), base)
+    if v > bits_f64(np.uint64(accp[P_MAXBITS])):
+        return round_value(math.ldexp(np.float64(s), base), accp, np.uint64(0), 32)
+    return -v if neg else v
+
+
+@njit
 def fast_step(MA, EA, ia, MB, EB, ib, k0, k1, c, prm, accp):
     """``fused_step`` for exact products and toward-zero alignment on integer operands: row ia of (MA, EA),
     row ib of (MB, EB) (from ``decompose``), products k0..k1-1. Same bits as ``fused_step``."""
     E = prm[T_FLOOR]
     nz = False
+    cm = np.int64(0)
+    ce = 0
     if c != 0.0:
         if not math.isfinite(c):
             return round_value(c, accp, np.uint64(0), 32)
-        ec = exponent_of(c, prm[T_C_EMIN])
+        cb = f64_bits(c)  # c is a normal binary64 (an fp32-range value): c = +-cm * 2**ce
+        be = np.int64((cb >> np.uint64(52)) & np.uint64(2047))
+        cm = np.int64(cb & np.uint64(4503599627370495)) | (np.int64(1) << 52)
+        if c < 0.0:
+            cm = -cm
+        ce = be - 1075
+        ec = be - 1023
+        ec = ec if ec > prm[T_C_EMIN] else prm[T_C_EMIN]
         E = ec if ec > E else E
         nz = True
     emax = NO_FLOOR
@@ -291,8 +332,10 @@ def fast_step(MA, EA, ia, MB, EB, ib, k0, k1, c, prm, accp):
     p_bits = prm[T_P]
     base = E - p_bits
     s = np.int64(0)
-    if c != 0.0:
-        s += np.int64(align_term(c, -base, _TOWARD_ZERO))
+    if cm != 0:
+        sh = min(base - ce, 63)
+        sgn = cm >> 63
+        s += (((cm ^ sgn) - sgn) >> sh ^ sgn) - sgn
     for k in range(k0, k1):  # branch-free: |prod| >> sh with prod's sign (truncation toward zero)
         prod = MA[ia, k] * MB[ib, k]
         sh = min(base - (EA[ia, k] + EB[ib, k]) + 46, 63)
@@ -302,4 +345,4 @@ def fast_step(MA, EA, ia, MB, EB, ib, k0, k1, c, prm, accp):
         w = 3 + prm[T_CARRY] + p_bits
         h = np.int64(1) << (w - 1)
         s = ((s + h) & ((np.int64(1) << w) - 1)) - h
-    return round_value(math.ldexp(np.float64(s), base), accp, np.uint64(0), 32)
+    return round_int_scaled(s, base, accp)

@@ -278,10 +278,7 @@ def round_int_scaled(s, base, accp):
         return round_value(math.ldexp(np.float64(s), base), accp, np.uint64(0), 32)
     neg = s < 0
     u = -s if neg else s
-    L = 0
-    while (u >> L) != 0:
-        L += 1
-    e = base + L - 1
+    e = base + np.int64((f64_bits(np.float64(u)) >> np.uint64(52)) & np.uint64(2047)) - 1023  # u < 2**53: exact
     q = (e if e > accp[P_EMIN] else accp[P_EMIN]) - accp[P_MAN]
     r = q - base
     if r > 0:

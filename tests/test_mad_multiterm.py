@@ -365,3 +365,29 @@ def test_patch_accepts_a_preset_name_and_runs_the_layers_on_it():
         outs.append(y.detach())
     assert torch.equal(outs[0], outs[1])
     assert not torch.equal(outs[0], outs[2])  # 13-bit steps differ from fp32 accumulation somewhere
+
+
+@pytest.mark.parametrize("promote", [None, 8])
+def test_tiled_integer_kernel_equals_general_kernel_with_bias_and_ragged_tiles(promote):
+    from emunum.kernels import gemm_multiterm
+
+    unit = MADUnit(None, "bf16", fused=True, acc_rounding="nearest", terms=4, align_bits=9, carry_bits=2,
+                   align_floor=-20, promote_every=promote, in_fmt="bf16")
+    rng = np.random.default_rng(21)
+    A = operands(rng, (2, 3, 21), "bf16")
+    B = operands(rng, (1, 21, 45), "bf16")  # 45 columns: a full and a ragged tile of 32; batch broadcast
+    C = operands(rng, (2, 3, 45), "bf16").double().numpy()
+    bias = rng.standard_normal((2, 3, 45))
+    prm, mulp, accp, outerp = (tuple(int(v) for v in p) for p in unit.multiterm_params())
+    keys = (np.uint64(0),) * 5
+    BT = np.ascontiguousarray(B.numpy().transpose(0, 2, 1))
+    general, auto = np.empty((2, 3, 45)), np.empty((2, 3, 45))
+    gemm_multiterm.gemm(A.numpy(), BT, C, bias, True, general, prm, mulp, accp, outerp, keys, 32)
+    gemm_multiterm.gemm_auto(A.numpy(), BT, C, bias, True, auto, prm, mulp, accp, outerp, keys, 32)
+    assert same_bits(auto, general)
+    want = ref_gemm(unit, A.numpy(), np.broadcast_to(B.numpy(), (2, 21, 45)), C)
+    if promote is None:  # bias added last with one rounding to acc_fmt
+        want = np.array([[[float(ref.round_fraction(Fraction(want[b, i, j]) + Fraction(bias[b, i, j]),
+                                                    unit.acc_fmt, "nearest")) for j in range(45)]
+                          for i in range(3)] for b in range(2)])
+        assert same_bits(general, want)

@@ -245,7 +245,7 @@ def gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbit
         MB, EB = np.empty((bB * N, K), np.int64), np.empty((bB * N, K), np.int64)
         emin = prm[T_IN_EMIN]
         if split(A, emin, MA, EA) and split(BT, emin, MB, EB):
-            if exact:
+            if exact or N < 8:  # column tiles pay off only for wide outputs
                 gemm_int(MA, EA, MB, EB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, nbits)
             else:
                 MBk = np.ascontiguousarray(MB.reshape(bB, N, K).transpose(0, 2, 1))

@@ -246,7 +246,10 @@ class Policy:
         if isinstance(self.mad, str):  # a preset name: MADUnit.preset (emunum units)
             from .mad import MADUnit  # noqa: PLC0415
 
-            object.__setattr__(self, "mad", MADUnit.preset(self.mad))
+            try:
+                object.__setattr__(self, "mad", MADUnit.preset(self.mad))
+            except ValueError as e:
+                raise ValueError(f"mad={self.mad!r}: {e}") from None
         if self.mad is not None:
             _check_mad(self.mad, "mad")
         if self.mad_backward is not None:

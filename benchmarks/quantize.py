@@ -87,7 +87,9 @@ def throughput(n: int, device: str, repeats: int, fmt: str) -> None:
 
     add("out.copy_(x)", lambda: out.copy_(x), "memory-copy ceiling")
     add("x.to(torch.float8_e5m2).float()", lambda: x.to(torch.float8_e5m2).float(), "torch cast, e5m2 only")
-    add(f"quantize(x, {fmt!r})", lambda: emunum.quantize(x, fmt))
+    add(f"quantize(x, {fmt!r})", lambda: emunum.quantize(x, fmt), "new output (huge-page backed)")
+    add(f"quantize(x, {fmt!r}, out=torch.empty_like(x))",
+        lambda: emunum.quantize(x, fmt, out=torch.empty_like(x)), "baseline: a plain new output")
     add(f"quantize(x, {fmt!r}, out=out)", lambda: emunum.quantize(x, fmt, out=out))
     add(f"quantize(x, {fmt!r}, 'stochastic')", lambda: emunum.quantize(x, fmt, "stochastic", seed=1))
     add(f"quantize(x, {fmt!r}, 'stochastic', out=out)",
@@ -113,7 +115,7 @@ def throughput(n: int, device: str, repeats: int, fmt: str) -> None:
 def crossover(repeats: int, fmt_name: str) -> None:
     """Serial vs parallel CPU float kernel (nearest, float32) at 2**10..2**20 elements."""
     from emunum.kernels import cpu
-    from emunum.reference import seed_key
+    from emunum.rng import seed_key
 
     fmt = emunum.get_format(fmt_name)
     _, man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()

@@ -5,7 +5,7 @@
 from . import approx  # noqa: E402  (emunum.approx: approximate tanh/sigmoid/softmax operators)
 from .arithmetic import arithmetic, emulated
 from .autograd import Quantizer, quantize_ste
-from .formats import PRESETS, get_format
+from .formats import FixedFormat, FloatFormat, PRESETS, RoundMode, Special, get_format
 from . import mad  # noqa: E402  (emunum.mad: the MAD-unit module, also callable as the element-wise mad)
 from .mad import MADUnit, addmm, baddbmm, conv1d, conv2d, linear, matmul
 from .optim import LossScaler, OptimLP
@@ -13,7 +13,6 @@ from .patch import patch, patched, register, unpatch
 from .policy import Policy, Role, RoleSpec, Scaling
 from . import trace  # noqa: E402  (emunum.trace.collect / enable: per-layer numerics counters)
 from .quantize import quantize
-from .spec import FixedFormat, FloatFormat, RoundMode, Special
 
 __version__ = "0.1.0"
 

@@ -16,10 +16,9 @@ from typing import Union
 import torch
 from torch import Tensor, nn
 
-from .formats import format_or_none
-from .ops import check_seed, derive_seed, eager_ok, format_to_args, ste_gradient
-from .quantize import check_sr_bits, check_tensor, quantize_checked
-from .spec import RoundMode, parse_enum
+from .formats import RoundMode, format_or_none, parse_enum
+from .ops import derive_seed, eager_ok, format_to_args, ste_gradient
+from .quantize import check_seed, check_sr_bits, check_tensor, quantize_checked
 
 
 class STE(enum.Enum):

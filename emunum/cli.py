@@ -4,8 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .formats import PRESETS
-from .spec import FloatFormat
+from .formats import FloatFormat, PRESETS
 
 
 def formats_table() -> str:
@@ -30,11 +29,12 @@ def _cmd_formats(args) -> int:
 
 def units_table() -> str:
     """The tensor-core MAD-unit presets: name, datapath, source of the parameters."""
+    from .mad import MADUnit
     from .mad.presets import ALIASES, describe
 
     rows = []
-    for name, unit, src in describe():
-        rows += [name, f"    {unit}", f"    source: {src}"]
+    for name, src in describe():
+        rows += [name, f"    {MADUnit.preset(name)}", f"    source: {src}"]
     rows.append("aliases: " + ", ".join(f"{a} -> {b}" for a, b in ALIASES.items()) + " (e.g. h200_fp8_e4m3)")
     return "\n".join(rows)
 
@@ -63,7 +63,7 @@ def _fail(command: str, err: Exception) -> int:
 def _cmd_report(args) -> int:
     from pathlib import Path
 
-    from . import report
+    from .analysis import report
 
     try:
         how = report.OutputFormat.parse(args.format, "--format")
@@ -86,7 +86,7 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_tta(args) -> int:
-    from . import report, tta
+    from .analysis import report, tta
 
     if args.sweep is None:
         return _fail("tta", ValueError(
@@ -105,7 +105,7 @@ def _cmd_tta(args) -> int:
             times = tta.load_sim(args.sim)
             tta.check_known(times, formats, f"--sim {args.sim}")
         else:
-            from .flops import Hardware
+            from .analysis.flops import Hardware
 
             hw = Hardware.load(args.hardware)
             times, sources, extra = tta.roofline_times(runs, hw)

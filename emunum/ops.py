@@ -32,10 +32,9 @@ import torch
 import torch.autograd.forward_ad as _fwd_ad
 from torch import Tensor
 
-from .formats import get_format
+from .formats import FixedFormat, FloatFormat, Format, RoundMode, Special, get_format
 from .quantize import quantize, quantize_checked
-from .reference import mix64_int
-from .spec import FixedFormat, FloatFormat, Format, RoundMode, Special
+from .rng import mix64_int
 
 SEED_BITS = 62
 _SEED_MASK = (1 << SEED_BITS) - 1
@@ -71,17 +70,6 @@ def _format_from_args(args: tuple) -> Format | None:
         return FixedFormat(bits, frac, signed=bool(signed), saturate=bool(sat))
     raise ValueError(f"format args {args!r} are not an encoded format; expected [0, exp, man, bias, subnormals, "
                      "special, saturate] or [1, bits, frac_bits, signed, saturate]")
-
-
-def check_seed(seed, field: str = "seed") -> Optional[int]:
-    """None, or an int that fits the ops' int64 schema."""
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"{field} must be an int or None, got {seed!r}")
-    if not -(2**63) <= seed < 2**63:
-        raise ValueError(f"{field}={seed} is out of range; allowed: -2**63 .. 2**63-1")
-    return seed
 
 
 def derive_seed(seed: Optional[int], stream: int) -> Optional[int]:

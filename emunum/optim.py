@@ -28,10 +28,9 @@ import math
 
 import torch
 
-from .formats import get_format
+from .formats import RoundMode, get_format
 from .quantize import quantize
-from .reference import mix64_int
-from .spec import RoundMode
+from .rng import mix64_int
 
 __all__ = ["OptimLP", "LossScaler", "derive_seed"]
 

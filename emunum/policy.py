@@ -22,9 +22,8 @@ from typing import Any, Callable, Optional, Union
 from torch import nn
 
 from .autograd import STE
-from .formats import format_or_none, get_format
+from .formats import FixedFormat, FloatFormat, Format, RoundMode, format_or_none, get_format, parse_enum
 from .quantize import check_sr_bits
-from .spec import FixedFormat, FloatFormat, Format, RoundMode, parse_enum
 
 
 class Role(enum.Enum):

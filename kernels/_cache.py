@@ -1,7 +1,7 @@
 """Keep numba's on-disk cache honest.
 
 numba's ``cache=True`` keys a cached kernel on the file that defines it, not on the files it calls, so an
-edit of ``scalar.py`` alone would leave stale machine code behind. ``guard(module_file, deps)`` drops the
+edit of ``kernels/scalar/`` alone would leave stale machine code behind. ``guard(module_file, deps)`` drops the
 module's cache entries whenever the digest of the module and its dependencies changes.
 """
 import glob

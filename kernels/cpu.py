@@ -17,9 +17,9 @@ from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import _cache, scalar
+from . import _cache, parallel as _parallel, scalar
 
-_cache.guard(__file__, [scalar.__file__])
+_cache.guard(__file__, scalar.SOURCES)
 
 # numba's OpenMP layer contends with torch's own OpenMP runtime (measured: half the throughput once torch is
 # loaded); the workqueue layer does not. A user's explicit NUMBA_THREADING_LAYER wins.
@@ -30,7 +30,7 @@ from .scalar import (DOWN, NEAREST, NEAREST_AWAY, ODD, OVF_INF, OVF_NAN, STOCHAS
                      TOWARD_ZERO, UP, random_bits, round_f32_fast, round_fixed_value, round_float_bits,
                      round_nearest_value)
 
-# The scalar cores are inlined at numba-IR level (``inline="always"`` in scalar.py). Called as separate
+# The scalar cores are inlined at numba-IR level (``inline="always"`` in kernels/scalar/). Called as separate
 # functions, LLVM keeps each element's rounding a call and the serial loops do not vectorise: measured
 # 7 ns/element serial against 1.4 ns inlined (float32 e5m2, one thread).
 
@@ -281,7 +281,8 @@ def _float_runner(dt, man, emin, subnormals, max_value, overflow, negzero):
         fn, pre = float_at, (sign_pos, in_man, in_bias, man, emin, subnormals, np.uint64(mbits), overflow, negzero)
 
     def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
-        fn(src, dst, n, w, use_parallel(n, parallel), *pre, mode, np.uint64(key), nbits)
+        with _parallel.try_parallel(use_parallel(n, parallel)) as par:
+            fn(src, dst, n, w, par, *pre, mode, np.uint64(key), nbits)
 
     return run
 
@@ -296,7 +297,8 @@ def _fixed_runner(dt, frac_bits, code_min, code_max, saturate):
     w, pre = _VALUE_WITNESS[dt], (frac_bits, np.int64(code_min), np.int64(code_max), saturate)
 
     def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
-        fixed_at(src, dst, n, w, use_parallel(n, parallel), *pre, mode, np.uint64(key), nbits)
+        with _parallel.try_parallel(use_parallel(n, parallel)) as par:
+            fixed_at(src, dst, n, w, par, *pre, mode, np.uint64(key), nbits)
 
     return run
 
@@ -321,20 +323,21 @@ def quantize_float(src: np.ndarray, dst: np.ndarray, man, emin, subnormals, max_
     """Round the flat float32/float64 array ``src`` into ``dst`` (same dtype and size; may be ``src``)."""
     dtype = src.dtype
     uint, sign_pos, in_man, in_bias = LAYOUT[dtype]
-    par = use_parallel(src.size, parallel)
     mbits = _max_bits(float(max_value), dtype)
-    if dtype == _F32 and emin >= -126:
-        run = f32_parallel if par else f32_serial
-        run(src.view(uint), dst.view(uint), src, dst, man, emin, subnormals, np.int64(mbits), float(max_value),
-            overflow, negzero, mode, np.uint64(key), nbits)
-        return
-    run = float_parallel if par else float_serial
-    run(src.view(uint), dst.view(uint), sign_pos, in_man, in_bias, man, emin, subnormals,
-        np.uint64(mbits), overflow, negzero, mode, np.uint64(key), nbits)
+    with _parallel.try_parallel(use_parallel(src.size, parallel)) as par:
+        if dtype == _F32 and emin >= -126:
+            run = f32_parallel if par else f32_serial
+            run(src.view(uint), dst.view(uint), src, dst, man, emin, subnormals, np.int64(mbits), float(max_value),
+                overflow, negzero, mode, np.uint64(key), nbits)
+            return
+        run = float_parallel if par else float_serial
+        run(src.view(uint), dst.view(uint), sign_pos, in_man, in_bias, man, emin, subnormals,
+            np.uint64(mbits), overflow, negzero, mode, np.uint64(key), nbits)
 
 
 def quantize_fixed(src: np.ndarray, dst: np.ndarray, frac_bits, code_min, code_max, saturate, mode, key, nbits,
                    parallel=None):
     """Round the flat float32/float64 array ``src`` to fixed point into ``dst``."""
-    run = fixed_parallel if use_parallel(src.size, parallel) else fixed_serial
-    run(src, dst, frac_bits, np.int64(code_min), np.int64(code_max), saturate, mode, np.uint64(key), nbits)
+    with _parallel.try_parallel(use_parallel(src.size, parallel)) as par:
+        run = fixed_parallel if par else fixed_serial
+        run(src, dst, frac_bits, np.int64(code_min), np.int64(code_max), saturate, mode, np.uint64(key), nbits)

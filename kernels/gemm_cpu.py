@@ -8,7 +8,7 @@ tiling or thread count, so the bits never depend on either.
 
 Two GEMM kernels:
 - ``gemm_general``: any formats and rounding modes (exact sums via TwoSum and round-to-odd, rounding by the
-  bit-exact cores of ``scalar.py``; stochastic bits from the counter-based generator).
+  bit-exact cores of ``kernels/scalar/``; stochastic bits from the counter-based generator).
 - ``gemm_fast``: both roundings to nearest-even FloatFormats, product precision P <= accumulator precision
   p (significant bits, man + 1), not fused. Arithmetic in a work precision t: binary64 (t = 53) or, where
   ``fast_plan`` proves it exact, binary32 (t = 24, twice the SIMD width). Rounding is ``round_nearest_fast``
@@ -28,9 +28,9 @@ Nothing is compiled at import; each kernel compiles on first call (``cache=True`
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, gemm_scalar, scalar
+from . import _cache, gemm_scalar, parallel as _parallel, scalar
 
-_cache.guard(__file__, [scalar.__file__, gemm_scalar.__file__])
+_cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
 from .gemm_scalar import (  # noqa: E402
     NSTREAMS, P_EMIN, P_KIND, P_MAN, P_MAXBITS, P_MODE, P_OVF, P_SUB, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE,
@@ -264,6 +264,11 @@ def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=Non
         plan = fast_plan(A, B, fused, mulp, accp)
     elif fast is not False:
         plan = fast if fast_applies(fused, mulp, accp) else None
+    with _parallel.exclusive():
+        _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, plan)
+
+
+def _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, plan):
     if plan is not None:
         dtype, mul_sub, acc_sub, checks = plan
         gemm_fast(np.ascontiguousarray(A, dtype=dtype), np.ascontiguousarray(B, dtype=dtype), bias, has_bias, out,
@@ -276,7 +281,8 @@ def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=Non
 
 def mad(a, b, c, out, fused, mulp, accp, keys, nbits):
     """out[i] = the one-step MAD of (a[i], b[i], c[i]): flat a, b float32, c and out float64."""
-    mad_elementwise(a, b, c, out, int(fused), as_params(mulp), as_params(accp), as_keys(keys), nbits)
+    with _parallel.exclusive():
+        mad_elementwise(a, b, c, out, int(fused), as_params(mulp), as_params(accp), as_keys(keys), nbits)
 
 
 def as_params(p) -> tuple:

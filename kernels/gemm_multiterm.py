@@ -12,8 +12,9 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, gemm_scalar, multiterm_scalar, scalar
+from . import parallel as _parallel
 
-_cache.guard(__file__, [scalar.__file__, gemm_scalar.__file__, multiterm_scalar.__file__])
+_cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__, multiterm_scalar.__file__])
 
 from .gemm_scalar import S_ACC, S_BIAS, add_round  # noqa: E402
 from .multiterm_scalar import (  # noqa: E402
@@ -236,7 +237,12 @@ def gemm_int_tiled(MA, EA, MB, EB, bA, bB, C, bias, has_bias, out, prm, accp, ou
 
 def gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits):
     """``gemm_int`` where it applies (exact products; toward-zero alignment or exact accumulation; operands
-    on their format's grid), else ``gemm``. Same bits either way."""
+    on their format's grid), else ``gemm``. Same bits either way. Holds the process-wide parallel lock."""
+    with _parallel.exclusive():
+        _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits)
+
+
+def _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits):
     exact = prm[T_KIND] == 1
     if prm[T_FUSED] == 1 and (exact or (prm[T_P] >= 0 and prm[T_AMODE] == 2)):
         bA, M, K = A.shape

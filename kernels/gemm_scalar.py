@@ -1,7 +1,7 @@
 """Scalar multiply-accumulate cores, shared by the CPU (``gemm_cpu``) and CUDA (``gemm_cuda``) MAD kernels.
 
 Signature-less ``@njit`` functions on float64 values; rounding itself is delegated to the bit-exact cores of
-``scalar.py`` (``round_float_bits`` on the binary64 bits, ``round_fixed_value``).
+``kernels/scalar/`` (``round_float_bits`` on the binary64 bits, ``round_fixed_value``).
 
 Exactness. Operands are float32-representable (the caller checks), so a product ``a * b`` of two of them is
 exact in binary64 (24 + 24 <= 53 significand bits, exponents far inside binary64's range). A sum ``x + y`` is
@@ -14,7 +14,7 @@ IEEE TC 2008). Stochastic rounding and two's-complement wrap are defined on this
 
 Format parameter vectors (int64 arrays of length ``NPARAM``) carry one format and its rounding mode:
   P_KIND 0 float / 1 fixed; float: P_MAN, P_EMIN, P_SUB, P_MAXBITS (binary64 bits of max), P_OVF, P_NEGZERO;
-  fixed: P_FRAC, P_CMIN, P_CMAX, P_SAT; both: P_MODE (rounding-mode code of ``scalar.py``).
+  fixed: P_FRAC, P_CMIN, P_CMAX, P_SAT; both: P_MODE (rounding-mode code of ``kernels/scalar/common.py``).
 Stochastic-rounding streams (index into the ``keys`` array): see ``emunum.mad``.
 """
 import math

@@ -25,8 +25,8 @@ import gfloat
 import gfloat.formats as gff
 
 from emunum.formats import PRESETS
-from emunum.reference import random_bits_reference, seed_key
-from emunum.spec import FixedFormat, FloatFormat, Overflow, RoundMode, Special
+from emunum.rng import random_bits_reference, seed_key
+from emunum.formats import FixedFormat, FloatFormat, Overflow, RoundMode, Special
 
 SEED = 20240611  # stochastic-rounding seed used by the oracle comparisons
 

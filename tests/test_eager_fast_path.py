@@ -22,7 +22,7 @@ import emunum.autograd as ag
 import emunum.ops as ops
 from emunum import FixedFormat, FloatFormat, Quantizer, RoundMode
 from emunum.kernels import cpu
-from emunum.reference import seed_key
+from emunum.rng import seed_key
 
 # (forward, backward, forward rounding, backward rounding, ste)
 PLANS = {

@@ -18,7 +18,7 @@ import torch
 
 import emunum
 from emunum import FixedFormat, FloatFormat, MADUnit, RoundMode
-from emunum.spec import Overflow
+from emunum.formats import Overflow
 
 # ---------------------------------------------------------------------------------------------------------
 # exact reference

@@ -5,7 +5,7 @@ import torch
 from emunum import LossScaler, OptimLP, get_format
 from emunum.optim import derive_seed
 from emunum.reference import quantize_reference
-from emunum.spec import RoundMode
+from emunum.formats import RoundMode
 
 FP8 = get_format("fp8_152")
 FP16_169 = get_format("fp16_169")

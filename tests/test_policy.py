@@ -7,7 +7,7 @@ from torch import nn
 import emunum
 from emunum.autograd import STE
 from emunum.policy import FORWARD_ROLES, GRADIENT_ROLES, ApproxSpec, Policy, Role, RoleSpec, Scaling, make_policy
-from emunum.spec import RoundMode
+from emunum.formats import RoundMode
 
 E5M2, E4M3FN, INT8 = (emunum.get_format(n) for n in ("e5m2", "e4m3fn", "int8"))
 

@@ -356,8 +356,8 @@ def _allowed(fmt, x: np.ndarray, q: np.ndarray) -> np.ndarray:
     in_set = np.isin(q, fmt.values())
     if isinstance(fmt, FixedFormat):
         return in_set | (np.isnan(q) & np.isnan(x))
-    nan_ok = np.isnan(x) | (fmt.overflow == emunum.spec.Overflow.NAN)
-    inf_ok = fmt.overflow == emunum.spec.Overflow.INF
+    nan_ok = np.isnan(x) | (fmt.overflow == emunum.formats.Overflow.NAN)
+    inf_ok = fmt.overflow == emunum.formats.Overflow.INF
     return in_set | (np.isnan(q) & nan_ok) | (np.isinf(q) & inf_ok)
 
 

@@ -17,8 +17,7 @@ from typing import Any, Union
 import torch
 from torch import Tensor
 
-from ..formats import get_format
-from ..spec import parse_enum
+from ..formats import get_format, parse_enum
 from ..quantize import check_tensor
 from .datapath import Datapath, DesignRounder
 

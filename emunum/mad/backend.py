@@ -67,7 +67,7 @@ def check_accumulator_input(unit: MADUnit) -> None:
     deterministic rounding; bit-identical to their matmul with c = 0)."""
     if unit.is_multiterm:
         return
-    from ..spec import FloatFormat, RoundMode
+    from ..formats import FloatFormat, RoundMode
 
     ok = (unit.lanes == 1 and unit.chunk is None and unit.order == Order.SEQUENTIAL
           and isinstance(unit.acc_fmt, FloatFormat) and unit.acc_rounding != RoundMode.STOCHASTIC

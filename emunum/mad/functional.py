@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..reference import mix64_int, seed_key
+from ..rng import mix64_int, seed_key
 from . import backend
 from .unit import MADUnit, as_unit
 

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .unit import MADUnit
-
 _IN = {"fp16": "fp16", "bf16": "bf16", "tf32": "tf32", "fp8_e4m3": "e4m3fn", "fp8_e5m2": "e5m2"}
 ALIASES = {"a2": "a100", "a30": "a100", "l40s": "ada", "h200": "h100"}
 
@@ -42,9 +40,9 @@ class Source:
     params: str
 
 
-def _tc(terms, align_bits, acc, rounding, floor, infmt) -> MADUnit:
-    return MADUnit(None, acc, fused=True, acc_rounding=rounding, terms=terms, align_bits=align_bits,
-                   align_rounding="toward_zero", align_floor=floor, in_fmt=_IN[infmt])
+def _tc(terms, align_bits, acc, rounding, floor, infmt) -> dict:
+    return dict(mul_fmt=None, acc_fmt=acc, fused=True, acc_rounding=rounding, terms=terms, align_bits=align_bits,
+                align_rounding="toward_zero", align_floor=floor, in_fmt=_IN[infmt])
 
 
 _FP32, _E8M13, _FP16 = "fp32", "e8m13", "fp16"
@@ -106,8 +104,9 @@ def canonical(name: str) -> str:
     return f"{ALIASES.get(gpu, gpu)}_{rest}" if rest else key
 
 
-def get_preset(name: str) -> MADUnit:
-    """The ``MADUnit`` of a tensor-core preset (see module docstring for sources and validation)."""
+def preset_kwargs(name: str) -> dict:
+    """The ``MADUnit`` keyword arguments of a tensor-core preset (``MADUnit.preset(name)`` builds it; see the
+    module docstring for sources and validation). This module is data only: it imports nothing from mad."""
     key = canonical(name)
     row = TABLE.get(key) or UNVALIDATED.get(key)
     if row is None:
@@ -120,15 +119,15 @@ def source(name: str) -> Source:
     key = canonical(name)
     row = TABLE.get(key) or UNVALIDATED.get(key)
     if row is None:
-        get_preset(name)
+        preset_kwargs(name)
     return row[6]
 
 
-def describe() -> list[tuple[str, str, str]]:
-    """(name, unit, source) for every preset, for ``emunum units``."""
+def describe() -> list[tuple[str, str]]:
+    """(name, source) for every preset, for ``emunum units``."""
     out = []
     for name in PRESETS:
         src = source(name)
         note = "" if name in TABLE else " [alignment fitted to measured data]"
-        out.append((name, get_preset(name).name, f"{src.model}: {src.params}{note}"))
+        out.append((name, f"{src.model}: {src.params}{note}"))
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..spec import FloatFormat, RoundMode, Special
+from ..formats import FloatFormat, RoundMode, Special
 
 
 def floor_log2(a: Fraction) -> int:

@@ -80,9 +80,9 @@ from typing import Union
 
 import numpy as np
 
-from ..formats import format_or_none
-from ..reference import mix64_int, seed_key
-from ..spec import FloatFormat, Format, RoundMode, parse_enum
+from ..formats import FloatFormat, Format, RoundMode, format_or_none, parse_enum
+from ..rng import mix64_int, seed_key
+from .presets import preset_kwargs
 
 MAX_LANES = 64
 MAX_TERMS = 256
@@ -270,9 +270,7 @@ class MADUnit:
     def preset(cls, name: str) -> "MADUnit":
         """A published tensor-core datapath by name (``emunum.mad.presets.PRESETS``; aliases a2/a30 -> a100,
         l40s -> ada, h200 -> h100); each preset's documentation cites its source."""
-        from .presets import get_preset
-
-        return get_preset(name)
+        return cls(**preset_kwargs(name))
 
     def exact_out_format(self, dtype) -> FloatFormat:
         """The format an exact unit rounds to for an output dtype (fp32, fp16, bf16)."""

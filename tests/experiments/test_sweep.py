@@ -99,7 +99,7 @@ def test_report_on_the_sweep_matches_the_results_files(sweep, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_curves_of_the_sweep_are_the_evaluations_of_each_run(sweep):
-    from emunum import report
+    from emunum.analysis import report
 
     for d in sorted(p for p in sweep.iterdir() if p.is_dir()):
         r = json.loads((d / "results.json").read_text())
@@ -113,7 +113,7 @@ def test_tta_with_hardware_is_the_roofline_of_the_counted_iteration(sweep, capsy
     import torch
     from omegaconf import OmegaConf
 
-    from emunum.flops import Hardware, count_iteration
+    from emunum.analysis.flops import Hardware, count_iteration
     from experiments import models
 
     code, out, err = _run(capsys, "tta", sweep, "--hardware", "h100_like", "--format", "csv")

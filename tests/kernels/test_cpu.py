@@ -7,7 +7,8 @@ import pytest
 
 import emunum
 from emunum import FixedFormat, FloatFormat, RoundMode
-from emunum.reference import round_fixed_reference, round_float_reference, seed_key
+from emunum.rng import seed_key
+from emunum.reference import round_fixed_reference, round_float_reference
 
 cpu = pytest.importorskip("emunum.kernels.cpu")
 numba = pytest.importorskip("numba")

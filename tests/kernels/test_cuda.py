@@ -20,8 +20,9 @@ import pytest
 import torch
 
 import emunum
-from emunum.reference import quantize_torch, round_fixed_reference, round_fixed_torch, seed_key
-from emunum.spec import FixedFormat, FloatFormat, RoundMode
+from emunum.rng import seed_key
+from emunum.reference import quantize_torch, round_fixed_reference, round_fixed_torch
+from emunum.formats import FixedFormat, FloatFormat, RoundMode
 
 qmod = importlib.import_module("emunum.quantize")  # the module (emunum.quantize is also the function)
 
@@ -569,7 +570,7 @@ _LOWER = textwrap.dedent("""
     from emunum.kernels import cuda as kc
     i64, u64, u16 = types.int64, types.uint64, types.uint16[::1]
 
-    def helpers16(src, dst):  # the 16-bit conversions on their own (the fixed16 kernel also needs scalar.py's)
+    def helpers16(src, dst):  # the 16-bit conversions on their own (the fixed16 kernel also needs kernels/scalar/'s)
         i = cuda.grid(1)
         if i < src.size:
             h = kc.narrow16(kc.f64_to_binary32(kc.value16(src[i], 10, 15)), 10, 15)
@@ -611,7 +612,7 @@ def test_kernel_lowers_for_the_cuda_target(kernel, lowering_report):
     kernels as Python, so it cannot catch what the CUDA target does not support."""
     line = next((ln for ln in lowering_report.splitlines() if ln.split()[1:2] == [kernel]), "missing")
     if kernel.startswith("fixed") and "<ufunc 'floor'>" in line:
-        pytest.xfail("kernels/scalar.py round_fixed_value calls np.floor, which numba-cuda cannot lower (no floor "
+        pytest.xfail("kernels/scalar/fixed.py round_fixed_value calls np.floor, which numba-cuda cannot lower (no floor "
                      "in its CUDA ufunc table; math.floor returns int64 on the CPU target, a float on CUDA)")
     assert line.startswith("LOWERED"), line
 
@@ -640,7 +641,7 @@ def test_quantize_cuda_tensor_bits_equal_cpu(fmt, mode, dtype, n, monkeypatch):
         got = emunum.quantize(x.cuda(), fmt, mode, seed=SEED)
     except Exception as e:  # see test_kernel_lowers_for_the_cuda_target
         if isinstance(fmt, FixedFormat) and "floor" in str(e):
-            pytest.xfail("kernels/scalar.py round_fixed_value calls np.floor, which numba-cuda cannot lower")
+            pytest.xfail("kernels/scalar/fixed.py round_fixed_value calls np.floor, which numba-cuda cannot lower")
         raise
     assert got.device.type == "cuda" and got.dtype == dtype and got.shape == x.shape
     assert_same_bits(got.cpu(), cpu_quantize(x, fmt, mode), x, nan_payloads=dtype in (torch.float32, torch.float64))

@@ -143,7 +143,7 @@ def test_kernels_lower_for_the_cuda_target(variant):
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     if variant == "full" and any("<ufunc 'floor'>" in ln for ln in lines):
-        pytest.xfail("kernels/scalar.py round_fixed_value calls np.floor, which numba-cuda cannot lower; "
+        pytest.xfail("kernels/scalar/fixed.py round_fixed_value calls np.floor, which numba-cuda cannot lower; "
                      "the 'float-only' variant shows the rest of the MAD kernels lower")
     assert lines == ["LOWERED gemm", "LOWERED mad"], r.stdout
 

@@ -205,7 +205,7 @@ def render(report: TTAReport, how="text") -> str:
 # ---------------------------------------------------------------------------------------------------------
 def format_bits(cfg: dict) -> int:
     """Bit width of a run's numerics recipe: ``format.fmt`` (an emunum format name; null means fp32)."""
-    from .formats import get_format
+    from ..formats import get_format
 
     fmt = (cfg.get("format") or {}).get("fmt") if isinstance(cfg.get("format"), dict) else None
     return 32 if fmt is None else get_format(fmt).bits

@@ -211,6 +211,6 @@ class Hardware:
 
 def hardware_dirs() -> list[Path]:
     """Where ``Hardware.load`` looks for ``<name>.yaml``: ./experiments/conf/hardware, then this checkout's."""
-    here = Path(__file__).resolve().parents[1] / "experiments" / "conf" / "hardware"
+    here = Path(__file__).resolve().parents[2] / "experiments" / "conf" / "hardware"
     cwd = Path.cwd() / "experiments" / "conf" / "hardware"
     return [cwd] if cwd.resolve() == here else [cwd, here]

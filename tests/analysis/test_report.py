@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from emunum import report
-from emunum.report import OutputFormat, Status
+from emunum.analysis import report
+from emunum.analysis.report import OutputFormat, Status
 
 
 def make_run(root: Path, job: str, fmt: str, status: str, iters=None, seed=0, curve=None, *, target=0.9,

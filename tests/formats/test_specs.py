@@ -11,7 +11,7 @@ import pytest
 
 from emunum import FixedFormat, FloatFormat, RoundMode, Special
 from emunum.formats import PRESETS
-from emunum.spec import Overflow
+from emunum.formats import Overflow
 
 # preset -> the ml_dtypes / numpy type with the same value set and special values
 ML_TYPES = {

@@ -1,4 +1,4 @@
-"""Preset catalogue and name parsing: ``get_format("fp8_152")``, ``"e4m3fn"``, ``"fixed16_12"``, ...
+"""Name parsing: ``get_format("fp8_152")``, ``"e4m3fn"``, ``"fixed16_12"``, ...
 
 Names are case-insensitive. Grammar (besides the presets):
 - ``fp<N>_<s><e><m>[fn|fnuz|none]``: digit-packed sign/exponent/mantissa widths; the bit total N decides
@@ -10,44 +10,16 @@ from __future__ import annotations
 
 import re
 
-from .spec import FixedFormat, FloatFormat, Format, Special
-
-PRESETS: dict[str, Format] = {
-    "fp32": FloatFormat(8, 23),
-    "tf32": FloatFormat(8, 10),
-    "bf16": FloatFormat(8, 7),
-    "fp16": FloatFormat(5, 10),
-    "fp16_169": FloatFormat(6, 9),
-    "fp8_152": FloatFormat(5, 2),
-    "fp8_143": FloatFormat(4, 3),
-    "e4m3fn": FloatFormat(4, 3, special="fn"),
-    "e4m3fnuz": FloatFormat(4, 3, special="fnuz"),
-    "e5m2fnuz": FloatFormat(5, 2, special="fnuz"),
-    "fp6_e3m2": FloatFormat(3, 2, special="none"),
-    "fp6_e2m3": FloatFormat(2, 3, special="none"),
-    "fp4_e2m1": FloatFormat(2, 1, special="none"),
-    "int8": FixedFormat(8, 0),
-    "int4": FixedFormat(4, 0),
-    "uint8": FixedFormat(8, 0, signed=False),
-    "fixed16_12": FixedFormat(16, 12),
-}
-
-ALIASES: dict[str, str] = {
-    "float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
-    "fp8_e5m2": "fp8_152", "e5m2": "fp8_152",
-    "fp8_e4m3fn": "e4m3fn", "fp8_e4m3fnuz": "e4m3fnuz", "fp8_e5m2fnuz": "e5m2fnuz",
-    "fp8_e4m3": "fp8_143", "e4m3": "fp8_143",
-}
+from .base import NumberFormat
+from .fixed import FixedFormat
+from .float import FloatFormat, Special
+from .presets import ALIASES, PRESETS, known_names
 
 _SUFFIX = r"(fn|fnuz|none)?"
 _PACKED = re.compile(r"fp(\d+)_1(\d+?)" + _SUFFIX + r"$")
 _EM = re.compile(r"(?:fp(\d+)_)?e(\d+)m(\d+)" + _SUFFIX + r"$")
 _FIXED = re.compile(r"(u?)fixed(\d+)_(-?\d+)$")
 _INT = re.compile(r"(u?)int(\d+)$")
-
-
-def known_names() -> list[str]:
-    return sorted(PRESETS) + sorted(ALIASES)
 
 
 def _special(suffix: str | None) -> Special:
@@ -60,7 +32,7 @@ def _checked_total(name: str, total: str | None, fmt: FloatFormat) -> FloatForma
     return fmt
 
 
-def _parse(name: str) -> Format | None:
+def _parse(name: str) -> NumberFormat | None:
     m = _EM.match(name)
     if m:
         total, e, mm, suffix = m.groups()
@@ -85,9 +57,9 @@ def _parse(name: str) -> Format | None:
     return None
 
 
-def get_format(name_or_spec) -> Format:
-    """A ``FloatFormat``/``FixedFormat`` passes through; a name is looked up or parsed (see module doc)."""
-    if isinstance(name_or_spec, (FloatFormat, FixedFormat)):
+def get_format(name_or_spec) -> NumberFormat:
+    """A format spec (any ``NumberFormat``) passes through; a name is looked up or parsed (see module doc)."""
+    if isinstance(name_or_spec, NumberFormat):
         return name_or_spec
     if not isinstance(name_or_spec, str):
         raise TypeError(
@@ -106,7 +78,7 @@ def get_format(name_or_spec) -> Format:
     return fmt
 
 
-def format_or_none(value, field: str) -> Format | None:
+def format_or_none(value, field: str) -> NumberFormat | None:
     """``get_format(value)``, or None for None; errors name ``field`` and the value."""
     if value is None:
         return None

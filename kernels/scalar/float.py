@@ -1,93 +1,12 @@
-"""Scalar rounding cores, written once and shared by the CPU (``@njit(parallel=True)``) and CUDA kernels.
-
-Signature-less ``@njit`` functions: numba specialises them for each caller. Format parameters are always
-arguments (never globals, which ``cache=True`` would freeze). Everything here works on integers so that
-rounding is exact: a float is handled as the unsigned bits of an IEEE binary32 or binary64 value.
-
-Codes (mirrors of ``emunum.spec``; this layer does not import emunum):
-  mode      0 nearest-even, 1 nearest-away, 2 toward zero, 3 up, 4 down, 5 odd, 6 stochastic
-  overflow  0 -> inf, 1 -> NaN, 2 -> saturate to max
-"""
+"""Binary floating-point rounding cores (``FloatFormat``): exact integer rounding of IEEE binary32/binary64
+bits, the branch-free float32 core, and Veltkamp's split for round-to-nearest."""
 import math
 
 import numpy as np
 from numba import njit
 
-U64 = np.uint64
-ONE = np.uint64(1)
-ZERO = np.uint64(0)
-
-NEAREST, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC = 0, 1, 2, 3, 4, 5, 6
-OVF_INF, OVF_NAN, OVF_SAT = 0, 1, 2
-
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-@njit
-def mix64(z):
-    """splitmix64's finaliser: a bijective 64-bit mix."""
-    z = (z ^ (z >> U64(30))) * U64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> U64(27))) * U64(0x94D049BB133111EB)
-    return z ^ (z >> U64(31))
-
-
-@njit(inline="always")
-def random_bits(key, index, nbits):
-    """``nbits`` (1..32) uniform bits for element ``index``: the splitmix64 output at counter ``index``.
-
-    ``key`` is the uint64 seed key (``mix64(seed)``); the result depends only on (key, index, nbits).
-    """
-    z = mix64(U64(key) + (U64(index) + ONE) * GOLDEN)
-    return z >> U64(64 - nbits)
-
-
-@njit
-def round_up_decision(rem, half, lsb, sign, mode):
-    """Whether a magnitude with dropped part ``rem`` (half = 1/2 ulp) rounds away from zero.
-
-    Non-stochastic modes; all arguments are uint64 (sign 0/1, lsb = last kept bit).
-    """
-    if mode == NEAREST:
-        return rem > half or (rem == half and lsb == ONE)
-    if mode == NEAREST_AWAY:
-        return rem >= half
-    if mode == UP:
-        return rem != ZERO and sign == ZERO
-    if mode == DOWN:
-        return rem != ZERO and sign == ONE
-    if mode == ODD:
-        return rem != ZERO and lsb == ZERO
-    return False  # toward zero
-
-
-@njit
-def stochastic_decision(rem, shift, rnd, nbits):
-    """Round away iff rem/2**shift, rounded to ``nbits`` bits (ties to even), plus rnd/2**nbits >= 1.
-
-    This is gfloat's ``RoundMode.Stochastic`` with ``srnumbits=nbits``: P(away) = frac to nbits bits.
-    """
-    if shift <= nbits:
-        drnd = rem << U64(nbits - shift)
-    else:
-        d = shift - nbits
-        if d >= 63:
-            drnd = ZERO
-        else:
-            q = rem >> U64(d)
-            r = rem & ((ONE << U64(d)) - ONE)
-            h = ONE << U64(d - 1)
-            drnd = q + U64(1 if (r > h or (r == h and (q & ONE) == ONE)) else 0)
-    return drnd + U64(rnd) >= (ONE << U64(nbits))
-
-
-@njit
-def _msb(v):
-    """Index of the highest set bit of v > 0."""
-    n = 0
-    while v > ONE:
-        v >>= ONE
-        n += 1
-    return n
+from .common import (DOWN, NEAREST, NEAREST_AWAY, ODD, ONE, OVF_INF, OVF_NAN, OVF_SAT, STOCHASTIC, TOWARD_ZERO,
+                     U64, UP, ZERO, _msb, round_up_decision, stochastic_decision)
 
 
 @njit(inline="always")
@@ -181,74 +100,6 @@ def round_float_bits(u, sign_pos, in_man, in_bias, man, emin, subnormals, max_bi
     return signbit | res
 
 
-@njit
-def _floor(x):
-    """floor of a float64 as a float64, for CPU and CUDA alike (numba-cuda has no np.floor, and numba's
-    math.floor returns an int64)."""
-    if not abs(x) < 4503599627370496.0:  # 2**52 and beyond (inf, NaN too) are integers already
-        return x
-    t = float(np.int64(x))  # truncation toward zero
-    return t - 1.0 if t > x else t
-
-
-@njit
-def _is_odd(k):
-    return k - 2.0 * _floor(k * 0.5) == 1.0
-
-
-@njit(inline="always")
-def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbits):
-    """Round one float64 value to fixed point (integer code * 2**-frac_bits); returns a float64.
-
-    Magnitude rounding as in ``round_float_bits``; then saturate to [code_min, code_max] or wrap modulo
-    2**bits. Infinities saturate; NaN stays NaN; zero is +0. Written with selects so that loops vectorise.
-    """
-    lo = float(code_min)
-    hi = float(code_max)
-    span = hi - lo + 1.0  # 2**bits, and lo <= 0 <= hi: every wrap step below is exact
-    if saturate == 0:
-        # reduce modulo the period first, so that scaling cannot overflow (x - trunc(x/P)*P is exact)
-        period = math.ldexp(span, -frac_bits)
-        t = x / period
-        t = _floor(t) if t >= 0.0 else -_floor(-t)
-        x = x - t * period if abs(x) < math.inf else x
-    y = x * math.ldexp(1.0, frac_bits)
-    neg = x < 0.0
-    a = abs(y)
-    k = _floor(a)
-    r = a - k
-    r = 5e-324 if (a == 0.0) & (x != 0.0) else r  # a remainder lost to underflow (frac_bits < 0) is not 0
-    odd = _is_odd(k)
-    if mode == NEAREST:
-        up = (r > 0.5) | ((r == 0.5) & odd)
-    elif mode == NEAREST_AWAY:
-        up = r >= 0.5
-    elif mode == UP:
-        up = (r > 0.0) & ~neg
-    elif mode == DOWN:
-        up = (r > 0.0) & neg
-    elif mode == ODD:
-        up = (r > 0.0) & ~odd
-    elif mode == STOCHASTIC:
-        d = r * math.ldexp(1.0, nbits)
-        f = _floor(d)
-        dd = d - f
-        f = f + (1.0 if (dd > 0.5) | ((dd == 0.5) & _is_odd(f)) else 0.0)
-        up = f + float(rnd) >= math.ldexp(1.0, nbits)
-    else:
-        up = False
-    k = k + (1.0 if up else 0.0)
-    v = (0.0 - k if neg else k) + 0.0
-    if saturate != 0:
-        v = min(max(v, lo), hi)
-    else:
-        w = v - _floor(v / span) * span
-        v = w - span if w > hi else w
-    v = (hi if y > 0.0 else lo) if a == math.inf else v
-    v = x if x != x else v
-    return v * math.ldexp(1.0, -frac_bits)
-
-
 @njit(inline="always")  # numba-IR inlining: the per-mode loops each vectorise
 def round_f32_fast(u, man, emin, subnormals, max_bits, overflow, negzero, mode, rnd, nbits):
     """``round_float_bits`` for binary32 input bits, written branch-free so that loops over it vectorise.
@@ -265,14 +116,18 @@ def round_f32_fast(u, man, emin, subnormals, max_bits, overflow, negzero, mode, 
     e_field = a >> 23
     ep = max(e_field, 1)
     et = ep - 127
-    qe = et - man if et >= emin else (emin - man if subnormals != 0 else emin)
+    # a float32-subnormal input (e_field 0, value below 2**-126) is below the normal range of a target without
+    # subnormals even when emin == -126: its quantum is then 2**emin, not the normal binade's
+    in_normal = (et >= emin) & ((e_field != 0) | (subnormals != 0))
+    qe = et - man if in_normal else (emin - man if subnormals != 0 else emin)
     shift = qe - et + 23
     sig = a - ((ep - 1) << 23)
     s = min(shift, 31)
     kept = sig >> s
     rem = sig & ((np.int64(1) << s) - 1)
     half = (np.int64(1) << s) >> 1
-    odd = ((kept & 1) == 1) if man > 0 else ((et >= emin) & (((et - emin + 1) & 1) == 1))
+    # the lower neighbour's code parity; with no mantissa bits it is the biased exponent's, and 0 (even) for zero
+    odd = ((kept & 1) == 1) if man > 0 else ((kept != 0) & (((et - emin + 1) & 1) == 1))
     inexact = rem != 0
     if mode == NEAREST:
         up = inexact & ((rem > half) | ((rem == half) & odd))
@@ -351,4 +206,3 @@ def round_nearest_value(x, split, magic, min_normal, max_value, ovf_value, negze
     y = x + 0.0 if x != x else y
     zero = math.copysign(0.0, x) if negzero != 0 else 0.0
     return zero if y == 0.0 else y
-

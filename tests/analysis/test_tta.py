@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from emunum import tta
-from emunum.flops import Hardware, IterationCost, count_iteration, hardware_dirs
-from emunum.report import FormatSummary
+from emunum.analysis import tta
+from emunum.analysis.flops import Hardware, IterationCost, count_iteration, hardware_dirs
+from emunum.analysis.report import FormatSummary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def summary(fmt, iters, runs=2, reached=None):

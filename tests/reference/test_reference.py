@@ -9,8 +9,8 @@ import torch
 
 import emunum
 from emunum import FixedFormat, FloatFormat, RoundMode
-from emunum.reference import (mix64_int, quantize_reference, quantize_torch, random_bits_reference,
-                              random_bits_torch, seed_key)
+from emunum.rng import mix64_int, random_bits_reference, random_bits_torch, seed_key
+from emunum.reference import quantize_reference, quantize_torch
 
 IMPLS = {
     "numpy": lambda x, fmt, rnd, seed: quantize_reference(x, fmt, rnd.mode, seed, rnd.sr_bits),

@@ -1,0 +1,19 @@
+"""Number formats: what values exist, and how to round to them. One module per number system.
+
+``base`` (RoundMode, the NumberFormat interface), ``float`` (FloatFormat), ``fixed`` (FixedFormat),
+``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue), ``names`` (get_format).
+"""
+from typing import Union
+
+from .base import NumberFormat, Overflow, RoundMode, parse_enum
+from .fixed import FixedFormat
+from .float import FloatFormat, Special
+from .names import format_or_none, get_format
+from .presets import ALIASES, PRESETS, known_names
+
+Format = Union[FloatFormat, FixedFormat]  # the element formats the kernels take directly
+
+__all__ = [
+    "NumberFormat", "RoundMode", "Overflow", "parse_enum", "FloatFormat", "FixedFormat", "Special", "Format",
+    "get_format", "format_or_none", "PRESETS", "ALIASES", "known_names",
+]

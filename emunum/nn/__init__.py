@@ -1,0 +1,41 @@
+"""Emulated layers: torch layers whose tensors are rounded by a ``Policy``, built from plain ones by ``from_float``.
+
+``EmuLinear.from_float(linear, fmt="e5m2")`` returns a new module of a subclass of the original's class that
+*shares* the original's state: the same ``_parameters``, ``_buffers``, ``_modules`` and hook dicts (so the same
+Parameter objects, state_dict keys and hooks), plus the rounding plan. ``emunum.patch`` swaps such modules in
+and ``emunum.unpatch`` swaps the originals back, copying attributes changed meanwhile (``training`` ...).
+
+Where the rounding happens, per forward call (a role with no format is left alone):
+- Linear, Conv1d/2d/3d, ConvTranspose1d/2d/3d: ``output = Q_out(op(Q_in(input), Q_w(weight), Q_w(bias)))``;
+  in the backward pass the gradient arriving at the output is rounded to ``grad_output``, the gradient
+  leaving for the input to ``grad_input`` and the weight and bias gradients to ``grad_weight``.
+- Embedding: ``Q_out(embedding(indices, Q_w(weight)))`` (the whole table is rounded, so its gradient is the
+  rounded gradient of the table; ``max_norm`` renormalises the stored weight first, as torch does).
+- MultiheadAttention: see ``MultiheadAttentionEmu``.
+- Norm layers and activations: ``Q_out(layer(input))``.
+Each rounding is ``emunum.quantize_ste`` with the role's format and rounding: the forward value straight
+through (``Policy.ste``), then an identity whose backward rounds the gradient. Stochastic rounding draws fresh
+seeds from torch's default generator on every call, so ``torch.manual_seed`` makes runs repeatable.
+
+Per-tensor scaling (a role whose ``RoleSpec.scaling`` is ``per_tensor``, see ``emunum.policy.Scaling``):
+a forward role rounds ``x`` as ``quantize_ste(x * s) / s`` with ``s = per_tensor_scale(x, fmt)``, the
+gradient passing straight through the scaling (so the straight-through estimator sees ``x * s``: the
+clipped one zeroes only where ``x * s`` is beyond the format's range, i.e. at infinities); a gradient role
+rounds the gradient ``g`` arriving in the backward pass as ``quantize(g * s_g) / s_g`` with
+``s_g = per_tensor_scale(g, fmt)``. ``s`` is computed with torch ops on every call (no ``.item()``), so
+scaled layers run under ``torch.compile(fullgraph=True)``.
+"""
+from .attention import MultiheadAttentionEmu
+from .base import STATE_PREFIX, EmuLayer
+from .layers import ConvEmu, ConvTransposeEmu, EmbeddingEmu, LinearEmu, OutputEmu
+from .registry import (ACTIVATIONS, MIXINS, NORMS, EmuConv1d, EmuConv2d, EmuConv3d, EmuConvTranspose1d,
+                       EmuConvTranspose2d, EmuConvTranspose3d, EmuEmbedding, EmuLinear, EmuMultiheadAttention,
+                       emu_class, from_float, mixin_for)
+from .scaling import ScaledGradQuantizer, ScaledQuantizer, per_tensor_scale
+
+__all__ = [
+    "STATE_PREFIX", "EmuLayer", "LinearEmu", "ConvEmu", "ConvTransposeEmu", "EmbeddingEmu", "OutputEmu", "MultiheadAttentionEmu",
+    "EmuLinear", "EmuConv1d", "EmuConv2d", "EmuConv3d", "EmuConvTranspose1d", "EmuConvTranspose2d",
+    "EmuConvTranspose3d", "EmuEmbedding", "EmuMultiheadAttention", "MIXINS", "NORMS", "ACTIVATIONS",
+    "emu_class", "mixin_for", "from_float", "per_tensor_scale", "ScaledQuantizer", "ScaledGradQuantizer",
+]

@@ -1,0 +1,133 @@
+"""``EmuLayer``, the mixin of every emulated layer: the rounding plan built by ``from_float``, the rounding
+of one role per call (``_emu_round``), and the GEMM helpers (torch's, or an emulated MAD unit's)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..autograd import Quantizer
+from ..policy import FORWARD_ROLES, Policy, Role, Scaling, make_policy
+from .scaling import ScaledGradQuantizer, ScaledQuantizer
+
+STATE_PREFIX = "_emunum_"  # every attribute an emulated layer adds to the original's state starts with it
+
+def _make_quantizers(policy: Policy, role: Role):
+    """(forward-value quantiser or None, gradient quantiser or None) for a forward role."""
+    spec, gspec = policy.spec(role), policy.spec(role.gradient)
+    fq = bq = None
+    if spec is not None:
+        fq = Quantizer(forward=spec.fmt, backward=None, forward_rounding=spec.rounding, ste=policy.ste.value,
+                       sr_bits=policy.sr_bits)
+        if spec.scaling == Scaling.PER_TENSOR:
+            fq = ScaledQuantizer(fq, spec.fmt)
+    if gspec is not None:
+        if gspec.scaling == Scaling.PER_TENSOR:
+            bq = ScaledGradQuantizer(gspec.fmt, gspec.rounding, policy.sr_bits)
+        else:
+            bq = Quantizer(forward=None, backward=gspec.fmt, backward_rounding=gspec.rounding,
+                           sr_bits=policy.sr_bits)
+    return fq, bq
+
+
+def _merged_quantizer(policy: Policy, role: Role):
+    """One straight-through node rounding values forward and gradients backward, where that is the same as
+    the pair from ``_make_quantizers`` (both roles present and unscaled): half the autograd nodes per role."""
+    spec, gspec = policy.spec(role), policy.spec(role.gradient)
+    if spec is None or gspec is None or Scaling.PER_TENSOR in (spec.scaling, gspec.scaling):
+        return None
+    return Quantizer(forward=spec.fmt, backward=gspec.fmt, forward_rounding=spec.rounding,
+                     backward_rounding=gspec.rounding, ste=policy.ste.value, sr_bits=policy.sr_bits)
+
+
+class EmuLayer:
+    """Mixin of every emulated layer. ``ROLES``: the forward roles the layer rounds (gradients follow)."""
+
+    ROLES: tuple = FORWARD_ROLES
+    HAS_WEIGHT: bool = True  # a GEMM/lookup layer (counts for Policy.keep_first_last)
+    _emunum_base: type = nn.Module  # the torch class this emulated class derives from
+
+    @classmethod
+    def from_float(cls, module: nn.Module, fmt=None, **policy) -> "EmuLayer":
+        """An emulated twin of ``module`` sharing its parameters, buffers, submodules and hooks.
+
+        ``fmt``/``policy``: an ``emunum.Policy`` or its keyword form (``Policy.make``)."""
+        pol = make_policy(fmt, **policy)
+        if not issubclass(cls, nn.Module):
+            raise TypeError(f"{cls.__name__} is a mixin; call Emu<Type>.from_float or emunum.nn.from_float")
+        if not isinstance(module, cls._emunum_base):
+            raise TypeError(f"{cls.__name__}.from_float needs a {cls._emunum_base.__name__}, "
+                            f"got {type(module).__name__}")
+        if isinstance(module, EmuLayer):
+            raise ValueError(f"module is already emulated ({type(module).__name__}); "
+                             "call emunum.unpatch first")
+        cls._emunum_check(module, pol)
+        emu = cls.__new__(cls)
+        emu.__dict__.update(module.__dict__)
+        d = emu.__dict__
+        d["_emunum_policy"] = pol
+        d["_emunum_trace"] = None
+        d["_emunum_q"] = {role: _make_quantizers(pol, role) for role in cls.ROLES}
+        d["_emunum_q1"] = {role: _merged_quantizer(pol, role) for role in cls.ROLES}
+        return emu
+
+    @classmethod
+    def _emunum_check(cls, module: nn.Module, policy: Policy) -> None:
+        """Raise if the layer cannot be emulated under ``policy`` (overridden where needed)."""
+
+    @property
+    def emunum_policy(self) -> Policy:
+        return self._emunum_policy
+
+    @property
+    def emunum_roles(self) -> tuple:
+        """Every role this layer rounds: its forward roles, then their gradients."""
+        return tuple(self.ROLES) + tuple(r.gradient for r in self.ROLES)
+
+    def _emu_begin(self) -> None:
+        """Called first in every forward: lets a tracer decide whether to observe this call."""
+        trace = self._emunum_trace
+        if trace is not None:
+            trace.begin()
+
+    def _emu_round(self, x: Tensor, role: Role) -> Tensor:
+        fq, bq = self._emunum_q[role]
+        trace = self._emunum_trace
+        if trace is not None and trace.active:  # a sampled call; the others take the untraced path below
+            if isinstance(bq, ScaledGradQuantizer):  # the tracer's gradient rounding is unscaled: not traced
+                return bq(trace.round(x, role, fq, None))
+            return trace.round(x, role, fq, bq)
+        merged = self.__dict__.get("_emunum_q1", {}).get(role)
+        if merged is not None:
+            return merged(x)
+        if fq is not None:
+            x = fq(x)
+        if bq is not None:
+            x = bq(x)
+        return x
+
+    def extra_repr(self) -> str:
+        base = super().extra_repr()
+        emu = self._emunum_policy.describe(self.emunum_roles)
+        return f"{base}, {emu}" if base else emu
+
+
+# ---- GEMM helpers (torch's, or an emulated MAD unit's) -------------------------------------------------
+def _mad():
+    from .. import mad  # noqa: PLC0415  (imported only when a policy names a MAD unit)
+
+    return mad
+
+
+def _linear(x: Tensor, w: Tensor, b: Optional[Tensor], policy: Policy) -> Tensor:
+    if policy.mad is None:
+        return F.linear(x, w, b)
+    return _mad().linear(x, w, b, unit=policy.mad, backward_units=policy.mad_backward)
+
+
+def _bmm(a: Tensor, b: Tensor, policy: Policy) -> Tensor:
+    if policy.mad is None:
+        return torch.bmm(a, b)
+    return _mad().matmul(a, b, unit=policy.mad, backward_units=policy.mad_backward)

@@ -1,0 +1,105 @@
+"""The emulated layers rounded role by role: Linear, Conv, ConvTranspose, Embedding, and the layers rounded at
+their output (norms, activations). See ``emunum.nn`` for where each rounds."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..policy import Role
+from .base import EmuLayer, _linear, _mad
+
+# ---- Linear ---------------------------------------------------------------------------------------------
+class LinearEmu(EmuLayer):
+    def forward(self, input: Tensor) -> Tensor:
+        self._emu_begin()
+        x = self._emu_round(input, Role.INPUT)
+        w = self._emu_round(self.weight, Role.WEIGHT)
+        b = None if self.bias is None else self._emu_round(self.bias, Role.WEIGHT)
+        return self._emu_round(_linear(x, w, b, self._emunum_policy), Role.OUTPUT)
+
+
+# ---- Conv -----------------------------------------------------------------------------------------------
+class ConvEmu(EmuLayer):
+    _MAD_FUNCTIONS = {1: "conv1d", 2: "conv2d"}
+
+    @classmethod
+    def _emunum_check(cls, module, policy):
+        if policy.mad is not None:
+            nd = len(module.kernel_size)
+            if nd not in cls._MAD_FUNCTIONS or not hasattr(_mad(), cls._MAD_FUNCTIONS[nd]):
+                raise ValueError(f"Policy.mad: emunum.mad has no emulated {type(module).__name__} GEMM; "
+                                 "exclude these layers with filter=")
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._emu_begin()
+        x = self._emu_round(input, Role.INPUT)
+        w = self._emu_round(self.weight, Role.WEIGHT)
+        b = None if self.bias is None else self._emu_round(self.bias, Role.WEIGHT)
+        pol = self._emunum_policy
+        if pol.mad is None:
+            y = self._conv_forward(x, w, b)
+        else:
+            padding = self.padding
+            if self.padding_mode != "zeros":
+                x = F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+                padding = 0
+            fn = getattr(_mad(), self._MAD_FUNCTIONS[len(self.kernel_size)])
+            y = fn(x, w, b, self.stride, padding, self.dilation, self.groups, unit=pol.mad,
+                   backward_units=pol.mad_backward)
+        return self._emu_round(y, Role.OUTPUT)
+
+
+class ConvTransposeEmu(EmuLayer):
+    _FUNCTIONS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+    @classmethod
+    def _emunum_check(cls, module, policy):
+        if policy.mad is not None:
+            raise ValueError(f"Policy.mad: emunum.mad has no emulated {type(module).__name__} GEMM; "
+                             "exclude these layers with filter=")
+
+    def forward(self, input: Tensor, output_size: Optional[list] = None) -> Tensor:
+        self._emu_begin()
+        if self.padding_mode != "zeros":
+            raise ValueError(f"Only 'zeros' padding mode is supported for {type(self).__name__}")
+        nd = len(self.kernel_size)
+        output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size,
+                                              nd, self.dilation)
+        x = self._emu_round(input, Role.INPUT)
+        w = self._emu_round(self.weight, Role.WEIGHT)
+        b = None if self.bias is None else self._emu_round(self.bias, Role.WEIGHT)
+        y = self._FUNCTIONS[nd](x, w, b, self.stride, self.padding, output_padding, self.groups, self.dilation)
+        return self._emu_round(y, Role.OUTPUT)
+
+
+# ---- Embedding ------------------------------------------------------------------------------------------
+class EmbeddingEmu(EmuLayer):
+    ROLES = (Role.WEIGHT, Role.OUTPUT)
+
+    @classmethod
+    def _emunum_check(cls, module, policy):
+        if module.sparse and policy.grad_weight is not None:
+            raise ValueError("Embedding(sparse=True): rounding its sparse weight gradient (grad_weight) is not "
+                             "supported; set grad_weight=None or exclude it with filter=")
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._emu_begin()
+        if self.max_norm is not None:  # torch renormalises the stored rows in place, before the lookup
+            with torch.no_grad():
+                torch.embedding_renorm_(self.weight, input.contiguous(), self.max_norm, self.norm_type)
+        w = self._emu_round(self.weight, Role.WEIGHT)
+        y = F.embedding(input, w, self.padding_idx, None, self.norm_type, self.scale_grad_by_freq, self.sparse)
+        return self._emu_round(y, Role.OUTPUT)
+
+
+# ---- layers rounded at their output (norms, activations) -----------------------------------------------
+class OutputEmu(EmuLayer):
+    ROLES = (Role.OUTPUT,)
+    HAS_WEIGHT = False
+
+    def forward(self, *args, **kwargs):
+        self._emu_begin()
+        return self._emu_round(super().forward(*args, **kwargs), Role.OUTPUT)

@@ -1,0 +1,59 @@
+"""Fixed-point rounding core (``FixedFormat``): float64 value -> the rounded, saturated or wrapped code."""
+import math
+
+from numba import njit
+
+from .common import DOWN, NEAREST, NEAREST_AWAY, ODD, STOCHASTIC, UP, _floor, _is_odd
+
+
+@njit(inline="always")
+def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbits):
+    """Round one float64 value to fixed point (integer code * 2**-frac_bits); returns a float64.
+
+    Magnitude rounding as in ``round_float_bits``; then saturate to [code_min, code_max] or wrap modulo
+    2**bits. Infinities saturate; NaN stays NaN; zero is +0. Written with selects so that loops vectorise.
+    """
+    lo = float(code_min)
+    hi = float(code_max)
+    span = hi - lo + 1.0  # 2**bits, and lo <= 0 <= hi: every wrap step below is exact
+    if saturate == 0:
+        # reduce modulo the period first, so that scaling cannot overflow (x - trunc(x/P)*P is exact)
+        period = math.ldexp(span, -frac_bits)
+        t = x / period
+        t = _floor(t) if t >= 0.0 else -_floor(-t)
+        x = x - t * period if abs(x) < math.inf else x
+    y = x * math.ldexp(1.0, frac_bits)
+    neg = x < 0.0
+    a = abs(y)
+    k = _floor(a)
+    r = a - k
+    r = 5e-324 if (a == 0.0) & (x != 0.0) else r  # a remainder lost to underflow (frac_bits < 0) is not 0
+    odd = _is_odd(k)
+    if mode == NEAREST:
+        up = (r > 0.5) | ((r == 0.5) & odd)
+    elif mode == NEAREST_AWAY:
+        up = r >= 0.5
+    elif mode == UP:
+        up = (r > 0.0) & ~neg
+    elif mode == DOWN:
+        up = (r > 0.0) & neg
+    elif mode == ODD:
+        up = (r > 0.0) & ~odd
+    elif mode == STOCHASTIC:
+        d = r * math.ldexp(1.0, nbits)
+        f = _floor(d)
+        dd = d - f
+        f = f + (1.0 if (dd > 0.5) | ((dd == 0.5) & _is_odd(f)) else 0.0)
+        up = f + float(rnd) >= math.ldexp(1.0, nbits)
+    else:
+        up = False
+    k = k + (1.0 if up else 0.0)
+    v = (0.0 - k if neg else k) + 0.0
+    if saturate != 0:
+        v = min(max(v, lo), hi)
+    else:
+        w = v - _floor(v / span) * span
+        v = w - span if w > hi else w
+    v = (hi if y > 0.0 else lo) if a == math.inf else v
+    v = x if x != x else v
+    return v * math.ldexp(1.0, -frac_bits)

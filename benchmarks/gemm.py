@@ -7,7 +7,10 @@ median, the CPU time per call (all threads; contention on a shared machine shows
 the fast-kernel plan the dispatcher took, and the general (per-rounding bit-exact core) kernel on a
 stochastic-accumulator unit at --general-size, for reference.
 
-    python benchmarks/gemm.py [--size 512] [--repeat 5] [--general-size 128] [--threads N]
+Multi-term rows (issue 14/18): tensor-core presets h100_fp8_e4m3 (e4m3 operands) and a100_bf16 (bf16
+operands), and exact (Kulisch) accumulation, at --mt-size, on the multi-term kernel (0: skip).
+
+    python benchmarks/gemm.py [--size 512] [--repeat 5] [--general-size 128] [--mt-size 512] [--threads N]
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=512, help="M = K = N (default 512)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--general-size", type=int, default=128, help="size for the general kernel (0: skip)")
+    ap.add_argument("--mt-size", type=int, default=512, help="size for the multi-term rows (0: skip)")
     ap.add_argument("--threads", type=int, default=0, help="numba and torch threads (0: leave the defaults)")
     args = ap.parse_args()
     if args.threads:
@@ -73,6 +77,19 @@ def main() -> None:
         sr = MADUnit("fp8_152", "fp16_169", acc_rounding="stochastic", chunk=64)
         print(line(f"emunum.matmul {sr} ({m}^3, general kernel)", m**3,
                    *timed(lambda: emunum.matmul(As, Bs, sr, seed=0), args.repeat)))
+    if args.mt_size:
+        multiterm_rows(args.mt_size, args.repeat)
+
+
+def multiterm_rows(m: int, repeat: int) -> None:
+    g = torch.Generator().manual_seed(1)
+    for label, unit, fmt in (("h100_fp8_e4m3", MADUnit.preset("h100_fp8_e4m3"), "e4m3fn"),
+                             ("a100_bf16", MADUnit.preset("a100_bf16"), "bf16"),
+                             ("exact (Kulisch), fp32 out", MADUnit(None, "exact", fused=True), "bf16")):
+        A = emunum.quantize(torch.randn(m, m, generator=g), fmt)
+        B = emunum.quantize(torch.randn(m, m, generator=g), fmt)
+        print(line(f"emunum.matmul {label} ({m}^3)", m**3, *timed(lambda: emunum.matmul(A, B, unit), repeat)))
+    print(line(f"torch.matmul float32 ({m}^3, same run)", m**3, *timed(lambda: torch.matmul(A, B), repeat)))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from .arithmetic import arithmetic, emulated
 from .autograd import Quantizer, quantize_ste
 from .formats import FixedFormat, FloatFormat, PRESETS, RoundMode, Special, get_format
 from . import mad  # noqa: E402  (emunum.mad: the MAD-unit module, also callable as the element-wise mad)
-from .mad import MADUnit, conv1d, conv2d, linear, matmul
+from .mad import MADUnit, addmm, baddbmm, conv1d, conv2d, linear, matmul
 from .optim import LossScaler, OptimLP
 from .patch import patch, patched, register, unpatch
 from .policy import Policy, Role, RoleSpec, Scaling
@@ -21,5 +21,5 @@ __all__ = [
     "OptimLP", "LossScaler",
     "patch", "unpatch", "patched", "register", "Policy", "Role", "RoleSpec", "Scaling", "trace",
     "Quantizer", "quantize_ste", "arithmetic", "emulated", "approx",
-    "MADUnit", "mad", "matmul", "linear", "conv1d", "conv2d",
+    "MADUnit", "mad", "matmul", "linear", "addmm", "baddbmm", "conv1d", "conv2d",
 ]

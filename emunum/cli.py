@@ -1,4 +1,4 @@
-"""``emunum`` command line: ``emunum formats | report | tta`` (more subcommands register below)."""
+"""``emunum`` command line: ``emunum formats | units | report | tta`` (more subcommands register below)."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +24,23 @@ def formats_table() -> str:
 
 def _cmd_formats(args) -> int:
     print(formats_table())
+    return 0
+
+
+def units_table() -> str:
+    """The tensor-core MAD-unit presets: name, datapath, source of the parameters."""
+    from .mad import MADUnit
+    from .mad.presets import ALIASES, describe
+
+    rows = []
+    for name, src in describe():
+        rows += [name, f"    {MADUnit.preset(name)}", f"    source: {src}"]
+    rows.append("aliases: " + ", ".join(f"{a} -> {b}" for a, b in ALIASES.items()) + " (e.g. h200_fp8_e4m3)")
+    return "\n".join(rows)
+
+
+def _cmd_units(args) -> int:
+    print(units_table())
     return 0
 
 
@@ -111,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("formats", help="print the preset format table")
     f.set_defaults(func=_cmd_formats)
+    u = sub.add_parser("units", help="list the MAD-unit (tensor-core) presets with their sources")
+    u.set_defaults(func=_cmd_units)
 
     r = sub.add_parser("report", help="per-format table and convergence plot of a training sweep",
                        description="Per format: runs, reached/total, iterations to accuracy (mean ± std over "

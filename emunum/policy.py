@@ -220,7 +220,7 @@ class Policy:
     ``(format, rounding, scaling)`` triple, or None.
     ste: the straight-through estimator of the forward roundings ("identity" or "clipped", see
     ``emunum.quantize_ste``). sr_bits: random bits per stochastic rounding (None: 32).
-    mad / mad_backward: an ``emunum.mad.MADUnit`` for the GEMMs of Linear, Conv1d/2d and attention layers,
+    mad / mad_backward: an ``emunum.mad.MADUnit`` (``mad`` also a preset name, e.g. "h100_fp8_e4m3") for the GEMMs of Linear, Conv1d/2d and attention layers,
     and the units of their backward GEMMs (passed to ``emunum.mad`` as ``backward_units``); None: torch's.
     approx: ``{activation: spec}`` replaces activations by approximate operators instead of rounding their
     output. activation: nn.Tanh / nn.Sigmoid / nn.Softmax or "tanh" / "sigmoid" / "softmax" (for a method
@@ -259,6 +259,13 @@ class Policy:
             raise TypeError(f"filter must be callable as filter(module, name) -> bool, got {self.filter!r}")
         if not isinstance(self.keep_first_last, bool):
             raise TypeError(f"keep_first_last must be a bool, got {self.keep_first_last!r}")
+        if isinstance(self.mad, str):  # a preset name: MADUnit.preset (emunum units)
+            from .mad import MADUnit  # noqa: PLC0415
+
+            try:
+                object.__setattr__(self, "mad", MADUnit.preset(self.mad))
+            except ValueError as e:
+                raise ValueError(f"mad={self.mad!r}: {e}") from None
         if self.mad is not None:
             _check_mad(self.mad, "mad")
         if self.mad_backward is not None:

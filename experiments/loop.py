@@ -300,7 +300,7 @@ def train(cfg, run_dir: str | os.PathLike | None = None) -> Results:
 
     torch.manual_seed(derive_seed(seed, STREAM_INIT))
     model = models.build(cfg.model, ds.input_shape, ds.num_outputs).to(device)
-    model = apply_format(model, cfg.format)
+    model = apply_format(model, cfg.format, mad=cfg.get("mad"))
     opt = make_optimizer(model, cfg)
     scaler = make_scaler(cfg.format.loss_scale)
     criterion = loss_fn(task)

@@ -17,7 +17,7 @@ STREAM_INIT, STREAM_DATA, STREAM_OPTIM, STREAM_STEP = 0, 1, 2, 3
 ROLE_KEYS = ("weight", "input", "output", "grad_weight", "grad_input", "grad_output")
 
 
-def policy_kwargs(fcfg) -> dict:
+def policy_kwargs(fcfg, mad: str | None = None) -> dict:
     """The keyword arguments of ``emunum.patch`` besides ``fmt``: ``format.policy`` plus the MAD unit and
     ``format.scaling`` (as ``scaling=``: per-tensor power-of-two scaling of every rounded tensor, forward and
     gradient, unless ``format.policy.grad_scaling`` says otherwise; see ``emunum.policy.Scaling``)."""
@@ -25,7 +25,12 @@ def policy_kwargs(fcfg) -> dict:
     for k in ROLE_KEYS:
         if isinstance(policy.get(k), list):
             policy[k] = tuple(policy[k])
-    if fcfg.mad is not None:
+    if mad is not None:  # a preset name (top-level ``mad=``) replaces format.mad
+        from emunum.mad import MADUnit
+
+        policy.pop("mad", None)
+        policy["mad"] = MADUnit.preset(mad)
+    elif fcfg.mad is not None:
         if "mad" in policy:
             raise ValueError("give the MAD unit once: format.mad or format.policy.mad, not both")
         from emunum.mad import MADUnit
@@ -41,14 +46,14 @@ def policy_kwargs(fcfg) -> dict:
     return policy
 
 
-def apply_format(model: torch.nn.Module, fcfg) -> torch.nn.Module:
+def apply_format(model: torch.nn.Module, fcfg, mad: str | None = None) -> torch.nn.Module:
     """``emunum.patch(model, fmt=fcfg.fmt, **policy_kwargs(fcfg))``; fp32 (fmt null) returns the model as is."""
     if fcfg.fmt is None:
         if fcfg.policy or fcfg.mad is not None or Scaling(fcfg.scaling) != Scaling.none:
             raise ValueError("format.policy, format.mad and format.scaling need format.fmt; fmt=null means plain fp32")
         return model
     emunum.get_format(fcfg.fmt)  # a bad name fails here, naming the known formats
-    return emunum.patch(model, fmt=fcfg.fmt, **policy_kwargs(fcfg))
+    return emunum.patch(model, fmt=fcfg.fmt, **policy_kwargs(fcfg, mad))
 
 
 def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:

@@ -244,6 +244,9 @@ class AdamConfig(OptimConfig):
 @dataclass
 class TrainConfig:
     format: FormatConfig = MISSING
+    # A MAD-unit preset name (``emunum units``, e.g. h100_fp8_e4m3) for the GEMMs, replacing format.mad:
+    # python experiments/train.py format=fp8 mad=h100_fp8_e4m3. null: format.mad as configured.
+    mad: Optional[str] = None
     model: ModelConfig = MISSING
     data: DataConfig = MISSING
     optim: OptimConfig = MISSING

@@ -123,7 +123,8 @@ def test_unknown_keyword_is_a_type_error_listing_the_options():
     (dict(approx={nn.Tanh: 3}), TypeError, r"approx\[Tanh\]=3"),
     (dict(approx={3: "pwl"}), TypeError, "approx key 3"),
     (dict(approx=["tanh"]), TypeError, "approx must be a dict"),
-    (dict(mad="fp32"), TypeError, "mad must be an emunum.mad.MADUnit"),
+    (dict(mad="fp32"), ValueError, "mad='fp32': unknown MAD unit preset"),
+    (dict(mad=3), TypeError, "mad must be an emunum.mad.MADUnit"),
 ])
 def test_bad_options_raise_naming_the_field(kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):

@@ -14,10 +14,10 @@ import sys
 import types
 
 from .conv import conv1d, conv2d
-from .functional import derived_seed, linear, mad, matmul
+from .functional import addmm, baddbmm, derived_seed, linear, mad, matmul
 from .unit import MADUnit, Order
 
-__all__ = ["MADUnit", "Order", "mad", "matmul", "linear", "conv1d", "conv2d", "derived_seed"]
+__all__ = ["MADUnit", "Order", "mad", "matmul", "linear", "addmm", "baddbmm", "conv1d", "conv2d", "derived_seed"]
 
 
 class _CallableModule(types.ModuleType):

@@ -61,8 +61,25 @@ def _host_fallback(device: torch.device) -> None:
                       RuntimeWarning, stacklevel=3)
 
 
+def check_accumulator_input(unit: MADUnit) -> None:
+    """Units that can start a dot product from an accumulator value c (addmm/baddbmm): multi-term and exact
+    units, and one-product units run as terms=1, lossless steps (lanes=1, chunk=None, float formats,
+    deterministic rounding; bit-identical to their matmul with c = 0)."""
+    if unit.is_multiterm:
+        return
+    from ..formats import FloatFormat, RoundMode
+
+    ok = (unit.lanes == 1 and unit.chunk is None and unit.order == Order.SEQUENTIAL
+          and isinstance(unit.acc_fmt, FloatFormat) and unit.acc_rounding != RoundMode.STOCHASTIC
+          and (unit.fused or (isinstance(unit.mul_fmt, FloatFormat) and unit.mul_rounding != RoundMode.STOCHASTIC)))
+    if not ok:
+        raise ValueError(f"addmm/baddbmm on {unit}: the accumulator's initial value needs a multi-term or exact "
+                         "unit, or lanes=1, chunk=None, order='sequential', float formats and deterministic "
+                         "rounding")
+
+
 def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias: torch.Tensor | None = None,
-         nb: int | None = None) -> torch.Tensor:
+         nb: int | None = None, c: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """out (nb, M, N) float64: out[b] = A[b % bA] @ B[b % bB] (+ bias[b]) on ``unit``.
 
     A: (bA, M, K), B: (bB, K, N), float32-representable values (already checked); bias: None or a tensor
@@ -75,6 +92,8 @@ def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias: torch
         raise ValueError(f"inner dimensions differ: A is {tuple(A.shape)}, B is {tuple(B.shape)}")
     nb = max(bA, bB) if nb is None else nb
     device = A.device
+    if unit.is_multiterm or c is not None:
+        return _gemm_multiterm(A, B, unit, seed, bias, nb, c, dtype)
     if unit.order == Order.ANY:
         idx = torch.arange(nb, device=device)
         out = torch.matmul(A.to(torch.float32)[idx % bA], B.to(torch.float32)[idx % bB])
@@ -101,6 +120,40 @@ def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias: torch
         return torch.from_numpy(out)
 
 
+def _gemm_multiterm(A, B, unit, seed, bias, nb, c, dtype):
+    """The multi-term / exact datapath (``kernels.gemm_multiterm``); c: None (+0) or broadcastable to
+    (nb, M, N). B is handed over transposed, (bB, N, K)."""
+    check_accumulator_input(unit)
+    M, N = A.shape[1], B.shape[2]
+    device = A.device
+    with torch.no_grad():
+        if device.type not in ("cpu", "cuda"):
+            _host_fallback(device)
+            return _gemm_multiterm(A.cpu(), B.cpu(), unit, seed, None if bias is None else bias.cpu(), nb,
+                                   None if c is None else c.cpu(), dtype).to(device)
+        a32 = A.detach().to(torch.float32).contiguous()
+        bt32 = B.detach().to(torch.float32).transpose(1, 2).contiguous()
+        c64 = (torch.zeros((nb, M, N), dtype=torch.float64, device=device) if c is None
+               else c.detach().to(torch.float64).expand(nb, M, N).contiguous())
+        has_bias = bias is not None
+        bias64 = (bias.detach().to(torch.float64).expand(nb, M, N).contiguous() if has_bias
+                  else torch.zeros((1, 1, 1), dtype=torch.float64, device=device))
+        out = torch.empty((nb, M, N), dtype=torch.float64, device=device)
+        prm, mulp, accp, outerp = (tuple(int(v) for v in p) for p in unit.multiterm_params(dtype))
+        keys = tuple(np.uint64(k) for k in stream_keys(seed))
+        if device.type == "cuda":
+            from ..kernels import gemm_multiterm_cuda
+
+            gemm_multiterm_cuda.gemm_torch(a32, bt32, c64, bias64, has_bias, out, prm, mulp, accp, outerp, keys,
+                                           unit.sr_bits)
+        else:
+            from ..kernels import gemm_multiterm
+
+            gemm_multiterm.gemm_auto(a32.numpy(), bt32.numpy(), c64.numpy(), bias64.numpy(), has_bias, out.numpy(),
+                                prm, mulp, accp, outerp, keys, unit.sr_bits)
+        return out
+
+
 def _np32(x: torch.Tensor) -> np.ndarray:
     """Exact float32 numpy copy/view of a float32-representable CPU tensor."""
     return x.detach().to(torch.float32).contiguous().numpy()
@@ -125,6 +178,9 @@ def _gemm_cuda(A, B, unit, seed, bias, nb):
 def elementwise(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, unit: MADUnit, seed: int) -> torch.Tensor:
     """round_acc(a*b + c) (fused) or round_acc(round_mul(a*b) + c), element-wise over broadcast shapes;
     float64 result of the broadcast shape. Counters: the flat C-order index of the result."""
+    if unit.is_multiterm:
+        raise ValueError(f"mad (element-wise) runs one product per output; {unit} is a multi-term or exact unit: "
+                         "use matmul, addmm or baddbmm")
     shape = torch.broadcast_shapes(a.shape, b.shape, c.shape)
     device = a.device
     with torch.no_grad():

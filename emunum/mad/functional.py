@@ -101,7 +101,7 @@ class _MatmulFn(torch.autograd.Function):
             nb *= s
         A3 = A.reshape(1, M, K) if A.shape[:-2].numel() == 1 else A.expand(S + (M, K)).reshape(nb, M, K)
         B3 = B.reshape(1, K, N) if B.shape[:-2].numel() == 1 else B.expand(S + (K, N)).reshape(nb, K, N)
-        out = backend.gemm(A3, B3, unit, seed, nb=nb)
+        out = backend.gemm(A3, B3, unit, seed, nb=nb, dtype=dtype)
         ctx.save_for_backward(A, B)
         ctx.units_bwd, ctx.seed, ctx.S = units_bwd, seed, S
         return out.reshape(S + (M, N)).to(dtype)
@@ -171,7 +171,7 @@ class _LinearFn(torch.autograd.Function):
         out_f, in_f = weight.shape
         X = x.reshape(1, -1, in_f)
         y = backend.gemm(X, weight.t().reshape(1, in_f, out_f), unit, seed,
-                         bias=None if bias is None else bias.reshape(1, 1, out_f))
+                         bias=None if bias is None else bias.reshape(1, 1, out_f), dtype=dtype)
         ctx.save_for_backward(x, weight)
         ctx.has_bias, ctx.units_bwd, ctx.seed = bias is not None, units_bwd, seed
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -228,3 +228,90 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
     seed = _resolve_seed((unit, *units_bwd), seed)
     return _LinearFn.apply(input, weight, bias, unit, units_bwd, seed, backend.output_dtype(unit, input, weight, bias))
+
+
+# ---- addmm / baddbmm -------------------------------------------------------------------------------------
+
+class _AddmmFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, C, A, B, unit, units_bwd, seed, dtype):
+        nb, M, N = A.shape[0], A.shape[1], B.shape[2]
+        out = backend.gemm(A, B, unit, seed, nb=nb, c=C.expand(nb, M, N), dtype=dtype)
+        ctx.save_for_backward(A, B)
+        ctx.units_bwd, ctx.seed, ctx.c_shape = units_bwd, seed, C.shape
+        return out.to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        A, B = ctx.saved_tensors
+        u_in, u_w = ctx.units_bwd
+        grad_c = grad_a = grad_b = None
+        if any(ctx.needs_input_grad[:3]):
+            backend.check_operand(grad, "grad_output")
+        if ctx.needs_input_grad[0]:
+            grad_c = grad.sum_to_size(ctx.c_shape)
+        if ctx.needs_input_grad[1]:
+            grad_a = backend.gemm(grad, B.transpose(1, 2), u_in,
+                                  _bwd_seed(u_in, ctx.seed, ROLE_GRAD_INPUT)).to(A.dtype)
+        if ctx.needs_input_grad[2]:
+            grad_b = backend.gemm(A.transpose(1, 2), grad, u_w,
+                                  _bwd_seed(u_w, ctx.seed, ROLE_GRAD_WEIGHT)).to(B.dtype)
+        return grad_c, grad_a, grad_b, None, None, None, None
+
+
+def _check_scale(beta, alpha) -> None:
+    for name, v in (("beta", beta), ("alpha", alpha)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != 1:
+            raise ValueError(f"{name}={v!r}: emunum's addmm/baddbmm model D = A.B + C on the unit; allowed: "
+                             f"{name}=1 (scale the operands first)")
+
+
+def baddbmm(input: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, unit: MADUnit, *, beta=1, alpha=1,
+            backward_units=None, seed: int | None = None) -> torch.Tensor:
+    """``torch.baddbmm`` on a MAD unit: out[b] = batch1[b] @ batch2[b] + input[b], as D = A.B + C.
+
+    ``input`` (broadcast to (b, n, p) as in torch) is the accumulator's initial value: the C of D = A.B + C,
+    entering the first step of every dot product together with that step's products (not added at the end
+    like ``linear``'s bias). Units: multi-term and exact units, or one-product units with lanes=1, chunk=None
+    and deterministic float roundings (run as terms=1 lossless steps: matmul's bits with c = 0).
+    batch1 (b, n, m), batch2 (b, m, p): float32-representable values, used as given; input: any float values
+    (hardware C is a value of acc_fmt). beta/alpha other than 1: ValueError. Result: the promoted dtype.
+    Backward (grad_input = grad summed to input's shape; grad_batch1 = grad @ batch2^T on the grad-input unit,
+    grad_batch2 = batch1^T @ grad on the grad-weight unit, both with c = +0).
+    """
+    _check_scale(beta, alpha)
+    unit = as_unit(unit)
+    units_bwd = parse_backward_units(unit, backward_units)
+    backend.check_operand(batch1, "batch1")
+    backend.check_operand(batch2, "batch2")
+    backend.check_tensor(input, "input")
+    backend.check_same_device(input=input, batch1=batch1, batch2=batch2)
+    if batch1.dim() != 3 or batch2.dim() != 3:
+        raise ValueError(f"baddbmm needs 3-D batch1 and batch2, got {tuple(batch1.shape)} and {tuple(batch2.shape)}")
+    if batch1.shape[0] != batch2.shape[0] or batch1.shape[2] != batch2.shape[1]:
+        raise ValueError(f"baddbmm: batch1 {tuple(batch1.shape)} and batch2 {tuple(batch2.shape)} do not chain "
+                         "as (b, n, m) @ (b, m, p)")
+    shape = (batch1.shape[0], batch1.shape[1], batch2.shape[2])
+    try:
+        torch.broadcast_shapes(input.shape, shape)
+        if torch.broadcast_shapes(input.shape, shape) != torch.Size(shape):
+            raise RuntimeError
+    except RuntimeError:
+        raise ValueError(f"baddbmm: input of shape {tuple(input.shape)} does not broadcast to {shape}") from None
+    backend.check_accumulator_input(unit)
+    seed = _resolve_seed((unit, *units_bwd), seed)
+    dtype = backend.output_dtype(unit, input, batch1, batch2)
+    return _AddmmFn.apply(input, batch1, batch2, unit, units_bwd, seed, dtype)
+
+
+def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, unit: MADUnit, *, beta=1, alpha=1,
+          backward_units=None, seed: int | None = None) -> torch.Tensor:
+    """``torch.addmm`` on a MAD unit: out = mat1 @ mat2 + input (input broadcast to (n, p)), as D = A.B + C with
+    ``input`` entering the first step; everything else as ``baddbmm``."""
+    _check_scale(beta, alpha)
+    if mat1.dim() != 2 or mat2.dim() != 2:
+        raise ValueError(f"addmm needs 2-D mat1 and mat2, got {tuple(mat1.shape)} and {tuple(mat2.shape)}")
+    if input.dim() > 2:
+        raise ValueError(f"addmm: input must broadcast to {(mat1.shape[0], mat2.shape[1])}, got {tuple(input.shape)}")
+    return baddbmm(input.unsqueeze(0) if input.dim() == 2 else input, mat1.unsqueeze(0), mat2.unsqueeze(0), unit,
+                   backward_units=backward_units, seed=seed).squeeze(0)

@@ -34,6 +34,35 @@ A dot product sum_k a_k b_k of length K, for one output element:
     (any float64; not pre-rounded). Without bias, y is the reduced dot product (no extra rounding).
   The result is a value of acc_fmt, returned in the input dtype.
 
+Multi-term units (tensor cores; ``terms``, ``align_bits``, ``align_floor``, ``carry_bits``, ``promote_every``;
+Fasi et al. 2021, Khattak and Mikaitis 2025). A dot product d = sum_k a_k b_k + c (c: ``addmm``'s input, else
++0) of length K runs in steps of n = ``terms`` products, k = s*n .. s*n+n-1 in increasing k; c enters the
+first step, and each step's result is the next step's accumulator value x (x_0 = c):
+  1. products: exact a_k*b_k with exponent e_k = ea + eb, ea = max(floor(log2|a|), in_fmt.emin) (operands are
+     kept unnormalised: a subnormal keeps the exponent emin and a significand below 1; the product's
+     significand is in [0, 4)); or, with ``mul_fmt``, p_k = round_mul(a_k*b_k) with e_k = max(floor(log2|p|),
+     mul_fmt.emin). Zero products are skipped.
+  2. step exponent: E = max(e_k over nonzero products, max(floor(log2|x|), acc_fmt.emin) if x != 0,
+     ``align_floor``). A step with no nonzero term gives +0.
+  3. alignment: each term t (products and x) becomes sign(t) * R(|t| / 2**(E-p)) * 2**(E-p), p = ``align_bits``,
+     R the integer rounding ``align_rounding`` (toward_zero: the shifted-out bits are dropped, as measured on
+     NVIDIA parts). align_bits=None: no loss (the exact sum).
+  4. carries: the aligned sum S is an integer multiple of 2**(E-p); with ``carry_bits`` c it wraps to a
+     two's-complement adder of 3 + c + p bits (sign, 2 integer bits of a product, c carry bits, p fraction
+     bits). None: no wrap (the adder is wide enough, as on the measured parts).
+  5. normalisation and rounding, once per step: x <- round_acc(S) (acc_fmt, acc_rounding).
+  Promotion (``promote_every`` P, a multiple of n; DeepSeek-V3's recipe): after every P products and after the
+  last, outer <- round_outer(outer + x) (``outer_fmt``, ``outer_rounding``), x <- +0; the result is outer.
+  Without promotion the result is x. Bias (linear) is then added with one rounding to the result's format.
+  Non-finite terms: a step with an inf or NaN term gives round_acc of the sum of its non-finite terms.
+Worked example (h100_fp8_e4m3: n=32, p=13, acc e8m13 toward zero): terms 1.0 (E=0) and 3*2**-15 align to the
+quantum 2**-13; 3*2**-15 = 0.75 quanta truncates to 0, so 1.0 + 3*2**-15 gives 1.0 in one step, where fp32
+accumulation gives 1.0000916.
+Exact accumulation (``acc_fmt="exact"``): a Kulisch accumulator: c, every product (exact, or rounded to
+mul_fmt) and the bias are summed without error and rounded once to the output dtype's format (fp32, fp16
+or bf16) in ``acc_rounding`` (any mode; stochastic rounds the sum's binary64 round-to-odd, counter = the
+output's flat index, stream 1). float64 outputs are refused.
+
 Stochastic rounding. Every rounding draws ``sr_bits`` bits from the counter-based generator of
 ``emunum.quantize`` (``kernels.scalar.random_bits(key, counter, sr_bits)``), with one key per stream,
 key_s = seed_key(seed) + s (mod 2**64) mixed by splitmix64 (``stream_keys``), and counters, for output
@@ -53,8 +82,13 @@ import numpy as np
 
 from ..formats import FloatFormat, Format, RoundMode, format_or_none, parse_enum
 from ..rng import mix64_int, seed_key
+from .presets import preset_kwargs
 
 MAX_LANES = 64
+MAX_TERMS = 256
+MAX_ALIGN_BITS = 40
+MAX_CARRY_BITS = 10
+EXACT = "exact"
 NPARAM = 12  # mirrors kernels.gemm_scalar.NPARAM (this layer compiles nothing)
 NSTREAMS = 5
 
@@ -100,6 +134,15 @@ class MADUnit:
       and sums with fp32 rounding (fused or not, by the BLAS) but in its own summation order and blocking,
       so the bits are not reproduced, only the arithmetic (on CUDA, only with TF32 off:
       ``torch.backends.cuda.matmul.allow_tf32 = False``, torch's default). ``mad`` always runs the datapath.
+    Multi-term (tensor-core) fields, see the module docstring (they exclude ``chunk`` and ``lanes``):
+    terms: products per fused step (1..256); align_bits: fraction bits kept below the step exponent (0..40;
+      None: lossless); align_rounding: what happens to the shifted-out bits (default toward_zero);
+      align_floor: the lowest step exponent (None: none); carry_bits: adder carry bits (0..10; None:
+      unlimited); in_fmt: the operands' format, whose emin is a subnormal operand's exponent (None: fp32);
+      promote_every: products per promotion into the outer accumulator (``outer_fmt``, ``outer_rounding``,
+      default fp32 to nearest), a multiple of terms.
+    acc_fmt="exact": Kulisch accumulation rounded once to the output dtype (module docstring).
+    ``MADUnit.preset(name)`` gives the published tensor-core datapaths (``emunum.mad.presets``).
     Formats may be given by name (``get_format``), modes by name (``RoundMode.parse``).
     The full datapath (order of operations, roundings, stochastic counters) is in the module docstring.
     """
@@ -113,6 +156,15 @@ class MADUnit:
     lanes: int = 1
     sr_bits: int = 32
     order: Order = Order.SEQUENTIAL
+    terms: int = 1
+    align_bits: int | None = None
+    align_rounding: RoundMode = RoundMode.TOWARD_ZERO
+    align_floor: int | None = None
+    carry_bits: int | None = None
+    in_fmt: Format | None = None
+    promote_every: int | None = None
+    outer_fmt: Format = "fp32"
+    outer_rounding: RoundMode = RoundMode.NEAREST
 
     def __post_init__(self):
         if not isinstance(self.fused, (bool, np.bool_)):
@@ -120,7 +172,10 @@ class MADUnit:
         object.__setattr__(self, "fused", bool(self.fused))
         if self.acc_fmt is None:
             raise ValueError("MADUnit.acc_fmt=None: the accumulator needs a format (e.g. 'fp32', 'fp16_169')")
-        object.__setattr__(self, "acc_fmt", format_or_none(self.acc_fmt, "MADUnit.acc_fmt"))
+        if isinstance(self.acc_fmt, str) and self.acc_fmt.lower() == EXACT:
+            object.__setattr__(self, "acc_fmt", EXACT)
+        else:
+            object.__setattr__(self, "acc_fmt", format_or_none(self.acc_fmt, "MADUnit.acc_fmt"))
         object.__setattr__(self, "mul_fmt", format_or_none(self.mul_fmt, "MADUnit.mul_fmt"))
         object.__setattr__(self, "mul_rounding", RoundMode.parse(self.mul_rounding, "MADUnit.mul_rounding"))
         object.__setattr__(self, "acc_rounding", RoundMode.parse(self.acc_rounding, "MADUnit.acc_rounding"))
@@ -138,6 +193,7 @@ class MADUnit:
         object.__setattr__(self, "lanes", _positive_int("lanes", self.lanes, 1, MAX_LANES))
         object.__setattr__(self, "sr_bits", _positive_int("sr_bits", self.sr_bits, 1, 32))
         object.__setattr__(self, "order", Order.parse(self.order))
+        self._check_multiterm()
         if self.order == Order.ANY:
             ok = (_is_fp32(self.acc_fmt) and self.acc_rounding == RoundMode.NEAREST and self.chunk is None
                   and self.lanes == 1 and (self.fused or (_is_fp32(self.mul_fmt)
@@ -145,6 +201,108 @@ class MADUnit:
             if not ok:
                 raise ValueError(f"MADUnit.order='any' needs an fp32 unit (fp32 or fused products, fp32 accumulator, "
                                  f"round-to-nearest, chunk=None, lanes=1); got {self}")
+
+    def _check_multiterm(self):
+        object.__setattr__(self, "terms", _positive_int("terms", self.terms, 1, MAX_TERMS))
+        for field, hi in (("align_bits", MAX_ALIGN_BITS), ("carry_bits", MAX_CARRY_BITS)):
+            v = getattr(self, field)
+            if v is not None:
+                object.__setattr__(self, field, _positive_int(field, v, 0, hi))
+        if self.align_floor is not None:
+            object.__setattr__(self, "align_floor", _positive_int("align_floor", self.align_floor, -1100, 1100))
+        if self.promote_every is not None:
+            object.__setattr__(self, "promote_every", _positive_int("promote_every", self.promote_every, 1,
+                                                                    2**31 - 1))
+        object.__setattr__(self, "align_rounding", RoundMode.parse(self.align_rounding, "MADUnit.align_rounding"))
+        object.__setattr__(self, "outer_rounding", RoundMode.parse(self.outer_rounding, "MADUnit.outer_rounding"))
+        object.__setattr__(self, "in_fmt", format_or_none(self.in_fmt, "MADUnit.in_fmt"))
+        object.__setattr__(self, "outer_fmt", format_or_none(self.outer_fmt, "MADUnit.outer_fmt"))
+        for field in ("in_fmt", "outer_fmt"):
+            v = getattr(self, field)
+            if v is not None and not isinstance(v, FloatFormat):
+                raise ValueError(f"MADUnit.{field}={v.name}: allowed: a FloatFormat")
+        if not self.is_multiterm:
+            return
+        if self.chunk is not None or self.lanes != 1:
+            raise ValueError(f"MADUnit chunk={self.chunk}, lanes={self.lanes} with a multi-term or exact unit: "
+                             "allowed: chunk=None, lanes=1 (promote_every generalises chunk)")
+        if self.order != Order.SEQUENTIAL:
+            raise ValueError("MADUnit.order='any' with a multi-term or exact unit: allowed: 'sequential'")
+        if not self.fused and not isinstance(self.mul_fmt, FloatFormat):
+            raise ValueError(f"MADUnit.mul_fmt={self.mul_fmt.name} with a multi-term or exact unit: allowed: a "
+                             "FloatFormat, or fused=True (exact products)")
+        if not self.fused and self.mul_rounding == RoundMode.STOCHASTIC:
+            raise ValueError("MADUnit.mul_rounding='stochastic' with a multi-term or exact unit: allowed: a "
+                             "deterministic mode")
+        if self.align_rounding == RoundMode.STOCHASTIC:
+            raise ValueError("MADUnit.align_rounding='stochastic': allowed: a deterministic mode")
+        if self.acc_fmt == EXACT:
+            extra = {k: getattr(self, k) for k in ("align_bits", "align_floor", "carry_bits", "promote_every")
+                     if getattr(self, k) is not None}
+            if self.terms != 1 or extra:
+                raise ValueError(f"MADUnit acc_fmt='exact' with terms={self.terms}, {extra}: an exact "
+                                 "accumulator has no steps; allowed: terms=1 and none of align_bits, "
+                                 "align_floor, carry_bits, promote_every")
+            return
+        if not isinstance(self.acc_fmt, FloatFormat):
+            raise ValueError(f"MADUnit.acc_fmt={self.acc_fmt.name} with a multi-term unit: allowed: a FloatFormat")
+        if RoundMode.STOCHASTIC in (self.acc_rounding, self.outer_rounding):
+            raise ValueError("MADUnit acc_rounding/outer_rounding='stochastic' with a multi-term unit: allowed: "
+                             "a deterministic mode")
+        if self.carry_bits is not None and self.align_bits is None:
+            raise ValueError(f"MADUnit.carry_bits={self.carry_bits} with align_bits=None: a lossless adder has "
+                             "no fixed width; give align_bits")
+        if self.promote_every is not None and self.promote_every % self.terms != 0:
+            raise ValueError(f"MADUnit.promote_every={self.promote_every} is not a multiple of "
+                             f"terms={self.terms}; allowed: k * terms")
+
+    @property
+    def is_multiterm(self) -> bool:
+        """Whether the unit runs the multi-term (or exact) datapath rather than one product per step."""
+        return (self.terms > 1 or self.acc_fmt == EXACT or any(
+            getattr(self, k) is not None for k in ("align_bits", "align_floor", "carry_bits", "promote_every")))
+
+    @property
+    def is_exact(self) -> bool:
+        return self.acc_fmt == EXACT
+
+    @classmethod
+    def preset(cls, name: str) -> "MADUnit":
+        """A published tensor-core datapath by name (``emunum.mad.presets.PRESETS``; aliases a2/a30 -> a100,
+        l40s -> ada, h200 -> h100); each preset's documentation cites its source."""
+        return cls(**preset_kwargs(name))
+
+    def exact_out_format(self, dtype) -> FloatFormat:
+        """The format an exact unit rounds to for an output dtype (fp32, fp16, bf16)."""
+        import torch
+
+        fmts = {torch.float32: FloatFormat(8, 23), torch.float16: FloatFormat(5, 10),
+                torch.bfloat16: FloatFormat(8, 7)}
+        if dtype not in fmts:
+            raise ValueError(f"MADUnit acc_fmt='exact' rounds once to the output dtype; got {dtype}, allowed: "
+                             "float32, float16, bfloat16")
+        return fmts[dtype]
+
+    def multiterm_params(self, dtype=None) -> tuple:
+        """(prm, mul, acc, outer) int64 parameter vectors of ``kernels.multiterm_scalar`` (acc: the output
+        format for exact units, from ``dtype``). Also used for one-product-per-step units (terms=1, lossless)
+        with lanes=1 and chunk=None, whose bits it reproduces (addmm on such units)."""
+        exact = self.is_exact
+        prm = np.zeros(11, np.int64)
+        prm[0] = 1 if exact else 0
+        prm[1] = self.terms
+        prm[2] = -1 if self.align_bits is None else self.align_bits
+        prm[3] = int(self.align_rounding)
+        prm[4] = -100000 if self.align_floor is None else self.align_floor
+        prm[5] = -1 if self.carry_bits is None else self.carry_bits
+        prm[6] = self.promote_every or 0
+        prm[7] = int(self.fused)
+        prm[8] = (self.in_fmt or FloatFormat(8, 23)).emin
+        acc = self.exact_out_format(dtype) if exact else self.acc_fmt
+        prm[9] = acc.emin if isinstance(acc, FloatFormat) else 0
+        prm[10] = self.mul_fmt.emin if isinstance(self.mul_fmt, FloatFormat) else 0
+        mul = np.zeros(NPARAM, np.int64) if self.fused else format_params(self.mul_fmt, self.mul_rounding)
+        return prm, mul, format_params(acc, self.acc_rounding), format_params(self.outer_fmt, self.outer_rounding)
 
     # ---- derived ---------------------------------------------------------------------------------
     @property
@@ -163,14 +321,25 @@ class MADUnit:
             extra.append(f"sr_bits={self.sr_bits}")
         if self.order != Order.SEQUENTIAL:
             extra.append("order=any")
-        return f"MAD[{mul} -> {fmt(self.acc_fmt, self.acc_rounding)}" + "".join(", " + e for e in extra) + "]"
+        for k in ("terms", "align_bits", "align_floor", "carry_bits", "promote_every"):
+            v = getattr(self, k)
+            if v is not None and not (k == "terms" and v == 1):
+                extra.append(f"{k}={v}")
+        if self.is_multiterm and not self.is_exact:
+            extra.append(f"align_rounding={self.align_rounding.name.lower()}")
+        if self.promote_every is not None:
+            extra.append(f"outer={fmt(self.outer_fmt, self.outer_rounding)}")
+        if self.in_fmt is not None:
+            extra.append(f"in_fmt={self.in_fmt.name}")
+        acc = f"exact:{self.acc_rounding.name.lower()}" if self.is_exact else fmt(self.acc_fmt, self.acc_rounding)
+        return f"MAD[{mul} -> {acc}" + "".join(", " + e for e in extra) + "]"
 
     def __str__(self) -> str:
         return self.name
 
     def output_fits_float32(self) -> bool:
         """Whether every acc_fmt value is a float32 (float formats always; fixed point up to 24 bits)."""
-        return isinstance(self.acc_fmt, FloatFormat) or self.acc_fmt.bits <= 24
+        return self.is_exact or isinstance(self.acc_fmt, FloatFormat) or self.acc_fmt.bits <= 24
 
     def kernel_params(self) -> tuple[np.ndarray, np.ndarray]:
         """(mul, acc) int64 parameter vectors for ``kernels.gemm_scalar`` (mul: zeros when fused)."""

@@ -1,0 +1,261 @@
+"""Numba CPU kernel of the multi-term (tensor-core) datapath and of exact accumulation.
+
+The datapath is specified in ``emunum.mad.unit``; the scalar cores (steps, alignment, Kulisch accumulator)
+are in ``multiterm_scalar``, shared with the CUDA kernel. B arrives transposed, (bB, N, K), so each dot
+product reads two contiguous rows. Rows (b, i) are distributed over threads with ``prange``; each output
+element is computed alone, in increasing k, so the bits never depend on the thread count.
+Nothing is compiled at import; the kernel compiles on first call (``cache=True``).
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from . import _cache, gemm_scalar, multiterm_scalar, scalar
+from . import parallel as _parallel
+
+_cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__, multiterm_scalar.__file__])
+
+from .gemm_scalar import S_ACC, S_BIAS, add_round  # noqa: E402
+from .multiterm_scalar import (  # noqa: E402
+    NLIMB, T_IN_EMIN, T_KIND, T_PROMOTE, T_TERMS, exact_accumulate, exact_result, fused_step, is_promotion_point,
+    kul_add_int, kul_clear, product, promote, decompose, fast_step, T_AMODE, T_P, T_FUSED, T_FLOOR, T_C_EMIN,
+    T_CARRY, NO_FLOOR, round_int_scaled,
+)
+from .gemm_scalar import f64_bits, round_value  # noqa: E402
+
+TN = 32  # output columns advanced together by ``gemm_int_tiled``
+
+
+@njit(cache=True, parallel=True)
+def gemm(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits):
+    """out[b, i, j] = the datapath's d for row A[b % bA, i], column BT[b % bB, j] and c = C[b, i, j]
+    (+ bias[b, i, j] last, rounded to the result's format; exact units add it into the exact sum)."""
+    nb, M, N = out.shape
+    K = A.shape[2]
+    bA, bB = A.shape[0], BT.shape[0]
+    n = prm[T_TERMS]
+    for t in prange(nb * M):
+        b = t // M
+        i = t % M
+        ab, bb = b % bA, b % bB
+        limbs = np.zeros(NLIMB, np.int64)
+        av = np.empty(n, np.float32)
+        bv = np.empty(n, np.float32)
+        for j in range(N):
+            o = (b * M + i) * N + j
+            if prm[T_KIND] == 1:
+                kul_clear(limbs)
+                sp, has = exact_accumulate(limbs, C[b, i, j], 0.0, False)
+                if has_bias:
+                    sp, has = exact_accumulate(limbs, bias[b, i, j], sp, has)
+                for k in range(K):
+                    p, e = product(A[ab, i, k], BT[bb, j, k], prm[T_IN_EMIN], prm, mulp)
+                    sp, has = exact_accumulate(limbs, p, sp, has)
+                out[b, i, j] = exact_result(limbs, sp, has, accp, keys[S_ACC], o, nbits)
+                continue
+            acc = C[b, i, j]
+            outer = 0.0
+            k0 = 0
+            while True:
+                k1 = min(K, k0 + n)
+                for q in range(k1 - k0):
+                    av[q] = A[ab, i, k0 + q]
+                    bv[q] = BT[bb, j, k0 + q]
+                acc = fused_step(av, bv, k1 - k0, acc, prm, mulp, accp, limbs)
+                if is_promotion_point(k1, K, prm):
+                    outer = promote(outer, acc, outerp)
+                    acc = 0.0
+                k0 = k1
+                if k0 >= K:
+                    break
+            if prm[T_PROMOTE] > 0:
+                acc = outer
+                if has_bias:
+                    acc = add_round(acc, bias[b, i, j], outerp, keys[S_BIAS], o, nbits)
+            elif has_bias:
+                acc = add_round(acc, bias[b, i, j], accp, keys[S_BIAS], o, nbits)
+            out[b, i, j] = acc
+
+
+@njit(cache=True, parallel=True)
+def split(X, emin, M, E):
+    """M, E <- ``decompose`` of every element of X (b, r, K); returns whether all are exact integers."""
+    nb, R, K = X.shape
+    bad = np.zeros(nb * R, np.int64)
+    for t in prange(nb * R):
+        b, r = t // R, t % R
+        for k in range(K):
+            m, e, ok = decompose(np.float64(X[b, r, k]), emin)
+            M[t, k] = m
+            E[t, k] = e
+            if not ok:
+                bad[t] = 1
+    return bad.sum() == 0
+
+
+@njit(cache=True, parallel=True)
+def gemm_int(MA, EA, MB, EB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, nbits):
+    """``gemm`` on integer operands (``split``; rows b*M + i of A, b*N + j of B^T) for fused units with
+    toward-zero alignment (multi-term) or exact accumulation: the same bits, integer arithmetic."""
+    nb, M, N = out.shape
+    K = MA.shape[1]
+    n = prm[T_TERMS]
+    for t in prange(nb * M):
+        b = t // M
+        i = t % M
+        ia = (b % bA) * M + i
+        limbs = np.zeros(NLIMB, np.int64)
+        for j in range(N):
+            ib = (b % bB) * N + j
+            o = (b * M + i) * N + j
+            if prm[T_KIND] == 1:
+                kul_clear(limbs)
+                sp, has = exact_accumulate(limbs, C[b, i, j], 0.0, False)
+                if has_bias:
+                    sp, has = exact_accumulate(limbs, bias[b, i, j], sp, has)
+                for k in range(K):
+                    prod = MA[ia, k] * MB[ib, k]
+                    if prod != 0:
+                        kul_add_int(limbs, prod, EA[ia, k] + EB[ib, k] - 46)
+                out[b, i, j] = exact_result(limbs, sp, has, accp, keys[S_ACC], o, nbits)
+                continue
+            acc = C[b, i, j]
+            outer = 0.0
+            k0 = 0
+            while True:
+                k1 = min(K, k0 + n)
+                acc = fast_step(MA, EA, ia, MB, EB, ib, k0, k1, acc, prm, accp)
+                if is_promotion_point(k1, K, prm):
+                    outer = promote(outer, acc, outerp)
+                    acc = 0.0
+                k0 = k1
+                if k0 >= K:
+                    break
+            if prm[T_PROMOTE] > 0:
+                acc = outer
+                if has_bias:
+                    acc = add_round(acc, bias[b, i, j], outerp, keys[S_BIAS], o, nbits)
+            elif has_bias:
+                acc = add_round(acc, bias[b, i, j], accp, keys[S_BIAS], o, nbits)
+            out[b, i, j] = acc
+
+
+@njit(cache=True, parallel=True)
+def gemm_int_tiled(MA, EA, MB, EB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, nbits):
+    """Multi-term ``gemm_int`` with TN output columns per step pass (MB, EB as (bB, K, N): contiguous in the
+    column), so the alignment loops run over columns (SIMD). Same operations per element: same bits."""
+    nb, M, N = out.shape
+    K = MA.shape[1]
+    n = prm[T_TERMS]
+    p_bits = prm[T_P]
+    floor = prm[T_FLOOR]
+    cemin = prm[T_C_EMIN]
+    tj = (N + TN - 1) // TN
+    for t in prange(nb * M * tj):
+        b = t // (M * tj)
+        r = t % (M * tj)
+        i = r // tj
+        j0 = (r % tj) * TN
+        nj = min(TN, N - j0)
+        ia = (b % bA) * M + i
+        bb = b % bB
+        acc = np.empty(TN)
+        outer = np.zeros(TN)
+        em = np.empty(TN, np.int64)
+        base = np.empty(TN, np.int64)
+        s = np.empty(TN, np.int64)
+        for jj in range(nj):
+            acc[jj] = C[b, i, j0 + jj]
+        k0 = 0
+        while True:
+            k1 = min(K, k0 + n)
+            for jj in range(TN):
+                em[jj] = NO_FLOOR
+            for k in range(k0, k1):
+                a = MA[ia, k]
+                if a == 0:
+                    continue
+                ea = EA[ia, k]
+                for jj in range(nj):
+                    e = ea + EB[bb, k, j0 + jj] if MB[bb, k, j0 + jj] != 0 else NO_FLOOR
+                    em[jj] = max(em[jj], e)
+            for jj in range(nj):
+                c = acc[jj]
+                E = max(em[jj], floor)
+                s[jj] = 0
+                if c != 0.0 and math.isfinite(c):
+                    cb = f64_bits(c)
+                    be = np.int64((cb >> np.uint64(52)) & np.uint64(2047))
+                    ec = max(be - 1023, cemin)
+                    E = max(E, ec)
+                    cm = np.int64(cb & np.uint64(4503599627370495)) | (np.int64(1) << 52)
+                    sh = min(E - p_bits - (be - 1075), 63)
+                    v = cm >> sh
+                    s[jj] = -v if c < 0.0 else v
+                base[jj] = E - p_bits
+            for k in range(k0, k1):
+                a = MA[ia, k]
+                if a == 0:
+                    continue
+                ea46 = EA[ia, k] - 46
+                for jj in range(nj):
+                    prod = a * MB[bb, k, j0 + jj]
+                    sh = min(base[jj] - ea46 - EB[bb, k, j0 + jj], 63)
+                    sgn = prod >> 63
+                    s[jj] += (((prod ^ sgn) - sgn) >> sh ^ sgn) - sgn
+            for jj in range(nj):
+                c = acc[jj]
+                if not math.isfinite(c):
+                    acc[jj] = round_value(c, accp, np.uint64(0), 32)
+                elif em[jj] == NO_FLOOR and c == 0.0:
+                    acc[jj] = 0.0
+                else:
+                    sv = s[jj]
+                    if prm[T_CARRY] >= 0:
+                        w = 3 + prm[T_CARRY] + p_bits
+                        h = np.int64(1) << (w - 1)
+                        sv = ((sv + h) & ((np.int64(1) << w) - 1)) - h
+                    acc[jj] = round_int_scaled(sv, base[jj], accp)
+                if is_promotion_point(k1, K, prm):
+                    outer[jj] = promote(outer[jj], acc[jj], outerp)
+                    acc[jj] = 0.0
+            k0 = k1
+            if k0 >= K:
+                break
+        for jj in range(nj):
+            o = (b * M + i) * N + j0 + jj
+            y = acc[jj]
+            if prm[T_PROMOTE] > 0:
+                y = outer[jj]
+                if has_bias:
+                    y = add_round(y, bias[b, i, j0 + jj], outerp, keys[S_BIAS], o, nbits)
+            elif has_bias:
+                y = add_round(y, bias[b, i, j0 + jj], accp, keys[S_BIAS], o, nbits)
+            out[b, i, j0 + jj] = y
+
+
+def gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits):
+    """``gemm_int`` where it applies (exact products; toward-zero alignment or exact accumulation; operands
+    on their format's grid), else ``gemm``. Same bits either way. Holds the process-wide parallel lock."""
+    with _parallel.exclusive():
+        _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits)
+
+
+def _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits):
+    exact = prm[T_KIND] == 1
+    if prm[T_FUSED] == 1 and (exact or (prm[T_P] >= 0 and prm[T_AMODE] == 2)):
+        bA, M, K = A.shape
+        bB, N, _ = BT.shape
+        MA, EA = np.empty((bA * M, K), np.int64), np.empty((bA * M, K), np.int64)
+        MB, EB = np.empty((bB * N, K), np.int64), np.empty((bB * N, K), np.int64)
+        emin = prm[T_IN_EMIN]
+        if split(A, emin, MA, EA) and split(BT, emin, MB, EB):
+            if exact or N < 8:  # column tiles pay off only for wide outputs
+                gemm_int(MA, EA, MB, EB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, nbits)
+            else:
+                MBk = np.ascontiguousarray(MB.reshape(bB, N, K).transpose(0, 2, 1))
+                EBk = np.ascontiguousarray(EB.reshape(bB, N, K).transpose(0, 2, 1))
+                gemm_int_tiled(MA, EA, MBk, EBk, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, nbits)
+            return
+    gemm(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits)

@@ -1,0 +1,393 @@
+"""Multi-term MAD units and exact accumulation (emunum.mad, issue 14): kernels against the exact reference.
+
+Oracle: ``emunum.mad.reference_multiterm`` (Python fractions and integers; its own exponent extraction,
+alignment and rounding; no code shared with the kernels), itself checked against measured GPU outputs in
+tests/test_tensor_cores.py. Zero tolerance: equal values and equal sign bits.
+"""
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+import emunum
+from emunum import FloatFormat, MADUnit, RoundMode
+from emunum.mad import reference_multiterm as ref
+from emunum.mad.presets import PRESETS, TABLE
+
+FP32 = FloatFormat(8, 23)
+
+
+def ref_element(unit: MADUnit, a, b, c, dtype=torch.float32):
+    """The reference's d for one dot product on ``unit``."""
+    if unit.is_exact:
+        out = unit.exact_out_format(dtype)
+        if not unit.fused:  # products rounded to mul_fmt first: feed them as p_k * 1
+            a = [ref.round_fraction(Fraction(x) * Fraction(y), unit.mul_fmt, unit.mul_rounding) for x, y in zip(a, b)]
+            b = [1] * len(a)
+        return ref.dot_exact(a, b, c, out, unit.acc_rounding)
+    return ref.dot_multiterm(
+        a, b, c, terms=unit.terms, in_emin=(unit.in_fmt or FP32).emin, align_bits=unit.align_bits,
+        align_rounding=unit.align_rounding, align_floor=unit.align_floor, carry_bits=unit.carry_bits,
+        acc_fmt=unit.acc_fmt, acc_rounding=unit.acc_rounding, promote_every=unit.promote_every,
+        outer_fmt=unit.outer_fmt, outer_rounding=unit.outer_rounding,
+        mul_fmt=None if unit.fused else unit.mul_fmt, mul_rounding=unit.mul_rounding)
+
+
+def ref_gemm(unit, A, B, C):
+    """float64 numpy (nb, M, N) of the reference, A (nb, M, K), B (nb, K, N), C (nb, M, N)."""
+    nb, M, K = A.shape
+    N = B.shape[2]
+    out = np.empty((nb, M, N))
+    for b_, i, j in itertools.product(range(nb), range(M), range(N)):
+        r = ref_element(unit, [float(x) for x in A[b_, i]], [float(x) for x in B[b_, :, j]], float(C[b_, i, j]))
+        out[b_, i, j] = float(r)
+    return out
+
+
+def same_bits(x: np.ndarray, y: np.ndarray) -> bool:
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    both_nan = np.isnan(x) & np.isnan(y)
+    return bool(np.all(both_nan | ((x == y) & (np.signbit(x) == np.signbit(y)))))
+
+
+def operands(rng, shape, fmt="bf16", spread=12, subnormal_share=0.1, zero_share=0.1):
+    """Values of ``fmt`` with wide exponent spread, exact cancellations, zeros and subnormals."""
+    f = emunum.get_format(fmt)
+    n = int(np.prod(shape))
+    x = rng.standard_normal(n) * np.exp2(rng.integers(-spread, spread + 1, n))
+    sub = rng.random(n) < subnormal_share
+    x[sub] = rng.integers(-2**f.man + 1, 2**f.man, sub.sum()) * f.min_subnormal
+    x[rng.random(n) < zero_share] = 0.0
+    t = emunum.quantize(torch.from_numpy(x), fmt)
+    return t.reshape(shape).to(torch.float32)
+
+
+def adversarial_batch(rng, K, fmt):
+    """A (2, 3, K), B (2, K, 4) with cancellation (a_k b_k = -a_{k+1} b_{k+1}), a huge term beside tiny ones,
+    shifts beyond the alignment width and subnormals."""
+    A = operands(rng, (2, 3, K), fmt)
+    B = operands(rng, (2, K, 4), fmt)
+    if K >= 2:
+        A[0, 0, 1] = -A[0, 0, 0]
+        B[0, 1, :] = B[0, 0, :]                       # exact cancellation in row 0
+        A[1, 1, 0] = 2.0**10
+        A[1, 1, 1:] = 2.0**-14                         # huge beside tiny
+    f = emunum.get_format(fmt)
+    A[1, 2, :] = f.min_subnormal * 3                   # products of subnormals
+    B[1, :, 3] = f.min_subnormal
+    return A, B
+
+
+def run_unit(unit, A, B, C):
+    return emunum.baddbmm(C, A, B, unit).to(torch.float64).numpy()
+
+
+# ---- every option combination against the reference --------------------------------------------------
+
+_ACCS = [("fp32", "toward_zero"), ("bf16", "nearest"), ("fp16", "up"), ("e8m13", "toward_zero"), ("fp32", "down")]
+_COMBOS = []
+for terms, align_bits, arnd, (acc, accr), floor, carry, promote, mul in itertools.product(
+        (1, 2, 5, 16), (None, 0, 4, 13, 25), ("toward_zero", "nearest", "up", "odd"), _ACCS, (None, -12),
+        (None, 1), (None, 2), (None, "bf16")):
+    if carry is not None and align_bits is None:
+        continue
+    _COMBOS.append((terms, align_bits, arnd, acc, accr, floor, carry, promote, mul))
+_RNG_SEL = np.random.default_rng(0)
+_COMBOS = [_COMBOS[i] for i in sorted(_RNG_SEL.choice(len(_COMBOS), 60, replace=False))]
+
+
+@pytest.mark.parametrize("terms,align_bits,arnd,acc,accr,floor,carry,promote,mul", _COMBOS)
+def test_multiterm_gemm_matches_exact_reference_for_option_combinations(terms, align_bits, arnd, acc, accr, floor,
+                                                                        carry, promote, mul):
+    unit = MADUnit(mul, acc, fused=mul is None, acc_rounding=accr, terms=terms, align_bits=align_bits,
+                   align_rounding=arnd, align_floor=floor, carry_bits=carry,
+                   promote_every=None if promote is None else promote * terms, in_fmt="fp16")
+    rng = np.random.default_rng(terms * 1000 + (align_bits or 99))
+    K = 2 * terms + 3
+    A, B = adversarial_batch(rng, K, "fp16")
+    C = operands(rng, (2, 3, 4), "fp16", spread=4)
+    C[0, 0, 0] = 2.0**12                                 # c dominates the first step
+    got = run_unit(unit, A, B, C)
+    want = ref_gemm(unit, A.numpy(), B.numpy(), C.numpy())
+    assert same_bits(got, want), (unit, got, want)
+
+
+@pytest.mark.parametrize("carry", [0, 1, 2])
+def test_carry_bits_wrap_the_aligned_sum_like_the_reference(carry):
+    unit = MADUnit(None, "fp32", fused=True, acc_rounding="toward_zero", terms=8, align_bits=6, carry_bits=carry)
+    A = torch.full((1, 2, 8), 1.75)
+    A[0, 1, ::2] = -1.75
+    B = torch.full((1, 8, 3), 1.5)
+    C = torch.zeros((1, 2, 3))
+    got = run_unit(unit, A, B, C)
+    want = ref_gemm(unit, A.numpy(), B.numpy(), C.numpy())
+    assert same_bits(got, want)
+    wide = run_unit(MADUnit(None, "fp32", fused=True, acc_rounding="toward_zero", terms=8, align_bits=6), A, B, C)
+    assert got[0, 0, 0] != wide[0, 0, 0]  # 8 * 2.625 = 21 needs 5 integer bits: narrower adders wrap
+
+
+@pytest.mark.parametrize("K", [40, 128, 1000])
+@pytest.mark.parametrize("name", ["h100_fp8_e4m3", "a100_bf16", "v100_fp16"])
+def test_long_gemm_chains_steps_like_the_reference(name, K):
+    unit = MADUnit.preset(name)
+    fmt = {"h100_fp8_e4m3": "e4m3fn", "a100_bf16": "bf16", "v100_fp16": "fp16"}[name]
+    rng = np.random.default_rng(K)
+    A = operands(rng, (1, 2, K), fmt, spread=3, subnormal_share=0.02)
+    B = operands(rng, (1, K, 2), fmt, spread=3, subnormal_share=0.02)
+    C = operands(rng, (1, 2, 2), "fp32", spread=3, subnormal_share=0, zero_share=0)
+    got = run_unit(unit, A, B, C)
+    assert same_bits(got, ref_gemm(unit, A.numpy(), B.numpy(), C.numpy()))
+
+
+def test_promotion_every_128_products_recovers_accuracy_lost_by_13_bit_steps():
+    base = MADUnit.preset("h100_fp8_e4m3")
+    promoted = MADUnit(None, base.acc_fmt, fused=True, acc_rounding=base.acc_rounding, terms=32, align_bits=13,
+                       align_floor=base.align_floor, in_fmt=base.in_fmt, promote_every=128)
+    K = 1024
+    A = torch.ones((1, 1, K))
+    B = torch.full((1, K, 1), 2.0**-8)
+    B[0, 0, 0] = 448.0
+    C = torch.zeros((1, 1, 1))
+    exact = 448.0 + (K - 1) * 2.0**-8
+    plain, prom = run_unit(base, A, B, C)[0, 0, 0], run_unit(promoted, A, B, C)[0, 0, 0]
+    assert same_bits([prom], [float(ref_element(promoted, A[0, 0].tolist(), B[0, :, 0].tolist(), 0.0))])
+    assert plain == 448.0 and abs(prom - exact) < 1.0  # 13-bit steps drop every 2**-8; promotion keeps them
+
+
+# ---- one product per step: today's bits ------------------------------------------------------------------
+
+@pytest.mark.parametrize("unit", [
+    MADUnit(None, "fp32", fused=True),
+    MADUnit("bf16", "fp16", mul_rounding="toward_zero", acc_rounding="nearest"),
+    MADUnit("fp16", "bf16", acc_rounding="up"),
+    MADUnit(None, "e4m3fn", fused=True, acc_rounding="odd"),
+], ids=str)
+def test_terms_1_lossless_steps_give_todays_bits(unit):
+    """addmm with c = 0 runs the multi-term kernel with terms=1 and lossless alignment; matmul runs today's
+    one-product kernel: the bits agree."""
+    rng = np.random.default_rng(3)
+    A = operands(rng, (5, 19), "bf16", spread=6)
+    B = operands(rng, (19, 7), "bf16", spread=6)
+    got = emunum.addmm(torch.zeros(5, 7), A, B, unit)
+    want = emunum.matmul(A, B, unit)
+    assert same_bits(got.numpy(), want.numpy())
+
+
+# ---- exact accumulation ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest_away", "toward_zero", "up", "down", "odd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_exact_accumulation_rounds_the_exact_sum_once(mode, dtype):
+    unit = MADUnit(None, "exact", fused=True, acc_rounding=mode)
+    rng = np.random.default_rng(7)
+    fmt, spread, big = {torch.float32: ("fp32", 30, 60), torch.float16: ("fp16", 5, 14),
+                         torch.bfloat16: ("bf16", 30, 60)}[dtype]
+    A = operands(rng, (1, 4, 300), fmt, spread=spread, subnormal_share=0.05).to(dtype)
+    B = operands(rng, (1, 300, 3), fmt, spread=spread, subnormal_share=0.05).to(dtype)
+    A[0, 0, :2] = torch.tensor([2.0**big, -2.0**big]).to(dtype)
+    A[0, 0, 2] = 2.0**-big
+    C = torch.zeros((1, 4, 3), dtype=dtype)
+    got = emunum.baddbmm(C, A, B, unit)
+    assert got.dtype == dtype
+    out_fmt = unit.exact_out_format(dtype)
+    want = np.array([[[float(ref.dot_exact(A[0, i].double().tolist(), B[0, :, j].double().tolist(), 0.0, out_fmt,
+                                             mode)) for j in range(3)] for i in range(4)]])
+    assert same_bits(got.double().numpy(), want)
+
+
+def test_exact_accumulation_is_order_independent_and_exact_on_cancellation():
+    unit = MADUnit(None, "exact", fused=True)
+    x = torch.tensor([[1e30, 1.0, -1e30, 2.0**-100]])
+    y = torch.ones(4, 1)
+    assert emunum.matmul(x, y, unit).item() == 1.0
+    perm = emunum.matmul(x[:, [3, 2, 1, 0]], y, unit)
+    assert perm.item() == 1.0
+
+
+def test_exact_linear_adds_bias_inside_the_exact_sum():
+    unit = MADUnit(None, "exact", fused=True)
+    x = torch.tensor([[2.0**24, 1.0]])
+    w = torch.tensor([[1.0, 1.0]])
+    b = torch.tensor([1.0])
+    assert emunum.linear(x, w, b, unit).item() == 2.0**24 + 2.0  # fp32 would round 2**24 + 1 first
+
+
+# ---- addmm / baddbmm API ---------------------------------------------------------------------------------
+
+def test_addmm_input_enters_the_first_step_not_the_end():
+    """h100_fp8_e4m3: c = 1 and 32 products of 2**-14 in one step: each aligned at quantum 2**-13 -> lost;
+    added at the end they would survive as 32 * 2**-14 = 2**-9."""
+    unit = MADUnit.preset("h100_fp8_e4m3")
+    A = torch.full((1, 32), 2.0**-7)
+    B = torch.full((32, 1), 2.0**-7)
+    d = emunum.addmm(torch.ones(1, 1), A, B, unit)
+    assert d.item() == 1.0
+    assert emunum.matmul(A, B, unit).item() + 1.0 == 1.0 + 2.0**-9
+
+
+def test_addmm_broadcasts_input_and_matches_baddbmm():
+    unit = MADUnit.preset("a100_bf16")
+    rng = np.random.default_rng(1)
+    A, B = operands(rng, (3, 20), "bf16"), operands(rng, (20, 5), "bf16")
+    bias = operands(rng, (5,), "fp32", subnormal_share=0)
+    d = emunum.addmm(bias, A, B, unit)
+    d2 = emunum.baddbmm(bias.expand(1, 3, 5), A[None], B[None], unit)[0]
+    assert d.shape == (3, 5) and same_bits(d.numpy(), d2.numpy())
+
+
+def test_addmm_rejects_scaling_and_bad_shapes_naming_them():
+    unit = MADUnit.preset("a100_bf16")
+    A, B = torch.ones(2, 3), torch.ones(3, 4)
+    with pytest.raises(ValueError, match="beta=0.5"):
+        emunum.addmm(torch.zeros(2, 4), A, B, unit, beta=0.5)
+    with pytest.raises(ValueError, match="alpha=2"):
+        emunum.addmm(torch.zeros(2, 4), A, B, unit, alpha=2)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        emunum.addmm(torch.zeros(3, 4), A, B, unit)
+    with pytest.raises(ValueError, match="lanes=1"):
+        emunum.addmm(torch.zeros(2, 4), A, B, MADUnit(None, "fp32", fused=True, lanes=4))
+
+
+def test_addmm_gradients_are_matmuls_and_grad_input_is_grad():
+    unit = MADUnit(None, "exact", fused=True)
+    A = torch.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    B = torch.tensor([[0.5, -1.0], [2.0, 0.25]], requires_grad=True)
+    C = torch.tensor([1.0, -1.0], requires_grad=True)
+    emunum.addmm(C, A, B, unit).sum().backward()
+    A2, B2, C2 = (t.detach().clone().requires_grad_() for t in (A, B, C))
+    torch.addmm(C2, A2, B2).sum().backward()
+    for x, y in ((A, A2), (B, B2), (C, C2)):
+        assert torch.equal(x.grad, y.grad)
+
+
+def test_inputs_are_not_modified():
+    unit = MADUnit.preset("h100_fp8_e4m3")
+    A, B, C = torch.ones(2, 32), torch.ones(32, 2), torch.ones(2, 2)
+    copies = [t.clone() for t in (A, B, C)]
+    emunum.addmm(C, A, B, unit)
+    assert all(torch.equal(t, c) for t, c in zip((A, B, C), copies))
+
+
+# ---- unit validation and presets ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,exc,words", [
+    (dict(terms=0), ValueError, "terms=0"),
+    (dict(terms=2.5), TypeError, "terms"),
+    (dict(terms=4, align_bits=41), ValueError, "align_bits=41"),
+    (dict(terms=4, carry_bits=2), ValueError, "carry_bits=2"),
+    (dict(terms=4, promote_every=6), ValueError, "promote_every=6"),
+    (dict(terms=4, lanes=2), ValueError, "lanes=2"),
+    (dict(terms=4, chunk=8), ValueError, "chunk=8"),
+    (dict(terms=4, align_rounding="stochastic"), ValueError, "align_rounding"),
+    (dict(terms=4, acc_rounding="stochastic"), ValueError, "stochastic"),
+    (dict(terms=4, in_fmt="int8"), ValueError, "in_fmt"),
+])
+def test_multiterm_unit_rejects_bad_fields_naming_them(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        MADUnit(None, "fp32", fused=True, **kwargs)
+
+
+def test_exact_unit_refuses_steps_and_float64_output():
+    with pytest.raises(ValueError, match="terms=4"):
+        MADUnit(None, "exact", fused=True, terms=4)
+    unit = MADUnit(None, "exact", fused=True)
+    with pytest.raises(ValueError, match="float64"):
+        emunum.matmul(torch.ones(2, 2, dtype=torch.float64), torch.ones(2, 2, dtype=torch.float64), unit)
+
+
+def test_presets_resolve_aliases_and_unknown_names_list_the_known():
+    assert MADUnit.preset("h200_fp8_e4m3") == MADUnit.preset("h100_fp8_e4m3")
+    assert MADUnit.preset("L40S_bf16") == MADUnit.preset("ada_bf16")
+    assert MADUnit.preset("a30_tf32") == MADUnit.preset("a2_tf32") == MADUnit.preset("a100_tf32")
+    with pytest.raises(ValueError, match="a100_bf16"):
+        MADUnit.preset("z900_fp16")
+    for gpu in ("ada", "h100", "b200"):
+        for f in ("fp16", "bf16", "tf32", "fp8_e4m3", "fp8_e5m2"):
+            assert f"{gpu}_{f}" in PRESETS
+    assert {"v100_fp16", "a100_fp16", "a100_bf16", "a100_tf32"} <= set(TABLE)
+
+
+def test_elementwise_mad_refuses_multiterm_units():
+    with pytest.raises(ValueError, match="multi-term"):
+        emunum.mad(torch.ones(2), torch.ones(2), torch.ones(2), MADUnit.preset("a100_bf16"))
+
+
+def test_units_cli_lists_every_preset_with_its_source(capsys):
+    from emunum.cli import main
+
+    assert main(["units"]) == 0
+    out = capsys.readouterr().out
+    for name in PRESETS:
+        assert name in out
+    assert "models/H100TC.m" in out and "h200" in out
+
+
+@pytest.mark.parametrize("in_fmt", ["fp16", None])
+def test_integer_fast_path_and_general_path_agree_with_the_reference(in_fmt):
+    """fp32 operands with in_fmt=fp16 fall off the integer grid (general kernel); in_fmt=None stays on it."""
+    from emunum.kernels import gemm_multiterm
+
+    unit = MADUnit(None, "fp32", fused=True, acc_rounding="toward_zero", terms=4, align_bits=20, in_fmt=in_fmt)
+    rng = np.random.default_rng(11)
+    A = operands(rng, (1, 3, 9), "fp32", spread=20, subnormal_share=0.1)
+    B = operands(rng, (1, 9, 2), "fp32", spread=20, subnormal_share=0.1)
+    A[0, 0, 0] = 2.0**-140
+    C = torch.zeros((1, 3, 2))
+    prm, mulp, accp, outerp = (tuple(int(v) for v in p) for p in unit.multiterm_params())
+    keys = (np.uint64(0),) * 5
+    BT = np.ascontiguousarray(B.numpy().transpose(0, 2, 1))
+    general, auto = np.empty((1, 3, 2)), np.empty((1, 3, 2))
+    gemm_multiterm.gemm(A.numpy(), BT, C.double().numpy(), np.zeros((1, 1, 1)), False, general, prm, mulp, accp,
+                        outerp, keys, 32)
+    gemm_multiterm.gemm_auto(A.numpy(), BT, C.double().numpy(), np.zeros((1, 1, 1)), False, auto, prm, mulp, accp,
+                             outerp, keys, 32)
+    want = ref_gemm(unit, A.numpy(), B.numpy(), C.numpy())
+    assert same_bits(general, want) and same_bits(auto, want)
+
+
+def test_patch_accepts_a_preset_name_and_runs_the_layers_on_it():
+    from emunum.policy import Policy
+
+    assert Policy.make("e4m3fn", mad="h200_fp8_e4m3").mad == MADUnit.preset("h100_fp8_e4m3")
+    torch.manual_seed(0)
+    x = emunum.quantize(torch.randn(2, 40), "e4m3fn")
+    outs = []
+    for mad in ("h100_fp8_e4m3", MADUnit.preset("h100_fp8_e4m3"), MADUnit(None, "fp32", fused=True)):
+        torch.manual_seed(1)
+        model = emunum.patch(torch.nn.Sequential(torch.nn.Linear(40, 3)), fmt="e4m3fn", output=None, mad=mad)
+        y = model(x)
+        y.sum().backward()
+        assert model[0].weight.grad is not None
+        outs.append(y.detach())
+    assert torch.equal(outs[0], outs[1])
+    assert not torch.equal(outs[0], outs[2])  # 13-bit steps differ from fp32 accumulation somewhere
+
+
+@pytest.mark.parametrize("promote", [None, 8])
+def test_tiled_integer_kernel_equals_general_kernel_with_bias_and_ragged_tiles(promote):
+    from emunum.kernels import gemm_multiterm
+
+    unit = MADUnit(None, "bf16", fused=True, acc_rounding="nearest", terms=4, align_bits=9, carry_bits=2,
+                   align_floor=-20, promote_every=promote, in_fmt="bf16")
+    rng = np.random.default_rng(21)
+    A = operands(rng, (2, 3, 21), "bf16")
+    B = operands(rng, (1, 21, 45), "bf16")  # 45 columns: a full and a ragged tile of 32; batch broadcast
+    C = operands(rng, (2, 3, 45), "bf16").double().numpy()
+    bias = rng.standard_normal((2, 3, 45))
+    prm, mulp, accp, outerp = (tuple(int(v) for v in p) for p in unit.multiterm_params())
+    keys = (np.uint64(0),) * 5
+    BT = np.ascontiguousarray(B.numpy().transpose(0, 2, 1))
+    general, auto = np.empty((2, 3, 45)), np.empty((2, 3, 45))
+    gemm_multiterm.gemm(A.numpy(), BT, C, bias, True, general, prm, mulp, accp, outerp, keys, 32)
+    gemm_multiterm.gemm_auto(A.numpy(), BT, C, bias, True, auto, prm, mulp, accp, outerp, keys, 32)
+    assert same_bits(auto, general)
+    want = ref_gemm(unit, A.numpy(), np.broadcast_to(B.numpy(), (2, 21, 45)), C)
+    if promote is None:  # bias added last with one rounding to acc_fmt
+        want = np.array([[[float(ref.round_fraction(Fraction(want[b, i, j]) + Fraction(bias[b, i, j]),
+                                                    unit.acc_fmt, "nearest")) for j in range(45)]
+                          for i in range(3)] for b in range(2)])
+        assert same_bits(general, want)

@@ -138,8 +138,9 @@ class BlockFormat(NumberFormat):
     - tensor_scale (NVFP4's second level): T = amax_tensor / (element.max * scale.max) rounded to fp32
       (nearest-even); T = 1 if the tensor's amax is 0 or not finite. The full scale is S * T (exact in float64).
     - Elements: x / full_scale (one float64 division, as gfloat does), rounded with the caller's mode (every
-      mode, stochastic included) and always saturated to +-element.max (OCP: "clamped"), whatever the element
-      format's own overflow policy; an infinite x therefore becomes +-max. The result is element * full scale.
+      mode, stochastic included) and always saturated to the element range (+-max; [min, max] for fixed
+      point, so MXINT8 reaches -2), whatever the element format's own overflow policy; an infinite x therefore
+      becomes +-max. The result is element * full scale (in float32, an infinity's max * 2**127 is inf).
     - A NaN anywhere in a block makes the block's scale NaN (e8m0 code 255, or the scale format's NaN) and
       every element of that block NaN (OCP: a NaN scale makes the whole block NaN).
     - A partial last block (the axis length not a multiple of the block size) is its own, smaller block.
@@ -256,7 +257,7 @@ class BlockFormat(NumberFormat):
         s = np.where(nan, np.nan, s)
         el = self.element
         with np.errstate(invalid="ignore"):
-            scaled = np.clip(blocks / (s * t), -el.max, el.max)
+            scaled = np.clip(blocks / (s * t), el.min if isinstance(el, FixedFormat) else -el.max, el.max)
         scaled = np.where(np.isnan(scaled), 0.0, scaled)  # NaN blocks: element codes of 0 under a NaN scale
         codes = unblock(el.encode(scaled, rounding))
         if isinstance(self.scale, E8M0Format):

@@ -368,6 +368,8 @@ BLOCK_PRESETS: dict[str, BlockFormat] = {
     "mxfp4_e2m1": BlockFormat(_E2M1, 32),
     "mxint8": BlockFormat(FixedFormat(8, 6), 32),
     "nvfp4": BlockFormat(_E2M1, 16, _E4M3FN, scale_rule="amax", tensor_scale=True),
+    # NVFP4 with 16x16 2-D tiles, for weights (NVIDIA's NVFP4 pretraining recipe, section 4.2)
+    "nvfp4_2d": BlockFormat(_E2M1, (16, 16), _E4M3FN, scale_rule="amax", tensor_scale=True),
     "msfp12": BlockFormat(FloatFormat(1, 2, special="none"), 16),
     "msfp16": BlockFormat(FloatFormat(1, 6, special="none"), 16),
 }

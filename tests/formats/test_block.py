@@ -21,7 +21,7 @@ def test_e8m0_codes_match_gfloat_decode_on_every_code():
 @pytest.mark.parametrize("name,bits,block,scale_bits", [
     ("mxfp8_e4m3", 8.25, 32, 8), ("mxfp8_e5m2", 8.25, 32, 8), ("mxfp6_e3m2", 6.25, 32, 8),
     ("mxfp6_e2m3", 6.25, 32, 8), ("mxfp4_e2m1", 4.25, 32, 8), ("mxint8", 8.25, 32, 8), ("nvfp4", 4.5, 16, 8),
-    ("msfp12", 4.5, 16, 8), ("msfp16", 8.5, 16, 8),
+    ("nvfp4_2d", 4 + 8 / 256, (16, 16), 8), ("msfp12", 4.5, 16, 8), ("msfp16", 8.5, 16, 8),
 ])
 def test_preset_bits_per_element_include_the_scale_share(name, bits, block, scale_bits):
     f = get_format(name)

@@ -36,8 +36,7 @@ def tensor_scale(work: torch.Tensor, fmt: BlockFormat) -> float:
     if not fmt.tensor_scale:
         return 1.0
     a = work.detach().abs()
-    a = a[torch.isfinite(a)]
-    amax = float(a.max()) if a.numel() else 0.0
+    amax = float(torch.where(torch.isfinite(a), a, 0.0).max()) if a.numel() else 0.0
     if amax == 0.0:
         return 1.0
     return float(np.float32(amax / (fmt.element.max * fmt.scale.max)))
@@ -72,7 +71,9 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
     work, tile, restore = working_layout(x, fmt, axis)
     P, R, C = work.shape
     scales = torch.empty((P, -(-R // tile[0]), -(-C // tile[1])), dtype=torch.float64, device=x.device)
-    dst = torch.empty_like(work)
+    direct = (out is not None and out.dtype == work.dtype and out.is_contiguous()
+              and (fmt.tile[0] != 0 or x.dim() == 0 or _axis(axis, x.dim()) == x.dim() - 1))
+    dst = out.view(work.shape) if direct else torch.empty_like(work)  # the layout of x, and of a contiguous out
     if x.numel():
         t = tensor_scale(work, fmt)
         args = block_args(fmt, t)
@@ -87,6 +88,9 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
             block_cpu.quantize_blocks(work.numpy(), dst.numpy(), scales.numpy(), tile, args, int(mode), key, nbits)
         else:
             raise ValueError(f"block formats have kernels for cpu and cuda tensors; x is on {x.device}")
+    if direct:
+        torch.autograd.graph.increment_version(out)
+        return (out, scales) if return_scales else out
     result = restore(dst).to(x.dtype)
     if out is not None:
         with torch.no_grad():

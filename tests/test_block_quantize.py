@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import emunum
-from emunum.formats import BLOCK_PRESETS, BlockFormat
+from emunum.formats import BLOCK_PRESETS, BlockFormat, FloatFormat
 
 MX = {
     "mxfp8_e4m3": gff.format_info_mxfp8_e4m3, "mxfp8_e5m2": gff.format_info_mxfp8_e5m2,
@@ -190,9 +190,11 @@ def test_encode_decode_round_trip_reproduces_quantized_values(name):
     x = torch.randn(5, 3, 40, dtype=torch.float64) * 4
     q = emunum.quantize(x, fmt, axis=1).numpy()
     codes, scales, t = fmt.encode(x.numpy(), axis=1)
-    assert codes.shape == q.shape and scales.shape == (5, 1, 40)
+    assert codes.shape == q.shape and scales.shape == ((5, 1, 40) if fmt.tile[0] == 0 else (5, 1, 3))
     assert same_bits(fmt.decode(codes, scales, axis=1, tensor_scale=t), q)
-    if not fmt.tensor_scale:  # (T depends on the tensor's amax, which quantising changes)
+    # re-encoding is idempotent except where quantising moves the amax: T (tensor_scale) depends on it, and
+    # MXINT8's -2.0 * X (from a negative amax just below 2X) doubles the next scale
+    if not fmt.tensor_scale and isinstance(fmt.element, FloatFormat):
         c2, s2, _ = fmt.encode(q, axis=1)
         assert np.array_equal(c2, codes) and np.array_equal(s2, scales)
 

@@ -27,8 +27,8 @@ PARALLEL_MIN = 1 << 18
 
 
 @njit(inline="always")
-def _one_block(src, dst, scales, b, nbr, nbc, tr, tc, split, magic, min_normal, kind, p0, p1, p2, emax_e, max_e, negzero, rule, lo, hi,
-               s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits):
+def _one_block(src, dst, scales, b, nbr, nbc, tr, tc, split, magic, min_normal, kind, p0, p1, p2, emax_e, max_e,
+               negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits):
     P, R, C = src.shape
     per = nbr * nbc
     p = b // per
@@ -87,8 +87,8 @@ def block_serial(src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, negz
     nbr, nbc = scales.shape[1], scales.shape[2]
     split, magic, min_normal = _nearest_constants(kind, p0, p1, p2)
     for b in range(scales.size):
-        _one_block(src, dst, scales, b, nbr, nbc, tr, tc, split, magic, min_normal, kind, p0, p1, p2, emax_e, max_e, negzero, rule, lo, hi,
-                   s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits)
+        _one_block(src, dst, scales, b, nbr, nbc, tr, tc, split, magic, min_normal, kind, p0, p1, p2, emax_e, max_e,
+                   negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits)
 
 
 @njit(cache=True, parallel=True)
@@ -97,8 +97,8 @@ def block_parallel(src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, ne
     nbr, nbc = scales.shape[1], scales.shape[2]
     split, magic, min_normal = _nearest_constants(kind, p0, p1, p2)
     for b in prange(scales.size):
-        _one_block(src, dst, scales, b, nbr, nbc, tr, tc, split, magic, min_normal, kind, p0, p1, p2, emax_e, max_e, negzero, rule, lo, hi,
-                   s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits)
+        _one_block(src, dst, scales, b, nbr, nbc, tr, tc, split, magic, min_normal, kind, p0, p1, p2, emax_e, max_e,
+                   negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits)
 
 
 def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, args: tuple, mode: int, key: int,

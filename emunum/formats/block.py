@@ -131,7 +131,8 @@ class BlockFormat(NumberFormat):
     - amax = max |x| over the block.
     - scale_rule "ocp" (OCP MX v1.0 section 6.3): X = 2**(floor(log2 amax) - emax_element), the exponent
       clipped to the scale format's powers of two (2**-127..2**127 for e8m0). amax = 0 gives the smallest
-      scale; amax = inf the largest. floor(log2) is exact (from the float's exponent field).
+      scale; amax = inf the largest. floor(log2) is exact (from the float's exponent field; gfloat's
+      np.log2 can round up for a float64 amax just below a power of two; float32 inputs never).
     - scale_rule "amax": S = amax / element.max (divided by the tensor scale, if any), rounded to nearest,
       ties to even, into the scale format, saturating at its max and raised to its smallest positive value
       if it would round to 0 (so an all-zero block gets that smallest scale).

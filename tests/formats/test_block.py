@@ -99,3 +99,8 @@ def test_formats_cli_lists_block_presets(capsys):
     for name in BLOCK_PRESETS:
         assert name in text
     assert "4.25" in text
+
+
+def test_straight_through_quantizer_rejects_block_formats_by_name():
+    with pytest.raises(TypeError, match="mxfp4_e2m1 is not an element format"):
+        emunum.Quantizer(forward="mxfp4")

@@ -87,7 +87,9 @@ def throughput(n: int, device: str, repeats: int, fmt: str) -> None:
 
     add("out.copy_(x)", lambda: out.copy_(x), "memory-copy ceiling")
     add("x.to(torch.float8_e5m2).float()", lambda: x.to(torch.float8_e5m2).float(), "torch cast, e5m2 only")
-    add(f"quantize(x, {fmt!r})", lambda: emunum.quantize(x, fmt))
+    add(f"quantize(x, {fmt!r})", lambda: emunum.quantize(x, fmt), "new output (huge-page backed)")
+    add(f"quantize(x, {fmt!r}, out=torch.empty_like(x))",
+        lambda: emunum.quantize(x, fmt, out=torch.empty_like(x)), "baseline: a plain new output")
     add(f"quantize(x, {fmt!r}, out=out)", lambda: emunum.quantize(x, fmt, out=out))
     add(f"quantize(x, {fmt!r}, 'stochastic')", lambda: emunum.quantize(x, fmt, "stochastic", seed=1))
     add(f"quantize(x, {fmt!r}, 'stochastic', out=out)",

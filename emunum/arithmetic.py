@@ -31,8 +31,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from .formats import RoundMode, get_format
-from .ops import check_seed, derive_seed
-from .quantize import FLOAT_DTYPES, check_sr_bits, quantize
+from .ops import derive_seed
+from .quantize import FLOAT_DTYPES, check_seed, check_sr_bits, quantize
 
 ROUNDED_OPS: dict[str, tuple[str, ...]] = {
     "arithmetic": ("add", "sub", "rsub", "mul", "div", "neg", "abs", "reciprocal", "square", "pow", "sqrt",

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from .formats import RoundMode, format_or_none, parse_enum
-from .ops import check_seed, derive_seed, eager_ok, format_to_args, ste_gradient
-from .quantize import check_sr_bits, check_tensor, quantize_checked
+from .ops import derive_seed, eager_ok, format_to_args, ste_gradient
+from .quantize import check_seed, check_sr_bits, check_tensor, quantize_checked
 
 
 class STE(enum.Enum):

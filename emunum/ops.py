@@ -75,17 +75,6 @@ def _format_from_args(args: tuple) -> Format | None:
                      "special, saturate] or [1, bits, frac_bits, signed, saturate]")
 
 
-def check_seed(seed, field: str = "seed") -> Optional[int]:
-    """None, or an int that fits the ops' int64 schema."""
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"{field} must be an int or None, got {seed!r}")
-    if not -(2**63) <= seed < 2**63:
-        raise ValueError(f"{field}={seed} is out of range; allowed: -2**63 .. 2**63-1")
-    return seed
-
-
 def derive_seed(seed: Optional[int], stream: int) -> Optional[int]:
     """The seed of sub-stream ``stream`` of ``seed``: ``mix64(seed + (stream+1) * golden) mod 2**62``.
 

@@ -178,7 +178,7 @@ def _restore(rep: nn.Module) -> nn.Module:
     orig = rep.__dict__["_emunum_original"]
     if isinstance(rep, emu_nn.EmuLayer):  # shares the original's state: copy back what changed meanwhile
         for k, v in rep.__dict__.items():
-            if not k.startswith(emu_nn._STATE_PREFIX):
+            if not k.startswith(emu_nn.STATE_PREFIX):
                 orig.__dict__[k] = v
     else:
         for a in _HOOK_ATTRS:

@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import torch
 
+from . import buffers
 from .block_quantize import quantize_block_checked
 from .formats import BlockFormat, FloatFormat, Format, RoundMode, get_format
 from .rng import seed_key
@@ -42,18 +43,49 @@ def check_sr_bits(sr_bits) -> int:
     return sr_bits
 
 
-def resolve_seed(seed) -> int:
-    """The stochastic-rounding seed: given, or drawn from torch's default generator."""
+def check_seed(seed, field: str = "seed"):
+    """None, or an int that fits int64 (the custom ops' schema; every entry point takes the same range)."""
     if seed is None:
-        return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
+        return None
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int or None, got {seed!r}")
+        raise TypeError(f"{field} must be an int or None, got {seed!r}")
+    if not -(2**63) <= seed < 2**63:
+        raise ValueError(f"{field}={seed} is out of range; allowed: -2**63 .. 2**63-1")
     return seed
 
 
+def resolve_seed(seed) -> int:
+    """The stochastic-rounding seed: given (checked by ``check_seed``), or drawn from torch's default generator."""
+    if seed is None:
+        return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
+    return check_seed(seed)
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) byte addresses that t's elements occupy (t non-empty)."""
+    span = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    lo = t.data_ptr() + min(0, sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st < 0)) * t.element_size()
+    return lo, lo + span * t.element_size()
+
+
 def _check_out(out, x: torch.Tensor) -> None:
+    """out must match x, be writable as torch's in-place ops require, and overlap x fully or not at all."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.is_neg():
+        raise ValueError("out is a negative view (x._neg_view()); pass a tensor without the negative bit")
+    if out.is_inference() and not torch.is_inference_mode_enabled():
+        raise RuntimeError("out is an inference tensor: an in-place update outside InferenceMode is not allowed "
+                           "(as for torch's in-place ops)")
+    if out.requires_grad and out.is_leaf and torch.is_grad_enabled():
+        raise RuntimeError("out is a leaf tensor that requires grad: it cannot be written in place "
+                           "(as for torch's in-place ops); use torch.no_grad() or a tensor without requires_grad")
+    if out.numel() and x.numel() and out.device == x.device and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        same = out.data_ptr() == x.data_ptr() and out.stride() == x.stride() and out.shape == x.shape
+        (a0, a1), (b0, b1) = _extent(out), _extent(x)
+        if not same and a0 < b1 and b0 < a1:
+            raise ValueError("out partially overlaps x: some elements of the input tensor and the written-to "
+                             "tensor refer to a single memory location (out=x itself is allowed)")
     if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
         raise ValueError(
             f"out must match x in shape, dtype and device: out is {tuple(out.shape)} {out.dtype} {out.device}, "
@@ -179,6 +211,8 @@ def quantize_checked(x: torch.Tensor, fmt: Format, mode: RoundMode, seed: int | 
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """``quantize`` for arguments already checked and parsed (a float tensor, a Format, a RoundMode, sr_bits
     as an int, ``out`` matching x or None): callers that validate once, at construction, use it per call."""
+    if x.is_neg():  # a lazily negated view: the kernels read memory, so resolve the sign first
+        x = x.resolve_neg()
     if mode is _STOCHASTIC:
         seed = resolve_seed(seed)
         key = seed_key(seed)
@@ -186,6 +220,8 @@ def quantize_checked(x: torch.Tensor, fmt: Format, mode: RoundMode, seed: int | 
         seed, key = 0, _KEY0
     if out is not None:
         result = out
+    elif x.is_cpu and x.numel() * x.element_size() >= buffers.HUGE_MIN_BYTES:
+        result = buffers.empty_like(x)  # first-touch page faults would cost more than the rounding
     elif x.is_contiguous():
         result = torch.empty_like(x)  # contiguous like x (preserve_format), and faster to ask for
     else:

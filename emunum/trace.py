@@ -91,7 +91,13 @@ def accumulate(acc: Tensor, x: Tensor, q: Tensor, lo: float, hi: float, sqnr: bo
 
         xa = x.detach().contiguous().view(-1).numpy()
         qa = q.detach().contiguous().view(-1).numpy()
-        (serial if xa.size < _CPU_SERIAL_MAX else parallel)(xa, qa, lo, hi, sqnr, acc.numpy())
+        from .kernels.parallel import exclusive
+
+        if xa.size < _CPU_SERIAL_MAX:
+            serial(xa, qa, lo, hi, sqnr, acc.numpy())
+        else:  # waits rather than falling back: the serial loop would sum the float64 counters in another order
+            with exclusive():
+                parallel(xa, qa, lo, hi, sqnr, acc.numpy())
     else:
         acc += stats_torch(x, q, lo, hi, sqnr)
 

@@ -4,6 +4,7 @@
 - digits: scikit-learn's bundled 8x8 digits, flattened to length 64, standardised with training statistics.
 - regression13: synthetic 13-input, 1-output regression (see ``Regression13Config``).
 - idx: MNIST-format IDX files from a local directory.
+- stdlib, text: byte-level language-model corpora (``experiments/text_data.py``): x and y are int64 (N, context).
 """
 from __future__ import annotations
 
@@ -21,15 +22,18 @@ import torch
 
 @dataclass(frozen=True)
 class Dataset:
-    """x_*: float32 (N, C, L); y_*: int64 class labels (classification) or float32 (N, 1) targets."""
+    """x_*: float32 (N, C, L); y_*: int64 class labels (classification) or float32 (N, 1) targets.
+    language_model: x_* and y_* are int64 byte tokens (N, context), y the next byte of each position.
+    sha256: the digest of the source text, where the data is a corpus."""
 
     name: str
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_val: torch.Tensor
     y_val: torch.Tensor
-    task: str  # "classification" | "regression"
+    task: str  # "classification" | "regression" | "language_model"
     num_outputs: int
+    sha256: str | None = None
 
     @property
     def input_shape(self) -> tuple[int, int]:
@@ -183,7 +187,17 @@ def load_idx(cfg) -> Dataset:
     return _as_dataset("idx", xtr, ytr, xva, yva, "classification", int(max(ytr.max(), yva.max())) + 1)
 
 
-LOADERS = {"mnist1d": load_mnist1d, "digits": load_digits, "regression13": load_regression13, "idx": load_idx}
+def _text_loader(name: str):
+    def load_text_corpus(cfg) -> Dataset:
+        from . import text_data  # imports Dataset from here: loaded on use
+
+        return text_data.LOADERS[name](cfg)
+
+    return load_text_corpus
+
+
+LOADERS = {"mnist1d": load_mnist1d, "digits": load_digits, "regression13": load_regression13, "idx": load_idx,
+           "stdlib": _text_loader("stdlib"), "text": _text_loader("text")}
 
 
 def load(cfg) -> Dataset:

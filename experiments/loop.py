@@ -2,8 +2,9 @@
 
 Measurement. Iterations are counted from 1 (``iteration`` = optimizer steps taken). Every ``eval_every``
 iterations (and at ``max_iters``) the whole validation set is evaluated; iterations-to-accuracy is the first
-such iteration whose validation accuracy is >= ``target_accuracy`` (regression data: whose validation loss
-is <= ``target_loss``). With ``stop_at_target`` the run ends there.
+such iteration whose validation accuracy is >= ``target_accuracy`` (regression and language-model data:
+whose validation loss is <= ``target_loss``; see ``experiments/tasks.py``). With ``stop_at_target`` the
+run ends there.
 
 Outcomes (``status``): "reached"; "not_reached" (max_iters without reaching the target); "diverged" (a
 NaN/inf training loss, or a dynamic loss scaler that still sees non-finite gradients at its minimum scale):
@@ -40,6 +41,7 @@ from emunum.optim import derive_seed
 
 from . import data as data_mod
 from . import models
+from . import tasks
 from .recipe import STREAM_INIT, STREAM_STEP, apply_format, make_optimizer, make_scaler
 from .schema import LogMode, Schedule, check_keys
 
@@ -73,6 +75,10 @@ class Results:
     seed: int = 0
     skipped_steps: int = 0
     reason: str = ""
+    # language models: the validation losses in bits per byte, and the corpus' sha256 digest
+    best_bits_per_byte: float | None = None
+    final_bits_per_byte: float | None = None
+    data_sha256: str | None = None
 
     def to_json(self) -> dict:
         def clean(v):
@@ -198,7 +204,7 @@ class Progress:
 
 # ---- the loop ------------------------------------------------------------------------------------------
 def loss_fn(task: str):
-    return torch.nn.functional.cross_entropy if task == "classification" else torch.nn.functional.mse_loss
+    return tasks.loss_fn(task)
 
 
 @torch.no_grad()
@@ -220,7 +226,7 @@ def evaluate(model, x, y, task: str, batch_size: int) -> dict:
 
 
 def _reached(ev: dict, cfg, task: str) -> bool:
-    if task == "classification":
+    if tasks.target_is_accuracy(task):
         return ev["accuracy"] >= cfg.target_accuracy
     return ev["loss"] <= cfg.target_loss
 
@@ -285,8 +291,9 @@ def train(cfg, run_dir: str | os.PathLike | None = None) -> Results:
 
     ds = data_mod.load(cfg.data)
     task = ds.task
-    if task == "regression" and cfg.target_loss is None:
-        raise ValueError(f"data={ds.name} is a regression task; set target_loss (a validation MSE)")
+    if not tasks.target_is_accuracy(task) and cfg.target_loss is None:
+        what = "a validation MSE" if task == "regression" else "a validation loss in nats per byte"
+        raise ValueError(f"data={ds.name} is a {task} task; set target_loss ({what})")
     xtr, ytr = ds.x_train.to(device), ds.y_train.to(device)
     xva, yva = ds.x_val.to(device), ds.y_val.to(device)
     sampler = data_mod.BatchSampler(len(xtr), int(cfg.batch_size), seed)
@@ -362,6 +369,9 @@ def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, stat
             state.train_seconds += time.perf_counter() - t0
 
             writer.add_scalar("train/loss", last_loss, it)
+            bpb = tasks.bits_per_byte(ds.task, last_loss)
+            if bpb is not None:
+                writer.add_scalar("train/bits_per_byte", bpb, it)
             writer.add_scalar("train/lr", lr, it)
             if scaler is not None:
                 writer.add_scalar("train/loss_scale", scaler.scale, it)
@@ -418,6 +428,9 @@ def _evaluate_and_log(model, xva, yva, ds, cfg, state, writer, progress, it, tra
     writer.add_scalar("val/loss", ev["loss"], it)
     if ev["accuracy"] is not None:
         writer.add_scalar("val/accuracy", ev["accuracy"], it)
+    bpb = tasks.bits_per_byte(ds.task, ev["loss"])
+    if bpb is not None:
+        writer.add_scalar("val/bits_per_byte", bpb, it)
     progress.evaluated(it, train_loss, ev)
     if state.reached_at is None and math.isfinite(ev["loss"]) and _reached(ev, cfg, ds.task):
         state.reached_at = it
@@ -428,7 +441,7 @@ def _results(cfg, ds, state: LoopState, status, reason, scaler) -> Results:
     accs = [e["accuracy"] for e in state.evals if e["accuracy"] is not None]
     losses = [e["loss"] for e in state.evals if math.isfinite(e["loss"])]
     final = state.evals[-1] if state.evals else {"accuracy": None, "loss": None}
-    classification = ds.task == "classification"
+    classification = tasks.target_is_accuracy(ds.task)
     return Results(
         format=cfg.format.name, status=status, iterations_to_accuracy=state.reached_at,
         target_accuracy=float(cfg.target_accuracy) if classification else None,
@@ -438,7 +451,9 @@ def _results(cfg, ds, state: LoopState, status, reason, scaler) -> Results:
         target_loss=None if classification else float(cfg.target_loss),
         best_loss=min(losses) if losses else None, final_loss=final["loss"],
         model=cfg.model.name, data=cfg.data.name, optim=cfg.optim.name, seed=int(cfg.seed),
-        skipped_steps=scaler.skipped_steps if scaler is not None else 0, reason=reason)
+        skipped_steps=scaler.skipped_steps if scaler is not None else 0, reason=reason,
+        best_bits_per_byte=tasks.bits_per_byte(ds.task, min(losses) if losses else None),
+        final_bits_per_byte=tasks.bits_per_byte(ds.task, final["loss"]), data_sha256=ds.sha256)
 
 
 def _make_tracer(model, cfg):

@@ -144,7 +144,18 @@ class Transformer1d(nn.Module):
 
 
 def build(cfg, input_shape: tuple[int, int], num_outputs: int) -> nn.Module:
-    """The model named by ``cfg.name`` (a ``ModelConfig``) for inputs of shape (N, *input_shape)."""
+    """The model named by ``cfg.name`` (a ``ModelConfig``) for inputs of shape (N, *input_shape)
+    (``lm``: int64 tokens (N, context), ``num_outputs`` the vocabulary size)."""
+    if cfg.name == "lm":
+        from .lm import ByteLM
+
+        if len(input_shape) != 1:
+            raise ValueError(f"model=lm needs token data (data=stdlib or data=text); got inputs of shape {input_shape}")
+        return ByteLM(num_outputs, input_shape[0], d_model=int(cfg.d_model), heads=int(cfg.heads),
+                      layers=int(cfg.layers), mlp_ratio=int(cfg.mlp_ratio))
+    if len(input_shape) != 2:
+        raise ValueError(f"model={cfg.name} needs (channels, length) inputs; got {input_shape} (token data "
+                         f"goes with model=lm)")
     c, length = input_shape
     if cfg.name == "mlp":
         return MLP(c * length, list(cfg.hidden), num_outputs)
@@ -156,4 +167,4 @@ def build(cfg, input_shape: tuple[int, int], num_outputs: int) -> nn.Module:
     if cfg.name == "transformer":
         return Transformer1d(c, length, num_outputs, patch=int(cfg.patch), d_model=int(cfg.d_model),
                              heads=int(cfg.heads), layers=int(cfg.layers), mlp_ratio=int(cfg.mlp_ratio))
-    raise ValueError(f"model.name={cfg.name!r} is not a model; allowed: mlp, cnn1d, resnet, transformer")
+    raise ValueError(f"model.name={cfg.name!r} is not a model; allowed: mlp, cnn1d, resnet, transformer, lm")

@@ -130,6 +130,17 @@ class TransformerConfig(ModelConfig):
     mlp_ratio: int = 2
 
 
+@dataclass
+class LMConfig(ModelConfig):
+    """A decoder-only byte-level language model (experiments/lm.py); its context is ``data.context``."""
+
+    name: str = "lm"
+    d_model: int = 64
+    heads: int = 4
+    layers: int = 2
+    mlp_ratio: int = 4
+
+
 # ---- data/ ---------------------------------------------------------------------------------------------
 @dataclass
 class DataConfig:
@@ -177,6 +188,32 @@ class IdxConfig(DataConfig):
     val_fraction: float = 0.1
     split_seed: int = 0
     limit: Optional[int] = None  # use only the first `limit` training examples
+
+
+@dataclass
+class StdlibConfig(DataConfig):
+    """Python's standard-library source as bytes (experiments/text_data.py): sorted *.py files, the first
+    ``max_bytes``; the last ``val_fraction`` is the validation text. target_loss is in nats per byte."""
+
+    name: str = "stdlib"
+    target_loss: Optional[float] = None
+    context: int = 64  # tokens (bytes) per training example
+    max_bytes: Optional[int] = 1_000_000  # null: the whole selection
+    val_fraction: float = 0.1
+    eval_batch_size: int = 256
+
+
+@dataclass
+class TextConfig(DataConfig):
+    """The bytes of a user's text file ``path``, as ``stdlib`` (``data=text data.path=notes.txt``)."""
+
+    name: str = "text"
+    path: str = MISSING
+    target_loss: Optional[float] = None
+    context: int = 64
+    max_bytes: Optional[int] = None  # null: the whole file
+    val_fraction: float = 0.1
+    eval_batch_size: int = 256
 
 
 # ---- optim/ --------------------------------------------------------------------------------------------
@@ -259,8 +296,9 @@ def register() -> None:
 
 
 SCHEMAS = {
-    "model": {"mlp": MLPConfig, "cnn1d": CNN1dConfig, "resnet": ResNetConfig, "transformer": TransformerConfig},
+    "model": {"mlp": MLPConfig, "cnn1d": CNN1dConfig, "resnet": ResNetConfig, "transformer": TransformerConfig,
+              "lm": LMConfig},
     "data": {"mnist1d": MNIST1DConfig, "digits": DigitsConfig, "regression13": Regression13Config,
-             "idx": IdxConfig},
+             "idx": IdxConfig, "stdlib": StdlibConfig, "text": TextConfig},
     "optim": {"sgd": SGDConfig, "adam": AdamConfig},
 }

@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, scalar
+from . import parallel as _parallel
 from .scalar.block import block_scale, round_element
 from .scalar.common import NEAREST, STOCHASTIC, random_bits
 from .scalar.float import round_nearest_value
@@ -107,5 +108,6 @@ def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
     tile: (tr, tc); args: ``block_args`` of the format (emunum/block_quantize.py)."""
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
-    run = block_parallel if parallel else block_serial
-    run(src, dst, scales, int(tile[0]), int(tile[1]), *args, int(mode), np.uint64(key), int(nbits))
+    with _parallel.try_parallel(parallel) as par:  # one parallel section per process (kernels/parallel.py)
+        run = block_parallel if par else block_serial
+        run(src, dst, scales, int(tile[0]), int(tile[1]), *args, int(mode), np.uint64(key), int(nbits))

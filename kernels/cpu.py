@@ -17,7 +17,7 @@ from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import _cache, scalar
+from . import _cache, parallel as _parallel, scalar
 
 _cache.guard(__file__, scalar.SOURCES)
 
@@ -281,7 +281,8 @@ def _float_runner(dt, man, emin, subnormals, max_value, overflow, negzero):
         fn, pre = float_at, (sign_pos, in_man, in_bias, man, emin, subnormals, np.uint64(mbits), overflow, negzero)
 
     def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
-        fn(src, dst, n, w, use_parallel(n, parallel), *pre, mode, np.uint64(key), nbits)
+        with _parallel.try_parallel(use_parallel(n, parallel)) as par:
+            fn(src, dst, n, w, par, *pre, mode, np.uint64(key), nbits)
 
     return run
 
@@ -296,7 +297,8 @@ def _fixed_runner(dt, frac_bits, code_min, code_max, saturate):
     w, pre = _VALUE_WITNESS[dt], (frac_bits, np.int64(code_min), np.int64(code_max), saturate)
 
     def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
-        fixed_at(src, dst, n, w, use_parallel(n, parallel), *pre, mode, np.uint64(key), nbits)
+        with _parallel.try_parallel(use_parallel(n, parallel)) as par:
+            fixed_at(src, dst, n, w, par, *pre, mode, np.uint64(key), nbits)
 
     return run
 
@@ -321,20 +323,21 @@ def quantize_float(src: np.ndarray, dst: np.ndarray, man, emin, subnormals, max_
     """Round the flat float32/float64 array ``src`` into ``dst`` (same dtype and size; may be ``src``)."""
     dtype = src.dtype
     uint, sign_pos, in_man, in_bias = LAYOUT[dtype]
-    par = use_parallel(src.size, parallel)
     mbits = _max_bits(float(max_value), dtype)
-    if dtype == _F32 and emin >= -126:
-        run = f32_parallel if par else f32_serial
-        run(src.view(uint), dst.view(uint), src, dst, man, emin, subnormals, np.int64(mbits), float(max_value),
-            overflow, negzero, mode, np.uint64(key), nbits)
-        return
-    run = float_parallel if par else float_serial
-    run(src.view(uint), dst.view(uint), sign_pos, in_man, in_bias, man, emin, subnormals,
-        np.uint64(mbits), overflow, negzero, mode, np.uint64(key), nbits)
+    with _parallel.try_parallel(use_parallel(src.size, parallel)) as par:
+        if dtype == _F32 and emin >= -126:
+            run = f32_parallel if par else f32_serial
+            run(src.view(uint), dst.view(uint), src, dst, man, emin, subnormals, np.int64(mbits), float(max_value),
+                overflow, negzero, mode, np.uint64(key), nbits)
+            return
+        run = float_parallel if par else float_serial
+        run(src.view(uint), dst.view(uint), sign_pos, in_man, in_bias, man, emin, subnormals,
+            np.uint64(mbits), overflow, negzero, mode, np.uint64(key), nbits)
 
 
 def quantize_fixed(src: np.ndarray, dst: np.ndarray, frac_bits, code_min, code_max, saturate, mode, key, nbits,
                    parallel=None):
     """Round the flat float32/float64 array ``src`` to fixed point into ``dst``."""
-    run = fixed_parallel if use_parallel(src.size, parallel) else fixed_serial
-    run(src, dst, frac_bits, np.int64(code_min), np.int64(code_max), saturate, mode, np.uint64(key), nbits)
+    with _parallel.try_parallel(use_parallel(src.size, parallel)) as par:
+        run = fixed_parallel if par else fixed_serial
+        run(src, dst, frac_bits, np.int64(code_min), np.int64(code_max), saturate, mode, np.uint64(key), nbits)

@@ -28,7 +28,7 @@ Nothing is compiled at import; each kernel compiles on first call (``cache=True`
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, gemm_scalar, scalar
+from . import _cache, gemm_scalar, parallel as _parallel, scalar
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
@@ -264,6 +264,11 @@ def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=Non
         plan = fast_plan(A, B, fused, mulp, accp)
     elif fast is not False:
         plan = fast if fast_applies(fused, mulp, accp) else None
+    with _parallel.exclusive():
+        _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, plan)
+
+
+def _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, plan):
     if plan is not None:
         dtype, mul_sub, acc_sub, checks = plan
         gemm_fast(np.ascontiguousarray(A, dtype=dtype), np.ascontiguousarray(B, dtype=dtype), bias, has_bias, out,
@@ -276,7 +281,8 @@ def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=Non
 
 def mad(a, b, c, out, fused, mulp, accp, keys, nbits):
     """out[i] = the one-step MAD of (a[i], b[i], c[i]): flat a, b float32, c and out float64."""
-    mad_elementwise(a, b, c, out, int(fused), as_params(mulp), as_params(accp), as_keys(keys), nbits)
+    with _parallel.exclusive():
+        mad_elementwise(a, b, c, out, int(fused), as_params(mulp), as_params(accp), as_keys(keys), nbits)
 
 
 def as_params(p) -> tuple:

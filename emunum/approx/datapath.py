@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from ..formats import FloatFormat, RoundMode, get_format
-from ..ops import check_seed, derive_seed, format_to_args
-from ..quantize import check_sr_bits
+from ..ops import derive_seed, format_to_args
+from ..quantize import check_seed, check_sr_bits
 from ..reference import round_fixed_reference, round_float_reference
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..ops import check_seed
-from ..quantize import check_sr_bits
+from ..quantize import check_seed, check_sr_bits
 from ..formats import RoundMode
 from .base import apply, check_grad, method_class
 from .softmax_method import SoftmaxDatapath

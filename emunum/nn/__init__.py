@@ -26,7 +26,7 @@ rounds the gradient ``g`` arriving in the backward pass as ``quantize(g * s_g) /
 scaled layers run under ``torch.compile(fullgraph=True)``.
 """
 from .attention import MultiheadAttentionEmu
-from .base import EmuLayer
+from .base import STATE_PREFIX, EmuLayer
 from .layers import ConvEmu, ConvTransposeEmu, EmbeddingEmu, LinearEmu, OutputEmu
 from .registry import (ACTIVATIONS, MIXINS, NORMS, EmuConv1d, EmuConv2d, EmuConv3d, EmuConvTranspose1d,
                        EmuConvTranspose2d, EmuConvTranspose3d, EmuEmbedding, EmuLinear, EmuMultiheadAttention,
@@ -34,7 +34,7 @@ from .registry import (ACTIVATIONS, MIXINS, NORMS, EmuConv1d, EmuConv2d, EmuConv
 from .scaling import ScaledGradQuantizer, ScaledQuantizer, per_tensor_scale
 
 __all__ = [
-    "EmuLayer", "LinearEmu", "ConvEmu", "ConvTransposeEmu", "EmbeddingEmu", "OutputEmu", "MultiheadAttentionEmu",
+    "STATE_PREFIX", "EmuLayer", "LinearEmu", "ConvEmu", "ConvTransposeEmu", "EmbeddingEmu", "OutputEmu", "MultiheadAttentionEmu",
     "EmuLinear", "EmuConv1d", "EmuConv2d", "EmuConv3d", "EmuConvTranspose1d", "EmuConvTranspose2d",
     "EmuConvTranspose3d", "EmuEmbedding", "EmuMultiheadAttention", "MIXINS", "NORMS", "ACTIVATIONS",
     "emu_class", "mixin_for", "from_float", "per_tensor_scale", "ScaledQuantizer", "ScaledGradQuantizer",

@@ -14,6 +14,9 @@ from ..formats import BlockFormat
 from .block_gemm import block_plan
 from .scaling import ScaledGradQuantizer, ScaledQuantizer
 
+STATE_PREFIX = "_emunum_"  # every attribute an emulated layer adds to the original's state starts with it
+
+
 def _unblocked(spec):
     """None for a block-format role: those apply to GEMM operands only (``block_gemm``), not role by role."""
     return None if spec is not None and isinstance(spec.fmt, BlockFormat) else spec

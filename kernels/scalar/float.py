@@ -116,14 +116,18 @@ def round_f32_fast(u, man, emin, subnormals, max_bits, overflow, negzero, mode, 
     e_field = a >> 23
     ep = max(e_field, 1)
     et = ep - 127
-    qe = et - man if et >= emin else (emin - man if subnormals != 0 else emin)
+    # a float32-subnormal input (e_field 0, value below 2**-126) is below the normal range of a target without
+    # subnormals even when emin == -126: its quantum is then 2**emin, not the normal binade's
+    in_normal = (et >= emin) & ((e_field != 0) | (subnormals != 0))
+    qe = et - man if in_normal else (emin - man if subnormals != 0 else emin)
     shift = qe - et + 23
     sig = a - ((ep - 1) << 23)
     s = min(shift, 31)
     kept = sig >> s
     rem = sig & ((np.int64(1) << s) - 1)
     half = (np.int64(1) << s) >> 1
-    odd = ((kept & 1) == 1) if man > 0 else ((et >= emin) & (((et - emin + 1) & 1) == 1))
+    # the lower neighbour's code parity; with no mantissa bits it is the biased exponent's, and 0 (even) for zero
+    odd = ((kept & 1) == 1) if man > 0 else ((kept != 0) & (((et - emin + 1) & 1) == 1))
     inexact = rem != 0
     if mode == NEAREST:
         up = inexact & ((rem > half) | ((rem == half) & odd))

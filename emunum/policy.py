@@ -154,6 +154,21 @@ class ApproxSpec:
             return approx.Softmax(dim=module.dim, **opts)
         return {"tanh": approx.Tanh, "sigmoid": approx.Sigmoid}[self.kind](**opts)
 
+    def validate(self, field: str) -> None:
+        """Build the operator once (in its own format, fp32 if none) so that an unknown method or option is
+        an error of ``Policy.make``/``patch``, naming ``field``, whether or not the model has such a layer."""
+        from . import approx  # noqa: PLC0415
+
+        opts = dict(self.options)
+        opts.setdefault("fmt", "fp32")
+        try:
+            if self.kind == "softmax":
+                approx.Softmax(dim=-1, **opts)
+            else:
+                {"tanh": approx.Tanh, "sigmoid": approx.Sigmoid}[self.kind](**opts)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{field}: {e}") from None
+
 
 def _approx_entry(key, value):
     """One approx item -> (module type, factory)."""
@@ -176,7 +191,9 @@ def _approx_entry(key, value):
             value = {"exp2" if kind == "softmax" else "method": value}
         if not all(isinstance(n, str) for n in value):
             raise TypeError(f"approx[{key.__name__}] options must have str keys, got {list(value)!r}")
-        return key, ApproxSpec(kind, tuple(sorted(value.items())))
+        spec = ApproxSpec(kind, tuple(sorted(value.items())))
+        spec.validate(f"approx[{key.__name__}]={value!r}")
+        return key, spec
     if not callable(value):
         raise TypeError(f"approx[{key.__name__}]={value!r} must be a method name, a dict of options, or a "
                         "factory(module, policy) -> nn.Module")

@@ -1,12 +1,38 @@
-"""Keep numba's on-disk cache honest.
+"""Keep numba's on-disk cache honest, shared safely, and optional.
 
 numba's ``cache=True`` keys a cached kernel on the file that defines it, not on the files it calls, so an
-edit of ``kernels/scalar/`` alone would leave stale machine code behind. ``guard(module_file, deps)`` drops the
-module's cache entries whenever the digest of the module and its dependencies changes.
+edit of a core in ``kernels/scalar/`` alone would leave stale machine code behind. ``guard(module_file,
+deps)``, called at the top of every kernel module before its kernels are defined, registers the module with
+a cache locator of its own (``_DigestLocator``, first in numba's list) that puts the module's cache files in
+a directory named after the digest of the module and its dependencies:
+
+    <base>/emunum-<module stem>-<digest>/
+
+- A change to any dependency gives a new digest, so stale code is never loaded; nothing is deleted, and no
+  other project's files (nor another emunum version's) are touched.
+- Two checkouts or versions sharing one ``NUMBA_CACHE_DIR`` keep separate directories when their sources
+  differ, and share one when they are the same: both stay warm.
+- ``<base>``: ``NUMBA_CACHE_DIR`` if set, else ``kernels/__pycache__`` beside the sources, else the user's
+  cache (``$XDG_CACHE_HOME`` or ``~/.cache``)``/emunum``: the first that is writable. Where none is (a read-only
+  install with a read-only home), kernels compile into a private temporary directory that is removed at exit,
+  after one warning that says how to keep them: set ``NUMBA_CACHE_DIR`` to a writable directory.
 """
-import glob
+from __future__ import annotations
+
+import atexit
 import hashlib
 import os
+import shutil
+import tempfile
+import warnings
+
+from numba.core import caching as _caching
+
+_CacheImpl = getattr(_caching, "CacheImpl", None) or _caching._CacheImpl  # public from numba 0.61 on
+_CacheLocator = _caching._CacheLocator
+
+_REGISTERED: dict[str, str] = {}  # realpath of a kernel module -> its cache directory name
+_base: str | None = None
 
 
 def _digest(paths) -> str:
@@ -17,35 +43,79 @@ def _digest(paths) -> str:
     return h.hexdigest()[:16]
 
 
-def _cache_dirs(module_file: str) -> list[str]:
-    here = os.path.join(os.path.dirname(os.path.abspath(module_file)), "__pycache__")
-    dirs = [here]
+def _writable(d: str) -> bool:
+    try:
+        os.makedirs(d, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=d, prefix=".emunum-probe-"):
+            pass
+        return True
+    except OSError:
+        return False
+
+
+def _candidates() -> list[str]:
+    out = []
     user = os.environ.get("NUMBA_CACHE_DIR")
     if user:
-        dirs.append(user)
-    return dirs
+        out.append(user)
+    out.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__"))
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    out.append(os.path.join(xdg, "emunum"))
+    return out
+
+
+def cache_base() -> str:
+    """The directory that holds emunum's kernel caches (chosen once per process, see the module doc)."""
+    global _base
+    if _base is None:
+        for d in _candidates():
+            if _writable(d):
+                _base = d
+                break
+        else:
+            _base = tempfile.mkdtemp(prefix="emunum-numba-")
+            atexit.register(shutil.rmtree, _base, ignore_errors=True)
+            warnings.warn(
+                "emunum: no writable directory for numba's kernel cache (tried "
+                f"{', '.join(_candidates())}); kernels are compiled for this process only. Set NUMBA_CACHE_DIR "
+                "to a writable directory to keep them.", RuntimeWarning, stacklevel=2)
+    return _base
+
+
+class _DigestLocator(_CacheLocator):
+    """numba cache locator for registered emunum kernel modules: one directory per source digest."""
+
+    def __init__(self, py_func, py_file):
+        self._py_file = py_file
+        self._lineno = py_func.__code__.co_firstlineno
+        self._cache_path = os.path.join(cache_base(), _REGISTERED[os.path.realpath(py_file)])
+
+    def ensure_cache_path(self):
+        os.makedirs(self._cache_path, exist_ok=True)
+        tempfile.TemporaryFile(dir=self._cache_path).close()  # raises if not writable, as numba's own do
+
+    def get_cache_path(self):
+        return self._cache_path
+
+    def get_source_stamp(self):
+        st = os.stat(self._py_file)
+        return st.st_mtime, st.st_size
+
+    def get_disambiguator(self):
+        return str(self._lineno)
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if os.path.realpath(py_file) not in _REGISTERED:
+            return None
+        return cls(py_func, py_file)
+
+
+if _DigestLocator not in _CacheImpl._locator_classes:
+    _CacheImpl._locator_classes.insert(0, _DigestLocator)
 
 
 def guard(module_file: str, deps: list[str]) -> None:
-    """Remove ``module_file``'s numba cache files if it or any of ``deps`` changed since last time."""
+    """Register ``module_file``: its kernels cache under a directory keyed by its and ``deps``' digest."""
     stem = os.path.splitext(os.path.basename(module_file))[0]
-    digest = _digest([module_file, *deps])
-    for d in _cache_dirs(module_file):
-        stamp = os.path.join(d, f"{stem}.emunum-stamp")
-        try:
-            with open(stamp) as f:
-                if f.read() == digest:
-                    continue
-        except OSError:
-            pass
-        for path in glob.glob(os.path.join(d, "**", f"{stem}.*.nb[ic]"), recursive=True):
-            try:
-                os.remove(path)
-            except OSError:
-                pass
-        try:
-            os.makedirs(d, exist_ok=True)
-            with open(stamp, "w") as f:
-                f.write(digest)
-        except OSError:
-            pass  # read-only install: numba falls back to its user-wide cache, keyed on this file's version
+    _REGISTERED[os.path.realpath(module_file)] = f"emunum-{stem}-{_digest([module_file, *deps])}"

@@ -7,7 +7,9 @@ vectorise; NaN and inf tests keep their IEEE meaning.
 import numpy as np
 from numba import njit, prange
 
-from . import cpu as _cpu  # noqa: F401  (sets numba's threading layer beside torch's)
+from . import _cache, cpu as _cpu  # noqa: F401  (cpu sets numba's threading layer beside torch's)
+
+_cache.guard(__file__, [])
 
 fm = {"reassoc", "nsz", "contract"}
 

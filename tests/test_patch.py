@@ -530,3 +530,13 @@ def test_import_emunum_stays_lean():
             "if m in sys.modules]; assert not bad, bad; import torch; assert not torch.cuda.is_initialized()")
     with warnings.catch_warnings():
         subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("how", ["trace", "script"])
+def test_torchscript_of_a_patched_model_is_refused_with_a_clear_error(how):
+    model = emunum.patch(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()), "e5m2")
+    with pytest.raises(Exception, match="torch.export or torch.compile"):
+        if how == "trace":
+            torch.jit.trace(model, torch.randn(2, 4))
+        else:
+            torch.jit.script(model)

@@ -198,3 +198,12 @@ def test_scaled_policies_differ_from_unscaled_ones_and_describe_the_scaling():
                                                                                grad_scaling="none"))
     assert scaled.describe() == ("weight|input|output=e4m3fn/nearest/per_tensor, "
                                  "grad_weight|grad_input|grad_output=e4m3fn/stochastic")
+
+
+@pytest.mark.parametrize("approx", [{"tanh": "nope"}, {"sigmoid": {"method": "pwl", "no_such_option": 1}},
+                                    {"softmax": "nope"}])
+def test_unknown_approx_methods_and_options_are_refused_at_policy_make(approx):
+    with pytest.raises((ValueError, TypeError), match=r"approx\["):
+        emunum.Policy.make("e5m2", approx=approx)
+    with pytest.raises((ValueError, TypeError), match=r"approx\["):
+        emunum.patch(nn.Sequential(nn.Linear(2, 2)), "e5m2", approx=approx)  # no Tanh in the model

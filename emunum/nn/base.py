@@ -96,8 +96,15 @@ class EmuLayer:
         """Every role this layer rounds: its forward roles, then their gradients."""
         return tuple(self.ROLES) + tuple(r.gradient for r in self.ROLES)
 
+    def __prepare_scriptable__(self):
+        raise TypeError(f"torch.jit.script of an emulated layer ({type(self).__name__}) is not supported: the "
+                        "rounding kernels are numba code; use torch.export or torch.compile instead")
+
     def _emu_begin(self) -> None:
         """Called first in every forward: lets a tracer decide whether to observe this call."""
+        if torch.jit.is_tracing():
+            raise TypeError(f"torch.jit.trace of an emulated layer ({type(self).__name__}) is not supported: the "
+                            "rounding kernels are numba code; use torch.export or torch.compile instead")
         trace = self._emunum_trace
         if trace is not None:
             trace.begin()

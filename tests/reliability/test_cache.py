@@ -1,0 +1,61 @@
+"""numba's on-disk kernel cache (issue #21 §3): keyed by source digest, touches only emunum's files, and optional."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from emunum.kernels import _cache
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _module(tmp_path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    return str(p)
+
+
+def test_the_cache_directory_is_keyed_by_the_digest_of_the_module_and_its_dependencies(tmp_path):
+    dep = _module(tmp_path, "a/dep.py", "x = 1\n")
+    m1 = _module(tmp_path, "a/cpu.py", "y = 2\n")
+    m2 = _module(tmp_path, "b/cpu.py", "y = 2\n")  # another checkout, same sources
+    m3 = _module(tmp_path, "c/cpu.py", "y = 3\n")  # another version
+    for m in (m1, m2, m3):
+        _cache.guard(m, [dep])
+    d1, d2, d3 = (_cache._REGISTERED[os.path.realpath(m)] for m in (m1, m2, m3))
+    assert d1 == d2 and d1 != d3 and d1.startswith("emunum-cpu-")
+    _module(tmp_path, "a/dep.py", "x = 5\n")  # a dependency changes: a new directory
+    _cache.guard(m1, [dep])
+    assert _cache._REGISTERED[os.path.realpath(m1)] != d1
+
+
+def test_unwritable_cache_locations_fall_back_to_a_private_directory_with_one_warning(monkeypatch):
+    monkeypatch.setattr(_cache, "_candidates", lambda: ["/proc/emunum-no-such-dir"])
+    monkeypatch.setattr(_cache, "_base", None)
+    with pytest.warns(RuntimeWarning, match="NUMBA_CACHE_DIR"):
+        base = _cache.cache_base()
+    assert os.path.isdir(base) and os.access(base, os.W_OK)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _cache.cache_base() == base  # chosen once: no second warning
+
+
+def test_kernels_cache_under_numba_cache_dir_and_leave_other_files_alone(tmp_path):
+    cache = tmp_path / "numba-cache"
+    foreign = cache / "other_project" / "cpu.kernel-12.py311.nbi"  # a name the old guard deleted
+    foreign.parent.mkdir(parents=True)
+    foreign.write_bytes(b"not emunum's")
+    code = "import torch, emunum; emunum.quantize(torch.ones(10), 'e5m2'); print('ok')"
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "PYTHONPATH": ROOT}
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT,
+                           timeout=900)
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert foreign.read_bytes() == b"not emunum's"
+    mine = [p.name for p in cache.iterdir() if p.name.startswith("emunum-cpu-")]
+    assert len(mine) == 1 and any((cache / mine[0]).glob("*.nbi"))

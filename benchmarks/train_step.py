@@ -5,7 +5,8 @@
 Recipes (experiments/conf/format): ``fp32``; ``elementwise`` = the fp8 recipe without its MAD unit (every
 rounding is elementwise: 1-5-2 weights/activations/errors, stochastic weight gradients, OptimLP with 1-6-9
 stochastic weight updates, dynamic loss scaling; the GEMMs run in torch fp32 on rounded operands);
-``fp8`` = the full Wang et al. recipe, whose GEMMs run on the emulated 1-6-9 chunk-64 MAD unit.
+``fp8`` = the full Wang et al. recipe, whose GEMMs run on the emulated 1-6-9 chunk-64 MAD unit;
+``mxfp8`` / ``nvfp4`` = the block-format recipes (6 block quantisations per GEMM layer per step).
 One step = batch gather, forward, loss, backward, optimizer step (as in experiments/loop.py). Each round
 times ``--steps`` steps of every recipe in turn (after one warm-up round that compiles the kernels); the
 figure is the median over rounds of the mean step time, and the ratio is against fp32's median.
@@ -25,6 +26,8 @@ RECIPES = {
     "fp32": ["format=fp32"],
     "elementwise": ["format=fp8", "format.mad=null"],
     "fp8": ["format=fp8"],
+    "mxfp8": ["format=mxfp8"],  # block formats (issue #11): every GEMM re-quantises its operands along K
+    "nvfp4": ["format=nvfp4"],
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .formats import FloatFormat, PRESETS
+from .formats import BLOCK_PRESETS, FloatFormat, PRESETS
 
 
 def formats_table() -> str:
@@ -22,8 +22,20 @@ def formats_table() -> str:
     return "\n".join(rows)
 
 
+def block_formats_table() -> str:
+    head = f"{'block format':<12} {'element':<9} {'block':>7} {'scale':<7} {'rule':<5} {'tensor':<6} {'bits/elem':>9}"
+    rows = [head, "-" * len(head)]
+    for name, f in BLOCK_PRESETS.items():
+        bs = "x".join(map(str, f.block_size)) if isinstance(f.block_size, tuple) else str(f.block_size)
+        rows.append(f"{name:<12} {f.element.name:<9} {bs:>7} {f.scale.name:<7} {f.scale_rule.value:<5} "
+                    f"{'fp32' if f.tensor_scale else '-':<6} {f.bits:>9.4g}")
+    return "\n".join(rows)
+
+
 def _cmd_formats(args) -> int:
     print(formats_table())
+    print()
+    print(block_formats_table())
     return 0
 
 

@@ -48,6 +48,9 @@ def format_to_args(fmt) -> list[int]:
     if fmt is None:
         return []
     fmt = get_format(fmt)
+    if not isinstance(fmt, (FloatFormat, FixedFormat)):
+        raise TypeError(f"{fmt.name} is not an element format (FloatFormat/FixedFormat); block formats apply to "
+                        "GEMM operands (emunum.patch) or through emunum.quantize(x, fmt, axis=...)")
     if isinstance(fmt, FloatFormat):
         return [0, fmt.exp, fmt.man, fmt.bias, int(fmt.subnormals), int(fmt.special), int(fmt.saturate)]
     return [1, fmt.bits, fmt.frac_bits, int(fmt.signed), int(fmt.saturate)]

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Union
 from torch import nn
 
 from .autograd import STE
-from .formats import FixedFormat, FloatFormat, Format, RoundMode, format_or_none, get_format, parse_enum
+from .formats import BlockFormat, FixedFormat, FloatFormat, Format, RoundMode, format_or_none, get_format, parse_enum
 from .quantize import check_sr_bits
 
 
@@ -92,6 +92,9 @@ class RoleSpec:
         object.__setattr__(self, "fmt", get_format(self.fmt))
         object.__setattr__(self, "rounding", RoundMode.parse(self.rounding))
         object.__setattr__(self, "scaling", Scaling.parse(self.scaling))
+        if isinstance(self.fmt, BlockFormat) and self.scaling != Scaling.NONE:
+            raise ValueError(f"scaling={self.scaling.value!r} with the block format {self.fmt.name}: a block format "
+                             "carries its own scales; allowed: scaling='none'")
 
     def __str__(self) -> str:
         s = f"{self.fmt.name}/{self.rounding.name.lower()}"
@@ -108,7 +111,7 @@ def _role_spec(value, role: Role, default_rounding, default_scaling=Scaling.NONE
             if len(value) not in (2, 3):
                 raise ValueError(f"a (format, rounding[, scaling]) tuple has 2 or 3 items, got {len(value)}")
             return RoleSpec(value[0], value[1], value[2] if len(value) == 3 else default_scaling)
-        if isinstance(value, (str, FloatFormat, FixedFormat)):
+        if isinstance(value, (str, FloatFormat, FixedFormat, BlockFormat)):
             return RoleSpec(value, default_rounding, default_scaling)
         raise TypeError(
             f"expected a format, a format name, a RoleSpec, a (format, rounding[, scaling]) tuple or None, "

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from . import buffers
-from .formats import FloatFormat, Format, RoundMode, get_format
+from .block_quantize import quantize_block_checked
+from .formats import BlockFormat, FloatFormat, Format, RoundMode, get_format
 from .rng import seed_key
 from .reference import quantize_reference, quantize_torch
 
@@ -179,7 +180,7 @@ def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: Rou
 
 
 def quantize(x: torch.Tensor, fmt, rounding="nearest", *, seed: int | None = None,
-             out: torch.Tensor | None = None, sr_bits: int | None = None) -> torch.Tensor:
+             out: torch.Tensor | None = None, sr_bits: int | None = None, axis: int = -1) -> torch.Tensor:
     """Round every element of ``x`` to the nearest-by-``rounding`` value of ``fmt``.
 
     fmt: a FloatFormat / FixedFormat or a name (``get_format``). rounding: nearest (ties to even),
@@ -191,6 +192,8 @@ def quantize(x: torch.Tensor, fmt, rounding="nearest", *, seed: int | None = Non
     (seed, flat element index in C order), so they are the same on any device and thread count.
     seed=None draws one from torch's default generator. x is never modified unless passed as ``out``.
     Not differentiable: see ``emunum.Quantizer`` for straight-through gradients.
+    Block formats (``emunum.BlockFormat``, e.g. "mxfp8_e4m3", "nvfp4"): blocks run along ``axis`` (tiles over
+    the last two dimensions ignore it); ``rounding`` applies to the elements; see BlockFormat for the scale.
     """
     check_tensor(x)
     fmt = get_format(fmt)
@@ -198,6 +201,9 @@ def quantize(x: torch.Tensor, fmt, rounding="nearest", *, seed: int | None = Non
     nbits = check_sr_bits(sr_bits)
     if out is not None:
         _check_out(out, x)
+    if isinstance(fmt, BlockFormat):
+        key = seed_key(resolve_seed(seed)) if mode is _STOCHASTIC else _KEY0
+        return quantize_block_checked(x, fmt, mode, key, nbits, axis, out)
     return quantize_checked(x, fmt, mode, seed, nbits, out)
 
 

@@ -6,6 +6,7 @@
 from typing import Union
 
 from .base import NumberFormat, Overflow, RoundMode, parse_enum
+from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0, BlockFormat, E8M0Format, ScaleRule
 from .fixed import FixedFormat
 from .float import FloatFormat, Special
 from .names import format_or_none, get_format
@@ -16,4 +17,5 @@ Format = Union[FloatFormat, FixedFormat]  # the element formats the kernels take
 __all__ = [
     "NumberFormat", "RoundMode", "Overflow", "parse_enum", "FloatFormat", "FixedFormat", "Special", "Format",
     "get_format", "format_or_none", "PRESETS", "ALIASES", "known_names",
+    "BlockFormat", "E8M0Format", "E8M0", "ScaleRule", "BLOCK_PRESETS", "BLOCK_ALIASES",
 ]

@@ -13,6 +13,7 @@ import re
 from .base import NumberFormat
 from .fixed import FixedFormat
 from .float import FloatFormat, Special
+from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0
 from .presets import ALIASES, PRESETS, known_names
 
 _SUFFIX = r"(fn|fnuz|none)?"
@@ -69,10 +70,16 @@ def get_format(name_or_spec) -> NumberFormat:
     key = ALIASES.get(key, key)
     if key in PRESETS:
         return PRESETS[key]
+    key = BLOCK_ALIASES.get(key, key)
+    if key in BLOCK_PRESETS:
+        return BLOCK_PRESETS[key]
+    if key == "e8m0":
+        return E8M0
     fmt = _parse(key)
     if fmt is None:
         raise ValueError(
-            f"fmt={name_or_spec!r} is not a known format; presets: {', '.join(known_names())}; "
+            f"fmt={name_or_spec!r} is not a known format; presets: {', '.join(known_names())}; block formats: "
+            f"{', '.join(sorted(BLOCK_PRESETS) + sorted(BLOCK_ALIASES))}, e8m0; "
             "or write fp<N>_<s><e><m>, e<E>m<M>[fn|fnuz|none], fixed<bits>_<frac>"
         )
     return fmt

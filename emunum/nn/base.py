@@ -10,13 +10,21 @@ from torch import Tensor, nn
 
 from ..autograd import Quantizer
 from ..policy import FORWARD_ROLES, Policy, Role, Scaling, make_policy
+from ..formats import BlockFormat
+from .block_gemm import block_plan
 from .scaling import ScaledGradQuantizer, ScaledQuantizer
 
 STATE_PREFIX = "_emunum_"  # every attribute an emulated layer adds to the original's state starts with it
 
+
+def _unblocked(spec):
+    """None for a block-format role: those apply to GEMM operands only (``block_gemm``), not role by role."""
+    return None if spec is not None and isinstance(spec.fmt, BlockFormat) else spec
+
+
 def _make_quantizers(policy: Policy, role: Role):
     """(forward-value quantiser or None, gradient quantiser or None) for a forward role."""
-    spec, gspec = policy.spec(role), policy.spec(role.gradient)
+    spec, gspec = _unblocked(policy.spec(role)), _unblocked(policy.spec(role.gradient))
     fq = bq = None
     if spec is not None:
         fq = Quantizer(forward=spec.fmt, backward=None, forward_rounding=spec.rounding, ste=policy.ste.value,
@@ -35,7 +43,7 @@ def _make_quantizers(policy: Policy, role: Role):
 def _merged_quantizer(policy: Policy, role: Role):
     """One straight-through node rounding values forward and gradients backward, where that is the same as
     the pair from ``_make_quantizers`` (both roles present and unscaled): half the autograd nodes per role."""
-    spec, gspec = policy.spec(role), policy.spec(role.gradient)
+    spec, gspec = _unblocked(policy.spec(role)), _unblocked(policy.spec(role.gradient))
     if spec is None or gspec is None or Scaling.PER_TENSOR in (spec.scaling, gspec.scaling):
         return None
     return Quantizer(forward=spec.fmt, backward=gspec.fmt, forward_rounding=spec.rounding,
@@ -47,6 +55,7 @@ class EmuLayer:
 
     ROLES: tuple = FORWARD_ROLES
     HAS_WEIGHT: bool = True  # a GEMM/lookup layer (counts for Policy.keep_first_last)
+    BLOCK_GEMM: bool = False  # its GEMM takes block-format operands (``block_gemm``): Linear, Conv1d/2d
     _emunum_base: type = nn.Module  # the torch class this emulated class derives from
 
     @classmethod
@@ -71,6 +80,7 @@ class EmuLayer:
         d["_emunum_trace"] = None
         d["_emunum_q"] = {role: _make_quantizers(pol, role) for role in cls.ROLES}
         d["_emunum_q1"] = {role: _merged_quantizer(pol, role) for role in cls.ROLES}
+        d["_emunum_block"] = block_plan(pol) if cls.BLOCK_GEMM else None
         return emu
 
     @classmethod

@@ -10,11 +10,16 @@ from torch import Tensor
 
 from ..policy import Role
 from .base import EmuLayer, _linear, _mad
+from .block_gemm import block_conv, block_linear, block_plan
 
 # ---- Linear ---------------------------------------------------------------------------------------------
 class LinearEmu(EmuLayer):
+    BLOCK_GEMM = True
+
     def forward(self, input: Tensor) -> Tensor:
         self._emu_begin()
+        if self._emunum_block is not None:
+            return block_linear(input, self.weight, self.bias, self._emunum_block)
         x = self._emu_round(input, Role.INPUT)
         w = self._emu_round(self.weight, Role.WEIGHT)
         b = None if self.bias is None else self._emu_round(self.bias, Role.WEIGHT)
@@ -24,9 +29,13 @@ class LinearEmu(EmuLayer):
 # ---- Conv -----------------------------------------------------------------------------------------------
 class ConvEmu(EmuLayer):
     _MAD_FUNCTIONS = {1: "conv1d", 2: "conv2d"}
+    BLOCK_GEMM = True
 
     @classmethod
     def _emunum_check(cls, module, policy):
+        if block_plan(policy) is not None and (len(module.kernel_size) not in (1, 2) or module.groups != 1):
+            raise ValueError(f"block formats: {type(module).__name__}(groups={module.groups}) has no block GEMM "
+                             "(Conv1d/Conv2d with groups=1 only); exclude these layers with filter=")
         if policy.mad is not None:
             nd = len(module.kernel_size)
             if nd not in cls._MAD_FUNCTIONS or not hasattr(_mad(), cls._MAD_FUNCTIONS[nd]):
@@ -35,6 +44,8 @@ class ConvEmu(EmuLayer):
 
     def forward(self, input: Tensor) -> Tensor:
         self._emu_begin()
+        if self._emunum_block is not None:
+            return block_conv(self, input, self.weight, self.bias, self._emunum_block)
         x = self._emu_round(input, Role.INPUT)
         w = self._emu_round(self.weight, Role.WEIGHT)
         b = None if self.bias is None else self._emu_round(self.bias, Role.WEIGHT)

@@ -1,0 +1,100 @@
+"""``quantize`` for block-scaled formats (``BlockFormat``): lay the tensor out as (P, R, C) with the blocks
+along its last axis (or as tiles over its last two), and hand it to the block kernel for its device.
+
+Stochastic rounding draws element i's bits from (seed, i), i the flat C-order index in that working layout
+(the block axis moved last), so CPU and CUDA agree for any thread count.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .formats import BlockFormat, FloatFormat, RoundMode, ScaleRule
+from .formats.block import _axis
+
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def block_args(fmt: BlockFormat, t: float) -> tuple:
+    """The plain ints and floats the block cores take (kernels/scalar/block.py), tensor scale ``t`` last."""
+    el, sc = fmt.element, fmt.scale
+    if isinstance(el, FloatFormat):
+        kind, p0, p1, p2, negzero = 0, el.man, el.emin, int(el.subnormals), int(el.has_negative_zero)
+    else:
+        kind, p0, p1, p2, negzero = 1, el.frac_bits, el.code_min, el.code_max, 0
+    lo, hi = fmt.scale_exp_range
+    if isinstance(sc, FloatFormat):
+        s = (sc.man, sc.emin, int(sc.subnormals), float(sc.max), float(sc.min_subnormal))
+    else:
+        s = (0, 0, 0, float(sc.max), float(sc.min_subnormal))
+    rule = 0 if fmt.scale_rule == ScaleRule.OCP else 1
+    return (kind, p0, p1, p2, fmt.element_emax, float(el.max), negzero, rule, lo, hi, *s, float(t))
+
+
+def tensor_scale(work: torch.Tensor, fmt: BlockFormat) -> float:
+    """NVFP4's per-tensor scale T (see BlockFormat); 1.0 without tensor_scale."""
+    if not fmt.tensor_scale:
+        return 1.0
+    a = work.detach().abs()
+    amax = float(torch.where(torch.isfinite(a), a, 0.0).max()) if a.numel() else 0.0
+    if amax == 0.0:
+        return 1.0
+    return float(np.float32(amax / (fmt.element.max * fmt.scale.max)))
+
+
+def working_layout(x: torch.Tensor, fmt: BlockFormat, axis: int):
+    """(work, tile, restore): work is a contiguous (P, R, C) tensor (float32 for 16-bit x), tile its block
+    shape, restore(w) maps a (P, R, C) result back to x's shape."""
+    r, c = fmt.tile
+    w = x.detach()
+    if w.dtype not in _NUMPY:
+        w = w.float()
+    if r == 0:
+        ax = _axis(axis, x.dim()) if x.dim() else 0
+        if x.dim() == 0:
+            w = w.reshape(1)
+            ax = 0
+        moved = w.movedim(ax, -1)
+        mshape = moved.shape
+        work = moved.reshape(1, -1, mshape[-1]).contiguous()
+        return work, (1, c), lambda t: t.reshape(mshape).movedim(-1, ax).reshape(x.shape)
+    if x.dim() < 2:
+        raise ValueError(f"block_size={fmt.block_size}: 2-D tiles need a tensor of at least 2 dimensions, "
+                         f"got shape {tuple(x.shape)}")
+    work = w.reshape(-1, x.shape[-2], x.shape[-1]).contiguous()
+    return work, (r, c), lambda t: t.reshape(x.shape)
+
+
+def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, key: int, nbits: int,
+                           axis: int = -1, out: torch.Tensor | None = None, return_scales: bool = False):
+    """``emunum.quantize`` for a BlockFormat, arguments already checked (key: the seed's key)."""
+    work, tile, restore = working_layout(x, fmt, axis)
+    P, R, C = work.shape
+    scales = torch.empty((P, -(-R // tile[0]), -(-C // tile[1])), dtype=torch.float64, device=x.device)
+    direct = (out is not None and out.dtype == work.dtype and out.is_contiguous()
+              and (fmt.tile[0] != 0 or x.dim() == 0 or _axis(axis, x.dim()) == x.dim() - 1))
+    dst = out.view(work.shape) if direct else torch.empty_like(work)  # the layout of x, and of a contiguous out
+    if x.numel():
+        t = tensor_scale(work, fmt)
+        args = block_args(fmt, t)
+        if x.device.type == "cuda":
+            from .kernels import block_cuda, cuda as kc
+            with kc.device_of(x):
+                block_cuda.quantize_blocks(kc.as_device_array(work), kc.as_device_array(dst),
+                                           kc.as_device_array(scales), tile, args, int(mode), key, nbits,
+                                           stream=kc.torch_stream(x.device))
+        elif x.device.type == "cpu":
+            from .kernels import block_cpu
+            block_cpu.quantize_blocks(work.numpy(), dst.numpy(), scales.numpy(), tile, args, int(mode), key, nbits)
+        else:
+            raise ValueError(f"block formats have kernels for cpu and cuda tensors; x is on {x.device}")
+    if direct:
+        torch.autograd.graph.increment_version(out)
+        return (out, scales) if return_scales else out
+    result = restore(dst).to(x.dtype)
+    if out is not None:
+        with torch.no_grad():
+            out.copy_(result)
+        torch.autograd.graph.increment_version(out)
+        result = out
+    return (result, scales) if return_scales else result

@@ -1,0 +1,378 @@
+"""Block-scaled formats: ``BlockFormat`` (blocks of elements sharing one scale) and the ``E8M0`` scale format.
+
+Sources:
+- OCP Microscaling Formats (MX) Specification v1.0 (2023): MXFP8 (e4m3/e5m2), MXFP6 (e3m2/e2m3), MXFP4 (e2m1),
+  MXINT8, 32 elements per block, an E8M0 scale; the scale rule of section 6.3.
+- NVFP4: NVIDIA, "Pretraining Large Language Models with NVFP4" (arXiv:2509.25149, 2025), section 2, and the
+  NVIDIA developer blog "Introducing NVFP4 for Efficient and Accurate Low-Precision Inference" (2025): 16 e2m1
+  elements, an e4m3 block scale, and a per-tensor fp32 scale.
+- MSFP12 / MSFP16 (classic block floating point: an 8-bit shared exponent over sign-magnitude mantissas of 3 / 7
+  bits, 16 per block): Darvish Rouhani et al., "Pushing the Limits of Narrow Precision Inferencing at Cloudscale
+  with Microsoft Floating Point", NeurIPS 2020. A sign + k-bit magnitude mantissa aligned to the block's
+  largest exponent is exactly the FloatFormat e1m(k-1) with special='none' (values 0..2**k-1 times one step).
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import KW_ONLY, dataclass
+from typing import Union
+
+import numpy as np
+
+from .base import NumberFormat, check_bool, check_int, parse_enum
+from .fixed import FixedFormat
+from .float import FloatFormat
+from .presets import ALIASES, PRESETS
+
+
+@dataclass(frozen=True)
+class E8M0Format(NumberFormat):
+    """OCP E8M0: an unsigned 8-bit exponent, value 2**(code - 127) for codes 0..254 (2**-127..2**127); code 255
+    is NaN. No sign, no zero, no infinity. ``encode`` takes exact powers of two (what the MX scale rule makes);
+    any other positive value is rounded down to a power of two (log2 floored), then clipped to the range."""
+
+    bits: int = 8
+
+    def __post_init__(self):
+        if self.bits != 8:
+            raise ValueError(f"E8M0Format.bits={self.bits!r}; allowed: 8")
+
+    name = property(lambda self: "e8m0")
+    max = property(lambda self: math.ldexp(1.0, 127))
+    min_subnormal = property(lambda self: math.ldexp(1.0, -127))
+    emin = property(lambda self: -127)
+    emax = property(lambda self: 127)
+    nan_code = property(lambda self: 255)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def decode(self, codes) -> np.ndarray:
+        c = np.asarray(codes)
+        if not np.issubdtype(c.dtype, np.integer):
+            raise TypeError(f"codes must be integers, got dtype {c.dtype}")
+        c = c.astype(np.int64)
+        if np.any((c < 0) | (c > 255)):
+            raise ValueError("codes must be in [0, 256) for e8m0")
+        return np.where(c == 255, np.nan, np.ldexp(1.0, np.minimum(c, 254) - 127))
+
+    def encode(self, values, rounding: str = "down") -> np.ndarray:
+        v = np.asarray(values, dtype=np.float64)
+        if np.any(v <= 0):
+            raise ValueError("e8m0 holds positive powers of two only; got a value <= 0")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            _, e = np.frexp(np.where(np.isfinite(v), v, 1.0))
+        code = np.clip(e.astype(np.int64) - 1 + 127, 0, 254)
+        code = np.where(np.isinf(v), 254, code)
+        return np.where(np.isnan(v), 255, code).astype(np.int64)
+
+    def values(self) -> np.ndarray:
+        return np.ldexp(1.0, np.arange(-127, 128))
+
+    def to_kernel_args(self) -> tuple:
+        """(kind=2, emin, emax): a power-of-two scale."""
+        return (2, -127, 127)
+
+
+E8M0 = E8M0Format()
+
+
+class ScaleRule(enum.Enum):
+    """How a block's scale is chosen from the block's largest magnitude ``amax``."""
+
+    OCP = "ocp"  # X = 2**(floor(log2 amax) - element emax), clipped to the scale format's powers of two
+    AMAX = "amax"  # S = amax / element max, rounded to nearest-even into the scale format (NVFP4, torchao)
+
+    @classmethod
+    def parse(cls, value) -> "ScaleRule":
+        return parse_enum(cls, value, "scale_rule", "a scale rule")
+
+
+def _preset(value, field: str):
+    """A spec passes through; a string is a preset name (``get_format``'s full grammar is one layer up)."""
+    if not isinstance(value, str):
+        return value
+    key = value.strip().lower()
+    if key == "e8m0":
+        return E8M0
+    key = ALIASES.get(key, key)
+    if key not in PRESETS:
+        raise ValueError(f"BlockFormat.{field}={value!r} is not a preset name; pass a spec or one of "
+                         f"{', '.join(sorted(PRESETS))}, e8m0")
+    return PRESETS[key]
+
+
+def _element_emax(fmt) -> int:
+    if isinstance(fmt, FloatFormat):
+        return fmt.emax
+    return math.frexp(fmt.max)[1] - 1
+
+
+def _parse_block_size(value) -> tuple[int, int]:
+    """(rows, cols): rows 0 means 1-D blocks of ``cols`` along one axis."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"block_size={value!r}: a tile is a pair (rows, cols)")
+        return (check_int("block_size[0]", value[0], 1, 1 << 20), check_int("block_size[1]", value[1], 1, 1 << 20))
+    return (0, check_int("block_size", value, 1, 1 << 20))
+
+
+@dataclass(frozen=True)
+class BlockFormat(NumberFormat):
+    """Elements of ``element`` in blocks that share one scale: value = element * scale (* tensor scale).
+
+    element: a FloatFormat (man >= 1) or FixedFormat. block_size: an int, for 1-D blocks of that many
+    consecutive elements along ``axis``, or a pair (rows, cols) for 2-D tiles over a tensor's last two
+    dimensions (so that W and W.T share one quantisation). scale: the scale's format, ``"e8m0"`` or any
+    FloatFormat (e.g. ``"e4m3fn"``).
+
+    Quantisation of one block (``emunum.quantize(x, fmt, rounding, axis=...)``), all in float64:
+    - amax = max |x| over the block.
+    - scale_rule "ocp" (OCP MX v1.0 section 6.3): X = 2**(floor(log2 amax) - emax_element), the exponent
+      clipped to the scale format's powers of two (2**-127..2**127 for e8m0). amax = 0 gives the smallest
+      scale; amax = inf the largest. floor(log2) is exact (from the float's exponent field; gfloat's
+      np.log2 can round up for a float64 amax just below a power of two; float32 inputs never).
+    - scale_rule "amax": S = amax / element.max (divided by the tensor scale, if any), rounded to nearest,
+      ties to even, into the scale format, saturating at its max and raised to its smallest positive value
+      if it would round to 0 (so an all-zero block gets that smallest scale).
+    - tensor_scale (NVFP4's second level): T = amax_tensor / (element.max * scale.max) rounded to fp32
+      (nearest-even); T = 1 if the tensor's amax is 0 or not finite. The full scale is S * T (exact in float64).
+    - Elements: x / full_scale (one float64 division, as gfloat does), rounded with the caller's mode (every
+      mode, stochastic included) and always saturated to the element range (+-max; [min, max] for fixed
+      point, so MXINT8 reaches -2), whatever the element format's own overflow policy; an infinite x therefore
+      becomes +-max. The result is element * full scale (in float32, an infinity's max * 2**127 is inf).
+    - A NaN anywhere in a block makes the block's scale NaN (e8m0 code 255, or the scale format's NaN) and
+      every element of that block NaN (OCP: a NaN scale makes the whole block NaN).
+    - A partial last block (the axis length not a multiple of the block size) is its own, smaller block.
+    The result has x's dtype: float32/float64 hold every MX result exactly; float16/bfloat16 are rounded
+    through float32 and cast back (nearest-even).
+    """
+
+    element: NumberFormat
+    block_size: Union[int, tuple] = 32
+    scale: Union[str, NumberFormat] = "e8m0"
+    _: KW_ONLY
+    scale_rule: Union[str, ScaleRule] = ScaleRule.OCP
+    tensor_scale: bool = False
+
+    def __post_init__(self):
+        el = _preset(self.element, "element")
+        if isinstance(el, BlockFormat):
+            raise TypeError("BlockFormat.element must be an element format, not another BlockFormat")
+        if not isinstance(el, (FloatFormat, FixedFormat)):
+            raise TypeError(f"BlockFormat.element={el!r}: allowed element formats are FloatFormat and FixedFormat")
+        if isinstance(el, FloatFormat) and el.man < 1:
+            raise ValueError(f"BlockFormat.element={el.name}: block elements need man >= 1")
+        object.__setattr__(self, "element", el)
+        bs = _parse_block_size(self.block_size)
+        object.__setattr__(self, "block_size", bs[1] if bs[0] == 0 else bs)
+        sc = _preset(self.scale, "scale")
+        if not isinstance(sc, (E8M0Format, FloatFormat)):
+            raise TypeError(f"BlockFormat.scale={sc!r}: allowed scale formats are 'e8m0' and any FloatFormat")
+        object.__setattr__(self, "scale", sc)
+        rule = ScaleRule.parse(self.scale_rule)
+        object.__setattr__(self, "scale_rule", rule)
+        check_bool("BlockFormat.tensor_scale", self.tensor_scale)
+        if rule == ScaleRule.AMAX and isinstance(sc, E8M0Format):
+            raise ValueError("BlockFormat: scale='e8m0' holds powers of two only; it needs scale_rule='ocp'")
+        if rule == ScaleRule.OCP and isinstance(sc, FloatFormat) and self.scale_exp_range[0] > self.scale_exp_range[1]:
+            raise ValueError(f"BlockFormat.scale={sc.name} holds no power of two")
+        if self.tensor_scale and rule != ScaleRule.AMAX:
+            raise ValueError("BlockFormat: tensor_scale=True needs scale_rule='amax' (the NVFP4 scheme)")
+
+    # ---- structure -------------------------------------------------------------------------------
+    @property
+    def tile(self) -> tuple[int, int]:
+        """(rows, cols) of a block; rows 0 means 1-D blocks of cols elements along an axis."""
+        bs = self.block_size
+        return bs if isinstance(bs, tuple) else (0, bs)
+
+    @property
+    def block_elements(self) -> int:
+        r, c = self.tile
+        return max(r, 1) * c
+
+    @property
+    def bits(self) -> float:
+        """Bits per element, the scale's share included (MXFP4: 4 + 8/32 = 4.25); a tensor scale (32 bits per
+        tensor) is not counted."""
+        return self.element.bits + self.scale.bits / self.block_elements
+
+    @property
+    def max(self) -> float:
+        """The largest finite magnitude: element max times the largest scale (times T for tensor_scale)."""
+        return self.element.max * self.scale.max
+
+    @property
+    def element_emax(self) -> int:
+        return _element_emax(self.element)
+
+    @property
+    def scale_exp_range(self) -> tuple[int, int]:
+        """The exponents of the powers of two the scale format holds (the OCP rule clips to them)."""
+        sc = self.scale
+        if isinstance(sc, E8M0Format):
+            return (-127, 127)
+        lo = math.frexp(sc.min_subnormal)[1] - 1
+        return (lo, sc.emax)
+
+    @property
+    def name(self) -> str:
+        for key, fmt in BLOCK_PRESETS.items():
+            if fmt == self:
+                return key
+        bs = self.block_size
+        size = f"{bs[0]}x{bs[1]}" if isinstance(bs, tuple) else str(bs)
+        extra = "" if self.scale_rule == ScaleRule.OCP else f",{self.scale_rule.value}"
+        extra += ",tensor" if self.tensor_scale else ""
+        return f"block[{self.element.name},{size},{self.scale.name}{extra}]"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def values(self) -> np.ndarray:
+        raise ValueError(f"{self.name} is a block format: list its element format's values instead")
+
+    def to_kernel_args(self) -> tuple:
+        raise TypeError(f"{self.name} is a block format; its kernels take block arguments (kernels/scalar/block.py)")
+
+    def with_block_size(self, block_size) -> "BlockFormat":
+        return BlockFormat(self.element, block_size, self.scale, scale_rule=self.scale_rule,
+                           tensor_scale=self.tensor_scale)
+
+    # ---- codes (a float64 numpy reference; emunum.quantize runs the kernels) --------------------------
+    def encode(self, x, axis: int = -1, rounding: str = "nearest"):
+        """(element codes, scale codes, tensor scale T) of ``x`` quantised along ``axis`` (ignored for tiles).
+
+        Element codes (int64) have x's shape; scale codes (int64) have x's shape with the block axis (for tiles,
+        the last two axes) shrunk to the number of blocks. T is a float (1.0 without tensor_scale). Semantics
+        as in the class docstring; stochastic rounding here uses seed 0 (``emunum.quantize`` takes seeds).
+        """
+        v = np.asarray(x, dtype=np.float64)
+        blocks, shape, unblock = _blocked(v, self.tile, axis)
+        t = self.tensor_scale_of(v)
+        s = self.block_scales(np.max(np.abs(np.where(np.isnan(blocks), 0.0, blocks)), axis=(-3, -1), keepdims=True),
+                              t)
+        nan = np.any(np.isnan(blocks), axis=(-3, -1), keepdims=True)
+        s = np.where(nan, np.nan, s)
+        el = self.element
+        with np.errstate(invalid="ignore"):
+            scaled = np.clip(blocks / (s * t), el.min if isinstance(el, FixedFormat) else -el.max, el.max)
+        scaled = np.where(np.isnan(scaled), 0.0, scaled)  # NaN blocks: element codes of 0 under a NaN scale
+        codes = unblock(el.encode(scaled, rounding))
+        if isinstance(self.scale, E8M0Format):
+            scodes = self.scale.encode(s)
+        else:
+            scodes = np.where(np.isnan(s), self.scale.nan_code if self.scale.nan_code is not None else 0,
+                              self.scale.encode(np.where(np.isnan(s), 0.0, s)))
+        return codes, _scale_layout(scodes, shape, self.tile, axis), t
+
+    def decode(self, codes, scales, axis: int = -1, tensor_scale: float = 1.0) -> np.ndarray:
+        """float64 values of element codes and scale codes (the inverse of ``encode``)."""
+        values = self.element.decode(codes)
+        s = self.scale.decode(scales)
+        r, c = self.tile
+        if r == 0:
+            ax = _axis(axis, values.ndim)
+            full = np.repeat(s, c, axis=ax).take(np.arange(values.shape[ax]), axis=ax)
+        else:
+            if values.ndim < 2:
+                raise ValueError(f"{self.name}: tiles need at least 2 dimensions, got codes of shape {values.shape}")
+            full = np.repeat(np.repeat(s, r, axis=-2), c, axis=-1)[..., :values.shape[-2], :values.shape[-1]]
+        return values * (full * float(tensor_scale))
+
+    def tensor_scale_of(self, v: np.ndarray) -> float:
+        """T for float64 values ``v`` (1.0 without tensor_scale)."""
+        if not self.tensor_scale:
+            return 1.0
+        fin = np.abs(v[np.isfinite(v)])
+        amax = float(fin.max()) if fin.size else 0.0
+        if amax == 0.0:
+            return 1.0
+        return float(np.float32(amax / (self.element.max * self.scale.max)))
+
+    def block_scales(self, amax: np.ndarray, t: float = 1.0) -> np.ndarray:
+        """The scale (a value of the scale format) for block amax values (float64, NaN-free)."""
+        if self.scale_rule == ScaleRule.OCP:
+            lo, hi = self.scale_exp_range
+            with np.errstate(divide="ignore", invalid="ignore"):
+                _, e = np.frexp(np.where(np.isfinite(amax) & (amax > 0), amax, 1.0))
+            e = np.clip(e.astype(np.int64) - 1 - self.element_emax, lo, hi)
+            e = np.where(amax == 0, lo, np.where(np.isinf(amax), hi, e))
+            return np.ldexp(1.0, e)
+        sc = self.scale
+        with np.errstate(over="ignore"):
+            want = np.minimum(amax / self.element.max / t, sc.max)
+        q = sc.decode(sc.encode(want, "nearest"))
+        return np.maximum(np.minimum(q, sc.max), sc.min_subnormal)
+
+
+def _axis(axis, ndim: int) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis={axis} is out of range for a tensor of {ndim} dimensions; allowed: "
+                         f"{-ndim}..{ndim - 1}")
+    return int(axis) % ndim
+
+
+def _blocked(v: np.ndarray, tile, axis):
+    """v as (P, nbr, tr, nbc, tc) blocks padded with zeros; the working shape; a function mapping such an
+    array back to v's shape."""
+    r, c = tile
+    if r == 0:
+        ax = _axis(axis, v.ndim)
+        w = np.moveaxis(v, ax, -1)
+        wshape = w.shape
+        w = w.reshape(-1, 1, wshape[-1])
+        tr, tc = 1, c
+    else:
+        if v.ndim < 2:
+            raise ValueError(f"block_size={tile}: 2-D tiles need a tensor of at least 2 dimensions, got {v.shape}")
+        wshape = v.shape
+        w = v.reshape(-1, v.shape[-2], v.shape[-1])
+        tr, tc = r, c
+    P, R, C = w.shape
+    nbr, nbc = -(-R // tr), -(-C // tc)
+    pad = np.zeros((P, nbr * tr, nbc * tc))
+    pad[:, :R, :C] = w
+    blocks = pad.reshape(P, nbr, tr, nbc, tc)
+
+    def unblock(a):
+        a = a.reshape(P, nbr * tr, nbc * tc)[:, :R, :C].reshape(wshape)
+        return np.moveaxis(a, -1, ax) if r == 0 else a
+
+    return blocks, v.shape, unblock
+
+
+def _scale_layout(s: np.ndarray, shape, tile, axis) -> np.ndarray:
+    """(P, nbr, 1, nbc, 1) scales -> x's shape with the blocked axes shrunk to their block counts."""
+    r, c = tile
+    P, nbr, _, nbc, _ = s.shape
+    if r == 0:
+        ax = _axis(axis, len(shape))
+        moved = list(np.moveaxis(np.empty(shape, dtype=np.int8), ax, -1).shape)
+        moved[-1] = nbc
+        return np.moveaxis(s.reshape(moved), -1, ax)
+    return s.reshape(tuple(shape[:-2]) + (nbr, nbc))
+
+
+_E2M1 = FloatFormat(2, 1, special="none")
+_E4M3FN = FloatFormat(4, 3, special="fn")
+
+BLOCK_PRESETS: dict[str, BlockFormat] = {
+    "mxfp8_e4m3": BlockFormat(_E4M3FN, 32),
+    "mxfp8_e5m2": BlockFormat(FloatFormat(5, 2), 32),
+    "mxfp6_e3m2": BlockFormat(FloatFormat(3, 2, special="none"), 32),
+    "mxfp6_e2m3": BlockFormat(FloatFormat(2, 3, special="none"), 32),
+    "mxfp4_e2m1": BlockFormat(_E2M1, 32),
+    "mxint8": BlockFormat(FixedFormat(8, 6), 32),
+    "nvfp4": BlockFormat(_E2M1, 16, _E4M3FN, scale_rule="amax", tensor_scale=True),
+    # NVFP4 with 16x16 2-D tiles, for weights (NVIDIA's NVFP4 pretraining recipe, section 4.2)
+    "nvfp4_2d": BlockFormat(_E2M1, (16, 16), _E4M3FN, scale_rule="amax", tensor_scale=True),
+    "msfp12": BlockFormat(FloatFormat(1, 2, special="none"), 16),
+    "msfp16": BlockFormat(FloatFormat(1, 6, special="none"), 16),
+}
+
+BLOCK_ALIASES: dict[str, str] = {"mxfp8": "mxfp8_e4m3", "mxfp6": "mxfp6_e3m2", "mxfp4": "mxfp4_e2m1"}

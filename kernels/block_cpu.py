@@ -1,0 +1,113 @@
+"""Numba CPU kernel for block-scaled formats: one pass per block (amax, then round while the block is in
+cache), parallel over blocks (``prange``) for large tensors. Every block is visited with the same arguments on
+any thread count, so the bits never depend on it.
+
+Arrays are 3-D, (P, R, C), C-contiguous; a block is a (tr, tc) tile (1-D blocks along the last axis are
+(1, tc) tiles); edge tiles are partial. ``scales`` (P, nbr, nbc) float64 receives each block's scale.
+"""
+import math
+import os
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from . import _cache, scalar
+from . import parallel as _parallel
+from .scalar.block import block_scale, round_element
+from .scalar.common import NEAREST, STOCHASTIC, random_bits
+from .scalar.float import round_nearest_value
+
+_cache.guard(__file__, scalar.SOURCES)
+
+if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
+    numba.config.THREADING_LAYER = "workqueue"  # as kernels/cpu.py: numba's OpenMP contends with torch's
+
+# From this many elements on, with more than one numba thread, the prange loop runs (kernels/cpu.py's figure).
+PARALLEL_MIN = 1 << 18
+
+
+@njit(inline="always")
+def _one_block(src, dst, scales, b, nbr, nbc, tr, tc, split, magic, min_normal, kind, p0, p1, p2, emax_e, max_e,
+               negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits):
+    P, R, C = src.shape
+    per = nbr * nbc
+    p = b // per
+    bi = (b % per) // nbc
+    bj = b % nbc
+    r0 = bi * tr
+    r1 = min(r0 + tr, R)
+    c0 = bj * tc
+    c1 = min(c0 + tc, C)
+    amax = 0.0
+    has_nan = False
+    for i in range(r0, r1):
+        for j in range(c0, c1):
+            v = np.float64(src[p, i, j])
+            if v != v:
+                has_nan = True
+            else:
+                amax = max(amax, abs(v))
+    s = block_scale(amax, has_nan, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t)
+    scales[p, bi, bj] = s
+    full = s * t
+    if has_nan:
+        for i in range(r0, r1):
+            for j in range(c0, c1):
+                dst[p, i, j] = np.nan
+    elif kind == 0 and mode == NEAREST:
+        # Veltkamp's split (kernels/scalar/float.py), saturating: 4x the bit-level core's speed, same bits.
+        # A power-of-two scale (rule 0) divides exactly as a multiplication by its inverse.
+        inv = 1.0 / full
+        for i in range(r0, r1):
+            for j in range(c0, c1):
+                v = np.float64(src[p, i, j])
+                v = v * inv if rule == 0 else v / full
+                dst[p, i, j] = round_nearest_value(v, split, magic, min_normal, max_e, max_e, negzero) * full
+    else:
+        for i in range(r0, r1):
+            for j in range(c0, c1):
+                rnd = random_bits(key, (p * R + i) * C + j, nbits) if mode == STOCHASTIC else np.uint64(0)
+                q = round_element(np.float64(src[p, i, j]) / full, kind, p0, p1, p2, max_e, negzero, mode, rnd,
+                                  nbits)
+                dst[p, i, j] = q * full
+
+
+@njit(inline="always")
+def _nearest_constants(kind, man, emin, sub):
+    """Veltkamp split, subnormal magic and min normal of a float element (``round_nearest_fast``)."""
+    if kind != 0:
+        return 0.0, 0.0, 0.0
+    return (math.ldexp(1.0, 52 - man) + 1.0, 1.5 * math.ldexp(1.0, 52 + (emin - man if sub != 0 else emin)),
+            math.ldexp(1.0, emin))
+
+
+@njit(cache=True)
+def block_serial(src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin,
+                 s_sub, s_max, s_min, t, mode, key, nbits):
+    nbr, nbc = scales.shape[1], scales.shape[2]
+    split, magic, min_normal = _nearest_constants(kind, p0, p1, p2)
+    for b in range(scales.size):
+        _one_block(src, dst, scales, b, nbr, nbc, tr, tc, split, magic, min_normal, kind, p0, p1, p2, emax_e, max_e,
+                   negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits)
+
+
+@njit(cache=True, parallel=True)
+def block_parallel(src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, negzero, rule, lo, hi, s_man,
+                   s_emin, s_sub, s_max, s_min, t, mode, key, nbits):
+    nbr, nbc = scales.shape[1], scales.shape[2]
+    split, magic, min_normal = _nearest_constants(kind, p0, p1, p2)
+    for b in prange(scales.size):
+        _one_block(src, dst, scales, b, nbr, nbc, tr, tc, split, magic, min_normal, kind, p0, p1, p2, emax_e, max_e,
+                   negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits)
+
+
+def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, args: tuple, mode: int, key: int,
+                    nbits: int, parallel=None) -> None:
+    """src, dst: (P, R, C) C-contiguous float32/float64 (dst may be src); scales: (P, nbr, nbc) float64;
+    tile: (tr, tc); args: ``block_args`` of the format (emunum/block_quantize.py)."""
+    if parallel is None:
+        parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
+    with _parallel.try_parallel(parallel) as par:  # one parallel section per process (kernels/parallel.py)
+        run = block_parallel if par else block_serial
+        run(src, dst, scales, int(tile[0]), int(tile[1]), *args, int(mode), np.uint64(key), int(nbits))

@@ -75,7 +75,7 @@ def _fail(command: str, err: Exception) -> int:
 def _cmd_report(args) -> int:
     from pathlib import Path
 
-    from .analysis import report
+    from .analysis import curves, report
 
     try:
         how = report.OutputFormat.parse(args.format, "--format")
@@ -90,7 +90,7 @@ def _cmd_report(args) -> int:
     if not args.no_plot:
         path = Path(args.plot) if args.plot else Path(args.sweep) / "convergence.png"
         try:
-            report.convergence_plot(runs, path, args.baseline)
+            curves.convergence_plot(runs, path, args.baseline)
             print(f"wrote {path}", file=sys.stderr)
         except ValueError as e:
             print(f"note: no plot: {e}", file=sys.stderr)

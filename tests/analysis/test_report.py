@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from emunum.analysis import report
+from emunum.analysis import curves, report
 from emunum.analysis.report import OutputFormat, Status
 
 
@@ -217,17 +217,17 @@ def test_output_format_parse_names_the_bad_value():
 
 def test_tensorboard_curves_are_read_back_exactly(sweep):
     for job, (_, _, _, _, curve) in CURVES.items():
-        got = report.load_curve(sweep / job)
+        got = curves.load_curve(sweep / job)
         assert [s for s, _ in got] == [100 * (k + 1) for k in range(len(curve))]
         assert [v for _, v in got] == [float(np.float32(v)) for v in curve]  # TensorBoard stores float32
-    assert report.load_curve(sweep / "nope") == []
+    assert curves.load_curve(sweep / "nope") == []
 
 
 def test_curve_bands_are_mean_min_max_over_the_runs_evaluated_at_each_step():
     runs = [report.Run(Path(str(i)), f, Status.REACHED) for i, f in enumerate(["a", "a", "b"])]
-    curves = {Path("0"): [(10, 0.2), (20, 0.6)], Path("1"): [(10, 0.4), (20, 0.8), (30, 0.9)],
-              Path("2"): [(10, 0.1), (20, float("nan"))]}
-    a, b = report.curve_bands(runs, curves)
+    per_run = {Path("0"): [(10, 0.2), (20, 0.6)], Path("1"): [(10, 0.4), (20, 0.8), (30, 0.9)],
+               Path("2"): [(10, 0.1), (20, float("nan"))]}
+    a, b = curves.curve_bands(runs, per_run)
     assert a.format == "a" and a.runs == 2 and a.steps == (10, 20, 30)
     assert a.mean == (statistics.fmean([0.2, 0.4]), statistics.fmean([0.6, 0.8]), 0.9)
     assert a.low == (0.2, 0.6, 0.9) and a.high == (0.4, 0.8, 0.9)
@@ -237,7 +237,7 @@ def test_curve_bands_are_mean_min_max_over_the_runs_evaluated_at_each_step():
 def test_convergence_plot_writes_a_png(sweep, tmp_path):
     import matplotlib.image
 
-    path = report.convergence_plot(report.load_sweep(sweep), tmp_path / "out" / "convergence.png")
+    path = curves.convergence_plot(report.load_sweep(sweep), tmp_path / "out" / "convergence.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     h, w = matplotlib.image.imread(path).shape[:2]
     assert (w, h) == (7 * 120, int(4.5 * 120))
@@ -246,7 +246,7 @@ def test_convergence_plot_writes_a_png(sweep, tmp_path):
 def test_plot_without_curves_raises_a_clear_error(tmp_path):
     make_run(tmp_path, "0", "fp32", "reached", 100, 0, None)
     with pytest.raises(ValueError, match="no validation-accuracy curves"):
-        report.convergence_plot(report.load_sweep(tmp_path), tmp_path / "c.png")
+        curves.convergence_plot(report.load_sweep(tmp_path), tmp_path / "c.png")
 
 
 def test_different_targets_are_flagged(tmp_path):

@@ -99,11 +99,11 @@ def test_report_on_the_sweep_matches_the_results_files(sweep, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_curves_of_the_sweep_are_the_evaluations_of_each_run(sweep):
-    from emunum.analysis import report
+    from emunum.analysis import curves
 
     for d in sorted(p for p in sweep.iterdir() if p.is_dir()):
         r = json.loads((d / "results.json").read_text())
-        curve = report.load_curve(d)
+        curve = curves.load_curve(d)
         assert [s for s, _ in curve] == list(range(2, r["iterations_run"] + 1, 2))
         assert max(v for _, v in curve) == pytest.approx(r["best_accuracy"], abs=1e-7)  # float32 in TensorBoard
 

@@ -80,7 +80,8 @@ def _check_out(out, x: torch.Tensor) -> None:
     if out.requires_grad and out.is_leaf and torch.is_grad_enabled():
         raise RuntimeError("out is a leaf tensor that requires grad: it cannot be written in place "
                            "(as for torch's in-place ops); use torch.no_grad() or a tensor without requires_grad")
-    if out.numel() and x.numel() and out.device == x.device and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+    if out.numel() and x.numel() and out.device == x.device and out.device.type != "meta" \
+            and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
         same = out.data_ptr() == x.data_ptr() and out.stride() == x.stride() and out.shape == x.shape
         (a0, a1), (b0, b1) = _extent(out), _extent(x)
         if not same and a0 < b1 and b0 < a1:

@@ -32,8 +32,8 @@ import torch
 import torch.autograd.forward_ad as _fwd_ad
 from torch import Tensor
 
-from .formats import FixedFormat, FloatFormat, Format, RoundMode, Special, get_format
-from .quantize import quantize, quantize_checked
+from .formats import FixedFormat, FloatFormat, Format, RoundMode, Special
+from .quantize import format_to_args, quantize, quantize_checked  # noqa: F401  (format_to_args: re-exported)
 from .rng import mix64_int
 
 SEED_BITS = 62
@@ -42,20 +42,6 @@ _GOLDEN = 0x9E3779B97F4A7C15
 
 
 # ---- plain-value encodings ---------------------------------------------------------------------------
-def format_to_args(fmt) -> list[int]:
-    """A format as plain ints for a custom op: float ``[0, exp, man, bias, subnormals, special, saturate]``,
-    fixed ``[1, bits, frac_bits, signed, saturate]``. ``None`` gives ``[]`` (no rounding)."""
-    if fmt is None:
-        return []
-    fmt = get_format(fmt)
-    if not isinstance(fmt, (FloatFormat, FixedFormat)):
-        raise TypeError(f"{fmt.name} is not an element format (FloatFormat/FixedFormat); block formats apply to "
-                        "GEMM operands (emunum.patch) or through emunum.quantize(x, fmt, axis=...)")
-    if isinstance(fmt, FloatFormat):
-        return [0, fmt.exp, fmt.man, fmt.bias, int(fmt.subnormals), int(fmt.special), int(fmt.saturate)]
-    return [1, fmt.bits, fmt.frac_bits, int(fmt.signed), int(fmt.saturate)]
-
-
 def format_from_args(args) -> Format | None:
     """Inverse of ``format_to_args``: ``format_from_args(format_to_args(f)) == f``; ``[]`` gives None."""
     return _format_from_args(tuple(int(a) for a in args))

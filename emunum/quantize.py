@@ -9,7 +9,7 @@ import torch
 
 from . import buffers
 from .block_quantize import quantize_block_checked
-from .formats import BlockFormat, FloatFormat, Format, RoundMode, get_format
+from .formats import BlockFormat, FixedFormat, FloatFormat, Format, RoundMode, get_format
 from .rng import seed_key
 from .reference import quantize_reference, quantize_torch
 
@@ -180,6 +180,26 @@ def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: Rou
         result.copy_(tmp.view(x.shape))
 
 
+def format_to_args(fmt) -> list[int]:
+    """A format as plain ints for a custom op: float ``[0, exp, man, bias, subnormals, special, saturate]``,
+    fixed ``[1, bits, frac_bits, signed, saturate]``. ``None`` gives ``[]`` (no rounding)."""
+    if fmt is None:
+        return []
+    fmt = get_format(fmt)
+    if not isinstance(fmt, (FloatFormat, FixedFormat)):
+        raise TypeError(f"{fmt.name} is not an element format (FloatFormat/FixedFormat); block formats apply to "
+                        "GEMM operands (emunum.patch) or through emunum.quantize(x, fmt, axis=...)")
+    if isinstance(fmt, FloatFormat):
+        return [0, fmt.exp, fmt.man, fmt.bias, int(fmt.subnormals), int(fmt.special), int(fmt.saturate)]
+    return [1, fmt.bits, fmt.frac_bits, int(fmt.signed), int(fmt.saturate)]
+
+
+def _traced(x: torch.Tensor) -> bool:
+    """Whether x has no memory to hand to a kernel: Dynamo is tracing, or x is a FakeTensor (export, meta
+    propagation). Such calls go through the ``emunum::quantize`` custom op, whose kernel runs at execution."""
+    return torch.compiler.is_compiling() or type(x).__name__ == "FakeTensor"
+
+
 def quantize(x: torch.Tensor, fmt, rounding="nearest", *, seed: int | None = None,
              out: torch.Tensor | None = None, sr_bits: int | None = None, axis: int = -1) -> torch.Tensor:
     """Round every element of ``x`` to the nearest-by-``rounding`` value of ``fmt``.
@@ -200,6 +220,9 @@ def quantize(x: torch.Tensor, fmt, rounding="nearest", *, seed: int | None = Non
     fmt = get_format(fmt)
     mode = RoundMode.parse(rounding)
     nbits = check_sr_bits(sr_bits)
+    if not isinstance(fmt, BlockFormat) and _traced(x):
+        q = torch.ops.emunum.quantize(x, format_to_args(fmt), int(mode), check_seed(seed), nbits)
+        return q if out is None else out.copy_(q)
     if out is not None:
         _check_out(out, x)
     if isinstance(fmt, BlockFormat):

@@ -116,6 +116,21 @@ def validate(cfg) -> None:
         raise ValueError(f"threads={cfg.threads} is out of range; allowed: >= 1 or null")
     if cfg.stop_after is not None and cfg.stop_after < 1:
         raise ValueError(f"stop_after={cfg.stop_after} is out of range; allowed: >= 1 or null")
+    _check_device(str(cfg.device))
+
+
+def _check_device(name: str) -> None:
+    """``device`` must parse and exist on this machine: a config error, not torch's AssertionError later."""
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device={name!r} is not a torch device; allowed: cpu, cuda, cuda:<index>") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0 or (dev.index is not None and dev.index >= n):
+            raise ValueError(f"device={name!r}: this machine has {n} CUDA device(s); use device=cpu")
+    elif dev.type != "cpu":
+        raise ValueError(f"device={name!r} is not supported; allowed: cpu, cuda, cuda:<index>")
 
 
 def set_threads(n: int | None) -> None:

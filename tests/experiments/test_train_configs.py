@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
@@ -110,8 +111,12 @@ def test_wrongly_typed_values_fail_naming_the_key(compose, override):
 
 @pytest.mark.parametrize("override,field", [("max_iters=0", "max_iters"), ("eval_every=0", "eval_every"),
                                             ("lr=-1", "lr"), ("target_accuracy=1.5", "target_accuracy"),
-                                            ("threads=0", "threads"), ("batch_size=100000", "batch_size")])
+                                            ("threads=0", "threads"), ("batch_size=100000", "batch_size"),
+                                            ("device=cuda", "device"), ("device=cuda:7", "device"),
+                                            ("device=nope", "device")])
 def test_out_of_range_values_raise_value_error_naming_the_field(compose, tmp_path, override, field):
+    if override == "device=cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
     with pytest.raises(ValueError, match=field):
         train(compose(override), tmp_path)
 

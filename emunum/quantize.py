@@ -288,12 +288,16 @@ def quantize_checked(x: torch.Tensor, fmt: Format, mode: RoundMode, seed: int | 
 
 
 _QUIET16 = {torch.float16: 1 << 9, torch.bfloat16: 1 << 6}
+_POSITIVE_NAN16 = {torch.float16: 0x7E00, torch.bfloat16: 0x7FC0}
 
 
 def _restore_nans16(x: torch.Tensor, result: torch.Tensor) -> None:
-    """torch's CPU float32 -> bfloat16 cast writes every NaN as 0xFFFF: give each input NaN back its sign and
-    payload, quietened, as the float32/float64 and CUDA paths do."""
-    nan = torch.isnan(x)
-    if nan.any():
+    """torch's CPU float32 -> bfloat16 cast writes every NaN as 0xFFFF (sign set). Restore the rule of every
+    other path: a NaN made by the rounding (overflow in an fn/fnuz format) is the positive quiet NaN, and an
+    input NaN keeps its sign and payload, quietened."""
+    made = torch.isnan(result)
+    if made.any():
         bits = result.view(torch.int16)
+        bits[made] = _POSITIVE_NAN16[x.dtype]
+        nan = torch.isnan(x)
         bits[nan] = x.detach().view(torch.int16)[nan] | _QUIET16[x.dtype]

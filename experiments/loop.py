@@ -49,6 +49,7 @@ log = logging.getLogger("experiments.train")
 
 RESULT_KEYS = ("format", "status", "iterations_to_accuracy", "target_accuracy", "best_accuracy",
                "final_accuracy", "iterations_run", "seconds_per_iteration")
+LOCK_FILE = ".lock"
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_VERSION = 1
 # keys that may differ between a killed run and its resumption
@@ -271,7 +272,14 @@ def load_checkpoint(path: Path, model, opt, scaler, cfg) -> LoopState:
     if not path.exists():
         raise ValueError(f"resume=true but {path} does not exist; allowed: a run directory with a checkpoint "
                          f"(pass hydra.run.dir=<that directory>)")
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, garbled, empty or foreign: name the file and the cause, nothing else
+        cause = next((ln for ln in str(e).splitlines() if ln.strip() and "weights_only" not in ln), "")
+        raise ValueError(f"resume=true: cannot read the checkpoint {path}: it is truncated, empty or not an "
+                         f"emunum checkpoint ({type(e).__name__}{': ' + cause[:200] if cause else ''})") from None
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"resume=true: {path} is not an emunum checkpoint (a {type(ckpt).__name__})")
     if ckpt.get("version") != CHECKPOINT_VERSION:
         raise ValueError(f"{path}: checkpoint version {ckpt.get('version')} is not {CHECKPOINT_VERSION}")
     saved, now = json.loads(ckpt["identity"]), identity(cfg)
@@ -299,7 +307,48 @@ def train(cfg, run_dir: str | os.PathLike | None = None) -> Results:
     (default: the Hydra run directory). Returns the Results (status "interrupted" after ``stop_after``)."""
     validate(cfg)
     run_dir = Path(run_dir) if run_dir is not None else hydra_run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"run directory {run_dir} cannot be created: {e.strerror or e}") from None
+    with run_dir_lock(run_dir):
+        return _train_locked(cfg, run_dir)
+
+
+class RunDirBusy(RuntimeError):
+    """Another run holds the run directory's lock."""
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path):
+    """An exclusive ``fcntl.flock`` on ``<run_dir>/.lock`` for the whole run: a second run started in the same
+    directory refuses (``RunDirBusy`` naming the directory and the holder's pid) instead of interleaving logs,
+    TensorBoard events, checkpoints and results.json. Released when the run ends or its process dies."""
+    import fcntl
+
+    path = run_dir / LOCK_FILE
+    try:
+        f = open(path, "a+")
+    except OSError as e:
+        raise ValueError(f"run directory {run_dir} is not writable: {e.strerror or e}") from None
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise RunDirBusy(f"run directory {run_dir} is in use by another run (pid {holder}); "
+                               "wait for it, or give this run another hydra.run.dir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        yield
+    finally:
+        f.close()
+
+
+def _train_locked(cfg, run_dir: Path) -> Results:
     set_threads(cfg.threads)
     device = torch.device(cfg.device)
     seed = int(cfg.seed)

@@ -22,13 +22,14 @@ if __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from experiments.loop import Results, hydra_run_dir, objective, train, write_json_atomic  # noqa: E402
+from experiments.loop import Results, RunDirBusy, hydra_run_dir, objective, train, write_json_atomic  # noqa: E402
 from experiments.schema import register  # noqa: E402
 
 register()
@@ -61,13 +62,26 @@ def failure_results(cfg, exc: BaseException) -> Results:
         reason=f"{type(exc).__name__}: {exc}")
 
 
+def _finished(path: Path) -> bool:
+    """Whether ``path`` holds the results of a run that ended (reached, not_reached or diverged)."""
+    try:
+        return json.loads(path.read_text()).get("status") in ("reached", "not_reached", "diverged")
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def write_failure(cfg, run_dir, exc: BaseException) -> None:
     """Write ``failure_results(cfg, exc)`` to ``<run_dir>/results.json`` atomically (run_dir None: the Hydra
-    run directory). Never raises: a record that cannot be written is logged, so that ``exc`` stays the error."""
+    run directory), or beside it as ``results.failed.json`` when results.json already holds a finished run's
+    results (a failed resume never overwrites them). Never raises: a record that cannot be written is logged,
+    so that ``exc`` stays the error. Nothing is written when the directory is locked by another run."""
+    if isinstance(exc, RunDirBusy):  # the directory belongs to the other run
+        return
     try:
         path = Path(run_dir) if run_dir is not None else hydra_run_dir()
         path.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path / "results.json", failure_results(cfg, exc).to_json())
+        target = path / ("results.failed.json" if _finished(path / "results.json") else "results.json")
+        write_json_atomic(target, failure_results(cfg, exc).to_json())
     except Exception as e:  # noqa: BLE001
         log.error("could not write the failure record of this run: %s: %s", type(e).__name__, e)
 

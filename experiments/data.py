@@ -11,13 +11,17 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import logging
 import os
+import zipfile
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -82,10 +86,14 @@ def load_mnist1d(cfg) -> Dataset:
     recipe = {k: v for k, v in args.items() if k != "url"}
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir(cfg.cache_dir) / f"mnist1d_{digest}.npz"
+    arrays = None
     if path.exists():
-        with np.load(path) as z:
-            arrays = {k: z[k] for k in ("x", "y", "x_test", "y_test")}
-    else:
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in ("x", "y", "x_test", "y_test")}
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:  # a corrupt cache: regenerate
+            log.warning("the MNIST-1D cache %s is unreadable (%s: %s); regenerating it", path, type(e).__name__, e)
+    if arrays is None:
         state = np.random.get_state()  # make_dataset reseeds numpy's global generator; put it back
         try:
             from mnist1d.utils import ObjectView

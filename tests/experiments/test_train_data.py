@@ -119,3 +119,16 @@ def test_digits_split_is_disjoint_and_standardised(compose):
     d = data_mod.load(compose("data=digits").data)
     assert len(d.x_train) + len(d.x_val) == 1797 and d.input_shape == (1, 64)
     assert abs(float(d.x_train.mean())) < 1e-5 and abs(float(d.x_train.std()) - 1) < 1e-3
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_a_corrupt_mnist1d_cache_is_regenerated(compose, tmp_path, damage):
+    cfg = compose(f"data.cache_dir={tmp_path}")
+    first = data_mod.load(cfg.data)
+    (path,) = tmp_path.glob("mnist1d_*.npz")
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[: len(data) // 3], "garbage": b"PK\x03\x04 not a zip", "empty": b""}[damage])
+    again = data_mod.load(cfg.data)
+    assert torch.equal(again.x_train, first.x_train) and torch.equal(again.y_val, first.y_val)
+    with np.load(path) as z:  # the cache was rewritten whole
+        assert np.array_equal(z["y_test"], first.y_val.numpy())

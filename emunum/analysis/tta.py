@@ -211,28 +211,13 @@ def format_bits(cfg: dict) -> int:
     return 32 if fmt is None else get_format(fmt).bits
 
 
-def _experiments_root(run_dir: Path) -> Path | None:
-    """The directory holding the ``experiments`` package a run was launched from (its Hydra config path)."""
-    import yaml
-
-    p = run_dir / ".hydra" / "hydra.yaml"
-    if not p.is_file():
-        return None
-    with open(p) as f:
-        h = (yaml.safe_load(f) or {}).get("hydra", {})
-    for src in (h.get("runtime") or {}).get("config_sources") or []:
-        if src.get("provider") == "main" and src.get("schema") == "file":
-            conf = Path(src["path"])
-            if (conf.parent / "models.py").is_file():
-                return conf.parent.parent
-    return None
-
-
 def iteration_cost_of_run(run: Run):
     """``emunum.flops.IterationCost`` of one training iteration of a run's model (plain fp32 model, the run's
-    batch size), built with the ``experiments`` package the run was launched from (models.build, data.load)."""
+    batch size), rebuilt from the model and data names in its config.yaml by the ``experiments`` package that
+    this Python imports (the repository's; run from its root). A result folder is data: no path found in it
+    is put on ``sys.path`` or imported, and its ``data.cache_dir`` is ignored (the dataset is built in the
+    user's cache, ``EMUNUM_CACHE_DIR`` or ``~/.cache/emunum``)."""
     import importlib
-    import sys
 
     import torch
 
@@ -242,9 +227,6 @@ def iteration_cost_of_run(run: Run):
     cfg = hydra_config(run.path)
     if cfg is None:
         raise ValueError(f"{run.path}: no .hydra/config.yaml, so the model is unknown; --hardware needs Hydra runs")
-    root = _experiments_root(run.path)
-    if root is not None and str(root) not in sys.path:
-        sys.path.insert(0, str(root))
     try:
         models = importlib.import_module("experiments.models")
         data = importlib.import_module("experiments.data")
@@ -254,6 +236,8 @@ def iteration_cost_of_run(run: Run):
     from omegaconf import OmegaConf
 
     oc = OmegaConf.create(cfg)
+    if "cache_dir" in (oc.get("data") or {}):
+        oc.data.cache_dir = None  # never create or write where a result folder points
     ds = data.load(oc.data)
     model = models.build(oc.model, ds.input_shape, ds.num_outputs)
     bs = int(cfg.get("batch_size", 1))

@@ -97,12 +97,15 @@ class Report:
 # ---------------------------------------------------------------------------------------------------------
 # loading
 # ---------------------------------------------------------------------------------------------------------
-def _opt_int(d: dict, key: str, where: Path) -> int | None:
+def _opt_int(d: dict, key: str, where: Path, signed: bool = False) -> int | None:
+    """d[key] as an int (None when absent or null): a finite whole number, not negative unless ``signed``."""
     v = d.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v):
         raise ValueError(f"{where}: {key}={v!r} is not an integer")
+    if v < 0 and not signed:
+        raise ValueError(f"{where}: {key}={v!r} is negative")
     return int(v)
 
 
@@ -122,8 +125,14 @@ def hydra_config(run_dir: Path) -> dict | None:
         return None
     import yaml
 
-    with open(p) as f:
-        return yaml.safe_load(f) or {}
+    try:
+        with open(p, encoding="utf-8") as f:
+            cfg = yaml.safe_load(f) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ValueError(f"{p} is not a readable YAML config ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{p}: expected a mapping, got {type(cfg).__name__}")
+    return cfg
 
 
 def _config_format(cfg: dict | None) -> str | None:
@@ -146,10 +155,10 @@ def load_run(run_dir: Path) -> Run:
             raise ValueError(f"{run_dir}: no results.json, and no format name in .hydra/config.yaml")
         return Run(run_dir, fmt, Status.FAILED, seed=cfg_seed, error="no results.json (the job did not finish)")
     try:
-        with open(res) as f:
+        with open(res, encoding="utf-8") as f:
             d = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{res} is not valid JSON: {e}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{res} is not valid JSON ({type(e).__name__}: {e})") from None
     if not isinstance(d, dict):
         raise ValueError(f"{res}: expected a JSON object, got {type(d).__name__}")
     fmt = d.get("format")
@@ -163,7 +172,7 @@ def load_run(run_dir: Path) -> Run:
     iters = _opt_int(d, "iterations_to_accuracy", res)
     if status == Status.REACHED and iters is None:
         raise ValueError(f"{res}: status 'reached' needs an integer iterations_to_accuracy, got null")
-    seed = _opt_int(d, "seed", res)
+    seed = _opt_int(d, "seed", res, signed=True)
     err = d.get("error") or d.get("reason") or None  # train.py's "reason" says why a run stopped
     return Run(
         path=run_dir, format=fmt, status=status, seed=seed if seed is not None else cfg_seed,

@@ -1,0 +1,41 @@
+"""Malformed result folders (issue #21 §5): an error that names the file, exit status 2, no traceback."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from emunum import cli
+
+GOOD = {"format": "fp32", "status": "reached", "iterations_to_accuracy": 100, "iterations_run": 100, "seed": 0}
+
+
+def _sweep(tmp_path, results: bytes | None = None, config: bytes | None = None):
+    run = tmp_path / "sweep" / "0"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "results.json").write_bytes(results if results is not None else json.dumps(GOOD).encode())
+    if config is not None:
+        (run / ".hydra" / "config.yaml").write_bytes(config)
+    return run
+
+
+@pytest.mark.parametrize("name,results,config", [
+    ("infinite iterations", b'{"format": "fp32", "status": "reached", "iterations_to_accuracy": Infinity}', None),
+    ("NaN iterations", b'{"format": "fp32", "status": "reached", "iterations_to_accuracy": NaN}', None),
+    ("negative iterations", b'{"format": "fp32", "status": "reached", "iterations_to_accuracy": -5}', None),
+    ("a list for the object", b'[1, 2, 3]', None),
+    ("binary results", bytes(range(256)), None),
+    ("a python tag in config", None, b"seed: !!python/object/apply:os.system ['echo hacked']\n"),
+    ("a list for the config", None, b"- 1\n- 2\n"),
+    ("binary config", None, bytes(range(256))),
+])
+@pytest.mark.parametrize("command", ["report", "tta"])
+def test_malformed_files_exit_2_naming_the_file(tmp_path, capsys, name, results, config, command):
+    run = _sweep(tmp_path, results, config)
+    argv = [command, str(run.parent)] + (["--seconds-per-iteration", "fp32=0.1"] if command == "tta" else
+                                         ["--no-plot"])
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, (name, err)
+    bad = "results.json" if results is not None else "config.yaml"
+    assert bad in err and "Traceback" not in err

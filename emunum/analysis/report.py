@@ -293,7 +293,12 @@ def render_table(header: list[str], rows: list[list[str]], how: OutputFormat, no
         w.writerow(header)
         w.writerows(rows)
         return buf.getvalue()
+    # a cell never breaks its row: control characters become spaces (text, Markdown), and '|' is escaped
+    # in Markdown; CSV quotes what it needs
+    clean = lambda c: "".join(" " if ch in "\n\r\t\v\f" or ord(ch) < 32 else ch for ch in str(c))  # noqa: E731
+    header, rows = [clean(h) for h in header], [[clean(c) for c in r] for r in rows]
     if how == OutputFormat.MD:
+        header, rows = [h.replace("|", "\\|") for h in header], [[c.replace("|", "\\|") for c in r] for r in rows]
         lines = ["| " + " | ".join(header) + " |",
                  "|" + "|".join(":---" if a == "<" else "---:" for a in align) + "|"]
         lines += ["| " + " | ".join(r) + " |" for r in rows]

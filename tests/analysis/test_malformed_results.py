@@ -39,3 +39,15 @@ def test_malformed_files_exit_2_naming_the_file(tmp_path, capsys, name, results,
     assert code == 2, (name, err)
     bad = "results.json" if results is not None else "config.yaml"
     assert bad in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("how", ["text", "md"])
+def test_format_names_with_pipes_or_newlines_keep_one_line_per_row(tmp_path, how):
+    from emunum.analysis import report
+
+    rows = [["a|b\nc", "1"], ["plain", "2"]]
+    text = report.render_table(["format", "n"], rows, how)
+    body = [ln for ln in text.splitlines() if ln.strip()]
+    assert len(body) == 4  # header, rule, two rows
+    if how == "md":
+        assert all(ln.count("|") - ln.count("\\|") == 3 for ln in body)

@@ -207,7 +207,43 @@ def load_sweep(sweep_dir) -> list[Run]:
     if not dirs:
         raise ValueError(f"sweep directory {str(sweep_dir)!r} holds no runs (no results.json nor .hydra/config.yaml "
                          "below it); pass the directory printed by `python experiments/train.py -m ...`")
-    return [load_run(d) for d in dirs]
+    return label_by_config([load_run(d) for d in dirs])
+
+
+# config keys that never split a format's runs: the seed (pooled on purpose) and keys that change no numbers
+POOLED_KEYS = ("seed", "threads", "trace", "checkpoint_every", "resume", "stop_after", "log", "device",
+               "data.cache_dir")
+
+
+def _flat(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = json.dumps(v, sort_keys=True, default=str)
+    return out
+
+
+def label_by_config(runs: list[Run]) -> list[Run]:
+    """Runs of one format whose Hydra configs differ in any key besides ``POOLED_KEYS`` are not pooled: each
+    gets the label ``<format> [key=value, ...]`` naming the keys that differ within its format."""
+    import dataclasses
+
+    flat = {r.path: _flat(hydra_config(r.path)) for r in runs}
+    out = []
+    for fmt in dict.fromkeys(r.format for r in runs):
+        group = [r for r in runs if r.format == fmt]
+        keys = sorted({k for r in group for k in flat[r.path]} - {k for k in POOLED_KEYS})
+        differ = [k for k in keys if len({flat[r.path].get(k) for r in group}) > 1]
+        for r in group:
+            if differ:
+                tag = ", ".join(f"{k}={json.loads(flat[r.path][k]) if k in flat[r.path] else None}" for k in differ)
+                r = dataclasses.replace(r, format=f"{fmt} [{tag}]")
+            out.append(r)
+    order = {r.path: i for i, r in enumerate(runs)}
+    return sorted(out, key=lambda r: order[r.path])
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -51,3 +51,21 @@ def test_format_names_with_pipes_or_newlines_keep_one_line_per_row(tmp_path, how
     assert len(body) == 4  # header, rule, two rows
     if how == "md":
         assert all(ln.count("|") - ln.count("\\|") == 3 for ln in body)
+
+
+def test_runs_of_one_format_with_different_configs_are_not_pooled(tmp_path):
+    from emunum.analysis import report
+
+    sweep = tmp_path / "sweep"
+    for i, (model, lr, seed) in enumerate([("mlp", 0.01, 0), ("mlp", 0.01, 1), ("cnn1d", 0.01, 0),
+                                           ("cnn1d", 0.001, 0)]):
+        run = sweep / str(i)
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "config.yaml").write_text(
+            f"seed: {seed}\nlr: {lr}\nthreads: {i}\nmodel:\n  name: {model}\nformat:\n  name: fp32\n")
+        (run / "results.json").write_text(json.dumps({**GOOD, "seed": seed}))
+    labels = [r.format for r in report.load_sweep(sweep)]
+    assert labels == ["fp32 [lr=0.01, model.name=mlp]"] * 2 + ["fp32 [lr=0.01, model.name=cnn1d]",
+                                                                "fp32 [lr=0.001, model.name=cnn1d]"]
+    text = report.render(report.summarize(report.load_sweep(sweep), baseline="fp32"))
+    assert "fp32 [lr=0.01, model.name=mlp]" in text  # seeds and threads alone never split a format

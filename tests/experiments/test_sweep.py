@@ -170,10 +170,12 @@ def test_a_failing_job_keeps_the_other_jobs_results(tmp_path, data_cache, capsys
         assert rec["status"] == "failed" and "batch_size=0 is out of range" in (rec.get("reason") or rec["error"])
     code, out, _ = _run(capsys, "report", sweep, "--no-plot")
     assert code == 0
-    row = out.splitlines()[2].split()
-    assert row[:5] == ["fp32", "2", "0/2", "0", "1"]  # 2 runs, 1 failed
+    rows = {ln.split("]")[0] + "]": ln.split("]")[1].split() for ln in out.splitlines()[2:4]}
+    # not pooled: the two jobs differ in batch_size, so each is its own row (1 run each; job 0 failed)
+    assert rows["fp32 [batch_size=0]"][:4] == ["1", "0/1", "0", "1"]
+    assert rows["fp32 [batch_size=32]"][:2] == ["1", "0/1"]
     why = "batch_size=0 is out of range" if failed.exists() else "no results.json"
-    assert f"note: failed run {sweep / '0'} (format fp32, seed 0): " in out and why in out
+    assert f"note: failed run {sweep / '0'} (format fp32 [batch_size=0], seed 0): " in out and why in out
 
 
 # ---------------------------------------------------------------------------------------------------------

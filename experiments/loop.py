@@ -315,6 +315,39 @@ def train(cfg, run_dir: str | os.PathLike | None = None) -> Results:
         return _train_locked(cfg, run_dir)
 
 
+def format_label(fmt_cfg) -> str:
+    """The label a run's results carry: the format group's name, plus ``[key=value, ...]`` for every key of that
+    group's YAML (``experiments/conf/format/<name>.yaml``) that the run overrode, so that ``format=fp32
+    format.fmt=e5m2`` is labelled by what it emulated (``fp32 [fmt=e5m2]``), not as plain fp32."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    name = str(fmt_cfg.name)
+    path = Path(__file__).resolve().parent / "conf" / "format" / f"{name}.yaml"
+    try:
+        base = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return name
+    now = OmegaConf.to_container(fmt_cfg, resolve=True, enum_to_str=True)
+
+    def leaves(d, prefix=""):  # the YAML's own settings (the schema fills in the rest)
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from leaves(v, f"{prefix}{k}.")
+            elif f"{prefix}{k}" not in ("defaults", "name"):
+                yield f"{prefix}{k}", v
+
+    def at(d, dotted):
+        for part in dotted.split("."):
+            d = d.get(part) if isinstance(d, dict) else None
+        return d
+
+    changed = [(k, at(now, k)) for k, v in leaves(base) if at(now, k) != v]
+    if not changed:
+        return name
+    return f"{name} [" + ", ".join(f"{k}={v}" for k, v in changed) + "]"
+
+
 class RunDirBusy(RuntimeError):
     """Another run holds the run directory's lock."""
 
@@ -507,7 +540,7 @@ def _results(cfg, ds, state: LoopState, status, reason, scaler) -> Results:
     final = state.evals[-1] if state.evals else {"accuracy": None, "loss": None}
     classification = tasks.target_is_accuracy(ds.task)
     return Results(
-        format=cfg.format.name, status=status, iterations_to_accuracy=state.reached_at,
+        format=format_label(cfg.format), status=status, iterations_to_accuracy=state.reached_at,
         target_accuracy=float(cfg.target_accuracy) if classification else None,
         best_accuracy=max(accs) if accs else None, final_accuracy=final["accuracy"],
         iterations_run=state.iteration,

@@ -49,3 +49,11 @@ def test_an_impossible_run_directory_is_named(compose, tmp_path):
     blocker.write_text("x")
     with pytest.raises(ValueError, match="run directory .*file/run"):
         train(compose(*FAST), blocker / "run")
+
+
+@pytest.mark.parametrize("overrides,label", [((), "fp32"), (("format.fmt=e5m2",), "fp32 [fmt=e5m2]"),
+                                             (("format=fp8_152",), "fp8_152")])
+def test_results_label_a_run_by_what_it_emulated(compose, tmp_path, overrides, label):
+    res = train(compose(*FAST, *overrides), tmp_path)
+    assert res.format == label
+    assert json.loads((tmp_path / "results.json").read_text())["format"] == label

@@ -92,7 +92,7 @@ def _cmd_report(args) -> int:
         try:
             curves.convergence_plot(runs, path, args.baseline)
             print(f"wrote {path}", file=sys.stderr)
-        except ValueError as e:
+        except (ValueError, OSError) as e:  # no curves, or a read-only sweep folder: the table stands
             print(f"note: no plot: {e}", file=sys.stderr)
     return 0
 

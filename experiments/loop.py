@@ -162,12 +162,24 @@ def lr_at(cfg, iteration: int) -> float:
     return base
 
 
-def write_json_atomic(path: Path, obj) -> None:
+@contextlib.contextmanager
+def atomic_target(path: Path):
+    """Yields a temporary path beside ``path``; on success it replaces ``path``, on any failure (a full disk,
+    say) it is removed, so no stray ``*.tmp`` file is left behind."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, allow_nan=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    with atomic_target(path) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, allow_nan=False)
+            f.write("\n")
 
 
 def identity(cfg) -> dict:
@@ -259,9 +271,8 @@ def save_checkpoint(path: Path, model, opt, scaler, state: LoopState, cfg) -> No
         "rng": {"torch": torch.get_rng_state(), "python": list(_py_state_to_list(random.getstate())),
                 "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]]},
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(ckpt, tmp)
-    os.replace(tmp, path)
+    with atomic_target(path) as tmp:
+        torch.save(ckpt, tmp)
 
 
 def _py_state_to_list(st):

@@ -57,3 +57,15 @@ def test_results_label_a_run_by_what_it_emulated(compose, tmp_path, overrides, l
     res = train(compose(*FAST, *overrides), tmp_path)
     assert res.format == label
     assert json.loads((tmp_path / "results.json").read_text())["format"] == label
+
+
+def test_a_write_that_fails_midway_leaves_no_tmp_file(tmp_path, monkeypatch):
+    from experiments import loop
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(loop.json, "dump", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        loop.write_json_atomic(tmp_path / "results.json", {"a": 1})
+    assert list(tmp_path.iterdir()) == []

@@ -7,7 +7,10 @@ whose validation loss is <= ``target_loss``; see ``experiments/tasks.py``). With
 run ends there.
 
 Outcomes (``status``): "reached"; "not_reached" (max_iters without reaching the target); "diverged" (a
-NaN/inf training loss, or a dynamic loss scaler that still sees non-finite gradients at its minimum scale):
+NaN/inf training loss; a training loss above ``DIVERGENCE_FACTOR`` (1e3) times the first iteration's at
+``DIVERGENCE_EVALS`` (3) evaluations in a row; or a dynamic loss scaler that still sees non-finite gradients at
+its minimum scale; a diverged model is not evaluated again, and evaluations of a NaN/inf-loss model never count
+as the best accuracy):
 the run stops, and its logs, TensorBoard events and results.json are kept. ``stop_after`` ends the process
 after that iteration as a kill would (no results.json; resume from the last checkpoint).
 
@@ -50,6 +53,10 @@ log = logging.getLogger("experiments.train")
 RESULT_KEYS = ("format", "status", "iterations_to_accuracy", "target_accuracy", "best_accuracy",
                "final_accuracy", "iterations_run", "seconds_per_iteration")
 LOCK_FILE = ".lock"
+# Divergence: a non-finite training loss, or a training loss above DIVERGENCE_FACTOR times the first iteration's
+# at DIVERGENCE_EVALS evaluations in a row.
+DIVERGENCE_FACTOR = 1e3
+DIVERGENCE_EVALS = 3
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_VERSION = 1
 # keys that may differ between a killed run and its resumption
@@ -96,6 +103,8 @@ class LoopState:
     evals: list = field(default_factory=list)  # [{"iteration", "loss", "accuracy"}]
     reached_at: int | None = None
     train_seconds: float = 0.0
+    first_loss: float | None = None  # the training loss of iteration 1 (the divergence rule's reference)
+    above: int = 0  # consecutive evaluations with the training loss beyond DIVERGENCE_FACTOR * first_loss
 
 
 # ---- small helpers -------------------------------------------------------------------------------------
@@ -475,6 +484,8 @@ def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, stat
             it += 1
             state.iteration = it
             state.train_seconds += time.perf_counter() - t0
+            if state.first_loss is None:
+                state.first_loss = last_loss
 
             writer.add_scalar("train/loss", last_loss, it)
             bpb = tasks.bits_per_byte(ds.task, last_loss)
@@ -486,13 +497,21 @@ def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, stat
             progress.step(it, last_loss)
             if it % cfg.eval_every == 0 or it == cfg.max_iters:
                 _evaluate_and_log(model, xva, yva, ds, cfg, state, writer, progress, it, last_loss, tracer)
+                far = state.first_loss is not None and state.first_loss > 0 and \
+                    last_loss > DIVERGENCE_FACTOR * state.first_loss
+                state.above = state.above + 1 if far else 0
+                if state.above >= DIVERGENCE_EVALS:
+                    status, reason = "diverged", (f"training loss {last_loss:.4g} above {DIVERGENCE_FACTOR:g} x the "
+                                                  f"first iteration's {state.first_loss:.4g} at {DIVERGENCE_EVALS} "
+                                                  f"evaluations in a row (iteration {it})")
+                    break
             if cfg.checkpoint_every and it % cfg.checkpoint_every == 0:
                 save_checkpoint(ckpt_path, model, opt, scaler, state, cfg)
             if cfg.stop_after is not None and it >= cfg.stop_after and it < cfg.max_iters:
                 status, reason = "interrupted", f"stop_after={cfg.stop_after}"
                 break
 
-    if status != "interrupted":
+    if status not in ("interrupted", "diverged"):  # a diverged model is not evaluated again
         if not state.evals or state.evals[-1]["iteration"] != state.iteration:
             _evaluate_and_log(model, xva, yva, ds, cfg, state, writer, progress, state.iteration, last_loss, tracer)
         if status is None:
@@ -546,7 +565,8 @@ def _evaluate_and_log(model, xva, yva, ds, cfg, state, writer, progress, it, tra
 
 
 def _results(cfg, ds, state: LoopState, status, reason, scaler) -> Results:
-    accs = [e["accuracy"] for e in state.evals if e["accuracy"] is not None]
+    # an evaluation whose validation loss is not finite is of a model that outputs NaN/inf: never the best
+    accs = [e["accuracy"] for e in state.evals if e["accuracy"] is not None and math.isfinite(e["loss"])]
     losses = [e["loss"] for e in state.evals if math.isfinite(e["loss"])]
     final = state.evals[-1] if state.evals else {"accuracy": None, "loss": None}
     classification = tasks.target_is_accuracy(ds.task)

@@ -69,3 +69,12 @@ def test_a_write_that_fails_midway_leaves_no_tmp_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space"):
         loop.write_json_atomic(tmp_path / "results.json", {"a": 1})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_exploding_finite_loss_ends_diverged_and_keeps_its_logs(compose, tmp_path):
+    res = train(compose("model=mlp", "optim=adam", "lr=1e6", "max_iters=200", "eval_every=10",
+                        "target_accuracy=0.99"), tmp_path)
+    assert res.status == "diverged" and "evaluations in a row" in res.reason
+    assert res.iterations_run < 200
+    assert json.loads((tmp_path / "results.json").read_text())["status"] == "diverged"
+    assert any((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))

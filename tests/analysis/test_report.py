@@ -64,41 +64,63 @@ def _by(rep):
     return {s.format: s for s in rep.summaries}
 
 
+def _observed(row):
+    """A CURVES row's iterations: reached at its iterations, censored at the iterations it ran."""
+    fmt, st, it, seed, curve = row
+    return (it, False) if st == "reached" else (100 * len(curve), True)
+
+
 def test_summary_matches_statistics_module_per_format(sweep):
     rep = report.summarize(report.load_sweep(sweep))
     s = _by(rep)
     assert [x.format for x in rep.summaries] == ["fp32", "fp8", "bf16"]  # baseline first, then first seen
     for fmt in ("fp32", "fp8", "bf16"):
         rows = [c for c in CURVES.values() if c[0] == fmt]
-        reached = [c[2] for c in rows if c[1] == "reached"]
+        obs = [_observed(c)[0] for c in rows]
         best = [max(c[4]) for c in rows]
         assert s[fmt].runs == len(rows)
-        assert s[fmt].reached == len(reached)
-        assert s[fmt].iters_mean == statistics.fmean(reached)
-        assert s[fmt].iters_std == (statistics.stdev(reached) if len(reached) > 1 else None)
-        assert (s[fmt].iters_min, s[fmt].iters_max) == (min(reached), max(reached))
+        assert s[fmt].reached == sum(c[1] == "reached" for c in rows)
+        assert s[fmt].iters_censored == sum(_observed(c)[1] for c in rows)
+        assert s[fmt].iters_mean == statistics.fmean(obs)
+        assert s[fmt].iters_median == statistics.median(obs)
+        assert s[fmt].iters_std == statistics.stdev(obs)
+        assert (s[fmt].iters_min, s[fmt].iters_max) == (min(obs), max(obs))
         assert s[fmt].best_acc_mean == pytest.approx(statistics.fmean(best), rel=0, abs=1e-15)
         assert s[fmt].best_acc_max == max(best)
-        assert s[fmt].ratio == statistics.fmean(reached) / statistics.fmean([400, 500])
+        # seeds 0 and 1 in every format: the ratio is the paired one
+        assert s[fmt].ratio == statistics.fmean(obs) / statistics.fmean([400, 500])
+        assert s[fmt].ratio_paired is (fmt != "fp32")
     assert (s["bf16"].diverged, s["fp8"].diverged, s["fp32"].diverged) == (1, 0, 0)
-    assert rep.notes == ()
+    # a censored run opens the interval above, and its format's note says so
+    assert s["fp32"].iters_ci_high == 500 and s["fp32"].iters_ci_low == 400
+    assert s["fp8"].iters_ci_high == math.inf and s["fp8"].ratio_ci_high == math.inf
+    assert [n.split(":")[0] for n in rep.notes] == ["fp8", "bf16"]
 
 
-def test_not_reached_and_diverged_runs_count_in_total_but_not_in_the_mean(tmp_path):
-    make_run(tmp_path, "0", "fp32", "reached", 200, 0, [0.95])
-    make_run(tmp_path, "1", "fp8", "not_reached", None, 0, [0.5])
-    make_run(tmp_path, "2", "fp8", "diverged", None, 1, [0.1])
+def test_not_reached_and_diverged_runs_are_censored_lower_bounds_not_dropped(tmp_path):
+    make_run(tmp_path, "0", "fp32", "reached", 200, 0, [0.95, 0.96])
+    make_run(tmp_path, "3", "fp32", "reached", 200, 1, [0.95, 0.96])
+    make_run(tmp_path, "1", "fp8", "not_reached", None, 0, [0.5] * 40)  # ran 4000 iterations
+    make_run(tmp_path, "2", "fp8", "diverged", None, 1, [0.1] * 3)  # ran 300
     s = _by(report.summarize(report.load_sweep(tmp_path)))["fp8"]
-    assert (s.runs, s.reached, s.diverged, s.failed) == (2, 0, 1, 0)
-    assert s.iters_mean is None and s.ratio is None and s.iters_std is None
+    assert (s.runs, s.reached, s.diverged, s.failed, s.iters_censored) == (2, 0, 1, 0, 2)
+    assert s.iters_mean == 2150.0 and s.ratio == 2150.0 / 200
+    assert s.iters_ci_high == math.inf and s.ratio_ci_high == math.inf
     text = report.render(report.summarize(report.load_sweep(tmp_path)))
-    assert "fp8" in text and "0/2" in text
+    assert ">= 2150.0 [300, inf]" in text and "0/2" in text
+
+
+def test_a_format_that_never_reaches_while_the_baseline_does_is_slower(tmp_path):
+    for seed in range(3):
+        make_run(tmp_path, f"a{seed}", "fp32", "reached", 300 + 100 * seed, seed, [0.95] * 5)
+        make_run(tmp_path, f"b{seed}", "fp4", "not_reached", None, seed, [0.5] * 40)
+    s = _by(report.summarize(report.load_sweep(tmp_path)))["fp4"]
+    assert s.ratio_ci_low == 4000 / 500 and s.ratio_ci_high == math.inf and s.verdict == "slower"
 
 
 def test_missing_baseline_gives_a_note_naming_it_and_no_ratios(sweep):
     rep = report.summarize(report.load_sweep(sweep), baseline="fp16")
-    assert all(s.ratio is None for s in rep.summaries)
-    assert len(rep.notes) == 1
+    assert all(s.ratio is None and s.verdict == "not distinguishable" for s in rep.summaries)
     assert "'fp16' is not in the sweep" in rep.notes[0] and "fp32, fp8, bf16" in rep.notes[0]
     assert "note: baseline 'fp16' is not in the sweep" in report.render(rep, "text")
 
@@ -108,12 +130,12 @@ def test_baseline_that_never_reached_gives_a_note_and_no_ratios(tmp_path):
     make_run(tmp_path, "1", "bf16", "reached", 100, 0, [0.95])
     rep = report.summarize(report.load_sweep(tmp_path))
     assert _by(rep)["bf16"].ratio is None and _by(rep)["bf16"].iters_mean == 100
-    assert rep.notes == ("baseline 'fp32' never reached the target in 1 run(s): no ratios",)
+    assert rep.notes[0] == "baseline 'fp32' never reached the target in 1 run(s): no ratios"
 
 
 def test_other_baseline_name_sets_the_ratios(sweep):
     s = _by(report.summarize(report.load_sweep(sweep), baseline="bf16"))
-    assert s["bf16"].ratio == 1.0 and s["fp32"].ratio == 450 / 300 and s["fp8"].ratio == 600 / 300
+    assert s["bf16"].ratio == 1.0 and s["fp32"].ratio == 450 / 250 and s["fp8"].ratio == 650 / 250
     assert report.summarize(report.load_sweep(sweep), baseline="bf16").summaries[0].format == "bf16"
 
 
@@ -124,7 +146,7 @@ def test_job_without_results_json_is_a_failed_run_with_its_config_format(sweep):
     assert [(r.format, r.seed, r.path.name) for r in failed] == [("fp8", 2, "6")]
     rep = report.summarize(runs)
     assert _by(rep)["fp8"].failed == 1 and _by(rep)["fp8"].runs == 3
-    assert _by(rep)["fp8"].iters_mean == 600  # the failed run changes no statistic
+    assert _by(rep)["fp8"].iters_mean == 650  # the failed run changes no statistic
     assert any("failed run" in n and "6" in n and "no results.json" in n for n in rep.notes)
 
 
@@ -182,8 +204,11 @@ def test_csv_holds_every_statistic_at_full_precision(sweep):
     for row, s in zip(rows, rep.summaries):
         assert float(row["iters_mean"]) == s.iters_mean
         assert (float(row["iters_std"]) if row["iters_std"] else None) == s.iters_std
-        assert float(row["ratio_to_fp32"]) == s.ratio
+        assert float(row["ratio"]) == s.ratio
         assert float(row["best_acc_mean"]) == s.best_acc_mean
+        for col in ("iters_ci_low", "iters_ci_high", "ratio_ci_low", "ratio_ci_high"):
+            assert float(row[col]) == getattr(s, col)
+        assert row["verdict"] == s.verdict
         assert (int(row["runs"]), int(row["reached"]), int(row["diverged"])) == (s.runs, s.reached, s.diverged)
 
 
@@ -193,7 +218,7 @@ def test_markdown_table_has_one_row_per_format_and_equal_column_counts(sweep):
     lines = [ln for ln in md.splitlines() if ln.startswith("|")]
     assert len(lines) == 2 + 3
     assert len({ln.count("|") for ln in lines}) == 1
-    assert lines[2].startswith("| fp32 | 2 | 2/2 | 0 | 0 | 450.0 ± 70.7 | n/a |")
+    assert lines[2].startswith("| fp32 | 2 | 2/2 | 0 | 0 | 450.0 [400, 500] | 450.0 | n/a |")
     assert "- baseline 'fp16' is not in the sweep" in md
 
 
@@ -206,7 +231,7 @@ def test_text_table_columns_line_up(sweep):
     for ln in lines[2:]:
         for e in edges[1:]:
             assert ln[e] != " ", (ln, e)
-    assert "400" not in text and "450.0 ± 70.7" in text and "600.0" in text and "1.333" in text
+    assert "450.0 [400, 500]" in text and ">= 650.0 [600, inf]" in text and ">= 1.444 [1.400, inf]" in text
 
 
 def test_output_format_parse_names_the_bad_value():

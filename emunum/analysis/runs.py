@@ -1,0 +1,206 @@
+"""The runs of a sweep: ``load_sweep(dir)`` finds every run directory and reads its outcome.
+
+A sweep directory is any tree holding run directories (Hydra's ``multirun/<date>/<time>/<job>/``, or
+several single runs). A run directory is one with a ``results.json`` (written by ``experiments/train.py``)
+or a Hydra ``.hydra/config.yaml`` without one (a job that died before writing its results: counted as
+failed, its format read from the config); a results.json with status "failed" is a job whose exception
+was recorded (its ``error`` or ``reason`` is shown). The seed is the results' ``seed`` key, else the
+config's; ``stop_at_target`` and ``max_iters`` come from the config (None without one).
+"""
+from __future__ import annotations
+
+import enum
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+class Status(enum.Enum):
+    """A run's outcome (results.json ``status``); FAILED also covers a job without results.json."""
+
+    REACHED = "reached"
+    NOT_REACHED = "not_reached"
+    DIVERGED = "diverged"
+    FAILED = "failed"
+
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory's results (None where results.json has no value)."""
+
+    path: Path
+    format: str
+    status: Status
+    seed: int | None = None
+    iterations_to_accuracy: int | None = None
+    target_accuracy: float | None = None
+    best_accuracy: float | None = None
+    final_accuracy: float | None = None
+    iterations_run: int | None = None
+    seconds_per_iteration: float | None = None
+    error: str | None = None
+    stop_at_target: bool | None = None  # from the config; False: a fixed-budget run (trained to max_iters)
+    max_iters: int | None = None
+
+
+
+# ---------------------------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------------------------
+def _opt_int(d: dict, key: str, where: Path, signed: bool = False) -> int | None:
+    """d[key] as an int (None when absent or null): a finite whole number, not negative unless ``signed``."""
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v):
+        raise ValueError(f"{where}: {key}={v!r} is not an integer")
+    if v < 0 and not signed:
+        raise ValueError(f"{where}: {key}={v!r} is negative")
+    return int(v)
+
+
+def _opt_float(d: dict, key: str, where: Path) -> float | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{where}: {key}={v!r} is not a number")
+    return float(v)
+
+
+def hydra_config(run_dir: Path) -> dict | None:
+    """A run's composed Hydra config (``.hydra/config.yaml``) as plain data, or None without one."""
+    p = run_dir / ".hydra" / "config.yaml"
+    if not p.is_file():
+        return None
+    import yaml
+
+    try:
+        with open(p, encoding="utf-8") as f:
+            cfg = yaml.safe_load(f) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ValueError(f"{p} is not a readable YAML config ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{p}: expected a mapping, got {type(cfg).__name__}")
+    return cfg
+
+
+def _config_format(cfg: dict | None) -> str | None:
+    fmt = (cfg or {}).get("format")
+    if isinstance(fmt, dict):
+        return fmt.get("name")
+    return fmt if isinstance(fmt, str) else None
+
+
+def load_run(run_dir: Path) -> Run:
+    """The ``Run`` of one run directory (results.json, else a failed run from .hydra/config.yaml)."""
+    run_dir = Path(run_dir)
+    cfg = hydra_config(run_dir)
+    cfg_seed = (cfg or {}).get("seed")
+    cfg_seed = cfg_seed if isinstance(cfg_seed, int) and not isinstance(cfg_seed, bool) else None
+    res = run_dir / "results.json"
+    if not res.is_file():
+        fmt = _config_format(cfg)
+        if fmt is None:
+            raise ValueError(f"{run_dir}: no results.json, and no format name in .hydra/config.yaml")
+        return Run(run_dir, fmt, Status.FAILED, seed=cfg_seed, error="no results.json (the job did not finish)",
+                   **_budget(cfg))
+    try:
+        with open(res, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{res} is not valid JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{res}: expected a JSON object, got {type(d).__name__}")
+    fmt = d.get("format")
+    if not isinstance(fmt, str) or not fmt:
+        raise ValueError(f"{res}: format={fmt!r} must be a non-empty string")
+    try:
+        status = Status(d.get("status"))
+    except ValueError:
+        raise ValueError(f"{res}: status={d.get('status')!r} is not a status; allowed: "
+                         f"{', '.join(s.value for s in Status)}") from None
+    iters = _opt_int(d, "iterations_to_accuracy", res)
+    if status == Status.REACHED and iters is None:
+        raise ValueError(f"{res}: status 'reached' needs an integer iterations_to_accuracy, got null")
+    seed = _opt_int(d, "seed", res, signed=True)
+    err = d.get("error") or d.get("reason") or None  # train.py's "reason" says why a run stopped
+    return Run(
+        path=run_dir, format=fmt, status=status, seed=seed if seed is not None else cfg_seed,
+        iterations_to_accuracy=iters if status == Status.REACHED else None,
+        target_accuracy=_opt_float(d, "target_accuracy", res), best_accuracy=_opt_float(d, "best_accuracy", res),
+        final_accuracy=_opt_float(d, "final_accuracy", res), iterations_run=_opt_int(d, "iterations_run", res),
+        seconds_per_iteration=_opt_float(d, "seconds_per_iteration", res),
+        error=str(err) if err is not None else None, **_budget(cfg),
+    )
+
+
+def _budget(cfg: dict | None) -> dict:
+    """stop_at_target and max_iters from a config (None where absent or not of their type)."""
+    cfg = cfg or {}
+    stop, mx = cfg.get("stop_at_target"), cfg.get("max_iters")
+    return {"stop_at_target": stop if isinstance(stop, bool) else None,
+            "max_iters": mx if isinstance(mx, int) and not isinstance(mx, bool) else None}
+
+
+def find_run_dirs(sweep_dir: Path) -> list[Path]:
+    """Directories under ``sweep_dir`` (itself included) holding results.json or .hydra/config.yaml,
+    sorted by path with numeric job numbers in numeric order."""
+    sweep_dir = Path(sweep_dir)
+    found = {p.parent for p in sweep_dir.rglob("results.json")}
+    found |= {p.parent.parent for p in sweep_dir.rglob(".hydra/config.yaml")}
+    # a sweep dir's own .hydra (hydra writes multirun.yaml there, not config.yaml) is not a run
+
+    def key(p: Path):
+        return [(0, int(s), "") if s.isdigit() else (1, 0, s) for s in p.relative_to(sweep_dir).parts]
+
+    return sorted(found, key=key)
+
+
+def load_sweep(sweep_dir) -> list[Run]:
+    """Every run under ``sweep_dir``; ValueError when the directory is missing or holds no runs."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise ValueError(f"sweep directory {str(sweep_dir)!r} does not exist or is not a directory")
+    dirs = find_run_dirs(sweep_dir)
+    if not dirs:
+        raise ValueError(f"sweep directory {str(sweep_dir)!r} holds no runs (no results.json nor .hydra/config.yaml "
+                         "below it); pass the directory printed by `python experiments/train.py -m ...`")
+    return label_by_config([load_run(d) for d in dirs])
+
+
+# config keys that never split a format's runs: the seed (pooled on purpose) and keys that change no numbers
+POOLED_KEYS = ("seed", "threads", "trace", "checkpoint_every", "resume", "stop_after", "log", "device",
+               "data.cache_dir")
+
+
+def _flat(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = json.dumps(v, sort_keys=True, default=str)
+    return out
+
+
+def label_by_config(runs: list[Run]) -> list[Run]:
+    """Runs of one format whose Hydra configs differ in any key besides ``POOLED_KEYS`` are not pooled: each
+    gets the label ``<format> [key=value, ...]`` naming the keys that differ within its format."""
+    import dataclasses
+
+    flat = {r.path: _flat(hydra_config(r.path)) for r in runs}
+    out = []
+    for fmt in dict.fromkeys(r.format for r in runs):
+        group = [r for r in runs if r.format == fmt]
+        keys = sorted({k for r in group for k in flat[r.path]} - {k for k in POOLED_KEYS})
+        differ = [k for k in keys if len({flat[r.path].get(k) for r in group}) > 1]
+        for r in group:
+            if differ:
+                tag = ", ".join(f"{k}={json.loads(flat[r.path][k]) if k in flat[r.path] else None}" for k in differ)
+                r = dataclasses.replace(r, format=f"{fmt} [{tag}]")
+            out.append(r)
+    order = {r.path: i for i, r in enumerate(runs)}
+    return sorted(out, key=lambda r: order[r.path])

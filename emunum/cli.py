@@ -89,11 +89,13 @@ def _cmd_report(args) -> int:
             print(f"note: {n}", file=sys.stderr)
     if not args.no_plot:
         path = Path(args.plot) if args.plot else Path(args.sweep) / "convergence.png"
-        try:
-            curves.convergence_plot(runs, path, args.baseline)
-            print(f"wrote {path}", file=sys.stderr)
-        except (ValueError, OSError) as e:  # no curves, or a read-only sweep folder: the table stands
-            print(f"note: no plot: {e}", file=sys.stderr)
+        loss_path = path.with_name("loss.png" if not args.plot else f"{path.stem}_loss{path.suffix or '.png'}")
+        for plot, where in ((curves.convergence_plot, path), (curves.loss_plot, loss_path)):
+            try:
+                plot(runs, where, args.baseline)
+                print(f"wrote {where}", file=sys.stderr)
+            except (ValueError, OSError) as e:  # no curves, or a read-only sweep folder: the table stands
+                print(f"note: no plot: {e}", file=sys.stderr)
     return 0
 
 
@@ -143,16 +145,19 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("units", help="list the MAD-unit (tensor-core) presets with their sources")
     u.set_defaults(func=_cmd_units)
 
-    r = sub.add_parser("report", help="per-format table and convergence plot of a training sweep",
-                       description="Per format: runs, reached/total, iterations to accuracy (mean ± std over "
-                       "the runs that reached the target), ratio to the baseline, best accuracy; and "
-                       "convergence.png (validation accuracy vs iterations, mean and min..max band over seeds).")
+    r = sub.add_parser("report", help="per-format table with 95%% CIs, convergence and loss plots of a sweep",
+                       description="Per format: runs, reached/total, iterations to accuracy (mean with a 95%% "
+                       "bootstrap CI over seeds; runs that never reached count as lower bounds), median, ratio to "
+                       "the baseline with its CI (paired by seed) and a verdict (slower/faster/not "
+                       "distinguishable), best accuracy, and fixed-budget final/best accuracy; convergence.png "
+                       "and loss.png (mean and 95%% CI band over seeds).")
     r.add_argument("sweep", help="a sweep directory (e.g. multirun/<date>/<time>) or any tree of run directories")
     r.add_argument("--baseline", default="fp32", help="format name the ratios refer to (default fp32)")
     r.add_argument("--format", default="text", help="table format: text, md or csv (default text)")
     r.add_argument("--out", default=None, help="write the table to this file instead of stdout")
-    r.add_argument("--plot", default=None, help="where to write the plot (default <sweep>/convergence.png)")
-    r.add_argument("--no-plot", action="store_true", help="skip the convergence plot")
+    r.add_argument("--plot", default=None, help="where to write the accuracy plot (default <sweep>/convergence.png); the loss plot goes "
+                   "beside it (<sweep>/loss.png, or <stem>_loss.png)")
+    r.add_argument("--no-plot", action="store_true", help="skip the plots")
     r.set_defaults(func=_cmd_report)
 
     t = sub.add_parser("tta", help="time to accuracy: iterations (emulation) x seconds per iteration (simulation)",

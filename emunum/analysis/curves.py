@@ -1,14 +1,24 @@
-"""Convergence curves of a sweep: validation accuracy read from each run's TensorBoard events, the mean and
-band over seeds per format, and the plot (``emunum report`` writes it as convergence.png)."""
+"""Curves of a sweep read from each run's TensorBoard events (validation accuracy, training and validation
+loss), aggregated over seeds per format, and plotted (``emunum report`` writes convergence.png and loss.png).
+
+Aggregation without survivor bias: a run that stopped early (it reached the target with
+``stop_at_target``, or diverged) keeps its last value at every later step of its format's curve, so the runs
+that finished first do not leave the mean to the slow ones. At each step the line is the mean over the
+format's runs and the band its 95% Student-t confidence interval (``stats.t_band``); a step before a
+run's first value does not count that run. Non-finite values (a diverged loss) are skipped.
+"""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .report import Run, formats_in_order, mean_or_none
+from . import stats
+from .report import Run, formats_in_order
 
 ACCURACY_TAG = "val/accuracy"
+TRAIN_LOSS_TAG = "train/loss"
+VAL_LOSS_TAG = "val/loss"
 
 
 def load_curve(run_dir: Path, tag: str = ACCURACY_TAG) -> list[tuple[int, float]]:
@@ -31,7 +41,8 @@ def load_curve(run_dir: Path, tag: str = ACCURACY_TAG) -> list[tuple[int, float]
 
 @dataclass(frozen=True)
 class Band:
-    """Per-format curve over seeds: at each step, the mean, min and max over the runs evaluated there."""
+    """Per-format curve over seeds: at each step the mean and its 95% t-interval (low, high) over the runs
+    with a value at or before that step (see the module docstring)."""
 
     format: str
     steps: tuple[int, ...]
@@ -43,53 +54,70 @@ class Band:
 
 def curve_bands(runs: list[Run], curves: dict[Path, list[tuple[int, float]]], baseline: str | None = None
                 ) -> list[Band]:
-    """Aggregate the curves of each format's runs (non-finite values are skipped)."""
+    """Aggregate the curves of each format's runs, carrying a stopped run's last value forward."""
     out = []
     for name in formats_in_order(runs, baseline):
-        per_step: dict[int, list[float]] = {}
-        n = 0
-        for r in runs:
-            if r.format != name or not curves.get(r.path):
-                continue
-            n += 1
-            for step, v in curves[r.path]:
-                if math.isfinite(v):
-                    per_step.setdefault(step, []).append(v)
-        if not per_step:
+        series = [[(s, v) for s, v in curves.get(r.path) or [] if math.isfinite(v)]
+                  for r in runs if r.format == name]
+        series = [c for c in series if c]
+        if not series:
             continue
-        steps = sorted(per_step)
-        out.append(Band(name, tuple(steps), tuple(mean_or_none(per_step[s]) for s in steps),
-                        tuple(min(per_step[s]) for s in steps), tuple(max(per_step[s]) for s in steps), n))
+        steps = sorted({s for c in series for s, _ in c})
+        last = [None] * len(series)  # each run's latest value at or before the current step
+        pos = [0] * len(series)
+        mean, low, high = [], [], []
+        for step in steps:
+            for k, c in enumerate(series):
+                while pos[k] < len(c) and c[pos[k]][0] <= step:
+                    last[k] = c[pos[k]][1]
+                    pos[k] += 1
+            m, lo, hi = stats.t_band([v for v in last if v is not None])
+            mean.append(m)
+            low.append(lo)
+            high.append(hi)
+        out.append(Band(name, tuple(steps), tuple(mean), tuple(low), tuple(high), len(series)))
     return out
 
 
-def plot_convergence(bands: list[Band], path, target: float | None = None, title: str | None = None) -> Path:
-    """Write validation accuracy vs iterations (mean line, min-max band over seeds) as a PNG (Agg)."""
-    if not bands:
-        raise ValueError("no validation-accuracy curves to plot (no run has tensorboard/ events with "
-                         f"tag {ACCURACY_TAG!r})")
+def _figure(panels: int):
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 4.5), dpi=120)
-    ax = fig.add_subplot()
+    fig = Figure(figsize=(7 * panels, 4.5), dpi=120)
+    return fig, [fig.add_subplot(1, panels, k + 1) for k in range(panels)]
+
+
+def _draw(ax, bands: list[Band]) -> None:
     for b in bands:
         (line,) = ax.plot(b.steps, b.mean, label=f"{b.format} ({b.runs} run{'s' if b.runs != 1 else ''})")
         ax.fill_between(b.steps, b.low, b.high, color=line.get_color(), alpha=0.2, linewidth=0)
-    if target is not None:
-        ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}")
     ax.set_xlabel("iteration")
-    ax.set_ylabel("validation accuracy")
-    ax.set_title(title or "Validation accuracy: mean over seeds, band = min..max")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right")
+
+
+def _save(fig, path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     return path
+
+
+def plot_convergence(bands: list[Band], path, target: float | None = None, title: str | None = None) -> Path:
+    """Write validation accuracy vs iterations (mean line, 95% CI band over seeds) as a PNG (Agg)."""
+    if not bands:
+        raise ValueError("no validation-accuracy curves to plot (no run has tensorboard/ events with "
+                         f"tag {ACCURACY_TAG!r})")
+    fig, (ax,) = _figure(1)
+    _draw(ax, bands)
+    if target is not None:
+        ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title(title or "Validation accuracy: mean over seeds, band = 95% CI (stopped runs carried forward)")
+    ax.legend(loc="lower right")
+    return _save(fig, path)
 
 
 def convergence_plot(runs: list[Run], path, baseline: str | None = None) -> Path:
@@ -98,3 +126,25 @@ def convergence_plot(runs: list[Run], path, baseline: str | None = None) -> Path
     targets = {r.target_accuracy for r in runs if r.target_accuracy is not None}
     return plot_convergence(curve_bands(runs, curves, baseline), path,
                             target=targets.pop() if len(targets) == 1 else None)
+
+
+def loss_plot(runs: list[Run], path, baseline: str | None = None) -> Path:
+    """Training loss (left) and validation loss (right) vs iterations, log scale, mean and 95% CI band over
+    seeds per format, as one PNG. ValueError when no run logged either."""
+    panels = []
+    for tag, label in ((TRAIN_LOSS_TAG, "training loss"), (VAL_LOSS_TAG, "validation loss")):
+        bands = curve_bands(runs, {r.path: load_curve(r.path, tag) for r in runs}, baseline)
+        if bands:
+            panels.append((label, bands))
+    if not panels:
+        raise ValueError(f"no loss curves to plot (no run has tensorboard/ events with tag {TRAIN_LOSS_TAG!r} "
+                         f"or {VAL_LOSS_TAG!r})")
+    fig, axes = _figure(len(panels))
+    for ax, (label, bands) in zip(axes, panels):
+        _draw(ax, bands)
+        if all(v > 0 for b in bands for v in b.mean):
+            ax.set_yscale("log")
+        ax.set_ylabel(label)
+        ax.set_title(f"{label}: mean over seeds, band = 95% CI")
+        ax.legend(loc="upper right")
+    return _save(fig, path)

@@ -25,6 +25,7 @@ group is resampled independently. Verdict at 95%: ``slower`` when the ratio's in
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass
 
@@ -56,6 +57,7 @@ class Interval:
         return self.censored > 0
 
 
+@functools.lru_cache(maxsize=256)
 def _t_quantile(p: float, df: int) -> float:
     """Student-t quantile by bisection on the regularised incomplete beta function (no scipy needed)."""
     from math import lgamma
@@ -218,11 +220,15 @@ def verdict(ratio: Interval | None) -> Verdict:
 def t_band(values, level: float = LEVEL) -> tuple[float, float, float] | None:
     """(mean, low, high) of a Student-t interval of the mean (for curve bands); None for no values, a
     zero-width band for one value."""
-    v = _clean(values, "values")
-    if v.size == 0:
+    v = [float(x) for x in values]
+    if not v:
         return None
-    m = float(v.mean())
-    if v.size < 2:
+    if not all(math.isfinite(x) for x in v):
+        raise ValueError(f"values holds a non-finite value: {v}")
+    n = len(v)
+    m = math.fsum(v) / n
+    if n < 2:
         return m, m, m
-    half = _t_quantile(1.0 - (1.0 - level) / 2.0, v.size - 1) * float(v.std(ddof=1)) / math.sqrt(v.size)
+    sd = math.sqrt(math.fsum((x - m) ** 2 for x in v) / (n - 1))
+    half = _t_quantile(1.0 - (1.0 - level) / 2.0, n - 1) * sd / math.sqrt(n)
     return m, m - half, m + half

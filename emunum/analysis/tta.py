@@ -13,6 +13,12 @@ Per-iteration times come from ``--seconds-per-iteration NAME=SECONDS ...``, a si
 YAML or CSV, see ``load_sim``), or ``--hardware`` (roofline from FLOP counts, see ``emunum.flops``).
 A format without a time, or that never reached the target, gets n/a and a note; so do the ratios when the
 baseline has neither.
+
+Confidence intervals carry through from the report (``emunum.analysis.stats``): the seconds per iteration
+are taken as exact (a simulator's or roofline's figure, not a sample), so TTA's 95% interval is the
+iterations' interval times ``t_iter``, the statistical-efficiency loss's is the ratio's (paired by seed), and
+the speed-up's is ``throughput gain / loss`` at the loss interval's two ends. Censored runs (never reached)
+make TTA a lower bound and its interval open above, as for the iterations.
 """
 from __future__ import annotations
 
@@ -36,6 +42,14 @@ class TTARow:
     stat_efficiency_loss: float | None  # iters(format) / iters(baseline)
     speedup: float | None  # TTA(baseline) / TTA(format)
     source: str = ""  # where t_iter came from (e.g. "sim", "roofline: memory-bound, 8-bit")
+    tta_ci_low: float | None = None
+    tta_ci_high: float | None = None
+    loss_ci_low: float | None = None  # the stat. eff. loss's (the iteration ratio's) 95% interval
+    loss_ci_high: float | None = None
+    speedup_ci_low: float | None = None
+    speedup_ci_high: float | None = None
+    verdict: str = ""  # the report's iteration verdict (slower / faster / not distinguishable)
+    censored: int = 0  # runs that never reached: iterations and TTA are lower bounds
 
 
 @dataclass(frozen=True)
@@ -163,11 +177,41 @@ def combine(summaries: tuple[FormatSummary, ...] | list[FormatSummary], times: d
         tta = s.iters_mean * t if s.iters_mean is not None and t is not None else None
         gain = b_t / t if b_t is not None and t is not None else None
         loss = s.iters_mean / b_iters if s.iters_mean is not None and b_iters else None
+        if loss is not None and s.ratio is not None:
+            loss = s.ratio  # the report's ratio (paired by seed where it could be)
         b_tta = b_iters * b_t if b_iters is not None and b_t is not None else None
         speedup = b_tta / tta if b_tta is not None and tta else None
-        rows.append(TTARow(s.format, s.runs, s.reached, s.iters_mean, t, tta, gain, loss, speedup,
-                           sources.get(s.format, "")))
+        if speedup is not None and loss is not None and gain is not None:
+            speedup = gain / loss
+        lo, hi = (s.ratio_ci_low, s.ratio_ci_high) if loss is not None else (None, None)
+        rows.append(TTARow(
+            s.format, s.runs, s.reached, s.iters_mean, t, tta, gain, loss, speedup, sources.get(s.format, ""),
+            tta_ci_low=_times(s.iters_ci_low, t), tta_ci_high=_times(s.iters_ci_high, t),
+            loss_ci_low=lo, loss_ci_high=hi,
+            speedup_ci_low=_div(gain, hi) if speedup is not None else None,
+            speedup_ci_high=_div(gain, lo) if speedup is not None else None,
+            verdict=s.verdict if s.format != baseline and loss is not None else "",
+            censored=s.iters_censored))
     return TTAReport(tuple(rows), baseline, tuple(notes))
+
+
+def _times(v, t):
+    return None if v is None or t is None else v * t
+
+
+def _div(a, b):
+    """a / b for the speed-up's interval ends: b = inf gives 0, b = 0 gives inf."""
+    if a is None or b is None:
+        return None
+    if math.isinf(b):
+        return 0.0
+    return math.inf if b == 0 else a / b
+
+
+def _ci(lo, hi, spec=".3g") -> str:
+    if lo is None or hi is None:
+        return ""
+    return f" [{format(lo, spec)}, {'inf' if math.isinf(hi) else format(hi, spec)}]"
 
 
 def render(report: TTAReport, how="text") -> str:
@@ -175,10 +219,14 @@ def render(report: TTAReport, how="text") -> str:
     how = OutputFormat.parse(how)
     if how == OutputFormat.CSV:
         header = ["format", "runs", "reached", "iterations", "seconds_per_iteration", "tta_seconds",
-                  "throughput_gain", "stat_efficiency_loss", "speedup", "source"]
+                  "throughput_gain", "stat_efficiency_loss", "speedup", "source", "censored", "tta_ci_low",
+                  "tta_ci_high", "stat_efficiency_loss_ci_low", "stat_efficiency_loss_ci_high", "speedup_ci_low",
+                  "speedup_ci_high", "verdict"]
         rows = [[r.format, str(r.runs), str(r.reached)] + ["" if v is None else repr(v) for v in (
             r.iterations, r.seconds_per_iteration, r.tta_seconds, r.throughput_gain, r.stat_efficiency_loss,
-            r.speedup)] + [r.source] for r in report.rows]
+            r.speedup)] + [r.source, str(r.censored)] + ["" if v is None else repr(v) for v in (
+            r.tta_ci_low, r.tta_ci_high, r.loss_ci_low, r.loss_ci_high, r.speedup_ci_low, r.speedup_ci_high)]
+            + [r.verdict] for r in report.rows]
         return render_table(header, rows, how)
     b = report.baseline
     header = ["format", "reached", "iters (mean)", "s/iter", "TTA (s)", "throughput gain", "stat. eff. loss",
@@ -186,9 +234,15 @@ def render(report: TTAReport, how="text") -> str:
     rows = []
     for r in report.rows:
         x = lambda v: "n/a" if v is None else f"{v:.3f}x"  # noqa: E731
-        rows.append([r.format, f"{r.reached}/{r.runs}", fmt_num(r.iterations, ".1f"),
-                     fmt_num(r.seconds_per_iteration, ".4g"), fmt_num(r.tta_seconds, ".4g"),
-                     x(r.throughput_gain), x(r.stat_efficiency_loss), x(r.speedup)])
+        ge = ">= " if r.censored and r.iterations is not None else ""
+        le = "<= " if r.censored and r.speedup is not None else ""
+        rows.append([r.format, f"{r.reached}/{r.runs}", ge + fmt_num(r.iterations, ".1f"),
+                     fmt_num(r.seconds_per_iteration, ".4g"),
+                     (ge if r.tta_seconds is not None else "") + fmt_num(r.tta_seconds, ".4g")
+                     + _ci(r.tta_ci_low, r.tta_ci_high, ".4g"), x(r.throughput_gain),
+                     (ge if r.stat_efficiency_loss is not None else "") + x(r.stat_efficiency_loss)
+                     + _ci(r.loss_ci_low, r.loss_ci_high),
+                     le + x(r.speedup) + _ci(r.speedup_ci_low, r.speedup_ci_high)])
     align = ["<"] + [">"] * (len(header) - 1)
     if any(r.source for r in report.rows):
         header.append("s/iter source")
@@ -196,7 +250,8 @@ def render(report: TTAReport, how="text") -> str:
         for row, r in zip(rows, report.rows):
             row.append(r.source)
     notes = [f"TTA = iters x s/iter; throughput gain = s/iter({b}) / s/iter; stat. eff. loss = iters / iters({b}); "
-             f"speed-up = TTA({b}) / TTA = throughput gain / stat. eff. loss", *report.notes]
+             f"speed-up = TTA({b}) / TTA = throughput gain / stat. eff. loss; [a, b]: 95% CI over seeds "
+             "(s/iter taken as exact)", *report.notes]
     return render_table(header, rows, how, notes, align)
 
 

@@ -248,15 +248,41 @@ def test_tensorboard_curves_are_read_back_exactly(sweep):
     assert curves.load_curve(sweep / "nope") == []
 
 
-def test_curve_bands_are_mean_min_max_over_the_runs_evaluated_at_each_step():
+def test_curve_bands_carry_stopped_runs_forward_with_a_t_interval():
+    """No survivor bias: run 0 stopped at step 20 keeps 0.6 at step 30, so the mean there is (0.6+0.9)/2,
+    not 0.9 from the slow run alone; the band is the Student-t 95% interval of the mean."""
+    scipy_stats = pytest.importorskip("scipy.stats")
     runs = [report.Run(Path(str(i)), f, Status.REACHED) for i, f in enumerate(["a", "a", "b"])]
     per_run = {Path("0"): [(10, 0.2), (20, 0.6)], Path("1"): [(10, 0.4), (20, 0.8), (30, 0.9)],
                Path("2"): [(10, 0.1), (20, float("nan"))]}
     a, b = curves.curve_bands(runs, per_run)
     assert a.format == "a" and a.runs == 2 and a.steps == (10, 20, 30)
-    assert a.mean == (statistics.fmean([0.2, 0.4]), statistics.fmean([0.6, 0.8]), 0.9)
-    assert a.low == (0.2, 0.6, 0.9) and a.high == (0.4, 0.8, 0.9)
-    assert b.steps == (10,) and b.mean == (0.1,)  # the NaN evaluation is skipped
+    pairs = ([0.2, 0.4], [0.6, 0.8], [0.6, 0.9])
+    assert a.mean == tuple(math.fsum(p) / 2 for p in pairs)
+    for lo, hi, p in zip(a.low, a.high, pairs):
+        half = scipy_stats.t.ppf(0.975, 1) * statistics.stdev(p) / math.sqrt(2)
+        assert (lo, hi) == pytest.approx((statistics.fmean(p) - half, statistics.fmean(p) + half), rel=1e-9)
+    assert b.steps == (10,) and b.mean == (0.1,) and b.low == b.high == (0.1,)  # NaN skipped; one run: no width
+
+
+def test_loss_plot_has_training_and_validation_panels(tmp_path):
+    import matplotlib.image
+    from torch.utils.tensorboard import SummaryWriter
+
+    for k in range(2):
+        d = make_run(tmp_path, str(k), "fp32", "reached", 100, k, [0.9])
+        w = SummaryWriter(str(d / "tensorboard"))
+        for it in range(1, 101):
+            w.add_scalar("train/loss", 2.0 / it, it)
+        w.add_scalar("val/loss", 0.3 + k / 10, 100)
+        w.close()
+    path = curves.loss_plot(report.load_sweep(tmp_path), tmp_path / "loss.png")
+    h, w_ = matplotlib.image.imread(path).shape[:2]
+    assert (w_, h) == (2 * 7 * 120, int(4.5 * 120))
+    with pytest.raises(ValueError, match="no loss curves"):
+        empty = tmp_path / "empty"
+        make_run(empty, "0", "fp32", "reached", 100, 0, None)
+        curves.loss_plot(report.load_sweep(empty), tmp_path / "x.png")
 
 
 def test_convergence_plot_writes_a_png(sweep, tmp_path):

@@ -282,3 +282,22 @@ def test_format_bits_of_a_run_config():
     assert tta.format_bits({"format": {"name": "x", "fmt": "fixed16_12"}}) == 16
     assert tta.format_bits({"format": {"name": "x", "fmt": "fp4_e2m1"}}) == 4
     assert math.isfinite(HW.roofline(IterationCost(1, 1, 1, 1), tta.format_bits({"format": {"fmt": "bf16"}})).seconds)
+
+
+def test_confidence_intervals_carry_through_tta_loss_and_speedup():
+    """t_iter is exact: TTA's interval is the iterations' times t, the loss's is the ratio's, and the speed-up's
+    is throughput gain over the loss interval's ends (swapped)."""
+    import dataclasses
+
+    base = dataclasses.replace(summary("fp32", 400.0, runs=5), iters_ci_low=350.0, iters_ci_high=450.0)
+    fp8 = dataclasses.replace(summary("fp8", 600.0, runs=5), ratio=1.5, ratio_ci_low=1.25, ratio_ci_high=2.0,
+                              iters_ci_low=500.0, iters_ci_high=720.0, verdict="slower")
+    row = tta.combine([base, fp8], TIMES).rows[1]
+    assert (row.tta_ci_low, row.tta_ci_high) == (500.0 * 0.0078125, 720.0 * 0.0078125)
+    assert (row.loss_ci_low, row.loss_ci_high, row.stat_efficiency_loss) == (1.25, 2.0, 1.5)
+    assert (row.speedup_ci_low, row.speedup_ci_high) == (4.0 / 2.0, 4.0 / 1.25)
+    assert row.speedup == 4.0 / 1.5 and row.verdict == "slower"
+    censored = dataclasses.replace(fp8, ratio_ci_high=math.inf, iters_ci_high=math.inf, iters_censored=1)
+    row = tta.combine([base, censored], TIMES).rows[1]
+    assert row.tta_ci_high == math.inf and row.speedup_ci_low == 0.0 and row.censored == 1
+    assert "<= 2.667x [0, 3.2]" in tta.render(tta.combine([base, censored], TIMES))

@@ -146,11 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     u.set_defaults(func=_cmd_units)
 
     r = sub.add_parser("report", help="per-format table with 95%% CIs, convergence and loss plots of a sweep",
-                       description="Per format: runs, reached/total, iterations to accuracy (mean with a 95%% "
+                       description="Per format: runs, reached/total, iterations to accuracy (mean with a 95% "
                        "bootstrap CI over seeds; runs that never reached count as lower bounds), median, ratio to "
                        "the baseline with its CI (paired by seed) and a verdict (slower/faster/not "
                        "distinguishable), best accuracy, and fixed-budget final/best accuracy; convergence.png "
-                       "and loss.png (mean and 95%% CI band over seeds).")
+                       "and loss.png (mean and 95% CI band over seeds).")
     r.add_argument("sweep", help="a sweep directory (e.g. multirun/<date>/<time>) or any tree of run directories")
     r.add_argument("--baseline", default="fp32", help="format name the ratios refer to (default fp32)")
     r.add_argument("--format", default="text", help="table format: text, md or csv (default text)")

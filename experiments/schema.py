@@ -152,7 +152,8 @@ class DataConfig:
 @dataclass
 class MNIST1DConfig(DataConfig):
     name: str = "mnist1d"
-    num_samples: int = 5000  # split 80/20 into train/validation as in the MNIST-1D paper
+    num_samples: int = 12000  # examples generated (the MNIST-1D paper: 5000, split 80/20)
+    train_samples: int = 4000  # the first ones train (the paper's 4000), the rest validate (8000 by default)
     seed: int = 42  # the dataset's own seed (42 is the published dataset)
     shuffle_seq: bool = False
     cache_dir: Optional[str] = None  # null: $EMUNUM_CACHE_DIR, else ~/.cache/emunum

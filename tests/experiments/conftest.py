@@ -39,6 +39,8 @@ def compose(data_cache):
         mnist1d = not any(o.startswith("data=") for o in ov) or "data=mnist1d" in ov
         if mnist1d and not any(o.startswith("data.cache_dir=") for o in ov):
             ov.append(f"data.cache_dir={data_cache}")
+        if mnist1d and fast and not any(o.startswith("data.num_samples=") for o in ov):
+            ov.append("data.num_samples=5000")  # the paper's 4000/1000 split: cheaper evaluations
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             return hydra_compose("train", overrides=ov)
 

@@ -22,7 +22,7 @@ CONF = ROOT / "experiments" / "conf"
 
 # the smallest model on MNIST-1D, a few iterations, one thread per job; chance accuracy is 0.1
 TINY = ["model=mlp", "model.hidden=[16]", "max_iters=8", "eval_every=2", "target_accuracy=0.15",
-        "batch_size=32", "checkpoint_every=0", "log=quiet", "threads=1"]
+        "batch_size=32", "checkpoint_every=0", "log=quiet", "threads=1", "data.num_samples=5000"]
 
 
 def multirun(sweep_dir: Path, cache: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -40,8 +40,8 @@ def sweep(tmp_path_factory, data_cache) -> Path:
     from experiments import data
 
     # generate MNIST-1D once here, rather than in both joblib workers at once
-    data.load(OmegaConf.create({"name": "mnist1d", "num_samples": 5000, "seed": 42, "shuffle_seq": False,
-                                "cache_dir": str(data_cache)}))
+    data.load(OmegaConf.create({"name": "mnist1d", "num_samples": 5000, "train_samples": 4000, "seed": 42,
+                                "shuffle_seq": False, "cache_dir": str(data_cache)}))
     d = tmp_path_factory.mktemp("sweep") / "multirun"
     p = multirun(d, data_cache, "format=fp32,bf16", "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

@@ -87,11 +87,39 @@ def test_mnist1d_cache_holds_the_generated_dataset(compose, tmp_path):
     assert np.array_equal(np.random.get_state()[1], state[1]), "numpy's global generator was left reseeded"
     assert len(list(tmp_path.glob("mnist1d_*.npz"))) == 1
     again = data_mod.load(cfg.data)  # from the cache
-    ref = make_dataset(get_dataset_args())
+    ref = make_dataset(get_dataset_args())  # the published dataset: 5000 examples, 4000 train / 1000 test
     for got in (first, again):
         assert torch.equal(got.x_train[:, 0], torch.as_tensor(ref["x"], dtype=torch.float32))
         assert torch.equal(got.y_val, torch.as_tensor(ref["y_test"]))
     assert first.input_shape == (1, 40) and len(first.x_train) == 4000 and len(first.x_val) == 1000
+
+
+def test_default_mnist1d_validates_on_8000_examples_of_one_generated_draw(compose, tmp_path):
+    """The default (num_samples=12000, train_samples=4000) is the published recipe at 12000 examples: the
+    first 4000 train and the other 8000 validate, normalised together as mnist1d does."""
+    from mnist1d.data import get_dataset_args, make_dataset
+    from mnist1d.utils import ObjectView
+
+    cfg = compose(f"data.cache_dir={tmp_path}", "data.num_samples=12000")
+    assert (cfg.data.num_samples, cfg.data.train_samples) == (12000, 4000)
+    got = data_mod.load(cfg.data)
+    args = get_dataset_args(as_dict=True)
+    args.update(num_samples=12000, train_split=4000 / 12000)
+    ref = make_dataset(ObjectView(args))
+    assert torch.equal(got.x_train[:, 0], torch.as_tensor(ref["x"], dtype=torch.float32))
+    assert torch.equal(got.x_val[:, 0], torch.as_tensor(ref["x_test"], dtype=torch.float32))
+    assert torch.equal(got.y_val, torch.as_tensor(ref["y_test"])) and len(got.x_val) == 8000
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("num_samples", 12005, "data.num_samples=12005 must be a multiple of 10"),
+    ("train_samples", 5000, "data.train_samples=5000 is out of range; allowed: 1..4999"),
+    ("train_samples", 0, "data.train_samples=0 is out of range"),
+])
+def test_bad_mnist1d_sizes_are_named(compose, key, value, message):
+    cfg = compose(f"data.{key}={value}")
+    with pytest.raises(ValueError, match=message):
+        data_mod.load(cfg.data)
 
 
 def test_batch_order_is_a_function_of_seed_and_iteration():
@@ -131,4 +159,4 @@ def test_a_corrupt_mnist1d_cache_is_regenerated(compose, tmp_path, damage):
     again = data_mod.load(cfg.data)
     assert torch.equal(again.x_train, first.x_train) and torch.equal(again.y_val, first.y_val)
     with np.load(path) as z:  # the cache was rewritten whole
-        assert np.array_equal(z["y_test"], first.y_val.numpy())
+        assert np.array_equal(z["y"][4000:], first.y_val.numpy())

@@ -251,10 +251,10 @@ class TrainConfig:
     model: ModelConfig = MISSING
     data: DataConfig = MISSING
     optim: OptimConfig = MISSING
-    target_accuracy: float = 0.9  # classification: reached when validation accuracy >= this
+    target_accuracy: float = 0.88  # classification: reached when validation accuracy >= this
     target_loss: Optional[float] = "${data.target_loss}"  # regression: reached when validation loss <= this
     max_iters: int = 4000
-    eval_every: int = 100
+    eval_every: int = 20
     stop_at_target: bool = True  # stop at the first evaluation that reaches the target
     seed: int = 0
     threads: Optional[int] = 1  # torch and numba thread counts (null: their defaults); see conf/train.yaml

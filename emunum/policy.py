@@ -11,6 +11,10 @@ pass; ``grad=`` gives the three gradient roles another format, and a role's own 
 (``weight="int8"``, ``grad_input=None``, ``output=("e4m3fn", "toward_zero")``) overrides both.
 ``scaling="per_tensor"`` (``grad_scaling=`` for the gradient roles, default: the same) rounds each tensor
 with per-tensor power-of-two scaling (``Scaling``).
+Block formats (``BlockFormat``: MX, NVFP4) are formats of GEMM operands only: the roles ``input``, ``weight``
+and ``grad_output`` (``BLOCK_ROLES``; see ``emunum.nn.block_gemm``). A block format given to ``output``,
+``grad_input`` or ``grad_weight`` raises ValueError; the keyword form's ``fmt=``/``grad=`` give a block
+format to the operand roles only and leave those three roles unrounded (None).
 Strings (formats, roundings, scalings, roles, straight-through estimators) are parsed here, once.
 """
 from __future__ import annotations
@@ -53,6 +57,8 @@ class Role(enum.Enum):
 FORWARD_ROLES = (Role.WEIGHT, Role.INPUT, Role.OUTPUT)
 GRADIENT_ROLES = (Role.GRAD_WEIGHT, Role.GRAD_INPUT, Role.GRAD_OUTPUT)
 _GRADIENT_OF = dict(zip(FORWARD_ROLES, GRADIENT_ROLES))
+# the GEMM-operand roles, the only ones that take a BlockFormat (x, W and the error gy of y = x W^T)
+BLOCK_ROLES = (Role.INPUT, Role.WEIGHT, Role.GRAD_OUTPUT)
 
 
 class Scaling(enum.Enum):
@@ -253,7 +259,13 @@ class Policy:
     def __post_init__(self):
         for role in Role:
             default = RoundMode.STOCHASTIC if role.is_gradient else RoundMode.NEAREST
-            object.__setattr__(self, role.value, _role_spec(getattr(self, role.value), role, default))
+            spec = _role_spec(getattr(self, role.value), role, default)
+            if spec is not None and isinstance(spec.fmt, BlockFormat) and role not in BLOCK_ROLES:
+                raise ValueError(
+                    f"{role.value}={spec.fmt.name}: a block format applies to GEMM operands only; allowed for "
+                    f"{role.value}: an element format (FloatFormat/FixedFormat, rounded element-wise) or None; "
+                    f"block formats go to {', '.join(r.value for r in BLOCK_ROLES)}")
+            object.__setattr__(self, role.value, spec)
         object.__setattr__(self, "ste", STE.parse(self.ste))
         if self.sr_bits is not None:
             check_sr_bits(self.sr_bits)
@@ -283,8 +295,10 @@ class Policy:
         """The keyword form: ``fmt`` for every role, ``grad`` (default: ``fmt``) for the gradient roles,
         forward roles rounded with ``rounding`` after ``scaling`` ("none" or "per_tensor", see ``Scaling``),
         gradient roles with ``grad_rounding`` after ``grad_scaling`` (default: ``scaling``); a role's own
-        keyword overrides (a plain format there takes its direction's rounding and scaling). Other keywords
-        are ``Policy`` fields. Unknown keywords raise TypeError."""
+        keyword overrides (a plain format there takes its direction's rounding and scaling). A block format
+        as ``fmt``/``grad`` goes to the GEMM-operand roles only (``BLOCK_ROLES``); output, grad_input and
+        grad_weight then stay None unless given. Other keywords are ``Policy`` fields. Unknown keywords raise
+        TypeError."""
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - allowed)
         if unknown:
@@ -305,6 +319,8 @@ class Policy:
                 kwargs[role.value] = _role_spec(kwargs[role.value], role, mode, sc)
                 continue
             f = gbase if role.is_gradient else base
+            if isinstance(f, BlockFormat) and role not in BLOCK_ROLES:
+                f = None  # a block format is a GEMM-operand format (see the module docstring)
             kwargs[role.value] = None if f is None else RoleSpec(f, mode, sc)
         return cls(**kwargs)
 
@@ -315,6 +331,11 @@ class Policy:
     @property
     def rounds_anything(self) -> bool:
         return any(self.spec(r) is not None for r in Role)
+
+    @property
+    def uses_block(self) -> bool:
+        """Whether a GEMM-operand role (``BLOCK_ROLES``) holds a BlockFormat."""
+        return any(s is not None and isinstance(s.fmt, BlockFormat) for s in map(self.spec, BLOCK_ROLES))
 
     def describe(self, roles=tuple(Role)) -> str:
         """``weight|input|output=e5m2/nearest, grad_weight|...=e5m2/stochastic``: roles grouped by spec

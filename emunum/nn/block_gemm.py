@@ -8,13 +8,19 @@ torchao's MX linear do (re-quantising per GEMM from the high-precision tensors):
 - grad-input   gx = gy @ W:     gy (tokens, out) and W (out, in) in blocks along ``out``;
 - grad-weight  gW = gy.T @ x:   gy and x in blocks along the tokens (every leading dimension, flattened).
 
-x takes the input role's format, W the weight role's, gy the grad_output role's (each with its role's rounding;
-a role that is None or not a BlockFormat leaves that operand unquantised). A weight format with 2-D tiles
+x takes the input role's format, W the weight role's, gy the grad_output role's (each with its role's rounding).
+An operand role holding an element format (FloatFormat/FixedFormat) rounds that operand element-wise in each
+GEMM instead; a role that is None leaves it unquantised. A weight format with 2-D tiles
 (``BlockFormat(..., block_size=(16, 16))``) quantises W once, as tiles, for both of its GEMMs. A convolution is
-the same GEMM on its im2col matrix: K is in_channels * kernel size (groups must be 1). The GEMMs themselves
-are torch's, in the tensors' dtype (MX hardware accumulates in fp32); the block-format ``output``,
-``grad_input`` and ``grad_weight`` roles are therefore not rounded. Stochastic rounding draws a fresh seed per
-GEMM operand from torch's generator.
+the same GEMM on its im2col matrix: K is in_channels/groups * kernel size, one GEMM per group (group g: input
+channels g*C/groups.., output channels g*O/groups..). The GEMMs themselves are torch's, in the tensors'
+dtype (MX hardware accumulates in fp32). The layer's other roles round element-wise around the GEMMs
+(``emunum.nn.layers``): ``output`` the forward result, ``grad_input`` / ``grad_weight`` the gradients
+leaving for x and W (and the bias); these roles never take a block format (``Policy`` refuses it). The bias
+is added after the GEMM, unrounded (its gradient follows grad_weight). Stochastic rounding draws a fresh seed
+per GEMM operand from torch's generator.
+
+Random Hadamard transform (``BlockPlan.hadamard``, NVFP4 recipe): see ``emunum.nn.hadamard``.
 """
 from __future__ import annotations
 
@@ -26,13 +32,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..formats import BlockFormat, RoundMode
-from ..policy import Policy, Role, RoleSpec
+from ..policy import BLOCK_ROLES, Policy, RoleSpec
 from ..quantize import quantize
 
 
 @dataclass(frozen=True)
 class BlockPlan:
-    """The block formats (as RoleSpecs, or None) of a layer's three GEMM operands, and sr_bits."""
+    """The formats (as RoleSpecs, or None) of a layer's three GEMM operands, and sr_bits."""
 
     input: Optional[RoleSpec]
     weight: Optional[RoleSpec]
@@ -40,9 +46,12 @@ class BlockPlan:
     sr_bits: Optional[int] = None
 
     def q(self, t: Tensor, spec: Optional[RoleSpec], axis: int) -> Tensor:
+        """t quantised to spec's format: a block format along ``axis``, an element format element-wise."""
         if spec is None:
             return t
-        return quantize(t, spec.fmt, spec.rounding, axis=axis, sr_bits=self.sr_bits)
+        if isinstance(spec.fmt, BlockFormat):
+            return quantize(t, spec.fmt, spec.rounding, axis=axis, sr_bits=self.sr_bits)
+        return quantize(t, spec.fmt, spec.rounding, sr_bits=self.sr_bits)
 
 
 def is_block(spec: Optional[RoleSpec]) -> bool:
@@ -51,13 +60,13 @@ def is_block(spec: Optional[RoleSpec]) -> bool:
 
 def block_plan(policy: Policy) -> Optional[BlockPlan]:
     """The plan, or None when no GEMM-operand role holds a BlockFormat."""
-    specs = {r: policy.spec(r) for r in (Role.INPUT, Role.WEIGHT, Role.GRAD_OUTPUT)}
-    if not any(is_block(s) for s in specs.values()):
+    if not policy.uses_block:
         return None
     if policy.mad is not None:
         raise ValueError("Policy.mad with block formats: emunum's MAD units do not take block-scaled operands "
-                         "yet; use mad=None (torch's GEMM on the block-quantised operands)")
-    return BlockPlan(*(s if is_block(s) else None for s in specs.values()), sr_bits=policy.sr_bits)
+                         "in patched layers; use mad=None (torch's GEMM on the block-quantised operands), or "
+                         "emunum.mad.block_matmul directly")
+    return BlockPlan(*(policy.spec(r) for r in BLOCK_ROLES), sr_bits=policy.sr_bits)
 
 
 class _BlockGemm(torch.autograd.Function):
@@ -91,7 +100,7 @@ def block_linear(x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPlan) -> 
 
 
 def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPlan) -> Tensor:
-    """Conv1d/Conv2d (groups 1) as unfold (im2col) + the block GEMM, K = in_channels * kernel size."""
+    """Conv1d/Conv2d as unfold (im2col) + the block GEMM, one per group, K = in_channels/groups * kernel size."""
     nd = len(module.kernel_size)
     padding = module.padding
     if module.padding_mode != "zeros":
@@ -107,9 +116,13 @@ def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPla
     n, h, wd = x4.shape[0], x4.shape[-2], x4.shape[-1]
     ho = (h + 2 * p[0] - d[0] * (k[0] - 1) - 1) // s[0] + 1
     wo = (wd + 2 * p[1] - d[1] * (k[1] - 1) - 1) // s[1] + 1
-    cols = F.unfold(x4, k, dilation=d, padding=p, stride=s)  # (n, C*kh*kw, L)
+    cols = F.unfold(x4, k, dilation=d, padding=p, stride=s)  # (n, C*kh*kw, L), channel-major columns
     x2 = cols.transpose(1, 2).reshape(-1, cols.shape[1])
-    y = block_gemm(x2, w4.reshape(w4.shape[0], -1), plan)  # (n*L, out)
+    w2 = w4.reshape(w4.shape[0], -1)  # (out, C/groups*kh*kw)
+    g = module.groups
+    kg, og = w2.shape[1], w2.shape[0] // g
+    ys = [block_gemm(x2[:, i * kg:(i + 1) * kg], w2[i * og:(i + 1) * og], plan) for i in range(g)]
+    y = ys[0] if g == 1 else torch.cat(ys, dim=1)  # (n*L, out)
     y = y.reshape(n, ho * wo, -1).transpose(1, 2).reshape(n, -1, ho, wo)
     if b is not None:
         y = y + b.view(1, -1, 1, 1)

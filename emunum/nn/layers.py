@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..policy import Role
+from ..policy import BLOCK_ROLES, Role
 from .base import EmuLayer, _linear, _mad
-from .block_gemm import block_conv, block_linear, block_plan
+from .block_gemm import block_conv, block_linear, block_plan, is_block
 
 # ---- Linear ---------------------------------------------------------------------------------------------
 class LinearEmu(EmuLayer):
@@ -18,8 +18,11 @@ class LinearEmu(EmuLayer):
 
     def forward(self, input: Tensor) -> Tensor:
         self._emu_begin()
-        if self._emunum_block is not None:
-            return block_linear(input, self.weight, self.bias, self._emunum_block)
+        if self._emunum_block is not None:  # operands rounded in the GEMMs; the other roles around them
+            R = self._emu_round
+            b = None if self.bias is None else R(self.bias, Role.WEIGHT)
+            y = block_linear(R(input, Role.INPUT), R(self.weight, Role.WEIGHT), b, self._emunum_block)
+            return R(y, Role.OUTPUT)
         x = self._emu_round(input, Role.INPUT)
         w = self._emu_round(self.weight, Role.WEIGHT)
         b = None if self.bias is None else self._emu_round(self.bias, Role.WEIGHT)
@@ -33,9 +36,11 @@ class ConvEmu(EmuLayer):
 
     @classmethod
     def _emunum_check(cls, module, policy):
-        if block_plan(policy) is not None and (len(module.kernel_size) not in (1, 2) or module.groups != 1):
-            raise ValueError(f"block formats: {type(module).__name__}(groups={module.groups}) has no block GEMM "
-                             "(Conv1d/Conv2d with groups=1 only); exclude these layers with filter=")
+        if block_plan(policy) is not None and len(module.kernel_size) not in (1, 2):
+            roles = ", ".join(f"{r.value}={policy.spec(r).fmt.name}" for r in BLOCK_ROLES if is_block(policy.spec(r)))
+            raise ValueError(f"{type(module).__name__} has no block-GEMM path, and the policy gives it block formats "
+                             f"({roles}); block formats are allowed for Linear and Conv1d/Conv2d; exclude this "
+                             "layer with filter= or give those roles element formats")
         if policy.mad is not None:
             nd = len(module.kernel_size)
             if nd not in cls._MAD_FUNCTIONS or not hasattr(_mad(), cls._MAD_FUNCTIONS[nd]):
@@ -44,8 +49,11 @@ class ConvEmu(EmuLayer):
 
     def forward(self, input: Tensor) -> Tensor:
         self._emu_begin()
-        if self._emunum_block is not None:
-            return block_conv(self, input, self.weight, self.bias, self._emunum_block)
+        if self._emunum_block is not None:  # operands rounded in the GEMMs; the other roles around them
+            R = self._emu_round
+            b = None if self.bias is None else R(self.bias, Role.WEIGHT)
+            y = block_conv(self, R(input, Role.INPUT), R(self.weight, Role.WEIGHT), b, self._emunum_block)
+            return R(y, Role.OUTPUT)
         x = self._emu_round(input, Role.INPUT)
         w = self._emu_round(self.weight, Role.WEIGHT)
         b = None if self.bias is None else self._emu_round(self.bias, Role.WEIGHT)

@@ -1,0 +1,127 @@
+"""Block formats never leave a role silently unrounded: they are GEMM-operand formats (input, weight,
+grad_output); layers without a block GEMM refuse them; the other roles round element-wise around the GEMMs."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import emunum
+from emunum.policy import Role
+
+Q = emunum.quantize
+
+
+@pytest.mark.parametrize("role", ["output", "grad_input", "grad_weight"])
+@pytest.mark.parametrize("how", ["Policy", "make"])
+def test_block_format_in_a_non_operand_role_raises_naming_role_format_and_allowed(role, how):
+    with pytest.raises(ValueError, match=rf"{role}=mxfp4_e2m1: a block format applies to GEMM operands only; "
+                                         r"allowed .*element format.* or None"):
+        if how == "Policy":
+            emunum.Policy(**{role: "mxfp4_e2m1"})
+        else:
+            emunum.Policy.make("e4m3fn", **{role: "mxfp4_e2m1"})
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
+def test_keyword_form_gives_a_block_format_to_the_operand_roles_only(fmt):
+    pol = emunum.Policy.make(fmt, grad="mxfp8_e5m2")
+    assert pol.input.fmt.name == fmt and pol.weight.fmt.name == fmt
+    assert pol.grad_output.fmt.name == "mxfp8_e5m2"
+    assert pol.output is None and pol.grad_input is None and pol.grad_weight is None
+    assert pol.uses_block
+    # an element format for the gradients still reaches every gradient role
+    pol = emunum.Policy.make(fmt, grad="e5m2")
+    assert all(pol.spec(r).fmt.name == "e5m2" for r in ("grad_output", "grad_input", "grad_weight"))
+
+
+@pytest.mark.parametrize("layer", [nn.ConvTranspose1d(2, 2, 3), nn.ConvTranspose2d(2, 2, 3), nn.ConvTranspose3d(2, 2, 3),
+                                   nn.Conv3d(2, 2, 3), nn.Embedding(10, 4), nn.MultiheadAttention(8, 2)],
+                         ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize("policy", [{"fmt": "mxfp8"}, {"weight": "nvfp4"}, {"grad_output": "mxfp8_e5m2"}],
+                         ids=["all", "weight", "grad_output"])
+def test_weight_layers_without_a_block_gemm_raise_at_patch_time(layer, policy):
+    name = type(layer).__name__
+    role = next(iter(policy)) if "fmt" not in policy else "input"
+    with pytest.raises(ValueError, match=rf"{name} has no block-GEMM path.*{role}=.*allowed for Linear and "
+                                         r"Conv1d/Conv2d.*filter="):
+        emunum.patch(nn.Sequential(layer), **policy)
+    assert type(layer) is getattr(nn, name)  # nothing was swapped
+
+
+def test_such_layers_are_patched_when_a_filter_excludes_them():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Embedding(3, 4))
+    emunum.patch(model, "mxfp8", filter=lambda m, n: isinstance(m, nn.Linear))
+    assert isinstance(model[0], emunum.nn.EmuLayer) and type(model[1]) is nn.Embedding
+
+
+def test_norms_and_activations_are_left_alone_when_only_block_formats_are_given():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.LayerNorm(8))
+    emunum.patch(model, "mxfp8")
+    assert isinstance(model[0], emunum.nn.EmuLayer)
+    assert type(model[1]) is nn.ReLU and type(model[2]) is nn.LayerNorm
+    emunum.unpatch(model)
+    emunum.patch(model, "mxfp8", output="bf16")  # an element-wise output role: they round it
+    assert all(isinstance(m, emunum.nn.EmuLayer) for m in model)
+    x = torch.randn(4, 8)
+    assert torch.equal(model[1](x), Q(torch.relu(x), "bf16"))
+    with pytest.raises(ValueError, match="no Linear or Conv1d/Conv2d"):
+        emunum.patch(nn.Sequential(nn.ReLU()), "mxfp8")
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
+def test_element_format_operand_roles_round_element_wise_inside_each_gemm(fmt):
+    torch.manual_seed(0)
+    lin = nn.Linear(32, 16)
+    pol = emunum.Policy(input=fmt, weight="e4m3fn", grad_output=("e5m2", "nearest"))
+    emu = emunum.patch(nn.Sequential(lin), policy=pol)
+    x = torch.randn(8, 32, requires_grad=True)
+    y = emu(x)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    xd, w = x.detach(), lin.weight.detach()
+    assert torch.equal(y.detach(), Q(xd, fmt, axis=-1) @ Q(w, "e4m3fn").t() + lin.bias.detach())
+    assert torch.equal(x.grad, Q(gy, "e5m2") @ Q(w, "e4m3fn"))
+    assert torch.equal(lin.weight.grad, Q(gy, "e5m2").t() @ Q(xd, fmt, axis=0))
+
+
+def test_output_and_gradient_roles_of_a_block_layer_round_element_wise_around_the_gemms():
+    torch.manual_seed(1)
+    lin = nn.Linear(32, 16)
+    pol = emunum.Policy.make("mxfp8_e4m3", grad="mxfp8_e5m2", grad_rounding="nearest", output="bf16",
+                             grad_input="bf16", grad_weight="bf16")
+    emu = emunum.patch(nn.Sequential(lin), policy=pol)
+    x = torch.randn(8, 32, requires_grad=True)
+    y = emu(x)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    xd, w, fmt, g = x.detach(), lin.weight.detach(), "mxfp8_e4m3", "mxfp8_e5m2"
+    assert torch.equal(y.detach(), Q(Q(xd, fmt, axis=-1) @ Q(w, fmt, axis=1).t() + lin.bias.detach(), "bf16"))
+    assert torch.equal(x.grad, Q(Q(gy, g, axis=-1) @ Q(w, fmt, axis=0), "bf16"))
+    assert torch.equal(lin.weight.grad, Q(Q(gy, g, axis=0).t() @ Q(xd, fmt, axis=0), "bf16"))
+    assert torch.equal(lin.bias.grad, Q(gy.sum(0), "bf16"))
+
+
+@pytest.mark.parametrize("nd", [1, 2])
+def test_grouped_conv_equals_one_block_conv_per_group(nd):
+    torch.manual_seed(2)
+    Conv = nn.Conv1d if nd == 1 else nn.Conv2d
+    conv = Conv(6, 4, 3, groups=2, padding=1)
+    parts = [Conv(3, 2, 3, padding=1) for _ in range(2)]
+    with torch.no_grad():
+        for i, p in enumerate(parts):
+            p.weight.copy_(conv.weight[2 * i:2 * i + 2])
+            p.bias.copy_(conv.bias[2 * i:2 * i + 2])
+    pol = emunum.Policy.make("mxfp8_e4m3", grad="mxfp8_e5m2", grad_rounding="nearest")
+    emu = emunum.patch(nn.Sequential(conv), policy=pol)
+    emu_parts = [emunum.patch(nn.Sequential(p), policy=pol) for p in parts]
+    shape = (2, 6, 40) if nd == 1 else (2, 6, 9, 8)
+    x = torch.randn(*shape)
+    y = emu(x)
+    want = torch.cat([m(x[:, 3 * i:3 * i + 3]) for i, m in enumerate(emu_parts)], dim=1)
+    assert torch.equal(y.detach(), want.detach())
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    want.backward(gy)
+    assert torch.equal(conv.weight.grad, torch.cat([p.weight.grad for p in parts]))
+    assert not torch.equal(y.detach(), conv(x).detach())  # the operands were quantised

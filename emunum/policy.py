@@ -27,6 +27,7 @@ from torch import nn
 
 from .autograd import STE
 from .formats import BlockFormat, FixedFormat, FloatFormat, Format, RoundMode, format_or_none, get_format, parse_enum
+from .hadamard import check_size
 from .quantize import check_sr_bits
 
 
@@ -237,6 +238,10 @@ class Policy:
     (``{"tanh": "pwl"}``; for softmax the exp2 method), a dict of that module's options
     (``{"tanh": {"method": "lut", "grad": "exact"}}``), or ``factory(module, policy) -> nn.Module``. By
     default the operator computes in the output role's format and rounding (see ``ApproxSpec``).
+    hadamard: None, or the size n (4, 16, 64 or 256) of a random Hadamard transform applied to both operands
+    of every block-format weight-gradient GEMM along its reduction dimension, before they are quantised
+    (NVFP4 recipe: 16; ``emunum.hadamard``); needs a block format in input/weight/grad_output.
+    hadamard_seed: the seed of its sign vector (one vector per run, shared by every layer and step).
     filter: ``filter(module, qualified_name) -> bool``; only layers it accepts are emulated.
     keep_first_last: leave the model's first and last weight layers (Linear, Conv*, Embedding, attention, in
     ``named_modules`` order) in full precision, as Wang et al. (2018) did.
@@ -253,6 +258,8 @@ class Policy:
     mad: Any = None
     mad_backward: Any = None
     approx: tuple = ()
+    hadamard: Optional[int] = None
+    hadamard_seed: int = 0
     filter: Optional[Callable[[nn.Module, str], bool]] = field(default=None)
     keep_first_last: bool = False
 
@@ -270,6 +277,14 @@ class Policy:
         if self.sr_bits is not None:
             check_sr_bits(self.sr_bits)
         object.__setattr__(self, "approx", _approx_table(self.approx))
+        if self.hadamard is not None:
+            object.__setattr__(self, "hadamard", check_size(self.hadamard))
+            if not self.uses_block:
+                raise ValueError(f"hadamard={self.hadamard}: the transform applies to block-format weight-gradient "
+                                 "GEMMs, and the policy has no block format; allowed: hadamard=None, or a "
+                                 "BlockFormat in input, weight or grad_output")
+        if isinstance(self.hadamard_seed, bool) or not isinstance(self.hadamard_seed, int) or self.hadamard_seed < 0:
+            raise TypeError(f"hadamard_seed={self.hadamard_seed!r}: allowed: an int >= 0")
         if self.filter is not None and not callable(self.filter):
             raise TypeError(f"filter must be callable as filter(module, name) -> bool, got {self.filter!r}")
         if not isinstance(self.keep_first_last, bool):
@@ -350,6 +365,8 @@ class Policy:
             parts.append(f"sr_bits={self.sr_bits}")
         if self.mad is not None:
             parts.append(f"mad={self.mad}")
+        if self.hadamard is not None:
+            parts.append(f"hadamard={self.hadamard}/seed={self.hadamard_seed}")
         return ", ".join(parts)
 
 

@@ -20,7 +20,10 @@ leaving for x and W (and the bias); these roles never take a block format (``Pol
 is added after the GEMM, unrounded (its gradient follows grad_weight). Stochastic rounding draws a fresh seed
 per GEMM operand from torch's generator.
 
-Random Hadamard transform (``BlockPlan.hadamard``, NVFP4 recipe): see ``emunum.nn.hadamard``.
+Random Hadamard transform (``Policy.hadamard``, NVFP4 recipe; ``emunum.hadamard``): with hadamard=n the
+grad-weight GEMM becomes gW = Q(rht(gy)).T @ Q(rht(x)), both operands transformed along the tokens (zero-padded
+to a multiple of n) before they are quantised; the forward and grad-input GEMMs are unchanged. Without
+quantisation the transform cancels (M is orthogonal) up to the float rounding of the transformed values.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..formats import BlockFormat, RoundMode
+from ..hadamard import rht
 from ..policy import BLOCK_ROLES, Policy, RoleSpec
 from ..quantize import quantize
 
@@ -44,6 +48,8 @@ class BlockPlan:
     weight: Optional[RoleSpec]
     grad_output: Optional[RoleSpec]
     sr_bits: Optional[int] = None
+    hadamard: Optional[int] = None
+    hadamard_seed: int = 0
 
     def q(self, t: Tensor, spec: Optional[RoleSpec], axis: int) -> Tensor:
         """t quantised to spec's format: a block format along ``axis``, an element format element-wise."""
@@ -66,7 +72,8 @@ def block_plan(policy: Policy) -> Optional[BlockPlan]:
         raise ValueError("Policy.mad with block formats: emunum's MAD units do not take block-scaled operands "
                          "in patched layers; use mad=None (torch's GEMM on the block-quantised operands), or "
                          "emunum.mad.block_matmul directly")
-    return BlockPlan(*(policy.spec(r) for r in BLOCK_ROLES), sr_bits=policy.sr_bits)
+    return BlockPlan(*(policy.spec(r) for r in BLOCK_ROLES), sr_bits=policy.sr_bits, hadamard=policy.hadamard,
+                     hadamard_seed=policy.hadamard_seed)
 
 
 class _BlockGemm(torch.autograd.Function):
@@ -86,6 +93,8 @@ class _BlockGemm(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             gx = p.q(gy, p.grad_output, -1) @ p.q(w, p.weight, 0)  # K = out_features
         if ctx.needs_input_grad[1]:
+            if p.hadamard is not None:  # the NVFP4 recipe's RHT on both Wgrad operands, along K = tokens
+                gy, x2 = (rht(t, p.hadamard, p.hadamard_seed, 0) for t in (gy, x2))
             gw = p.q(gy, p.grad_output, 0).t() @ p.q(x2, p.input, 0)  # K = tokens
         return gx, gw, None
 

@@ -1,0 +1,98 @@
+"""``emunum.mad.block_matmul``: block-pair sums exact, scaled exactly, accumulated on the unit, compared with
+an exact-fraction reference built from the numpy reference quantiser (``BlockFormat.encode``/``decode``,
+itself checked against gfloat) and the multi-term reference's rounding of rationals."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+import emunum
+from emunum.formats import FloatFormat, get_format
+from emunum.mad import MADUnit, block_matmul
+from emunum.mad.reference_multiterm import round_fraction
+
+ACC = {"fp32": FloatFormat(8, 23), "bf16": FloatFormat(8, 7)}
+
+
+def _ref_split(x: torch.Tensor, fmt, axis: int):
+    """(element values, block scale per element, tensor scale) from the numpy reference quantiser."""
+    codes, scodes, t = fmt.encode(x.double().numpy(), axis=axis)
+    one = fmt.element.encode(np.ones(codes.shape))
+    return fmt.element.decode(codes), fmt.decode(one, scodes, axis=axis, tensor_scale=1.0), t
+
+
+def _reference(A, B, fa, fb, acc_fmt, mode, length):
+    ea, sa, ta = _ref_split(A, fa, -1)
+    eb, sb, tb = _ref_split(B, fb, 0)
+    M, K = A.shape
+    N = B.shape[1]
+    out = np.empty((M, N))
+    alpha = Fraction(float(np.float32(ta * tb)))
+    for m in range(M):
+        for n in range(N):
+            acc = Fraction(0)
+            for j0 in range(0, K, length):
+                block = range(j0, min(j0 + length, K))
+                p = sum((Fraction(ea[m, k]) * Fraction(eb[k, n]) for k in block), Fraction(0))
+                acc = round_fraction(acc + p * Fraction(sa[m, j0]) * Fraction(sb[j0, n]), acc_fmt, mode)
+            if fa.tensor_scale or fb.tensor_scale:
+                acc = round_fraction(acc * alpha, acc_fmt, mode)
+            out[m, n] = float(acc)
+    return torch.from_numpy(out)
+
+
+def _data(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g)
+    return x * torch.exp2(torch.randint(-8, 8, (shape[0], 1), generator=g).float())  # rows of varied scale
+
+
+@pytest.mark.parametrize("fa,fb", [("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp4_e2m1", "mxfp4_e2m1"), ("nvfp4", "nvfp4"),
+                                   ("nvfp4", "nvfp4_2d"), ("mxfp8_e4m3", "mxfp4_e2m1"), ("mxfp6_e3m2", "mxint8")])
+@pytest.mark.parametrize("acc", ["fp32", "bf16"])
+@pytest.mark.parametrize("mode", ["nearest", "toward_zero"])
+@pytest.mark.parametrize("K", [96, 100])
+def test_block_matmul_equals_the_exact_fraction_datapath(fa, fb, acc, mode, K):
+    A, B = _data((3, K), K), _data((4, K), K + 1).t().contiguous()
+    unit = MADUnit(acc, acc, acc_rounding=mode, mul_rounding=mode)
+    got = block_matmul(A, B, fa, fb, unit)
+    f_a, f_b = get_format(fa), get_format(fb)
+    length = f_a.tile[1]
+    want = _reference(A, B, f_a, f_b, ACC[acc], unit.acc_rounding, length)
+    assert got.dtype == torch.float32
+    assert torch.equal(got.double(), want)
+
+
+def test_block_sums_are_scaled_and_accumulated_per_block_not_rounded_once():
+    A, B = _data((2, 256), 3), _data((3, 256), 4).t().contiguous()
+    unit = MADUnit("bf16", "bf16")
+    got = block_matmul(A, B, "mxfp8_e4m3", "mxfp8_e4m3", unit).double()
+    exact = emunum.quantize(A.double(), "mxfp8_e4m3") @ emunum.quantize(B.double(), "mxfp8_e4m3", axis=0)
+    assert not torch.equal(got, emunum.quantize(exact, "bf16"))  # 8 roundings in bf16, not one
+
+
+def test_stochastic_accumulation_is_seed_reproducible():
+    A, B = _data((4, 128), 5), _data((4, 128), 6).t().contiguous()
+    unit = MADUnit("bf16", "bf16", acc_rounding="stochastic")
+    a = block_matmul(A, B, "nvfp4", "nvfp4", unit, rounding="stochastic", seed=11)
+    assert torch.equal(a, block_matmul(A, B, "nvfp4", "nvfp4", unit, rounding="stochastic", seed=11))
+    assert not torch.equal(a, block_matmul(A, B, "nvfp4", "nvfp4", unit, rounding="stochastic", seed=12))
+
+
+def test_block_matmul_errors_name_the_field_value_and_what_is_allowed():
+    A, B, u = torch.randn(2, 64), torch.randn(64, 2), MADUnit("fp32", "fp32")
+    with pytest.raises(ValueError, match=r"mxfp8_e5m2 x mxfp8_e5m2 blocks of 32 need 68\.\d bits .* allowed"):
+        block_matmul(A, B, "mxfp8_e5m2", "mxfp8_e5m2", u)
+    with pytest.raises(ValueError, match=r"blocks of 32 along K and fmt_b=nvfp4 of 16; allowed: the same length"):
+        block_matmul(A, B, "mxfp8_e4m3", "nvfp4", u)
+    with pytest.raises(TypeError, match=r"fmt_b=e4m3fn: allowed: a BlockFormat"):
+        block_matmul(A, B, "mxfp8_e4m3", "e4m3fn", u)
+    with pytest.raises(ValueError, match=r"allowed: a one-product unit"):
+        block_matmul(A, B, "mxfp8_e4m3", "mxfp8_e4m3", MADUnit("fp32", "fp32", lanes=4))
+    with pytest.raises(ValueError, match=r"allowed: a one-product unit"):
+        block_matmul(A, B, "mxfp8_e4m3", "mxfp8_e4m3", MADUnit.preset("h100_fp8_e4m3"))
+    with pytest.raises(ValueError, match=r"A \(M, K\) and B \(K, N\)"):
+        block_matmul(A, B.t(), "mxfp8_e4m3", "mxfp8_e4m3", u)

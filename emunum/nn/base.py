@@ -65,7 +65,7 @@ class EmuLayer:
 
     ROLES: tuple = FORWARD_ROLES
     HAS_WEIGHT: bool = True  # a GEMM/lookup layer (counts for Policy.keep_first_last)
-    BLOCK_GEMM: bool = False  # its GEMM takes block-format operands (``block_gemm``): Linear, Conv1d/2d
+    BLOCK_GEMM: bool = False  # its GEMMs take block-format operands (``block_gemm``): Linear, Conv1d/2d, MHA
     _emunum_base: type = nn.Module  # the torch class this emulated class derives from
 
     @classmethod
@@ -86,7 +86,7 @@ class EmuLayer:
             roles = ", ".join(f"{r.value}={pol.spec(r).fmt.name}" for r in BLOCK_ROLES
                               if pol.spec(r) is not None and isinstance(pol.spec(r).fmt, BlockFormat))
             raise ValueError(f"{type(module).__name__} has no block-GEMM path, and the policy gives it block formats "
-                             f"({roles}); block formats are allowed for Linear and Conv1d/Conv2d; exclude this "
+                             f"({roles}); block formats are allowed for Linear, Conv1d/Conv2d and MultiheadAttention; exclude this "
                              "layer with filter= or give those roles element formats")
         cls._emunum_check(module, pol)
         emu = cls.__new__(cls)

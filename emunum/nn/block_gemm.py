@@ -20,6 +20,11 @@ leaving for x and W (and the bias); these roles never take a block format (``Pol
 is added after the GEMM, unrounded (its gradient follows grad_weight). Stochastic rounding draws a fresh seed
 per GEMM operand from torch's generator.
 
+MultiheadAttention: its projections are block GEMMs as above (K = embed_dim forward); its two batched
+products, scores = q k^T (K = head_dim) and context = probs v (K = source length), quantise both activation
+operands with the input role's format along K and, backward, the incoming gradient with the grad_output
+role's (grad-a = g b^T along N, grad-b = a^T g along M; ``block_bmm``).
+
 Random Hadamard transform (``Policy.hadamard``, NVFP4 recipe; ``emunum.hadamard``): with hadamard=n the
 grad-weight GEMM becomes gW = Q(rht(gy)).T @ Q(rht(x)), both operands transformed along the tokens (zero-padded
 to a multiple of n) before they are quantised; the forward and grad-input GEMMs are unchanged. Without
@@ -97,6 +102,33 @@ class _BlockGemm(torch.autograd.Function):
                 gy, x2 = (rht(t, p.hadamard, p.hadamard_seed, 0) for t in (gy, x2))
             gw = p.q(gy, p.grad_output, 0).t() @ p.q(x2, p.input, 0)  # K = tokens
         return gx, gw, None
+
+
+class _BlockBmm(torch.autograd.Function):
+    """c = a @ b for batches of activations a (B, M, K), b (B, K, N) (attention's two products): both operands
+    take the input role's format along K, the incoming gradient the grad_output role's."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, plan: BlockPlan) -> Tensor:
+        ctx.plan = plan
+        ctx.save_for_backward(a, b)
+        return plan.q(a, plan.input, -1) @ plan.q(b, plan.input, -2)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        a, b = ctx.saved_tensors
+        p = ctx.plan
+        ga = gb = None
+        if ctx.needs_input_grad[0]:  # K = N
+            ga = p.q(g, p.grad_output, -1) @ p.q(b, p.input, -1).transpose(-1, -2)
+        if ctx.needs_input_grad[1]:  # K = M
+            gb = p.q(a, p.input, -2).transpose(-1, -2) @ p.q(g, p.grad_output, -2)
+        return ga, gb, None
+
+
+def block_bmm(a: Tensor, b: Tensor, plan: BlockPlan) -> Tensor:
+    """Batched a @ b with block-quantised activations (``_BlockBmm``)."""
+    return _BlockBmm.apply(a, b, plan)
 
 
 def block_gemm(x2: Tensor, w: Tensor, plan: BlockPlan) -> Tensor:

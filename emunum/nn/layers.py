@@ -39,7 +39,7 @@ class ConvEmu(EmuLayer):
         if block_plan(policy) is not None and len(module.kernel_size) not in (1, 2):
             roles = ", ".join(f"{r.value}={policy.spec(r).fmt.name}" for r in BLOCK_ROLES if is_block(policy.spec(r)))
             raise ValueError(f"{type(module).__name__} has no block-GEMM path, and the policy gives it block formats "
-                             f"({roles}); block formats are allowed for Linear and Conv1d/Conv2d; exclude this "
+                             f"({roles}); block formats are allowed for Linear, Conv1d/Conv2d and MultiheadAttention; exclude this "
                              "layer with filter= or give those roles element formats")
         if policy.mad is not None:
             nd = len(module.kernel_size)

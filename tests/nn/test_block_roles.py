@@ -2,6 +2,8 @@
 grad_output); layers without a block GEMM refuse them; the other roles round element-wise around the GEMMs."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -36,15 +38,15 @@ def test_keyword_form_gives_a_block_format_to_the_operand_roles_only(fmt):
 
 
 @pytest.mark.parametrize("layer", [nn.ConvTranspose1d(2, 2, 3), nn.ConvTranspose2d(2, 2, 3), nn.ConvTranspose3d(2, 2, 3),
-                                   nn.Conv3d(2, 2, 3), nn.Embedding(10, 4), nn.MultiheadAttention(8, 2)],
+                                   nn.Conv3d(2, 2, 3), nn.Embedding(10, 4)],
                          ids=lambda m: type(m).__name__)
 @pytest.mark.parametrize("policy", [{"fmt": "mxfp8"}, {"weight": "nvfp4"}, {"grad_output": "mxfp8_e5m2"}],
                          ids=["all", "weight", "grad_output"])
 def test_weight_layers_without_a_block_gemm_raise_at_patch_time(layer, policy):
     name = type(layer).__name__
     role = next(iter(policy)) if "fmt" not in policy else "input"
-    with pytest.raises(ValueError, match=rf"{name} has no block-GEMM path.*{role}=.*allowed for Linear and "
-                                         r"Conv1d/Conv2d.*filter="):
+    with pytest.raises(ValueError, match=rf"{name} has no block-GEMM path.*{role}=.*allowed for Linear, "
+                                         r"Conv1d/Conv2d and MultiheadAttention.*filter="):
         emunum.patch(nn.Sequential(layer), **policy)
     assert type(layer) is getattr(nn, name)  # nothing was swapped
 
@@ -65,7 +67,7 @@ def test_norms_and_activations_are_left_alone_when_only_block_formats_are_given(
     assert all(isinstance(m, emunum.nn.EmuLayer) for m in model)
     x = torch.randn(4, 8)
     assert torch.equal(model[1](x), Q(torch.relu(x), "bf16"))
-    with pytest.raises(ValueError, match="no Linear or Conv1d/Conv2d"):
+    with pytest.raises(ValueError, match="no Linear, Conv1d/Conv2d or MultiheadAttention"):
         emunum.patch(nn.Sequential(nn.ReLU()), "mxfp8")
 
 
@@ -125,3 +127,45 @@ def test_grouped_conv_equals_one_block_conv_per_group(nd):
     want.backward(gy)
     assert torch.equal(conv.weight.grad, torch.cat([p.weight.grad for p in parts]))
     assert not torch.equal(y.detach(), conv(x).detach())  # the operands were quantised
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
+def test_attention_projections_and_products_quantise_along_their_reduction_dims(fmt):
+    torch.manual_seed(3)
+    E, H, L, N = 64, 2, 5, 3
+    hd = E // H
+    mha = nn.MultiheadAttention(E, H)
+    x = torch.randn(L, N, E, requires_grad=True)
+    emu = emunum.patch(mha, fmt, grad_rounding="nearest")
+    out, weights = emu(x, x, x)
+    W, b = mha.in_proj_weight.detach(), mha.in_proj_bias.detach()
+    Wo, bo = mha.out_proj.weight.detach(), mha.out_proj.bias.detach()
+    proj = (Q(x.detach().reshape(-1, E), fmt) @ Q(W, fmt, axis=1).t()).reshape(L, N, 3 * E) + b
+    q, k, v = (proj[..., i * E:(i + 1) * E].reshape(L, N * H, hd).transpose(0, 1) for i in range(3))
+    qs = q * math.sqrt(1.0 / float(hd))
+    probs = torch.softmax(Q(qs, fmt, axis=-1) @ Q(k.transpose(-2, -1), fmt, axis=-2), dim=-1)
+    ctx = (Q(probs, fmt, axis=-1) @ Q(v, fmt, axis=-2)).transpose(0, 1).reshape(L * N, E)
+    want = (Q(ctx, fmt) @ Q(Wo, fmt, axis=1).t() + bo).view(L, N, E)
+    assert torch.equal(out.detach(), want)
+    assert torch.equal(weights.detach(), probs.view(N, H, L, L).mean(dim=1))
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(mha.in_proj_weight.grad).all()
+
+
+def test_attention_products_backward_quantise_along_their_reduction_dims(monkeypatch):
+    from emunum.nn import block_gemm as bg
+
+    calls = []
+
+    def spy(t, fmt, rounding, axis=None, sr_bits=None):
+        calls.append((tuple(t.shape), None if axis is None else axis % t.dim()))
+        return t
+
+    plan = bg.BlockPlan(emunum.policy.RoleSpec("mxfp8"), None, emunum.policy.RoleSpec("mxfp8_e5m2"))
+    a = torch.randn(2, 3, 4, requires_grad=True)
+    b = torch.randn(2, 4, 5, requires_grad=True)
+    monkeypatch.setattr(bg, "quantize", spy)
+    bg.block_bmm(a, b, plan).sum().backward()
+    # forward a along K=4, b along K=4; grad-a: g (2,3,5) and b along N=5; grad-b: a and g along M=3
+    assert calls == [((2, 3, 4), 2), ((2, 4, 5), 1), ((2, 3, 5), 2), ((2, 4, 5), 2), ((2, 3, 4), 1),
+                     ((2, 3, 5), 1)]

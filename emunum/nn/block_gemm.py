@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..formats import BlockFormat, RoundMode
+from ..autograd import STE
+from ..formats import BlockFormat
 from ..hadamard import rht
 from ..policy import BLOCK_ROLES, Policy, RoleSpec
 from ..quantize import quantize
@@ -77,6 +78,9 @@ def block_plan(policy: Policy) -> Optional[BlockPlan]:
         raise ValueError("Policy.mad with block formats: emunum's MAD units do not take block-scaled operands "
                          "in patched layers; use mad=None (torch's GEMM on the block-quantised operands), or "
                          "emunum.mad.block_matmul directly")
+    if policy.ste != STE.IDENTITY:
+        raise ValueError(f"ste={policy.ste.value!r} with block formats: the block GEMMs pass gradients straight "
+                         "through their operands' quantisation; allowed: ste='identity'")
     return BlockPlan(*(policy.spec(r) for r in BLOCK_ROLES), sr_bits=policy.sr_bits, hadamard=policy.hadamard,
                      hadamard_seed=policy.hadamard_seed)
 

@@ -96,6 +96,8 @@ def test_per_tensor_scaling_and_mad_with_block_formats_are_rejected():
         emunum.Policy.make("mxfp8", scaling="per_tensor")
     with pytest.raises(ValueError, match="Policy.mad with block formats"):
         emunum.patch(nn.Sequential(nn.Linear(4, 4)), "mxfp8", mad="h100_fp8_e4m3")
+    with pytest.raises(ValueError, match="ste='clipped' with block formats.*allowed: ste='identity'"):
+        emunum.patch(nn.Sequential(nn.Linear(4, 4)), "mxfp8", ste="clipped")
 
 
 def test_patched_model_trains_one_step_with_stochastic_gradients():

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from ..autograd import Quantizer
 from ..policy import BLOCK_ROLES, FORWARD_ROLES, Policy, Role, Scaling, make_policy
 from ..formats import BlockFormat
-from .block_gemm import block_plan
+from .block_gemm import block_plan, no_block_path
 from .scaling import ScaledGradQuantizer, ScaledQuantizer
 
 STATE_PREFIX = "_emunum_"  # every attribute an emulated layer adds to the original's state starts with it
@@ -83,11 +83,7 @@ class EmuLayer:
             raise ValueError(f"module is already emulated ({type(module).__name__}); "
                              "call emunum.unpatch first")
         if pol.uses_block and cls.HAS_WEIGHT and not cls.BLOCK_GEMM:
-            roles = ", ".join(f"{r.value}={pol.spec(r).fmt.name}" for r in BLOCK_ROLES
-                              if pol.spec(r) is not None and isinstance(pol.spec(r).fmt, BlockFormat))
-            raise ValueError(f"{type(module).__name__} has no block-GEMM path, and the policy gives it block formats "
-                             f"({roles}); block formats are allowed for Linear, Conv1d/Conv2d and MultiheadAttention; exclude this "
-                             "layer with filter= or give those roles element formats")
+            raise no_block_path(module, pol)
         cls._emunum_check(module, pol)
         emu = cls.__new__(cls)
         emu.__dict__.update(module.__dict__)

@@ -70,6 +70,14 @@ def is_block(spec: Optional[RoleSpec]) -> bool:
     return spec is not None and isinstance(spec.fmt, BlockFormat)
 
 
+def no_block_path(module, policy: Policy) -> ValueError:
+    """The error for a weight layer without a block-GEMM path under a policy with block formats."""
+    roles = ", ".join(f"{r.value}={policy.spec(r).fmt.name}" for r in BLOCK_ROLES if is_block(policy.spec(r)))
+    return ValueError(f"{type(module).__name__} has no block-GEMM path, and the policy gives it block formats "
+                      f"({roles}); block formats are allowed for Linear, Conv1d/Conv2d and MultiheadAttention; "
+                      "exclude this layer with filter= or give those roles element formats")
+
+
 def block_plan(policy: Policy) -> Optional[BlockPlan]:
     """The plan, or None when no GEMM-operand role holds a BlockFormat."""
     if not policy.uses_block:

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..policy import BLOCK_ROLES, Role
+from ..policy import Role
 from .base import EmuLayer, _linear, _mad
-from .block_gemm import block_conv, block_linear, block_plan, is_block
+from .block_gemm import block_conv, block_linear, block_plan, no_block_path
 
 # ---- Linear ---------------------------------------------------------------------------------------------
 class LinearEmu(EmuLayer):
@@ -37,10 +37,7 @@ class ConvEmu(EmuLayer):
     @classmethod
     def _emunum_check(cls, module, policy):
         if block_plan(policy) is not None and len(module.kernel_size) not in (1, 2):
-            roles = ", ".join(f"{r.value}={policy.spec(r).fmt.name}" for r in BLOCK_ROLES if is_block(policy.spec(r)))
-            raise ValueError(f"{type(module).__name__} has no block-GEMM path, and the policy gives it block formats "
-                             f"({roles}); block formats are allowed for Linear, Conv1d/Conv2d and MultiheadAttention; exclude this "
-                             "layer with filter= or give those roles element formats")
+            raise no_block_path(module, policy)
         if policy.mad is not None:
             nd = len(module.kernel_size)
             if nd not in cls._MAD_FUNCTIONS or not hasattr(_mad(), cls._MAD_FUNCTIONS[nd]):

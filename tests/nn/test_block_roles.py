@@ -37,8 +37,8 @@ def test_keyword_form_gives_a_block_format_to_the_operand_roles_only(fmt):
     assert all(pol.spec(r).fmt.name == "e5m2" for r in ("grad_output", "grad_input", "grad_weight"))
 
 
-@pytest.mark.parametrize("layer", [nn.ConvTranspose1d(2, 2, 3), nn.ConvTranspose2d(2, 2, 3), nn.ConvTranspose3d(2, 2, 3),
-                                   nn.Conv3d(2, 2, 3), nn.Embedding(10, 4)],
+@pytest.mark.parametrize("layer", [nn.ConvTranspose1d(2, 2, 3), nn.ConvTranspose2d(2, 2, 3),
+                                   nn.ConvTranspose3d(2, 2, 3), nn.Conv3d(2, 2, 3), nn.Embedding(10, 4)],
                          ids=lambda m: type(m).__name__)
 @pytest.mark.parametrize("policy", [{"fmt": "mxfp8"}, {"weight": "nvfp4"}, {"grad_output": "mxfp8_e5m2"}],
                          ids=["all", "weight", "grad_output"])

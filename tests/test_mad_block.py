@@ -96,3 +96,37 @@ def test_block_matmul_errors_name_the_field_value_and_what_is_allowed():
         block_matmul(A, B, "mxfp8_e4m3", "mxfp8_e4m3", MADUnit.preset("h100_fp8_e4m3"))
     with pytest.raises(ValueError, match=r"A \(M, K\) and B \(K, N\)"):
         block_matmul(A, B.t(), "mxfp8_e4m3", "mxfp8_e4m3", u)
+
+
+# ---- patched layers on MAD units with block formats ------------------------------------------------------
+def test_patched_linear_runs_its_three_gemms_as_block_matmuls_on_the_units():
+    from torch import nn
+
+    torch.manual_seed(7)
+    lin = nn.Linear(64, 16)
+    units = (MADUnit("bf16", "bf16"), MADUnit("fp16", "fp16"), MADUnit("fp32", "fp32", acc_rounding="toward_zero"))
+    pol = emunum.Policy.make("nvfp4", weight="nvfp4_2d", grad_rounding="nearest", mad=units[0],
+                             mad_backward=units[1:])
+    emu = emunum.patch(nn.Sequential(lin), policy=pol)
+    x = torch.randn(48, 64, requires_grad=True)
+    y = emu(x)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    xd, w = x.detach(), lin.weight.detach()
+    assert torch.equal(y.detach(), block_matmul(xd, w.t(), "nvfp4", "nvfp4_2d", units[0]) + lin.bias.detach())
+    assert torch.equal(x.grad, block_matmul(gy, w, "nvfp4", "nvfp4_2d", units[1]))
+    assert torch.equal(lin.weight.grad, block_matmul(gy.t(), xd, "nvfp4", "nvfp4", units[2]))
+    # the accumulator matters: bf16 accumulation differs from the fp32 GEMM on the same quantised operands
+    assert not torch.equal(y.detach(), emunum.patch(nn.Sequential(nn.Linear(64, 16)), "nvfp4")[0](xd))
+
+
+def test_patched_block_layers_on_mad_units_check_formats_at_patch_time():
+    from torch import nn
+
+    u = MADUnit("fp32", "fp32")
+    with pytest.raises(ValueError, match=r"mxfp8_e4m3 x mxfp8_e5m2|mxfp8_e5m2 x mxfp8_e4m3"):
+        emunum.patch(nn.Sequential(nn.Linear(4, 4)), "mxfp8_e4m3", grad="mxfp8_e5m2", mad=u)
+    with pytest.raises(ValueError, match=r"grad_output=e5m2\): .*allowed: a BlockFormat in each of input, weight"):
+        emunum.patch(nn.Sequential(nn.Linear(4, 4)), "mxfp8_e4m3", grad="e5m2", mad=u)
+    with pytest.raises(ValueError, match=r"MultiheadAttention with mad= and block formats"):
+        emunum.patch(nn.MultiheadAttention(8, 2), "nvfp4", mad=u)

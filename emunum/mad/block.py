@@ -87,7 +87,8 @@ def _k_length(fmt: BlockFormat, k_axis_is_last: bool) -> int:
     return c if (r == 0 or k_axis_is_last) else r
 
 
-def _check_unit(unit: MADUnit) -> None:
+def check_unit(unit: MADUnit) -> None:
+    """Raise ValueError unless ``unit`` can run the block datapath (see the module docstring)."""
     if unit.is_multiterm or unit.lanes != 1 or unit.chunk is not None or unit.order != Order.SEQUENTIAL:
         raise ValueError(f"block_matmul on {unit}: the block datapath sums each block pair exactly and "
                          "accumulates the block sums one by one; allowed: a one-product unit (terms=1, no "
@@ -110,12 +111,28 @@ def _split(x: torch.Tensor, fmt: BlockFormat, axis: int, mode: RoundMode, key: i
     return deq / (s * t), s, t
 
 
+def check_pair(fa: BlockFormat, fb: BlockFormat) -> int:
+    """The common block length along K of A's format ``fa`` (K last) and B's ``fb`` (K first); raises
+    ValueError if they differ or if their block-pair sums are not provably exact in binary64."""
+    length = _k_length(fa, True)
+    if _k_length(fb, False) != length:
+        raise ValueError(f"block_matmul: fmt_a={fa.name} has blocks of {length} along K and fmt_b={fb.name} of "
+                         f"{_k_length(fb, False)}; allowed: the same length (blocks are multiplied in pairs)")
+    bits = exact_bound_bits(fa, fb, length)
+    if bits > 53:
+        raise ValueError(f"block_matmul: {fa.name} x {fb.name} blocks of {length} need {bits:.1f} bits for an exact "
+                         "block-pair sum, more than binary64's 53; allowed: element/scale pairs within 2**53 "
+                         "(e.g. mxfp8_e4m3, mxfp6_*, mxfp4_e2m1, mxint8, nvfp4), or shorter blocks")
+    return length
+
+
 def block_matmul(A: torch.Tensor, B: torch.Tensor, fmt_a, fmt_b, unit: MADUnit, *, rounding="nearest",
-                 seed: int | None = None, sr_bits: int = 32) -> torch.Tensor:
+                 rounding_b=None, seed: int | None = None, sr_bits: int = 32) -> torch.Tensor:
     """C = A @ B with A quantised to ``fmt_a`` along K and B to ``fmt_b`` along K, block pairs summed exactly,
     scaled, and accumulated on ``unit`` (the module docstring gives the datapath). A (M, K), B (K, N): 2-D
     float tensors on one device; fmt_a/fmt_b: BlockFormats or their names; rounding: the operands' rounding
-    mode; seed: for stochastic operand rounding and accumulation (None: drawn from torch's generator)."""
+    mode (``rounding_b``: B's, if different); seed: for stochastic operand rounding and accumulation (None:
+    drawn from torch's generator when anything rounds stochastically)."""
     unit = as_unit(unit)
     check_tensor(A, "A")
     check_tensor(B, "B")
@@ -127,28 +144,21 @@ def block_matmul(A: torch.Tensor, B: torch.Tensor, fmt_a, fmt_b, unit: MADUnit, 
         if not isinstance(f, BlockFormat):
             raise TypeError(f"block_matmul {name}={f.name}: allowed: a BlockFormat (e.g. 'mxfp8_e4m3', 'nvfp4'); "
                             "for element formats quantise first and use emunum.mad.matmul")
-    length = _k_length(fa, True)
-    if _k_length(fb, False) != length:
-        raise ValueError(f"block_matmul: fmt_a={fa.name} has blocks of {length} along K and fmt_b={fb.name} of "
-                         f"{_k_length(fb, False)}; allowed: the same length (blocks are multiplied in pairs)")
-    bits = exact_bound_bits(fa, fb, length)
-    if bits > 53:
-        raise ValueError(f"block_matmul: {fa.name} x {fb.name} blocks of {length} need {bits:.1f} bits for an exact "
-                         "block-pair sum, more than binary64's 53; allowed: element/scale pairs within 2**53 "
-                         "(e.g. mxfp8_e4m3, mxfp6_*, mxfp4_e2m1, mxint8, nvfp4), or shorter blocks")
-    _check_unit(unit)
+    length = check_pair(fa, fb)
+    check_unit(unit)
     mode = RoundMode.parse(rounding)
+    mode_b = mode if rounding_b is None else RoundMode.parse(rounding_b, "rounding_b")
     nbits = check_sr_bits(sr_bits)
-    stochastic = mode == RoundMode.STOCHASTIC or unit.stochastic
+    stochastic = RoundMode.STOCHASTIC in (mode, mode_b) or unit.stochastic
     seed = resolve_seed(seed) if stochastic else 0
     key_a = seed_key(_derived(seed, _SEED_A)) if mode == RoundMode.STOCHASTIC else seed_key(0)
-    key_b = seed_key(_derived(seed, _SEED_B)) if mode == RoundMode.STOCHASTIC else seed_key(0)
+    key_b = seed_key(_derived(seed, _SEED_B)) if mode_b == RoundMode.STOCHASTIC else seed_key(0)
     dtype = torch.promote_types(A.dtype, B.dtype)
     M, K = A.shape
     N = B.shape[1]
     with torch.no_grad():
         ea, sa, ta = _split(A, fa, -1, mode, key_a, nbits)  # (M, K)
-        eb, sb, tb = _split(B, fb, 0, mode, key_b, nbits)  # (K, N)
+        eb, sb, tb = _split(B, fb, 0, mode_b, key_b, nbits)  # (K, N)
         nblk = -(-K // length) if K else 0
         pad = nblk * length - K
         ea = torch.nn.functional.pad(ea, (0, pad)).reshape(M, nblk, length)

@@ -211,6 +211,10 @@ class MultiheadAttentionEmu(EmuLayer):
 
     @classmethod
     def _emunum_check(cls, module, policy):
+        if policy.mad is not None and policy.uses_block:
+            raise ValueError("MultiheadAttention with mad= and block formats: its batched products (q k^T, probs v) "
+                             "have no block MAD path; allowed: mad=None with block formats, or exclude "
+                             "MultiheadAttention layers with filter=")
         if policy.mad is not None and not hasattr(_mad(), "matmul"):
             raise ValueError("Policy.mad: emunum.mad has no matmul for the attention scores; "
                              "exclude MultiheadAttention layers with filter=")

@@ -101,7 +101,7 @@ class EmuLayer:
         """Whether the layer has anything to do under ``policy``: False only for a layer without a weight
         (norms, activations) whose roles all hold None or a block format (a GEMM-operand format, which such
         layers do not have); ``emunum.patch`` leaves those layers alone."""
-        if cls.HAS_WEIGHT or policy.mad is not None:
+        if cls.HAS_WEIGHT:
             return True
         return any(x is not None for role in cls.ROLES for x in _role_specs(policy, role, False))
 
@@ -149,7 +149,10 @@ class EmuLayer:
 
     def extra_repr(self) -> str:
         base = super().extra_repr()
-        emu = self._emunum_policy.describe(self.emunum_roles)
+        pol = self._emunum_policy
+        roles = self.emunum_roles if self.BLOCK_GEMM else tuple(
+            r for r in self.emunum_roles if _unblocked(pol.spec(r)) is not None or pol.spec(r) is None)
+        emu = pol.describe(roles)
         return f"{base}, {emu}" if base else emu
 
 

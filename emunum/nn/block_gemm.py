@@ -25,6 +25,11 @@ products, scores = q k^T (K = head_dim) and context = probs v (K = source length
 operands with the input role's format along K and, backward, the incoming gradient with the grad_output
 role's (grad-a = g b^T along N, grad-b = a^T g along M; ``block_bmm``).
 
+MAD units (``Policy.mad``, ``mad_backward``): each of the three GEMMs runs ``emunum.mad.block_matmul`` on its
+unit (block-pair sums exact, scaled, accumulated in the unit's accumulator; bias added after, in fp32); every
+operand role must then hold a BlockFormat, and each GEMM's format pair must pass its exactness check.
+MultiheadAttention's batched products have no MAD path (ValueError).
+
 Random Hadamard transform (``Policy.hadamard``, NVFP4 recipe; ``emunum.hadamard``): with hadamard=n the
 grad-weight GEMM becomes gW = Q(rht(gy)).T @ Q(rht(x)), both operands transformed along the tokens (zero-padded
 to a multiple of n) before they are quantised; the forward and grad-input GEMMs are unchanged. Without
@@ -42,6 +47,8 @@ from torch import Tensor
 from ..autograd import STE
 from ..formats import BlockFormat
 from ..hadamard import rht
+from ..mad.block import block_matmul, check_pair, check_unit
+from ..mad.functional import parse_backward_units
 from ..policy import BLOCK_ROLES, Policy, RoleSpec
 from ..quantize import quantize
 
@@ -56,6 +63,15 @@ class BlockPlan:
     sr_bits: Optional[int] = None
     hadamard: Optional[int] = None
     hadamard_seed: int = 0
+    units: Optional[tuple] = None  # (forward, grad-input, grad-weight) MAD units: emunum.mad.block_matmul
+
+    def mm(self, a: Tensor, b: Tensor, sa: RoleSpec, sb: RoleSpec, axis_b: int, i: int) -> Tensor:
+        """a @ b: on MAD unit i (``block_matmul``, a along its last axis, b along its first), else torch's
+        product of a quantised along its last axis and b along ``axis_b``."""
+        if self.units is None:
+            return self.q(a, sa, -1) @ self.q(b, sb, axis_b)
+        return block_matmul(a, b, sa.fmt, sb.fmt, self.units[i], rounding=sa.rounding, rounding_b=sb.rounding,
+                            sr_bits=self.sr_bits or 32).to(a.dtype)
 
     def q(self, t: Tensor, spec: Optional[RoleSpec], axis: int) -> Tensor:
         """t quantised to spec's format: a block format along ``axis``, an element format element-wise."""
@@ -82,15 +98,34 @@ def block_plan(policy: Policy) -> Optional[BlockPlan]:
     """The plan, or None when no GEMM-operand role holds a BlockFormat."""
     if not policy.uses_block:
         return None
+    units = None
     if policy.mad is not None:
-        raise ValueError("Policy.mad with block formats: emunum's MAD units do not take block-scaled operands "
-                         "in patched layers; use mad=None (torch's GEMM on the block-quantised operands), or "
-                         "emunum.mad.block_matmul directly")
+        units = _mad_units(policy)
     if policy.ste != STE.IDENTITY:
         raise ValueError(f"ste={policy.ste.value!r} with block formats: the block GEMMs pass gradients straight "
                          "through their operands' quantisation; allowed: ste='identity'")
     return BlockPlan(*(policy.spec(r) for r in BLOCK_ROLES), sr_bits=policy.sr_bits, hadamard=policy.hadamard,
-                     hadamard_seed=policy.hadamard_seed)
+                     hadamard_seed=policy.hadamard_seed, units=units)
+
+
+def _mad_units(policy: Policy) -> tuple:
+    """(forward, grad-input, grad-weight) units for block GEMMs on MAD units, after checking that every GEMM's
+    operand pair can run ``emunum.mad.block_matmul``."""
+    specs = {r.value: policy.spec(r) for r in BLOCK_ROLES}
+    if not all(is_block(s) for s in specs.values()):
+        got = ", ".join(f"{k}={s.fmt.name if s else None}" for k, s in specs.items())
+        raise ValueError(f"Policy.mad with block formats ({got}): a MAD unit runs block GEMMs on block-scaled "
+                         "operands only; allowed: a BlockFormat in each of input, weight and grad_output")
+    fin, fw, fgo = specs["input"].fmt, specs["weight"].fmt, specs["grad_output"].fmt
+    if fw.tile[0] not in (0, fw.tile[1]):
+        raise ValueError(f"Policy.mad with weight={fw.name}: W and W^T must share their tiles; allowed: square "
+                         "tiles or 1-D blocks")
+    for a, b in ((fin, fw), (fgo, fw), (fgo, fin)):  # forward, grad-input, grad-weight
+        check_pair(a, b)
+    units = (policy.mad, *parse_backward_units(policy.mad, policy.mad_backward))
+    for u in units:
+        check_unit(u)
+    return units
 
 
 class _BlockGemm(torch.autograd.Function):
@@ -100,6 +135,8 @@ class _BlockGemm(torch.autograd.Function):
     def forward(ctx, x2: Tensor, w: Tensor, plan: BlockPlan) -> Tensor:
         ctx.plan = plan
         ctx.save_for_backward(x2, w)
+        if plan.units is not None:
+            return plan.mm(x2, w.t(), plan.input, plan.weight, 0, 0)
         return plan.q(x2, plan.input, -1) @ plan.q(w, plan.weight, 1).t()
 
     @staticmethod
@@ -108,11 +145,14 @@ class _BlockGemm(torch.autograd.Function):
         p = ctx.plan
         gx = gw = None
         if ctx.needs_input_grad[0]:
-            gx = p.q(gy, p.grad_output, -1) @ p.q(w, p.weight, 0)  # K = out_features
+            gx = p.mm(gy, w, p.grad_output, p.weight, 0, 1)  # K = out_features
         if ctx.needs_input_grad[1]:
             if p.hadamard is not None:  # the NVFP4 recipe's RHT on both Wgrad operands, along K = tokens
                 gy, x2 = (rht(t, p.hadamard, p.hadamard_seed, 0) for t in (gy, x2))
-            gw = p.q(gy, p.grad_output, 0).t() @ p.q(x2, p.input, 0)  # K = tokens
+            if p.units is None:
+                gw = p.q(gy, p.grad_output, 0).t() @ p.q(x2, p.input, 0)  # K = tokens
+            else:
+                gw = p.mm(gy.t(), x2, p.grad_output, p.input, 0, 2)
         return gx, gw, None
 
 

@@ -130,3 +130,10 @@ def test_patched_block_layers_on_mad_units_check_formats_at_patch_time():
         emunum.patch(nn.Sequential(nn.Linear(4, 4)), "mxfp8_e4m3", grad="e5m2", mad=u)
     with pytest.raises(ValueError, match=r"MultiheadAttention with mad= and block formats"):
         emunum.patch(nn.MultiheadAttention(8, 2), "nvfp4", mad=u)
+
+
+def test_a_nan_block_makes_its_rows_outputs_nan_and_only_those():
+    A, B = _data((3, 64), 8), _data((2, 64), 9).t().contiguous()
+    A[1, 40] = float("nan")
+    got = block_matmul(A, B, "mxfp8_e4m3", "mxfp8_e4m3", MADUnit("fp32", "fp32"))
+    assert torch.isnan(got[1]).all() and torch.isfinite(got[[0, 2]]).all()

@@ -17,7 +17,9 @@ One output element (m, n):
      scales (NVFP4's e4m3) an exact product of two short significands.
   3. Accumulation in increasing j, acc starting at +0: acc <- round_acc(acc + T_j), one rounding per block
      pair of the exact sum, in the unit's acc_fmt and acc_rounding (``emunum.mad``'s fused step with a = acc,
-     b = 1, c = T_j). The unit's mul_fmt/mul_rounding/fused are not used: the products are exact by step 1.
+     b = 1, c = T_j; stochastic rounding of that sum follows ``emunum.mad.unit``'s rule for sums, i.e. it
+     rounds the binary64 round-to-odd of the exact sum). The unit's mul_fmt/mul_rounding/fused are not used:
+     the products are exact by step 1.
   4. Tensor scales (only if a format has tensor_scale): alpha = float32(Ta * Tb) (nearest-even, as a caller
      computes cuBLAS's fp32 alpha), then acc <- round_acc(acc * alpha), one rounding of the exact product.
   The result is a value of acc_fmt, returned in the promoted dtype of A and B.

@@ -65,7 +65,7 @@ class EmuLayer:
 
     ROLES: tuple = FORWARD_ROLES
     HAS_WEIGHT: bool = True  # a GEMM/lookup layer (counts for Policy.keep_first_last)
-    BLOCK_GEMM: bool = False  # its GEMMs take block-format operands (``block_gemm``): Linear, Conv1d/2d, MHA
+    BLOCK_GEMM: bool = False  # its GEMMs take block-format operands (``block_gemm``): Linear, Conv*d, MHA
     _emunum_base: type = nn.Module  # the torch class this emulated class derives from
 
     @classmethod

@@ -1,4 +1,4 @@
-"""Block-scaled GEMMs for patched Linear and Conv1d/Conv2d layers (OCP MX / NVFP4 training).
+"""Block-scaled GEMMs for patched Linear, Conv1d/2d/3d and MultiheadAttention layers (OCP MX / NVFP4 training).
 
 When a Policy gives the ``input``, ``weight`` or ``grad_output`` role a ``BlockFormat``, each of the layer's
 three GEMMs quantises its two operands along that GEMM's own reduction dimension K, as MX hardware and
@@ -11,10 +11,10 @@ torchao's MX linear do (re-quantising per GEMM from the high-precision tensors):
 x takes the input role's format, W the weight role's, gy the grad_output role's (each with its role's rounding).
 An operand role holding an element format (FloatFormat/FixedFormat) rounds that operand element-wise in each
 GEMM instead; a role that is None leaves it unquantised. A weight format with 2-D tiles
-(``BlockFormat(..., block_size=(16, 16))``) quantises W once, as tiles, for both of its GEMMs. A convolution is
-the same GEMM on its im2col matrix: K is in_channels/groups * kernel size, one GEMM per group (group g: input
-channels g*C/groups.., output channels g*O/groups..). The GEMMs themselves are torch's, in the tensors'
-dtype (MX hardware accumulates in fp32). The layer's other roles round element-wise around the GEMMs
+(``BlockFormat(..., block_size=(16, 16))``) quantises W once, as tiles, for both of its GEMMs. A convolution
+(Conv1d/2d/3d) is the same GEMM on its im2col matrix: K is in_channels/groups * kernel size, one GEMM per group
+(group g: input channels g*C/groups.., output channels g*O/groups..). The GEMMs themselves are torch's, in
+the tensors' dtype (MX hardware accumulates in fp32). The layer's other roles round element-wise around the GEMMs
 (``emunum.nn.layers``): ``output`` the forward result, ``grad_input`` / ``grad_weight`` the gradients
 leaving for x and W (and the bias); these roles never take a block format (``Policy`` refuses it). The bias
 is added after the GEMM, unrounded (its gradient follows grad_weight). Stochastic rounding draws a fresh seed
@@ -37,6 +37,8 @@ quantisation the transform cancels (M is orthogonal) up to the float rounding of
 """
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -90,7 +92,7 @@ def no_block_path(module, policy: Policy) -> ValueError:
     """The error for a weight layer without a block-GEMM path under a policy with block formats."""
     roles = ", ".join(f"{r.value}={policy.spec(r).fmt.name}" for r in BLOCK_ROLES if is_block(policy.spec(r)))
     return ValueError(f"{type(module).__name__} has no block-GEMM path, and the policy gives it block formats "
-                      f"({roles}); block formats are allowed for Linear, Conv1d/Conv2d and MultiheadAttention; "
+                      f"({roles}); block formats are allowed for Linear, Conv1d/2d/3d and MultiheadAttention; "
                       "exclude this layer with filter= or give those roles element formats")
 
 
@@ -192,8 +194,22 @@ def block_linear(x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPlan) -> 
     return y if b is None else y + b
 
 
+def _im2col(x: Tensor, k, s, p, d):
+    """(n, C*prod(k), L) columns of x (n, C, *spatial), channel-major then kernel offsets in C order (F.unfold's
+    layout, for any number of spatial dims), and the output's spatial sizes."""
+    nd = len(k)
+    x = F.pad(x, [q for i in reversed(range(nd)) for q in (p[i], p[i])])
+    out = [(x.shape[2 + i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(nd)]
+    taps = []
+    for offs in itertools.product(*(range(ki) for ki in k)):
+        idx = tuple(slice(o * d[i], o * d[i] + s[i] * (out[i] - 1) + 1, s[i]) for i, o in enumerate(offs))
+        taps.append(x[(slice(None), slice(None)) + idx])
+    cols = torch.stack(taps, dim=2)  # (n, C, prod(k), *out)
+    return cols.reshape(x.shape[0], -1, math.prod(out)), out
+
+
 def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPlan) -> Tensor:
-    """Conv1d/Conv2d as unfold (im2col) + the block GEMM, one per group, K = in_channels/groups * kernel size."""
+    """Conv1d/2d/3d as im2col + the block GEMM, one per group, K = in_channels/groups * kernel size."""
     nd = len(module.kernel_size)
     padding = module.padding
     if module.padding_mode != "zeros":
@@ -201,22 +217,23 @@ def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPla
         padding = (0,) * nd
     if isinstance(padding, str):
         raise ValueError(f"{type(module).__name__}(padding={padding!r}) with block formats: give padding as ints")
-    if nd == 1:
-        x4, w4 = x.unsqueeze(-2), w.unsqueeze(-2)
-        k, s, p, d = (1, module.kernel_size[0]), (1, module.stride[0]), (0, padding[0]), (1, module.dilation[0])
+    k, st, dil = module.kernel_size, module.stride, module.dilation
+    if nd == 3:
+        cols, out = _im2col(x, k, st, padding, dil)
     else:
-        x4, w4, k, s, p, d = x, w, module.kernel_size, module.stride, padding, module.dilation
-    n, h, wd = x4.shape[0], x4.shape[-2], x4.shape[-1]
-    ho = (h + 2 * p[0] - d[0] * (k[0] - 1) - 1) // s[0] + 1
-    wo = (wd + 2 * p[1] - d[1] * (k[1] - 1) - 1) // s[1] + 1
-    cols = F.unfold(x4, k, dilation=d, padding=p, stride=s)  # (n, C*kh*kw, L), channel-major columns
+        if nd == 1:  # as a 2-D convolution of height 1
+            x = x.unsqueeze(-2)
+            k, st, padding, dil = (1, k[0]), (1, st[0]), (0, padding[0]), (1, dil[0])
+        out = [(x.shape[-2 + i] + 2 * padding[i] - dil[i] * (k[i] - 1) - 1) // st[i] + 1 for i in range(2)]
+        cols = F.unfold(x, k, dilation=dil, padding=padding, stride=st)  # (n, C*kh*kw, L), channel-major
+    n = cols.shape[0]
     x2 = cols.transpose(1, 2).reshape(-1, cols.shape[1])
-    w2 = w4.reshape(w4.shape[0], -1)  # (out, C/groups*kh*kw)
+    w2 = w.reshape(w.shape[0], -1)  # (out, C/groups*prod(k))
     g = module.groups
     kg, og = w2.shape[1], w2.shape[0] // g
     ys = [block_gemm(x2[:, i * kg:(i + 1) * kg], w2[i * og:(i + 1) * og], plan) for i in range(g)]
     y = ys[0] if g == 1 else torch.cat(ys, dim=1)  # (n*L, out)
-    y = y.reshape(n, ho * wo, -1).transpose(1, 2).reshape(n, -1, ho, wo)
+    y = y.reshape(n, -1, w2.shape[0]).transpose(1, 2).reshape(n, w2.shape[0], *out)
     if b is not None:
-        y = y + b.view(1, -1, 1, 1)
+        y = y + b.view(1, -1, *([1] * len(out)))
     return y.squeeze(-2) if nd == 1 else y

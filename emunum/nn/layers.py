@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..policy import Role
 from .base import EmuLayer, _linear, _mad
-from .block_gemm import block_conv, block_linear, block_plan, no_block_path
+from .block_gemm import block_conv, block_linear
 
 # ---- Linear ---------------------------------------------------------------------------------------------
 class LinearEmu(EmuLayer):
@@ -36,8 +36,6 @@ class ConvEmu(EmuLayer):
 
     @classmethod
     def _emunum_check(cls, module, policy):
-        if block_plan(policy) is not None and len(module.kernel_size) not in (1, 2):
-            raise no_block_path(module, policy)
         if policy.mad is not None:
             nd = len(module.kernel_size)
             if nd not in cls._MAD_FUNCTIONS or not hasattr(_mad(), cls._MAD_FUNCTIONS[nd]):

@@ -38,7 +38,7 @@ def test_keyword_form_gives_a_block_format_to_the_operand_roles_only(fmt):
 
 
 @pytest.mark.parametrize("layer", [nn.ConvTranspose1d(2, 2, 3), nn.ConvTranspose2d(2, 2, 3),
-                                   nn.ConvTranspose3d(2, 2, 3), nn.Conv3d(2, 2, 3), nn.Embedding(10, 4)],
+                                   nn.ConvTranspose3d(2, 2, 3), nn.Embedding(10, 4)],
                          ids=lambda m: type(m).__name__)
 @pytest.mark.parametrize("policy", [{"fmt": "mxfp8"}, {"weight": "nvfp4"}, {"grad_output": "mxfp8_e5m2"}],
                          ids=["all", "weight", "grad_output"])
@@ -46,7 +46,7 @@ def test_weight_layers_without_a_block_gemm_raise_at_patch_time(layer, policy):
     name = type(layer).__name__
     role = next(iter(policy)) if "fmt" not in policy else "input"
     with pytest.raises(ValueError, match=rf"{name} has no block-GEMM path.*{role}=.*allowed for Linear, "
-                                         r"Conv1d/Conv2d and MultiheadAttention.*filter="):
+                                         r"Conv1d/2d/3d and MultiheadAttention.*filter="):
         emunum.patch(nn.Sequential(layer), **policy)
     assert type(layer) is getattr(nn, name)  # nothing was swapped
 
@@ -67,7 +67,7 @@ def test_norms_and_activations_are_left_alone_when_only_block_formats_are_given(
     assert all(isinstance(m, emunum.nn.EmuLayer) for m in model)
     x = torch.randn(4, 8)
     assert torch.equal(model[1](x), Q(torch.relu(x), "bf16"))
-    with pytest.raises(ValueError, match="no Linear, Conv1d/Conv2d or MultiheadAttention"):
+    with pytest.raises(ValueError, match="no Linear, Conv1d/2d/3d or MultiheadAttention"):
         emunum.patch(nn.Sequential(nn.ReLU()), "mxfp8")
 
 
@@ -169,3 +169,36 @@ def test_attention_products_backward_quantise_along_their_reduction_dims(monkeyp
     # forward a along K=4, b along K=4; grad-a: g (2,3,5) and b along N=5; grad-b: a and g along M=3
     assert calls == [((2, 3, 4), 2), ((2, 4, 5), 1), ((2, 3, 5), 2), ((2, 4, 5), 2), ((2, 3, 4), 1),
                      ((2, 3, 5), 1)]
+
+
+@pytest.mark.parametrize("groups,stride,padding,dilation", [(1, 1, 1, 1), (2, (1, 2, 1), (0, 1, 2), (1, 1, 2))])
+def test_conv3d_is_the_block_gemm_on_its_im2col_matrix(groups, stride, padding, dilation):
+    torch.manual_seed(4)
+    conv = nn.Conv3d(4, 6, (2, 3, 3), stride=stride, padding=padding, dilation=dilation, groups=groups)
+    x = torch.randn(2, 4, 5, 7, 8)
+    fmt = "mxfp8_e4m3"
+    y = emunum.patch(nn.Sequential(conv), fmt)(x)
+    assert y.shape == conv(x).shape
+    # reference im2col from torch's Tensor.unfold over the padded input (dilation by striding the taps)
+    s = (stride,) * 3 if isinstance(stride, int) else stride
+    p = (padding,) * 3 if isinstance(padding, int) else padding
+    d = (dilation,) * 3 if isinstance(dilation, int) else dilation
+    xp = torch.nn.functional.pad(x, (p[2], p[2], p[1], p[1], p[0], p[0]))
+    win = xp
+    for i, k in enumerate(conv.kernel_size):
+        win = win.unfold(2 + i, d[i] * (k - 1) + 1, s[i])
+    win = win[..., ::d[0], :, :][..., ::d[1], :][..., ::d[2]]  # (n, C, D', H', W', kd, kh, kw)
+    n, C, Do, Ho, Wo = win.shape[:5]
+    cg, og = C // groups, conv.out_channels // groups
+    outs = []
+    for g in range(groups):
+        cols = win[:, g * cg:(g + 1) * cg].permute(0, 2, 3, 4, 1, 5, 6, 7).reshape(n * Do * Ho * Wo, -1)
+        w2 = conv.weight.detach()[g * og:(g + 1) * og].reshape(og, -1)
+        outs.append(Q(cols, fmt) @ Q(w2, fmt).t())
+    want = torch.cat(outs, 1).reshape(n, Do, Ho, Wo, -1).permute(0, 4, 1, 2, 3)
+    want = want + conv.bias.detach().view(1, -1, 1, 1, 1)
+    assert torch.equal(y.detach(), want)
+    with torch.no_grad():  # unquantised, the im2col path is the convolution itself
+        from emunum.nn import block_gemm as bg
+        torch.testing.assert_close(bg.block_conv(conv, x, conv.weight, conv.bias, bg.BlockPlan(None, None, None)),
+                                   conv(x))

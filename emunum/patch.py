@@ -17,8 +17,8 @@ Rules:
   with another policy it raises ValueError.
 - If the model itself is a registered layer it cannot be swapped in a parent: ``patch`` returns the twin
   (use the returned value), and ``unpatch(twin)`` returns the original.
-- Block formats (MX, NVFP4) are GEMM-operand formats: Linear, Conv1d/2d/3d and MultiheadAttention take them
-  (``emunum.nn.block_gemm``); any other weight layer (ConvTranspose, Embedding) raises ValueError naming it;
+- Block formats (MX, NVFP4) are GEMM-operand formats: Linear, Conv*d, ConvTranspose*d and MultiheadAttention take
+  them (``emunum.nn.block_gemm``); Embedding (a lookup, no GEMM) raises ValueError naming it;
   norms and activations, which have no GEMM, are left unpatched unless the policy rounds something else there.
 - ``TransformerEncoderLayer`` and ``TransformerEncoder`` have fused inference fast paths that would bypass
   the emulated layers; while a layer inside them is patched those fast paths are switched off (their
@@ -255,7 +255,7 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, **kwar
             return model  # patched before with this policy: nothing left to do
         if not any(_applies(s, pol) for s in sites):
             raise ValueError("emunum.patch: the policy's block formats apply to GEMM operands, and the model has "
-                             f"no Linear, Conv1d/2d/3d or MultiheadAttention layer; emulable layers: "
+                             f"no Linear, Conv, ConvTranspose or MultiheadAttention layer; emulable layers: "
                              f"{', '.join(repr(s.name) for s in sites[:20])}")
         why = "filter" if pol.filter is not None else "keep_first_last"
         raise ValueError(f"emunum.patch: the {why} left none of the {len(sites)} emulable layers: "

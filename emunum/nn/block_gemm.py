@@ -1,4 +1,4 @@
-"""Block-scaled GEMMs for patched Linear, Conv1d/2d/3d and MultiheadAttention layers (OCP MX / NVFP4 training).
+"""Block-scaled GEMMs for patched Linear, Conv, ConvTranspose and MultiheadAttention layers (OCP MX / NVFP4).
 
 When a Policy gives the ``input``, ``weight`` or ``grad_output`` role a ``BlockFormat``, each of the layer's
 three GEMMs quantises its two operands along that GEMM's own reduction dimension K, as MX hardware and
@@ -13,7 +13,9 @@ An operand role holding an element format (FloatFormat/FixedFormat) rounds that 
 GEMM instead; a role that is None leaves it unquantised. A weight format with 2-D tiles
 (``BlockFormat(..., block_size=(16, 16))``) quantises W once, as tiles, for both of its GEMMs. A convolution
 (Conv1d/2d/3d) is the same GEMM on its im2col matrix: K is in_channels/groups * kernel size, one GEMM per group
-(group g: input channels g*C/groups.., output channels g*O/groups..). The GEMMs themselves are torch's, in
+(group g: input channels g*C/groups.., output channels g*O/groups..). A transposed convolution
+(ConvTranspose1d/2d/3d) is the GEMM x2 @ W2 with K = in_channels/groups, then an overlap-add of each kernel
+tap's columns into the output (``block_conv_transpose``). The GEMMs themselves are torch's, in
 the tensors' dtype (MX hardware accumulates in fp32). The layer's other roles round element-wise around the GEMMs
 (``emunum.nn.layers``): ``output`` the forward result, ``grad_input`` / ``grad_weight`` the gradients
 leaving for x and W (and the bias); these roles never take a block format (``Policy`` refuses it). The bias
@@ -92,8 +94,8 @@ def no_block_path(module, policy: Policy) -> ValueError:
     """The error for a weight layer without a block-GEMM path under a policy with block formats."""
     roles = ", ".join(f"{r.value}={policy.spec(r).fmt.name}" for r in BLOCK_ROLES if is_block(policy.spec(r)))
     return ValueError(f"{type(module).__name__} has no block-GEMM path, and the policy gives it block formats "
-                      f"({roles}); block formats are allowed for Linear, Conv1d/2d/3d and MultiheadAttention; "
-                      "exclude this layer with filter= or give those roles element formats")
+                      f"({roles}); block formats are allowed for Linear, Conv*d, ConvTranspose*d and "
+                      "MultiheadAttention; exclude this layer with filter= or give those roles element formats")
 
 
 def block_plan(policy: Policy) -> Optional[BlockPlan]:
@@ -237,3 +239,32 @@ def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPla
     if b is not None:
         y = y + b.view(1, -1, *([1] * len(out)))
     return y.squeeze(-2) if nd == 1 else y
+
+
+def block_conv_transpose(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPlan,
+                         output_padding) -> Tensor:
+    """ConvTranspose1d/2d/3d as the block GEMM cols = x2 @ W2 (K = in_channels/groups, x2 the input's channel
+    vectors, W2 (C_in/groups, C_out/groups * kernel size) per group) followed by col2im: each kernel tap's
+    columns added into the output at i*stride + tap*dilation - padding (an fp32 overlap-add outside the GEMM,
+    as a convolution's grad-input is its GEMM followed by unfold's adjoint)."""
+    nd = len(module.kernel_size)
+    k, st, dil, pad = module.kernel_size, module.stride, module.dilation, module.padding
+    n, cin, spatial = x.shape[0], x.shape[1], tuple(x.shape[2:])
+    g = module.groups
+    cg, og = cin // g, w.shape[1]
+    x2 = x.movedim(1, -1).reshape(-1, cin)  # (n * prod(spatial), C_in)
+    ys = [block_gemm(x2[:, i * cg:(i + 1) * cg], w[i * cg:(i + 1) * cg].reshape(cg, -1).t(), plan)
+          for i in range(g)]
+    cols = torch.cat([c.reshape(n, *spatial, og, *k) for c in ys], dim=1 + nd)  # (n, *spatial, C_out, *k)
+    out = [(spatial[i] - 1) * st[i] - 2 * pad[i] + dil[i] * (k[i] - 1) + output_padding[i] + 1 for i in range(nd)]
+    full = [max(pad[i] + out[i], (spatial[i] - 1) * st[i] + dil[i] * (k[i] - 1) + 1) for i in range(nd)]
+    buf = cols.new_zeros((n, g * og, *full))
+    for offs in itertools.product(*(range(ki) for ki in k)):
+        tap = cols[(slice(None),) * (2 + nd) + offs].movedim(1 + nd, 1)  # (n, C_out, *spatial)
+        idx = tuple(slice(o * dil[i], o * dil[i] + st[i] * (spatial[i] - 1) + 1, st[i]) for i, o in enumerate(offs))
+        buf[(slice(None), slice(None)) + idx] += tap
+    y = buf[(slice(None), slice(None)) + tuple(slice(pad[i], pad[i] + out[i]) for i in range(nd))]
+    if b is not None:
+        y = y + b.view(1, -1, *([1] * nd))
+    return y
+

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..policy import Role
 from .base import EmuLayer, _linear, _mad
-from .block_gemm import block_conv, block_linear
+from .block_gemm import block_conv, block_conv_transpose, block_linear
 
 # ---- Linear ---------------------------------------------------------------------------------------------
 class LinearEmu(EmuLayer):
@@ -68,6 +68,7 @@ class ConvEmu(EmuLayer):
 
 class ConvTransposeEmu(EmuLayer):
     _FUNCTIONS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+    BLOCK_GEMM = True
 
     @classmethod
     def _emunum_check(cls, module, policy):
@@ -85,6 +86,9 @@ class ConvTransposeEmu(EmuLayer):
         x = self._emu_round(input, Role.INPUT)
         w = self._emu_round(self.weight, Role.WEIGHT)
         b = None if self.bias is None else self._emu_round(self.bias, Role.WEIGHT)
+        if self._emunum_block is not None:  # operands rounded in the GEMM (x, w above: gradient rounding only)
+            y = block_conv_transpose(self, x, w, b, self._emunum_block, output_padding)
+            return self._emu_round(y, Role.OUTPUT)
         y = self._FUNCTIONS[nd](x, w, b, self.stride, self.padding, output_padding, self.groups, self.dilation)
         return self._emu_round(y, Role.OUTPUT)
 

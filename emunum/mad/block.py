@@ -151,7 +151,8 @@ def block_matmul(A: torch.Tensor, B: torch.Tensor, fmt_a, fmt_b, unit: MADUnit, 
     mode = RoundMode.parse(rounding)
     mode_b = mode if rounding_b is None else RoundMode.parse(rounding_b, "rounding_b")
     nbits = check_sr_bits(sr_bits)
-    stochastic = RoundMode.STOCHASTIC in (mode, mode_b) or unit.stochastic
+    step = MADUnit(None, unit.acc_fmt, acc_rounding=unit.acc_rounding, fused=True, sr_bits=unit.sr_bits)
+    stochastic = RoundMode.STOCHASTIC in (mode, mode_b) or step.stochastic
     seed = resolve_seed(seed) if stochastic else 0
     key_a = seed_key(_derived(seed, _SEED_A)) if mode == RoundMode.STOCHASTIC else seed_key(0)
     key_b = seed_key(_derived(seed, _SEED_B)) if mode_b == RoundMode.STOCHASTIC else seed_key(0)
@@ -169,15 +170,14 @@ def block_matmul(A: torch.Tensor, B: torch.Tensor, fmt_a, fmt_b, unit: MADUnit, 
         sb_blk = torch.nn.functional.pad(sb, (0, 0, 0, pad), value=1.0).reshape(nblk, length, N)[:, 0, :]
         partial = torch.einsum("mjl,jln->jmn", ea, eb)  # exact: see the module docstring
         terms = partial * (sa_blk.t()[:, :, None] * sb_blk[:, None, :])  # (nblk, M, N), exact
-        step = MADUnit(None, unit.acc_fmt, acc_rounding=unit.acc_rounding, fused=True, sr_bits=unit.sr_bits)
         one = torch.ones((), dtype=torch.float32, device=A.device)
         acc = torch.zeros((M, N), dtype=torch.float64, device=A.device)
         for j in range(nblk):
-            sj = _derived(seed, _SEED_STEP + j) if unit.stochastic else 0
+            sj = _derived(seed, _SEED_STEP + j) if step.stochastic else 0
             acc = backend.elementwise(acc.to(torch.float32), one, terms[j], step, sj)
         if fa.tensor_scale or fb.tensor_scale:
             alpha = torch.tensor(float(np.float32(ta * tb)), dtype=torch.float32, device=A.device)
-            sj = _derived(seed, _SEED_STEP + nblk) if unit.stochastic else 0
+            sj = _derived(seed, _SEED_STEP + nblk) if step.stochastic else 0
             zero = torch.zeros((), dtype=torch.float64, device=A.device)
             acc = backend.elementwise(acc.to(torch.float32), alpha, zero, step, sj)
     return acc.to(dtype)

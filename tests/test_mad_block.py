@@ -25,10 +25,14 @@ def _ref_split(x: torch.Tensor, fmt, axis: int):
 
 
 def _reference(A, B, fa, fb, acc_fmt, mode, length):
-    ea, sa, ta = _ref_split(A, fa, -1)
-    eb, sb, tb = _ref_split(B, fb, 0)
-    M, K = A.shape
-    N = B.shape[1]
+    return _datapath(*_ref_split(A, fa, -1), *_ref_split(B, fb, -2), fa.tensor_scale or fb.tensor_scale, acc_fmt,
+                     mode, length)
+
+
+def _datapath(ea, sa, ta, eb, sb, tb, tensor_scaled, acc_fmt, mode, length):
+    """The block datapath on one (M, K) x (K, N) pair of split operands, in fractions."""
+    M, K = ea.shape
+    N = eb.shape[1]
     out = np.empty((M, N))
     alpha = Fraction(float(np.float32(ta * tb)))
     for m in range(M):
@@ -38,7 +42,7 @@ def _reference(A, B, fa, fb, acc_fmt, mode, length):
                 block = range(j0, min(j0 + length, K))
                 p = sum((Fraction(ea[m, k]) * Fraction(eb[k, n]) for k in block), Fraction(0))
                 acc = round_fraction(acc + p * Fraction(sa[m, j0]) * Fraction(sb[j0, n]), acc_fmt, mode)
-            if fa.tensor_scale or fb.tensor_scale:
+            if tensor_scaled:
                 acc = round_fraction(acc * alpha, acc_fmt, mode)
             out[m, n] = float(acc)
     return torch.from_numpy(out)
@@ -94,7 +98,7 @@ def test_block_matmul_errors_name_the_field_value_and_what_is_allowed():
         block_matmul(A, B, "mxfp8_e4m3", "mxfp8_e4m3", MADUnit("fp32", "fp32", lanes=4))
     with pytest.raises(ValueError, match=r"allowed: a one-product unit"):
         block_matmul(A, B, "mxfp8_e4m3", "mxfp8_e4m3", MADUnit.preset("h100_fp8_e4m3"))
-    with pytest.raises(ValueError, match=r"A \(M, K\) and B \(K, N\)"):
+    with pytest.raises(ValueError, match=r"A \(\.\.\., M, K\) and B \(\.\.\., K, N\) with the same batch dims"):
         block_matmul(A, B.t(), "mxfp8_e4m3", "mxfp8_e4m3", u)
 
 
@@ -137,3 +141,20 @@ def test_a_nan_block_makes_its_rows_outputs_nan_and_only_those():
     A[1, 40] = float("nan")
     got = block_matmul(A, B, "mxfp8_e4m3", "mxfp8_e4m3", MADUnit("fp32", "fp32"))
     assert torch.isnan(got[1]).all() and torch.isfinite(got[[0, 2]]).all()
+
+
+@pytest.mark.parametrize("fa,fb", [("mxfp8_e4m3", "mxfp8_e4m3"), ("nvfp4", "nvfp4_2d")])
+def test_batched_block_matmul_quantises_the_batch_as_one_tensor(fa, fb):
+    A = torch.stack([_data((3, 48), 20), _data((3, 48), 21)])
+    B = torch.stack([_data((5, 48), 22), _data((5, 48), 23)]).transpose(-1, -2)
+    unit = MADUnit("bf16", "bf16")
+    got = block_matmul(A, B, fa, fb, unit)
+    f_a, f_b = get_format(fa), get_format(fb)
+    # the reference quantises each operand as one tensor (one tensor scale), then multiplies batch by batch
+    ea, sa, ta = _ref_split(A, f_a, -1)
+    eb, sb, tb = _ref_split(B, f_b, -2)
+    assert got.shape == (2, 3, 5)
+    for i in range(2):
+        want = _datapath(ea[i], sa[i], ta, eb[i], sb[i], tb, f_a.tensor_scale or f_b.tensor_scale, ACC["bf16"],
+                         unit.acc_rounding, f_a.tile[1])
+        assert torch.equal(got[i].double(), want)

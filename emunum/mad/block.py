@@ -3,7 +3,7 @@
 The datapath, precisely (after the block-scaled MMA of OCP MX v1.0 section 6.4, "dot product of two MX
 vectors", and NVIDIA's NVFP4 GEMMs, whose per-tensor scales enter as the epilogue's fp32 alpha):
 
-Operands. C = A @ B, A (M, K), B (K, N), float tensors of any values. A is quantised to ``fmt_a`` along K
+Operands. C = A @ B, A (..., M, K), B (..., K, N) (equal batch dims), float tensors of any values. A is quantised to ``fmt_a`` along K
 (axis -1), B to ``fmt_b`` along K (axis -2), with ``rounding`` (``emunum.quantize``'s semantics), into
 element values a[m, k], b[k, n], block scales sa[m, j], sb[j, n] and tensor scales Ta, Tb (1 without
 tensor_scale). A 2-D tile format (``nvfp4_2d``) gives its tile's scale to each element. Block j of the
@@ -42,7 +42,7 @@ and so does e4m3 x e5m2 (~2**54.6); such pairs raise ValueError rather than roun
 Units: one-product units (``MADUnit`` with terms=1) with lanes=1, chunk=None, order='sequential', and an
 acc_fmt whose values fit float32 (every FloatFormat; FixedFormat up to 24 bits). Stochastic accumulation
 draws, for block step j, from the stream keys of seed_j = mix64(seed_key(seed) + 16 + j) mod 2**63 with
-counter m*N + n (``emunum.mad``'s element-wise counters); the epilogue uses j = nblocks. Stochastic operand
+counter = the output element's flat C-order index (``emunum.mad``'s element-wise counters); the epilogue uses j = nblocks. Stochastic operand
 rounding uses seeds mix64(seed_key(seed) + 5) (A) and + 6 (B) mod 2**63. Not differentiable.
 """
 from __future__ import annotations
@@ -106,11 +106,11 @@ def _split(x: torch.Tensor, fmt: BlockFormat, axis: int, mode: RoundMode, key: i
     deq, scales = quantize_block_checked(x64, fmt, mode, key, nbits, axis, return_scales=True)
     work, tile, _ = working_layout(x64, fmt, axis)
     t = tensor_scale(work, fmt)
-    s = scales[0]  # (rows / tile rows, cols / tile cols) of the working layout (1, R, C)
-    s = s.repeat_interleave(tile[0], 0)[:work.shape[1]].repeat_interleave(tile[1], 1)[:, :work.shape[2]]
-    if fmt.tile[0] == 0 and axis == 0:  # B along K = axis 0: the working layout is B transposed
-        s = s.t()
-    return deq / (s * t), s, t
+    P, R, C = work.shape
+    s = scales.repeat_interleave(tile[0], 1)[:, :R].repeat_interleave(tile[1], 2)[:, :, :C]  # per element
+    if fmt.tile[0] == 0:  # 1-D blocks: the working layout is x with ``axis`` moved last
+        s = s.reshape(x64.movedim(axis, -1).shape).movedim(-1, axis)
+    return deq / (s.reshape(x.shape) * t), s.reshape(x.shape), t
 
 
 def check_pair(fa: BlockFormat, fb: BlockFormat) -> int:
@@ -131,16 +131,18 @@ def check_pair(fa: BlockFormat, fb: BlockFormat) -> int:
 def block_matmul(A: torch.Tensor, B: torch.Tensor, fmt_a, fmt_b, unit: MADUnit, *, rounding="nearest",
                  rounding_b=None, seed: int | None = None, sr_bits: int = 32) -> torch.Tensor:
     """C = A @ B with A quantised to ``fmt_a`` along K and B to ``fmt_b`` along K, block pairs summed exactly,
-    scaled, and accumulated on ``unit`` (the module docstring gives the datapath). A (M, K), B (K, N): 2-D
-    float tensors on one device; fmt_a/fmt_b: BlockFormats or their names; rounding: the operands' rounding
+    scaled, and accumulated on ``unit`` (the module docstring gives the datapath). A (..., M, K), B (..., K, N):
+    float tensors on one device with the same batch dims (each quantised as one tensor: blocks along K, one
+    tensor scale); fmt_a/fmt_b: BlockFormats or their names; rounding: the operands' rounding
     mode (``rounding_b``: B's, if different); seed: for stochastic operand rounding and accumulation (None:
     drawn from torch's generator when anything rounds stochastically)."""
     unit = as_unit(unit)
     check_tensor(A, "A")
     check_tensor(B, "B")
     backend.check_same_device(A=A, B=B)
-    if A.dim() != 2 or B.dim() != 2 or A.shape[1] != B.shape[0]:
-        raise ValueError(f"block_matmul needs A (M, K) and B (K, N), got A {tuple(A.shape)}, B {tuple(B.shape)}")
+    if A.dim() < 2 or A.dim() != B.dim() or A.shape[:-2] != B.shape[:-2] or A.shape[-1] != B.shape[-2]:
+        raise ValueError(f"block_matmul needs A (..., M, K) and B (..., K, N) with the same batch dims, got A "
+                         f"{tuple(A.shape)}, B {tuple(B.shape)}")
     fa, fb = get_format(fmt_a), get_format(fmt_b)
     for name, f in (("fmt_a", fa), ("fmt_b", fb)):
         if not isinstance(f, BlockFormat):
@@ -157,24 +159,24 @@ def block_matmul(A: torch.Tensor, B: torch.Tensor, fmt_a, fmt_b, unit: MADUnit, 
     key_a = seed_key(_derived(seed, _SEED_A)) if mode == RoundMode.STOCHASTIC else seed_key(0)
     key_b = seed_key(_derived(seed, _SEED_B)) if mode_b == RoundMode.STOCHASTIC else seed_key(0)
     dtype = torch.promote_types(A.dtype, B.dtype)
-    M, K = A.shape
-    N = B.shape[1]
+    M, K = A.shape[-2:]
     with torch.no_grad():
-        ea, sa, ta = _split(A, fa, -1, mode, key_a, nbits)  # (M, K)
-        eb, sb, tb = _split(B, fb, 0, mode_b, key_b, nbits)  # (K, N)
+        ea, sa, ta = _split(A, fa, -1, mode, key_a, nbits)  # (..., M, K)
+        eb, sb, tb = _split(B, fb, -2, mode_b, key_b, nbits)  # (..., K, N)
         nblk = -(-K // length) if K else 0
         pad = nblk * length - K
-        ea = torch.nn.functional.pad(ea, (0, pad)).reshape(M, nblk, length)
-        eb = torch.nn.functional.pad(eb, (0, 0, 0, pad)).reshape(nblk, length, N)
-        sa_blk = torch.nn.functional.pad(sa, (0, pad), value=1.0).reshape(M, nblk, length)[:, :, 0]
-        sb_blk = torch.nn.functional.pad(sb, (0, 0, 0, pad), value=1.0).reshape(nblk, length, N)[:, 0, :]
-        partial = torch.einsum("mjl,jln->jmn", ea, eb)  # exact: see the module docstring
-        terms = partial * (sa_blk.t()[:, :, None] * sb_blk[:, None, :])  # (nblk, M, N), exact
+        F = torch.nn.functional
+        ea = F.pad(ea, (0, pad)).unflatten(-1, (nblk, length))  # (..., M, nblk, L)
+        eb = F.pad(eb, (0, 0, 0, pad)).unflatten(-2, (nblk, length))  # (..., nblk, L, N)
+        sa_blk = F.pad(sa, (0, pad), value=1.0).unflatten(-1, (nblk, length))[..., 0]  # (..., M, nblk)
+        sb_blk = F.pad(sb, (0, 0, 0, pad), value=1.0).unflatten(-2, (nblk, length))[..., 0, :]  # (..., nblk, N)
+        partial = torch.einsum("...mjl,...jln->...jmn", ea, eb)  # exact: see the module docstring
+        terms = partial * (sa_blk.transpose(-1, -2)[..., :, :, None] * sb_blk[..., :, None, :])  # exact
         one = torch.ones((), dtype=torch.float32, device=A.device)
-        acc = torch.zeros((M, N), dtype=torch.float64, device=A.device)
+        acc = torch.zeros(terms.shape[:-3] + terms.shape[-2:], dtype=torch.float64, device=A.device)
         for j in range(nblk):
             sj = _derived(seed, _SEED_STEP + j) if step.stochastic else 0
-            acc = backend.elementwise(acc.to(torch.float32), one, terms[j], step, sj)
+            acc = backend.elementwise(acc.to(torch.float32), one, terms[..., j, :, :], step, sj)
         if fa.tensor_scale or fb.tensor_scale:
             alpha = torch.tensor(float(np.float32(ta * tb)), dtype=torch.float32, device=A.device)
             sj = _derived(seed, _SEED_STEP + nblk) if step.stochastic else 0

@@ -3,6 +3,7 @@ an exact-fraction reference built from the numpy reference quantiser (``BlockFor
 itself checked against gfloat) and the multi-term reference's rounding of rationals."""
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -132,8 +133,8 @@ def test_patched_block_layers_on_mad_units_check_formats_at_patch_time():
         emunum.patch(nn.Sequential(nn.Linear(4, 4)), "mxfp8_e4m3", grad="mxfp8_e5m2", mad=u)
     with pytest.raises(ValueError, match=r"grad_output=e5m2\): .*allowed: a BlockFormat in each of input, weight"):
         emunum.patch(nn.Sequential(nn.Linear(4, 4)), "mxfp8_e4m3", grad="e5m2", mad=u)
-    with pytest.raises(ValueError, match=r"MultiheadAttention with mad= and block formats"):
-        emunum.patch(nn.MultiheadAttention(8, 2), "nvfp4", mad=u)
+    with pytest.raises(ValueError, match=r"mxfp8_e5m2 x mxfp8_e5m2|blocks of 32 need"):
+        emunum.patch(nn.MultiheadAttention(8, 2), "mxfp8_e4m3", weight="mxfp8_e4m3", grad="mxfp8_e5m2", mad=u)
 
 
 def test_a_nan_block_makes_its_rows_outputs_nan_and_only_those():
@@ -158,3 +159,25 @@ def test_batched_block_matmul_quantises_the_batch_as_one_tensor(fa, fb):
         want = _datapath(ea[i], sa[i], ta, eb[i], sb[i], tb, f_a.tensor_scale or f_b.tensor_scale, ACC["bf16"],
                          unit.acc_rounding, f_a.tile[1])
         assert torch.equal(got[i].double(), want)
+
+
+def test_patched_attention_runs_its_batched_products_as_block_matmuls_on_the_units():
+    from torch import nn
+
+    torch.manual_seed(8)
+    E, H, L, N = 32, 2, 16, 2
+    mha = nn.MultiheadAttention(E, H)
+    unit = MADUnit("bf16", "bf16")
+    emu = emunum.patch(mha, "nvfp4", grad_rounding="nearest", mad=unit)
+    x = torch.randn(L, N, E, requires_grad=True)
+    out, weights = emu(x, x, x)
+    W, b = mha.in_proj_weight.detach(), mha.in_proj_bias.detach()
+    proj = (block_matmul(x.detach().reshape(-1, E), W.t(), "nvfp4", "nvfp4", unit)).reshape(L, N, 3 * E) + b
+    q, k, v = (proj[..., i * E:(i + 1) * E].reshape(L, N * H, E // H).transpose(0, 1) for i in range(3))
+    scores = block_matmul(q * math.sqrt(1.0 / (E // H)), k.transpose(-2, -1), "nvfp4", "nvfp4", unit)
+    probs = torch.softmax(scores, dim=-1)
+    ctx = block_matmul(probs, v, "nvfp4", "nvfp4", unit).transpose(0, 1).reshape(L * N, E)
+    want = block_matmul(ctx, mha.out_proj.weight.detach().t(), "nvfp4", "nvfp4", unit) + mha.out_proj.bias.detach()
+    assert torch.equal(out.detach(), want.view(L, N, E))
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(mha.in_proj_weight.grad).all()

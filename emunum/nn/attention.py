@@ -11,7 +11,8 @@ from torch import Tensor
 
 from ..policy import Role
 from .base import EmuLayer, _bmm, _linear, _mad
-from .block_gemm import block_bmm, block_linear
+from ..mad.block import check_pair
+from .block_gemm import block_bmm, block_linear, block_plan
 
 class MultiheadAttentionEmu(EmuLayer):
     """nn.MultiheadAttention with every operand and product rounded.
@@ -211,10 +212,11 @@ class MultiheadAttentionEmu(EmuLayer):
 
     @classmethod
     def _emunum_check(cls, module, policy):
-        if policy.mad is not None and policy.uses_block:
-            raise ValueError("MultiheadAttention with mad= and block formats: its batched products (q k^T, probs v) "
-                             "have no block MAD path; allowed: mad=None with block formats, or exclude "
-                             "MultiheadAttention layers with filter=")
+        if policy.mad is not None and policy.uses_block:  # the batched products' operand pairs
+            block_plan(policy)  # raises unless input, weight and grad_output all hold BlockFormats
+            fin, fgo = policy.input.fmt, policy.grad_output.fmt
+            for a, b in ((fin, fin), (fgo, fin), (fin, fgo)):
+                check_pair(a, b)
         if policy.mad is not None and not hasattr(_mad(), "matmul"):
             raise ValueError("Policy.mad: emunum.mad has no matmul for the attention scores; "
                              "exclude MultiheadAttention layers with filter=")

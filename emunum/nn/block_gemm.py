@@ -30,7 +30,8 @@ role's (grad-a = g b^T along N, grad-b = a^T g along M; ``block_bmm``).
 MAD units (``Policy.mad``, ``mad_backward``): each of the three GEMMs runs ``emunum.mad.block_matmul`` on its
 unit (block-pair sums exact, scaled, accumulated in the unit's accumulator; bias added after, in fp32); every
 operand role must then hold a BlockFormat, and each GEMM's format pair must pass its exactness check.
-MultiheadAttention's batched products have no MAD path (ValueError).
+MultiheadAttention's batched products run ``block_matmul`` on batches the same way (their format pairs:
+input x input, grad_output x input, input x grad_output, checked when the layer is patched).
 
 Random Hadamard transform (``Policy.hadamard``, NVFP4 recipe; ``emunum.hadamard``): with hadamard=n the
 grad-weight GEMM becomes gW = Q(rht(gy)).T @ Q(rht(x)), both operands transformed along the tokens (zero-padded
@@ -168,7 +169,7 @@ class _BlockBmm(torch.autograd.Function):
     def forward(ctx, a: Tensor, b: Tensor, plan: BlockPlan) -> Tensor:
         ctx.plan = plan
         ctx.save_for_backward(a, b)
-        return plan.q(a, plan.input, -1) @ plan.q(b, plan.input, -2)
+        return plan.mm(a, b, plan.input, plan.input, -2, 0)
 
     @staticmethod
     def backward(ctx, g: Tensor):
@@ -176,9 +177,9 @@ class _BlockBmm(torch.autograd.Function):
         p = ctx.plan
         ga = gb = None
         if ctx.needs_input_grad[0]:  # K = N
-            ga = p.q(g, p.grad_output, -1) @ p.q(b, p.input, -1).transpose(-1, -2)
+            ga = p.mm(g, b.transpose(-1, -2), p.grad_output, p.input, -2, 1)
         if ctx.needs_input_grad[1]:  # K = M
-            gb = p.q(a, p.input, -2).transpose(-1, -2) @ p.q(g, p.grad_output, -2)
+            gb = p.mm(a.transpose(-1, -2), g, p.input, p.grad_output, -2, 2)
         return ga, gb, None
 
 

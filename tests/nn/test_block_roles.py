@@ -165,8 +165,8 @@ def test_attention_products_backward_quantise_along_their_reduction_dims(monkeyp
     b = torch.randn(2, 4, 5, requires_grad=True)
     monkeypatch.setattr(bg, "quantize", spy)
     bg.block_bmm(a, b, plan).sum().backward()
-    # forward a along K=4, b along K=4; grad-a: g (2,3,5) and b along N=5; grad-b: a and g along M=3
-    assert calls == [((2, 3, 4), 2), ((2, 4, 5), 1), ((2, 3, 5), 2), ((2, 4, 5), 2), ((2, 3, 4), 1),
+    # forward a along K=4, b along K=4; grad-a: g (2,3,5) and b^T along N=5; grad-b: a^T and g along M=3
+    assert calls == [((2, 3, 4), 2), ((2, 4, 5), 1), ((2, 3, 5), 2), ((2, 5, 4), 1), ((2, 4, 3), 2),
                      ((2, 3, 5), 1)]
 
 

@@ -17,6 +17,9 @@ Rules:
   with another policy it raises ValueError.
 - If the model itself is a registered layer it cannot be swapped in a parent: ``patch`` returns the twin
   (use the returned value), and ``unpatch(twin)`` returns the original.
+- Block formats (MX, NVFP4) are GEMM-operand formats: Linear, Conv*d, ConvTranspose*d and MultiheadAttention take
+  them (``emunum.nn.block_gemm``); Embedding (a lookup, no GEMM) raises ValueError naming it;
+  norms and activations, which have no GEMM, are left unpatched unless the policy rounds something else there.
 - ``TransformerEncoderLayer`` and ``TransformerEncoder`` have fused inference fast paths that would bypass
   the emulated layers; while a layer inside them is patched those fast paths are switched off (their
   ``activation_relu_or_gelu`` / ``use_nested_tensor`` attributes, restored by ``unpatch``).
@@ -70,6 +73,15 @@ def registered_types() -> tuple:
 
 def _builtin(module: nn.Module, policy: Policy) -> nn.Module:
     return emu_nn.from_float(module, policy)
+
+
+def _applies(site, policy: Policy) -> bool:
+    """False for a built-in layer with nothing to do under the policy (``EmuLayer.emunum_applies``: a norm or
+    activation under a policy whose only formats are block formats, which apply to GEMM operands)."""
+    if site.factory is not _builtin:
+        return True
+    mixin, _ = emu_nn.mixin_for(type(site.module))
+    return mixin is None or mixin.emunum_applies(policy)
 
 
 for _t, _mixin in emu_nn.MIXINS.items():
@@ -236,11 +248,15 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, **kwar
     weights = [s for s in sites if s.weight_layer]
     if pol.keep_first_last and weights:
         keep = {id(weights[0].module), id(weights[-1].module)}
-    chosen = [s for s in sites if not s.done and id(s.module) not in keep
+    chosen = [s for s in sites if not s.done and id(s.module) not in keep and _applies(s, pol)
               and (pol.filter is None or pol.filter(s.module, s.name))]
     if not chosen:
         if any(s.done for s in sites):
             return model  # patched before with this policy: nothing left to do
+        if not any(_applies(s, pol) for s in sites):
+            raise ValueError("emunum.patch: the policy's block formats apply to GEMM operands, and the model has "
+                             f"no Linear, Conv, ConvTranspose or MultiheadAttention layer; emulable layers: "
+                             f"{', '.join(repr(s.name) for s in sites[:20])}")
         why = "filter" if pol.filter is not None else "keep_first_last"
         raise ValueError(f"emunum.patch: the {why} left none of the {len(sites)} emulable layers: "
                          f"{', '.join(repr(s.name) for s in sites[:20])}{' ...' if len(sites) > 20 else ''}")

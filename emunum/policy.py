@@ -11,6 +11,10 @@ pass; ``grad=`` gives the three gradient roles another format, and a role's own 
 (``weight="int8"``, ``grad_input=None``, ``output=("e4m3fn", "toward_zero")``) overrides both.
 ``scaling="per_tensor"`` (``grad_scaling=`` for the gradient roles, default: the same) rounds each tensor
 with per-tensor power-of-two scaling (``Scaling``).
+Block formats (``BlockFormat``: MX, NVFP4) are formats of GEMM operands only: the roles ``input``, ``weight``
+and ``grad_output`` (``BLOCK_ROLES``; see ``emunum.nn.block_gemm``). A block format given to ``output``,
+``grad_input`` or ``grad_weight`` raises ValueError; the keyword form's ``fmt=``/``grad=`` give a block
+format to the operand roles only and leave those three roles unrounded (None).
 Strings (formats, roundings, scalings, roles, straight-through estimators) are parsed here, once.
 """
 from __future__ import annotations
@@ -23,6 +27,7 @@ from torch import nn
 
 from .autograd import STE
 from .formats import BlockFormat, FixedFormat, FloatFormat, Format, RoundMode, format_or_none, get_format, parse_enum
+from .hadamard import check_size
 from .quantize import check_sr_bits
 
 
@@ -53,6 +58,8 @@ class Role(enum.Enum):
 FORWARD_ROLES = (Role.WEIGHT, Role.INPUT, Role.OUTPUT)
 GRADIENT_ROLES = (Role.GRAD_WEIGHT, Role.GRAD_INPUT, Role.GRAD_OUTPUT)
 _GRADIENT_OF = dict(zip(FORWARD_ROLES, GRADIENT_ROLES))
+# the GEMM-operand roles, the only ones that take a BlockFormat (x, W and the error gy of y = x W^T)
+BLOCK_ROLES = (Role.INPUT, Role.WEIGHT, Role.GRAD_OUTPUT)
 
 
 class Scaling(enum.Enum):
@@ -231,6 +238,10 @@ class Policy:
     (``{"tanh": "pwl"}``; for softmax the exp2 method), a dict of that module's options
     (``{"tanh": {"method": "lut", "grad": "exact"}}``), or ``factory(module, policy) -> nn.Module``. By
     default the operator computes in the output role's format and rounding (see ``ApproxSpec``).
+    hadamard: None, or the size n (4, 16, 64 or 256) of a random Hadamard transform applied to both operands
+    of every block-format weight-gradient GEMM along its reduction dimension, before they are quantised
+    (NVFP4 recipe: 16; ``emunum.hadamard``); needs a block format in input/weight/grad_output.
+    hadamard_seed: the seed of its sign vector (one vector per run, shared by every layer and step).
     filter: ``filter(module, qualified_name) -> bool``; only layers it accepts are emulated.
     keep_first_last: leave the model's first and last weight layers (Linear, Conv*, Embedding, attention, in
     ``named_modules`` order) in full precision, as Wang et al. (2018) did.
@@ -247,17 +258,33 @@ class Policy:
     mad: Any = None
     mad_backward: Any = None
     approx: tuple = ()
+    hadamard: Optional[int] = None
+    hadamard_seed: int = 0
     filter: Optional[Callable[[nn.Module, str], bool]] = field(default=None)
     keep_first_last: bool = False
 
     def __post_init__(self):
         for role in Role:
             default = RoundMode.STOCHASTIC if role.is_gradient else RoundMode.NEAREST
-            object.__setattr__(self, role.value, _role_spec(getattr(self, role.value), role, default))
+            spec = _role_spec(getattr(self, role.value), role, default)
+            if spec is not None and isinstance(spec.fmt, BlockFormat) and role not in BLOCK_ROLES:
+                raise ValueError(
+                    f"{role.value}={spec.fmt.name}: a block format applies to GEMM operands only; allowed for "
+                    f"{role.value}: an element format (FloatFormat/FixedFormat, rounded element-wise) or None; "
+                    f"block formats go to {', '.join(r.value for r in BLOCK_ROLES)}")
+            object.__setattr__(self, role.value, spec)
         object.__setattr__(self, "ste", STE.parse(self.ste))
         if self.sr_bits is not None:
             check_sr_bits(self.sr_bits)
         object.__setattr__(self, "approx", _approx_table(self.approx))
+        if self.hadamard is not None:
+            object.__setattr__(self, "hadamard", check_size(self.hadamard))
+            if not self.uses_block:
+                raise ValueError(f"hadamard={self.hadamard}: the transform applies to block-format weight-gradient "
+                                 "GEMMs, and the policy has no block format; allowed: hadamard=None, or a "
+                                 "BlockFormat in input, weight or grad_output")
+        if isinstance(self.hadamard_seed, bool) or not isinstance(self.hadamard_seed, int) or self.hadamard_seed < 0:
+            raise TypeError(f"hadamard_seed={self.hadamard_seed!r}: allowed: an int >= 0")
         if self.filter is not None and not callable(self.filter):
             raise TypeError(f"filter must be callable as filter(module, name) -> bool, got {self.filter!r}")
         if not isinstance(self.keep_first_last, bool):
@@ -283,8 +310,10 @@ class Policy:
         """The keyword form: ``fmt`` for every role, ``grad`` (default: ``fmt``) for the gradient roles,
         forward roles rounded with ``rounding`` after ``scaling`` ("none" or "per_tensor", see ``Scaling``),
         gradient roles with ``grad_rounding`` after ``grad_scaling`` (default: ``scaling``); a role's own
-        keyword overrides (a plain format there takes its direction's rounding and scaling). Other keywords
-        are ``Policy`` fields. Unknown keywords raise TypeError."""
+        keyword overrides (a plain format there takes its direction's rounding and scaling). A block format
+        as ``fmt``/``grad`` goes to the GEMM-operand roles only (``BLOCK_ROLES``); output, grad_input and
+        grad_weight then stay None unless given. Other keywords are ``Policy`` fields. Unknown keywords raise
+        TypeError."""
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - allowed)
         if unknown:
@@ -305,6 +334,8 @@ class Policy:
                 kwargs[role.value] = _role_spec(kwargs[role.value], role, mode, sc)
                 continue
             f = gbase if role.is_gradient else base
+            if isinstance(f, BlockFormat) and role not in BLOCK_ROLES:
+                f = None  # a block format is a GEMM-operand format (see the module docstring)
             kwargs[role.value] = None if f is None else RoleSpec(f, mode, sc)
         return cls(**kwargs)
 
@@ -315,6 +346,11 @@ class Policy:
     @property
     def rounds_anything(self) -> bool:
         return any(self.spec(r) is not None for r in Role)
+
+    @property
+    def uses_block(self) -> bool:
+        """Whether a GEMM-operand role (``BLOCK_ROLES``) holds a BlockFormat."""
+        return any(s is not None and isinstance(s.fmt, BlockFormat) for s in map(self.spec, BLOCK_ROLES))
 
     def describe(self, roles=tuple(Role)) -> str:
         """``weight|input|output=e5m2/nearest, grad_weight|...=e5m2/stochastic``: roles grouped by spec
@@ -329,6 +365,8 @@ class Policy:
             parts.append(f"sr_bits={self.sr_bits}")
         if self.mad is not None:
             parts.append(f"mad={self.mad}")
+        if self.hadamard is not None:
+            parts.append(f"hadamard={self.hadamard}/seed={self.hadamard_seed}")
         return ", ".join(parts)
 
 

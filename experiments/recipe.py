@@ -25,6 +25,8 @@ def policy_kwargs(fcfg, mad: str | None = None) -> dict:
     for k in ROLE_KEYS:
         if isinstance(policy.get(k), list):
             policy[k] = tuple(policy[k])
+    if "exclude" in policy:
+        policy["filter"] = _exclude_filter(policy.pop("exclude"))
     if mad is not None:  # a preset name (top-level ``mad=``) replaces format.mad
         from emunum.mad import MADUnit
 
@@ -44,6 +46,22 @@ def policy_kwargs(fcfg, mad: str | None = None) -> dict:
             raise ValueError("give the scaling once: format.scaling or format.policy.scaling, not both")
         policy["scaling"] = scaling.value  # every role (Policy.make: grad_scaling defaults to scaling)
     return policy
+
+
+def _exclude_filter(names):
+    """``format.policy.exclude: [Embedding, ...]``: torch.nn layer types left unemulated, as an emunum.patch
+    filter (the YAML form of ``filter=``)."""
+    if isinstance(names, str) or not isinstance(names, (list, tuple)):
+        raise ValueError(f"format.policy.exclude={names!r}: allowed: a list of torch.nn layer names, e.g. [Embedding]")
+    types = []
+    for n in names:
+        t = getattr(torch.nn, str(n), None)
+        if not (isinstance(t, type) and issubclass(t, torch.nn.Module)):
+            raise ValueError(f"format.policy.exclude: {n!r} is not a torch.nn layer; allowed: names such as "
+                             "Embedding, MultiheadAttention, Conv2d")
+        types.append(t)
+    types = tuple(types)
+    return lambda module, name: not isinstance(module, types)
 
 
 def apply_format(model: torch.nn.Module, fcfg, mad: str | None = None) -> torch.nn.Module:

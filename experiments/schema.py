@@ -81,7 +81,8 @@ class FormatConfig:
     """A numerics recipe. ``fmt`` null means plain fp32 (no emulation); otherwise the model is passed to
     ``emunum.patch(model, fmt=fmt, mad=<MADUnit from mad>, **policy)``. ``policy`` is handed over as given
     (lists become tuples, e.g. ``grad_weight: [fp8_152, stochastic]``); its keys are the keyword form of
-    ``emunum.Policy`` (fmt, grad, rounding, grad_rounding and the Policy fields), checked there."""
+    ``emunum.Policy`` (fmt, grad, rounding, grad_rounding and the Policy fields), checked there, plus
+    ``exclude``: a list of torch.nn layer names left unemulated (the YAML form of ``filter=``)."""
 
     name: str = MISSING  # the "format" entry of results.json
     fmt: Optional[str] = None

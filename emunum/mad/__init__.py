@@ -4,6 +4,8 @@
   accumulator start, bias, chunk and lanes, stochastic counters);
 - ``functional``: ``mad`` (element-wise), ``matmul``, ``linear``, with autograd on per-GEMM units;
 - ``conv``: ``conv1d`` / ``conv2d`` through unfold and the GEMM;
+- ``block``: ``block_matmul``, a GEMM on block-scaled operands (MX, NVFP4): exact block-pair sums, scaled,
+  accumulated on the unit;
 - ``backend``: validation and dispatch to ``kernels.gemm_cpu`` / ``kernels.gemm_cuda`` (loaded on first use).
 
 ``emunum.mad`` is both this module (``emunum.mad.linear``, ``from emunum import mad; mad.conv2d``) and the
@@ -13,11 +15,12 @@ element-wise function (``emunum.mad(a, b, c, unit)``): the module is callable, f
 import sys
 import types
 
+from .block import block_matmul
 from .conv import conv1d, conv2d
 from .functional import addmm, baddbmm, derived_seed, linear, mad, matmul
 from .unit import MADUnit, Order
 
-__all__ = ["MADUnit", "Order", "mad", "matmul", "linear", "addmm", "baddbmm", "conv1d", "conv2d", "derived_seed"]
+__all__ = ["MADUnit", "Order", "mad", "matmul", "linear", "addmm", "baddbmm", "conv1d", "conv2d", "derived_seed", "block_matmul"]
 
 
 class _CallableModule(types.ModuleType):

@@ -13,6 +13,9 @@ Where the rounding happens, per forward call (a role with no format is left alon
   rounded gradient of the table; ``max_norm`` renormalises the stored weight first, as torch does).
 - MultiheadAttention: see ``MultiheadAttentionEmu``.
 - Norm layers and activations: ``Q_out(layer(input))``.
+- Block formats (MX, NVFP4) in input/weight/grad_output: Linear, Conv*d, ConvTranspose*d and MultiheadAttention
+  quantise the operands inside each GEMM along its reduction dimension (``emunum.nn.block_gemm``); other weight layers
+  refuse them; norms and activations have no GEMM operand and ignore them.
 Each rounding is ``emunum.quantize_ste`` with the role's format and rounding: the forward value straight
 through (``Policy.ste``), then an identity whose backward rounds the gradient. Stochastic rounding draws fresh
 seeds from torch's default generator on every call, so ``torch.manual_seed`` makes runs repeatable.

@@ -11,6 +11,8 @@ from torch import Tensor
 
 from ..policy import Role
 from .base import EmuLayer, _bmm, _linear, _mad
+from ..mad.block import check_pair
+from .block_gemm import block_bmm, block_linear, block_plan
 
 class MultiheadAttentionEmu(EmuLayer):
     """nn.MultiheadAttention with every operand and product rounded.
@@ -23,7 +25,12 @@ class MultiheadAttentionEmu(EmuLayer):
     select in hardware, and -inf has no code in finite formats). The attention always takes the explicit
     bmm/softmax path (torch takes it for ``need_weights=True``; for ``need_weights=False`` torch would use
     its fused SDPA kernel, whose summation order differs). ``out_proj`` is left as a plain child module.
+    Block formats (``emunum.nn.block_gemm``): the projections are block GEMMs and the two batched products
+    quantise their activation operands along their reduction dims; the element-wise roles (output,
+    grad_input, grad_weight) round around them as above.
     """
+
+    BLOCK_GEMM = True
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None,
                 need_weights: bool = True, attn_mask: Optional[Tensor] = None, average_attn_weights: bool = True,
@@ -62,7 +69,13 @@ class MultiheadAttentionEmu(EmuLayer):
         return out, weights
 
     def _lin(self, x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
-        return self._emu_round(_linear(x, w, b, self._emunum_policy), Role.OUTPUT)
+        plan = self._emunum_block
+        y = _linear(x, w, b, self._emunum_policy) if plan is None else block_linear(x, w, b, plan)
+        return self._emu_round(y, Role.OUTPUT)
+
+    def _mm(self, a: Tensor, b: Tensor) -> Tensor:
+        plan = self._emunum_block
+        return _bmm(a, b, self._emunum_policy) if plan is None else block_bmm(a, b, plan)
 
     def _in_projection(self, query, key, value):
         """Rounded q, k, v projections of the (rounded) inputs, with torch's GEMM shapes (one packed GEMM
@@ -179,7 +192,7 @@ class MultiheadAttentionEmu(EmuLayer):
         R = self._emu_round
         head_dim = self.embed_dim // self.num_heads
         q_scaled = R(q * math.sqrt(1.0 / float(head_dim)), Role.OUTPUT)
-        scores = R(_bmm(q_scaled, k.transpose(-2, -1), self._emunum_policy), Role.OUTPUT)
+        scores = R(self._mm(q_scaled, k.transpose(-2, -1)), Role.OUTPUT)
         return scores if attn_mask is None else scores + attn_mask
 
     def _softmax(self, scores):
@@ -191,7 +204,7 @@ class MultiheadAttentionEmu(EmuLayer):
     def _output(self, probs, v, tgt_len: int, bsz: int):
         """Rounded context probs v, heads unfolded, then the rounded output projection."""
         R = self._emu_round
-        ctx = R(_bmm(probs, v, self._emunum_policy), Role.OUTPUT)
+        ctx = R(self._mm(probs, v), Role.OUTPUT)
         ctx = ctx.transpose(0, 1).reshape(tgt_len * bsz, self.embed_dim)
         w_o = R(self.out_proj.weight, Role.WEIGHT)
         b_o = None if self.out_proj.bias is None else R(self.out_proj.bias, Role.WEIGHT)
@@ -199,6 +212,11 @@ class MultiheadAttentionEmu(EmuLayer):
 
     @classmethod
     def _emunum_check(cls, module, policy):
+        if policy.mad is not None and policy.uses_block:  # the batched products' operand pairs
+            block_plan(policy)  # raises unless input, weight and grad_output all hold BlockFormats
+            fin, fgo = policy.input.fmt, policy.grad_output.fmt
+            for a, b in ((fin, fin), (fgo, fin), (fin, fgo)):
+                check_pair(a, b)
         if policy.mad is not None and not hasattr(_mad(), "matmul"):
             raise ValueError("Policy.mad: emunum.mad has no matmul for the attention scores; "
                              "exclude MultiheadAttention layers with filter=")

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..autograd import Quantizer
-from ..policy import FORWARD_ROLES, Policy, Role, Scaling, make_policy
+from ..policy import BLOCK_ROLES, FORWARD_ROLES, Policy, Role, Scaling, make_policy
 from ..formats import BlockFormat
-from .block_gemm import block_plan
+from .block_gemm import block_plan, no_block_path
 from .scaling import ScaledGradQuantizer, ScaledQuantizer
 
 STATE_PREFIX = "_emunum_"  # every attribute an emulated layer adds to the original's state starts with it
@@ -22,9 +22,19 @@ def _unblocked(spec):
     return None if spec is not None and isinstance(spec.fmt, BlockFormat) else spec
 
 
-def _make_quantizers(policy: Policy, role: Role):
-    """(forward-value quantiser or None, gradient quantiser or None) for a forward role."""
+def _role_specs(policy: Policy, role: Role, block: bool):
+    """(forward spec, gradient spec) rounded role by role. In a block-GEMM layer (``block``) the GEMM operands
+    (input, weight, grad_output) are rounded inside each GEMM by the ``BlockPlan`` instead."""
     spec, gspec = _unblocked(policy.spec(role)), _unblocked(policy.spec(role.gradient))
+    if block:
+        spec = None if role in BLOCK_ROLES else spec
+        gspec = None if role.gradient in BLOCK_ROLES else gspec
+    return spec, gspec
+
+
+def _make_quantizers(policy: Policy, role: Role, block: bool = False):
+    """(forward-value quantiser or None, gradient quantiser or None) for a forward role."""
+    spec, gspec = _role_specs(policy, role, block)
     fq = bq = None
     if spec is not None:
         fq = Quantizer(forward=spec.fmt, backward=None, forward_rounding=spec.rounding, ste=policy.ste.value,
@@ -40,10 +50,10 @@ def _make_quantizers(policy: Policy, role: Role):
     return fq, bq
 
 
-def _merged_quantizer(policy: Policy, role: Role):
+def _merged_quantizer(policy: Policy, role: Role, block: bool = False):
     """One straight-through node rounding values forward and gradients backward, where that is the same as
     the pair from ``_make_quantizers`` (both roles present and unscaled): half the autograd nodes per role."""
-    spec, gspec = _unblocked(policy.spec(role)), _unblocked(policy.spec(role.gradient))
+    spec, gspec = _role_specs(policy, role, block)
     if spec is None or gspec is None or Scaling.PER_TENSOR in (spec.scaling, gspec.scaling):
         return None
     return Quantizer(forward=spec.fmt, backward=gspec.fmt, forward_rounding=spec.rounding,
@@ -55,7 +65,7 @@ class EmuLayer:
 
     ROLES: tuple = FORWARD_ROLES
     HAS_WEIGHT: bool = True  # a GEMM/lookup layer (counts for Policy.keep_first_last)
-    BLOCK_GEMM: bool = False  # its GEMM takes block-format operands (``block_gemm``): Linear, Conv1d/2d
+    BLOCK_GEMM: bool = False  # its GEMMs take block-format operands (``block_gemm``): Linear, Conv*d, MHA
     _emunum_base: type = nn.Module  # the torch class this emulated class derives from
 
     @classmethod
@@ -72,16 +82,28 @@ class EmuLayer:
         if isinstance(module, EmuLayer):
             raise ValueError(f"module is already emulated ({type(module).__name__}); "
                              "call emunum.unpatch first")
+        if pol.uses_block and cls.HAS_WEIGHT and not cls.BLOCK_GEMM:
+            raise no_block_path(module, pol)
         cls._emunum_check(module, pol)
         emu = cls.__new__(cls)
         emu.__dict__.update(module.__dict__)
         d = emu.__dict__
+        plan = block_plan(pol) if cls.BLOCK_GEMM else None
         d["_emunum_policy"] = pol
         d["_emunum_trace"] = None
-        d["_emunum_q"] = {role: _make_quantizers(pol, role) for role in cls.ROLES}
-        d["_emunum_q1"] = {role: _merged_quantizer(pol, role) for role in cls.ROLES}
-        d["_emunum_block"] = block_plan(pol) if cls.BLOCK_GEMM else None
+        d["_emunum_q"] = {role: _make_quantizers(pol, role, plan is not None) for role in cls.ROLES}
+        d["_emunum_q1"] = {role: _merged_quantizer(pol, role, plan is not None) for role in cls.ROLES}
+        d["_emunum_block"] = plan
         return emu
+
+    @classmethod
+    def emunum_applies(cls, policy: Policy) -> bool:
+        """Whether the layer has anything to do under ``policy``: False only for a layer without a weight
+        (norms, activations) whose roles all hold None or a block format (a GEMM-operand format, which such
+        layers do not have); ``emunum.patch`` leaves those layers alone."""
+        if cls.HAS_WEIGHT:
+            return True
+        return any(x is not None for role in cls.ROLES for x in _role_specs(policy, role, False))
 
     @classmethod
     def _emunum_check(cls, module: nn.Module, policy: Policy) -> None:
@@ -127,7 +149,10 @@ class EmuLayer:
 
     def extra_repr(self) -> str:
         base = super().extra_repr()
-        emu = self._emunum_policy.describe(self.emunum_roles)
+        pol = self._emunum_policy
+        roles = self.emunum_roles if self.BLOCK_GEMM else tuple(
+            r for r in self.emunum_roles if _unblocked(pol.spec(r)) is not None or pol.spec(r) is None)
+        emu = pol.describe(roles)
         return f"{base}, {emu}" if base else emu
 
 

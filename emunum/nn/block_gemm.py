@@ -1,4 +1,4 @@
-"""Block-scaled GEMMs for patched Linear and Conv1d/Conv2d layers (OCP MX / NVFP4 training).
+"""Block-scaled GEMMs for patched Linear, Conv, ConvTranspose and MultiheadAttention layers (OCP MX / NVFP4).
 
 When a Policy gives the ``input``, ``weight`` or ``grad_output`` role a ``BlockFormat``, each of the layer's
 three GEMMs quantises its two operands along that GEMM's own reduction dimension K, as MX hardware and
@@ -8,16 +8,40 @@ torchao's MX linear do (re-quantising per GEMM from the high-precision tensors):
 - grad-input   gx = gy @ W:     gy (tokens, out) and W (out, in) in blocks along ``out``;
 - grad-weight  gW = gy.T @ x:   gy and x in blocks along the tokens (every leading dimension, flattened).
 
-x takes the input role's format, W the weight role's, gy the grad_output role's (each with its role's rounding;
-a role that is None or not a BlockFormat leaves that operand unquantised). A weight format with 2-D tiles
-(``BlockFormat(..., block_size=(16, 16))``) quantises W once, as tiles, for both of its GEMMs. A convolution is
-the same GEMM on its im2col matrix: K is in_channels * kernel size (groups must be 1). The GEMMs themselves
-are torch's, in the tensors' dtype (MX hardware accumulates in fp32); the block-format ``output``,
-``grad_input`` and ``grad_weight`` roles are therefore not rounded. Stochastic rounding draws a fresh seed per
-GEMM operand from torch's generator.
+x takes the input role's format, W the weight role's, gy the grad_output role's (each with its role's rounding).
+An operand role holding an element format (FloatFormat/FixedFormat) rounds that operand element-wise in each
+GEMM instead; a role that is None leaves it unquantised. A weight format with 2-D tiles
+(``BlockFormat(..., block_size=(16, 16))``) quantises W once, as tiles, for both of its GEMMs. A convolution
+(Conv1d/2d/3d) is the same GEMM on its im2col matrix: K is in_channels/groups * kernel size, one GEMM per group
+(group g: input channels g*C/groups.., output channels g*O/groups..). A transposed convolution
+(ConvTranspose1d/2d/3d) is the GEMM x2 @ W2 with K = in_channels/groups, then an overlap-add of each kernel
+tap's columns into the output (``block_conv_transpose``). The GEMMs themselves are torch's, in
+the tensors' dtype (MX hardware accumulates in fp32). The layer's other roles round element-wise around the GEMMs
+(``emunum.nn.layers``): ``output`` the forward result, ``grad_input`` / ``grad_weight`` the gradients
+leaving for x and W (and the bias); these roles never take a block format (``Policy`` refuses it). The bias
+is added after the GEMM, unrounded (its gradient follows grad_weight). Stochastic rounding draws a fresh seed
+per GEMM operand from torch's generator.
+
+MultiheadAttention: its projections are block GEMMs as above (K = embed_dim forward); its two batched
+products, scores = q k^T (K = head_dim) and context = probs v (K = source length), quantise both activation
+operands with the input role's format along K and, backward, the incoming gradient with the grad_output
+role's (grad-a = g b^T along N, grad-b = a^T g along M; ``block_bmm``).
+
+MAD units (``Policy.mad``, ``mad_backward``): each of the three GEMMs runs ``emunum.mad.block_matmul`` on its
+unit (block-pair sums exact, scaled, accumulated in the unit's accumulator; bias added after, in fp32); every
+operand role must then hold a BlockFormat, and each GEMM's format pair must pass its exactness check.
+MultiheadAttention's batched products run ``block_matmul`` on batches the same way (their format pairs:
+input x input, grad_output x input, input x grad_output, checked when the layer is patched).
+
+Random Hadamard transform (``Policy.hadamard``, NVFP4 recipe; ``emunum.hadamard``): with hadamard=n the
+grad-weight GEMM becomes gW = Q(rht(gy)).T @ Q(rht(x)), both operands transformed along the tokens (zero-padded
+to a multiple of n) before they are quantised; the forward and grad-input GEMMs are unchanged. Without
+quantisation the transform cancels (M is orthogonal) up to the float rounding of the transformed values.
 """
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -25,39 +49,88 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..formats import BlockFormat, RoundMode
-from ..policy import Policy, Role, RoleSpec
+from ..autograd import STE
+from ..formats import BlockFormat
+from ..hadamard import rht
+from ..mad.block import block_matmul, check_pair, check_unit
+from ..mad.functional import parse_backward_units
+from ..policy import BLOCK_ROLES, Policy, RoleSpec
 from ..quantize import quantize
 
 
 @dataclass(frozen=True)
 class BlockPlan:
-    """The block formats (as RoleSpecs, or None) of a layer's three GEMM operands, and sr_bits."""
+    """The formats (as RoleSpecs, or None) of a layer's three GEMM operands, and sr_bits."""
 
     input: Optional[RoleSpec]
     weight: Optional[RoleSpec]
     grad_output: Optional[RoleSpec]
     sr_bits: Optional[int] = None
+    hadamard: Optional[int] = None
+    hadamard_seed: int = 0
+    units: Optional[tuple] = None  # (forward, grad-input, grad-weight) MAD units: emunum.mad.block_matmul
+
+    def mm(self, a: Tensor, b: Tensor, sa: RoleSpec, sb: RoleSpec, axis_b: int, i: int) -> Tensor:
+        """a @ b: on MAD unit i (``block_matmul``, a along its last axis, b along its first), else torch's
+        product of a quantised along its last axis and b along ``axis_b``."""
+        if self.units is None:
+            return self.q(a, sa, -1) @ self.q(b, sb, axis_b)
+        return block_matmul(a, b, sa.fmt, sb.fmt, self.units[i], rounding=sa.rounding, rounding_b=sb.rounding,
+                            sr_bits=self.sr_bits or 32).to(a.dtype)
 
     def q(self, t: Tensor, spec: Optional[RoleSpec], axis: int) -> Tensor:
+        """t quantised to spec's format: a block format along ``axis``, an element format element-wise."""
         if spec is None:
             return t
-        return quantize(t, spec.fmt, spec.rounding, axis=axis, sr_bits=self.sr_bits)
+        if isinstance(spec.fmt, BlockFormat):
+            return quantize(t, spec.fmt, spec.rounding, axis=axis, sr_bits=self.sr_bits)
+        return quantize(t, spec.fmt, spec.rounding, sr_bits=self.sr_bits)
 
 
 def is_block(spec: Optional[RoleSpec]) -> bool:
     return spec is not None and isinstance(spec.fmt, BlockFormat)
 
 
+def no_block_path(module, policy: Policy) -> ValueError:
+    """The error for a weight layer without a block-GEMM path under a policy with block formats."""
+    roles = ", ".join(f"{r.value}={policy.spec(r).fmt.name}" for r in BLOCK_ROLES if is_block(policy.spec(r)))
+    return ValueError(f"{type(module).__name__} has no block-GEMM path, and the policy gives it block formats "
+                      f"({roles}); block formats are allowed for Linear, Conv*d, ConvTranspose*d and "
+                      "MultiheadAttention; exclude this layer with filter= or give those roles element formats")
+
+
 def block_plan(policy: Policy) -> Optional[BlockPlan]:
     """The plan, or None when no GEMM-operand role holds a BlockFormat."""
-    specs = {r: policy.spec(r) for r in (Role.INPUT, Role.WEIGHT, Role.GRAD_OUTPUT)}
-    if not any(is_block(s) for s in specs.values()):
+    if not policy.uses_block:
         return None
+    units = None
     if policy.mad is not None:
-        raise ValueError("Policy.mad with block formats: emunum's MAD units do not take block-scaled operands "
-                         "yet; use mad=None (torch's GEMM on the block-quantised operands)")
-    return BlockPlan(*(s if is_block(s) else None for s in specs.values()), sr_bits=policy.sr_bits)
+        units = _mad_units(policy)
+    if policy.ste != STE.IDENTITY:
+        raise ValueError(f"ste={policy.ste.value!r} with block formats: the block GEMMs pass gradients straight "
+                         "through their operands' quantisation; allowed: ste='identity'")
+    return BlockPlan(*(policy.spec(r) for r in BLOCK_ROLES), sr_bits=policy.sr_bits, hadamard=policy.hadamard,
+                     hadamard_seed=policy.hadamard_seed, units=units)
+
+
+def _mad_units(policy: Policy) -> tuple:
+    """(forward, grad-input, grad-weight) units for block GEMMs on MAD units, after checking that every GEMM's
+    operand pair can run ``emunum.mad.block_matmul``."""
+    specs = {r.value: policy.spec(r) for r in BLOCK_ROLES}
+    if not all(is_block(s) for s in specs.values()):
+        got = ", ".join(f"{k}={s.fmt.name if s else None}" for k, s in specs.items())
+        raise ValueError(f"Policy.mad with block formats ({got}): a MAD unit runs block GEMMs on block-scaled "
+                         "operands only; allowed: a BlockFormat in each of input, weight and grad_output")
+    fin, fw, fgo = specs["input"].fmt, specs["weight"].fmt, specs["grad_output"].fmt
+    if fw.tile[0] not in (0, fw.tile[1]):
+        raise ValueError(f"Policy.mad with weight={fw.name}: W and W^T must share their tiles; allowed: square "
+                         "tiles or 1-D blocks")
+    for a, b in ((fin, fw), (fgo, fw), (fgo, fin)):  # forward, grad-input, grad-weight
+        check_pair(a, b)
+    units = (policy.mad, *parse_backward_units(policy.mad, policy.mad_backward))
+    for u in units:
+        check_unit(u)
+    return units
 
 
 class _BlockGemm(torch.autograd.Function):
@@ -67,6 +140,8 @@ class _BlockGemm(torch.autograd.Function):
     def forward(ctx, x2: Tensor, w: Tensor, plan: BlockPlan) -> Tensor:
         ctx.plan = plan
         ctx.save_for_backward(x2, w)
+        if plan.units is not None:
+            return plan.mm(x2, w.t(), plan.input, plan.weight, 0, 0)
         return plan.q(x2, plan.input, -1) @ plan.q(w, plan.weight, 1).t()
 
     @staticmethod
@@ -75,10 +150,42 @@ class _BlockGemm(torch.autograd.Function):
         p = ctx.plan
         gx = gw = None
         if ctx.needs_input_grad[0]:
-            gx = p.q(gy, p.grad_output, -1) @ p.q(w, p.weight, 0)  # K = out_features
+            gx = p.mm(gy, w, p.grad_output, p.weight, 0, 1)  # K = out_features
         if ctx.needs_input_grad[1]:
-            gw = p.q(gy, p.grad_output, 0).t() @ p.q(x2, p.input, 0)  # K = tokens
+            if p.hadamard is not None:  # the NVFP4 recipe's RHT on both Wgrad operands, along K = tokens
+                gy, x2 = (rht(t, p.hadamard, p.hadamard_seed, 0) for t in (gy, x2))
+            if p.units is None:
+                gw = p.q(gy, p.grad_output, 0).t() @ p.q(x2, p.input, 0)  # K = tokens
+            else:
+                gw = p.mm(gy.t(), x2, p.grad_output, p.input, 0, 2)
         return gx, gw, None
+
+
+class _BlockBmm(torch.autograd.Function):
+    """c = a @ b for batches of activations a (B, M, K), b (B, K, N) (attention's two products): both operands
+    take the input role's format along K, the incoming gradient the grad_output role's."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, plan: BlockPlan) -> Tensor:
+        ctx.plan = plan
+        ctx.save_for_backward(a, b)
+        return plan.mm(a, b, plan.input, plan.input, -2, 0)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        a, b = ctx.saved_tensors
+        p = ctx.plan
+        ga = gb = None
+        if ctx.needs_input_grad[0]:  # K = N
+            ga = p.mm(g, b.transpose(-1, -2), p.grad_output, p.input, -2, 1)
+        if ctx.needs_input_grad[1]:  # K = M
+            gb = p.mm(a.transpose(-1, -2), g, p.input, p.grad_output, -2, 2)
+        return ga, gb, None
+
+
+def block_bmm(a: Tensor, b: Tensor, plan: BlockPlan) -> Tensor:
+    """Batched a @ b with block-quantised activations (``_BlockBmm``)."""
+    return _BlockBmm.apply(a, b, plan)
 
 
 def block_gemm(x2: Tensor, w: Tensor, plan: BlockPlan) -> Tensor:
@@ -90,8 +197,22 @@ def block_linear(x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPlan) -> 
     return y if b is None else y + b
 
 
+def _im2col(x: Tensor, k, s, p, d):
+    """(n, C*prod(k), L) columns of x (n, C, *spatial), channel-major then kernel offsets in C order (F.unfold's
+    layout, for any number of spatial dims), and the output's spatial sizes."""
+    nd = len(k)
+    x = F.pad(x, [q for i in reversed(range(nd)) for q in (p[i], p[i])])
+    out = [(x.shape[2 + i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(nd)]
+    taps = []
+    for offs in itertools.product(*(range(ki) for ki in k)):
+        idx = tuple(slice(o * d[i], o * d[i] + s[i] * (out[i] - 1) + 1, s[i]) for i, o in enumerate(offs))
+        taps.append(x[(slice(None), slice(None)) + idx])
+    cols = torch.stack(taps, dim=2)  # (n, C, prod(k), *out)
+    return cols.reshape(x.shape[0], -1, math.prod(out)), out
+
+
 def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPlan) -> Tensor:
-    """Conv1d/Conv2d (groups 1) as unfold (im2col) + the block GEMM, K = in_channels * kernel size."""
+    """Conv1d/2d/3d as im2col + the block GEMM, one per group, K = in_channels/groups * kernel size."""
     nd = len(module.kernel_size)
     padding = module.padding
     if module.padding_mode != "zeros":
@@ -99,18 +220,52 @@ def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPla
         padding = (0,) * nd
     if isinstance(padding, str):
         raise ValueError(f"{type(module).__name__}(padding={padding!r}) with block formats: give padding as ints")
-    if nd == 1:
-        x4, w4 = x.unsqueeze(-2), w.unsqueeze(-2)
-        k, s, p, d = (1, module.kernel_size[0]), (1, module.stride[0]), (0, padding[0]), (1, module.dilation[0])
+    k, st, dil = module.kernel_size, module.stride, module.dilation
+    if nd == 3:
+        cols, out = _im2col(x, k, st, padding, dil)
     else:
-        x4, w4, k, s, p, d = x, w, module.kernel_size, module.stride, padding, module.dilation
-    n, h, wd = x4.shape[0], x4.shape[-2], x4.shape[-1]
-    ho = (h + 2 * p[0] - d[0] * (k[0] - 1) - 1) // s[0] + 1
-    wo = (wd + 2 * p[1] - d[1] * (k[1] - 1) - 1) // s[1] + 1
-    cols = F.unfold(x4, k, dilation=d, padding=p, stride=s)  # (n, C*kh*kw, L)
+        if nd == 1:  # as a 2-D convolution of height 1
+            x = x.unsqueeze(-2)
+            k, st, padding, dil = (1, k[0]), (1, st[0]), (0, padding[0]), (1, dil[0])
+        out = [(x.shape[-2 + i] + 2 * padding[i] - dil[i] * (k[i] - 1) - 1) // st[i] + 1 for i in range(2)]
+        cols = F.unfold(x, k, dilation=dil, padding=padding, stride=st)  # (n, C*kh*kw, L), channel-major
+    n = cols.shape[0]
     x2 = cols.transpose(1, 2).reshape(-1, cols.shape[1])
-    y = block_gemm(x2, w4.reshape(w4.shape[0], -1), plan)  # (n*L, out)
-    y = y.reshape(n, ho * wo, -1).transpose(1, 2).reshape(n, -1, ho, wo)
+    w2 = w.reshape(w.shape[0], -1)  # (out, C/groups*prod(k))
+    g = module.groups
+    kg, og = w2.shape[1], w2.shape[0] // g
+    ys = [block_gemm(x2[:, i * kg:(i + 1) * kg], w2[i * og:(i + 1) * og], plan) for i in range(g)]
+    y = ys[0] if g == 1 else torch.cat(ys, dim=1)  # (n*L, out)
+    y = y.reshape(n, -1, w2.shape[0]).transpose(1, 2).reshape(n, w2.shape[0], *out)
     if b is not None:
-        y = y + b.view(1, -1, 1, 1)
+        y = y + b.view(1, -1, *([1] * len(out)))
     return y.squeeze(-2) if nd == 1 else y
+
+
+def block_conv_transpose(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPlan,
+                         output_padding) -> Tensor:
+    """ConvTranspose1d/2d/3d as the block GEMM cols = x2 @ W2 (K = in_channels/groups, x2 the input's channel
+    vectors, W2 (C_in/groups, C_out/groups * kernel size) per group) followed by col2im: each kernel tap's
+    columns added into the output at i*stride + tap*dilation - padding (an fp32 overlap-add outside the GEMM,
+    as a convolution's grad-input is its GEMM followed by unfold's adjoint)."""
+    nd = len(module.kernel_size)
+    k, st, dil, pad = module.kernel_size, module.stride, module.dilation, module.padding
+    n, cin, spatial = x.shape[0], x.shape[1], tuple(x.shape[2:])
+    g = module.groups
+    cg, og = cin // g, w.shape[1]
+    x2 = x.movedim(1, -1).reshape(-1, cin)  # (n * prod(spatial), C_in)
+    ys = [block_gemm(x2[:, i * cg:(i + 1) * cg], w[i * cg:(i + 1) * cg].reshape(cg, -1).t(), plan)
+          for i in range(g)]
+    cols = torch.cat([c.reshape(n, *spatial, og, *k) for c in ys], dim=1 + nd)  # (n, *spatial, C_out, *k)
+    out = [(spatial[i] - 1) * st[i] - 2 * pad[i] + dil[i] * (k[i] - 1) + output_padding[i] + 1 for i in range(nd)]
+    full = [max(pad[i] + out[i], (spatial[i] - 1) * st[i] + dil[i] * (k[i] - 1) + 1) for i in range(nd)]
+    buf = cols.new_zeros((n, g * og, *full))
+    for offs in itertools.product(*(range(ki) for ki in k)):
+        tap = cols[(slice(None),) * (2 + nd) + offs].movedim(1 + nd, 1)  # (n, C_out, *spatial)
+        idx = tuple(slice(o * dil[i], o * dil[i] + st[i] * (spatial[i] - 1) + 1, st[i]) for i, o in enumerate(offs))
+        buf[(slice(None), slice(None)) + idx] += tap
+    y = buf[(slice(None), slice(None)) + tuple(slice(pad[i], pad[i] + out[i]) for i in range(nd))]
+    if b is not None:
+        y = y + b.view(1, -1, *([1] * nd))
+    return y
+

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..policy import Role
 from .base import EmuLayer, _linear, _mad
-from .block_gemm import block_conv, block_linear, block_plan
+from .block_gemm import block_conv, block_conv_transpose, block_linear
 
 # ---- Linear ---------------------------------------------------------------------------------------------
 class LinearEmu(EmuLayer):
@@ -18,8 +18,11 @@ class LinearEmu(EmuLayer):
 
     def forward(self, input: Tensor) -> Tensor:
         self._emu_begin()
-        if self._emunum_block is not None:
-            return block_linear(input, self.weight, self.bias, self._emunum_block)
+        if self._emunum_block is not None:  # operands rounded in the GEMMs; the other roles around them
+            R = self._emu_round
+            b = None if self.bias is None else R(self.bias, Role.WEIGHT)
+            y = block_linear(R(input, Role.INPUT), R(self.weight, Role.WEIGHT), b, self._emunum_block)
+            return R(y, Role.OUTPUT)
         x = self._emu_round(input, Role.INPUT)
         w = self._emu_round(self.weight, Role.WEIGHT)
         b = None if self.bias is None else self._emu_round(self.bias, Role.WEIGHT)
@@ -33,9 +36,6 @@ class ConvEmu(EmuLayer):
 
     @classmethod
     def _emunum_check(cls, module, policy):
-        if block_plan(policy) is not None and (len(module.kernel_size) not in (1, 2) or module.groups != 1):
-            raise ValueError(f"block formats: {type(module).__name__}(groups={module.groups}) has no block GEMM "
-                             "(Conv1d/Conv2d with groups=1 only); exclude these layers with filter=")
         if policy.mad is not None:
             nd = len(module.kernel_size)
             if nd not in cls._MAD_FUNCTIONS or not hasattr(_mad(), cls._MAD_FUNCTIONS[nd]):
@@ -44,8 +44,11 @@ class ConvEmu(EmuLayer):
 
     def forward(self, input: Tensor) -> Tensor:
         self._emu_begin()
-        if self._emunum_block is not None:
-            return block_conv(self, input, self.weight, self.bias, self._emunum_block)
+        if self._emunum_block is not None:  # operands rounded in the GEMMs; the other roles around them
+            R = self._emu_round
+            b = None if self.bias is None else R(self.bias, Role.WEIGHT)
+            y = block_conv(self, R(input, Role.INPUT), R(self.weight, Role.WEIGHT), b, self._emunum_block)
+            return R(y, Role.OUTPUT)
         x = self._emu_round(input, Role.INPUT)
         w = self._emu_round(self.weight, Role.WEIGHT)
         b = None if self.bias is None else self._emu_round(self.bias, Role.WEIGHT)
@@ -65,6 +68,7 @@ class ConvEmu(EmuLayer):
 
 class ConvTransposeEmu(EmuLayer):
     _FUNCTIONS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+    BLOCK_GEMM = True
 
     @classmethod
     def _emunum_check(cls, module, policy):
@@ -82,6 +86,9 @@ class ConvTransposeEmu(EmuLayer):
         x = self._emu_round(input, Role.INPUT)
         w = self._emu_round(self.weight, Role.WEIGHT)
         b = None if self.bias is None else self._emu_round(self.bias, Role.WEIGHT)
+        if self._emunum_block is not None:  # operands rounded in the GEMM (x, w above: gradient rounding only)
+            y = block_conv_transpose(self, x, w, b, self._emunum_block, output_padding)
+            return self._emu_round(y, Role.OUTPUT)
         y = self._FUNCTIONS[nd](x, w, b, self.stride, self.padding, output_padding, self.groups, self.dilation)
         return self._emu_round(y, Role.OUTPUT)
 

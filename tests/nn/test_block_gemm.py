@@ -91,11 +91,13 @@ def test_conv_is_the_block_gemm_on_its_im2col_matrix(conv, shape):
         torch.testing.assert_close(bg.block_conv(conv, x, conv.weight, conv.bias, plan), conv(x))
 
 
-def test_grouped_conv_and_mad_with_block_formats_are_rejected():
-    with pytest.raises(ValueError, match="groups=2"):
-        emunum.patch(nn.Sequential(nn.Conv1d(4, 4, 3, groups=2)), "mxfp8")
+def test_per_tensor_scaling_and_mad_with_block_formats_are_rejected():
     with pytest.raises(ValueError, match="scaling='per_tensor'"):
         emunum.Policy.make("mxfp8", scaling="per_tensor")
+    with pytest.raises(ValueError, match=r"allowed: a one-product unit"):  # a multi-term unit
+        emunum.patch(nn.Sequential(nn.Linear(4, 4)), "mxfp8", mad="h100_fp8_e4m3")
+    with pytest.raises(ValueError, match="ste='clipped' with block formats.*allowed: ste='identity'"):
+        emunum.patch(nn.Sequential(nn.Linear(4, 4)), "mxfp8", ste="clipped")
 
 
 def test_patched_model_trains_one_step_with_stochastic_gradients():

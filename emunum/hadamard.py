@@ -1,0 +1,71 @@
+"""The random Hadamard transform (RHT) of NVIDIA's NVFP4 training recipe, applied to the weight-gradient GEMM.
+
+Source: NVIDIA, "Pretraining Large Language Models with NVFP4" (arXiv:2509.25149, 2025), section 4: a 16x16
+random Hadamard transform is applied to both inputs of the weight-gradient GEMM (Wgrad), along its reduction
+dimension (the tokens), before they are quantised to NVFP4; forward (Fprop) and input-gradient (Dgrad) GEMMs
+are not transformed. Transformer Engine (``transformer_engine/pytorch/tensor/nvfp4_tensor.py``,
+``get_rht_matrix``) builds the matrix as M = diag(s) @ H / sqrt(16), H the Sylvester Hadamard matrix
+(``scipy.linalg.hadamard`` order) and s one fixed sign vector, used by every layer at every step, and
+transforms each run of 16 consecutive reduction-dimension elements u (a row vector) as u @ M.
+
+Here: ``rht_matrix(n, seed)`` is that M for n in ``SIZES`` (powers of 4, so 1/sqrt(n) is a power of two and
+M's entries +-2**-k are exact); s[i] = +1 or -1 from bit i of the counter-based generator keyed on
+``seed_key(seed)`` (``emunum.rng``): one vector per run, fixed by the seed. M is orthogonal (M M^T = I exactly),
+so transforming both operands of a dot product along its reduction dimension leaves it unchanged:
+(u M) . (v M) = u M M^T v^T = u . v; only the quantisation in between sees the transformed values.
+``rht(x, n, seed, dim)`` pads ``dim`` with zeros to a multiple of n (zeros contribute nothing to the product),
+and transforms each run of n along it; the sums are computed in float64 and rounded once to x's dtype.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from .rng import random_bits_torch, seed_key
+
+SIZES = (4, 16, 64, 256)
+
+
+def check_size(n, field: str = "hadamard") -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or int(n) not in SIZES:
+        raise ValueError(f"{field}={n!r}: the transform size must be one of {', '.join(map(str, SIZES))} "
+                         "(a power of 4, so that the normalised matrix is exact)")
+    return int(n)
+
+
+def hadamard_matrix(n: int) -> np.ndarray:
+    """The n x n Sylvester Hadamard matrix of +-1 (int64): H_1 = [1], H_2m = [[H, H], [H, -H]]."""
+    h = np.ones((1, 1), dtype=np.int64)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def sign_vector(n: int, seed: int) -> np.ndarray:
+    """n signs +-1 (int64): s[i] = 1 - 2 * (top bit of the generator's element i under seed_key(seed))."""
+    bits = random_bits_torch(seed_key(seed), n, 1).numpy()
+    return 1 - 2 * bits.astype(np.int64)
+
+
+@functools.lru_cache(maxsize=16)
+def rht_matrix(n: int, seed: int) -> np.ndarray:
+    """M = diag(s) @ H / sqrt(n) in float64 (every entry +-1/sqrt(n), exact for n in SIZES)."""
+    check_size(n)
+    m = (sign_vector(n, seed)[:, None] * hadamard_matrix(n)).astype(np.float64) / np.sqrt(n)
+    m.setflags(write=False)
+    return m
+
+
+def rht(x: torch.Tensor, n: int, seed: int, dim: int) -> torch.Tensor:
+    """x with ``dim`` zero-padded to a multiple of n and each run u of n along it replaced by u @ M."""
+    d = dim % x.dim()
+    length = x.shape[d]
+    pad = -length % n
+    w = x.to(torch.float64).movedim(d, -1)
+    if pad:
+        w = torch.nn.functional.pad(w, (0, pad))
+    m = torch.tensor(rht_matrix(n, seed), device=w.device)
+    out = (w.reshape(*w.shape[:-1], -1, n) @ m).reshape(w.shape)
+    return out.movedim(-1, d).to(x.dtype)

@@ -1,0 +1,99 @@
+"""The random Hadamard transform of the NVFP4 recipe: an exactly orthogonal matrix (checked against
+scipy.linalg.hadamard), seed-reproducible signs, and its use on both operands of the weight-gradient GEMM."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+from torch import nn
+
+import emunum
+from emunum import hadamard as had
+from emunum.nn import block_gemm as bg
+
+Q = emunum.quantize
+
+
+@pytest.mark.parametrize("n", had.SIZES)
+def test_sylvester_matrix_equals_scipys_hadamard(n):
+    assert np.array_equal(had.hadamard_matrix(n), scipy.linalg.hadamard(n))
+
+
+@pytest.mark.parametrize("n", had.SIZES)
+@pytest.mark.parametrize("seed", [0, 1, 12345])
+def test_rht_matrix_is_exactly_orthogonal_in_float64(n, seed):
+    m = had.rht_matrix(n, seed)
+    assert np.array_equal(m @ m.T, np.eye(n)) and np.array_equal(m.T @ m, np.eye(n))
+    assert set(np.abs(m).ravel()) == {1 / np.sqrt(n)}  # entries +-2**-k: exact
+    s = had.sign_vector(n, seed)
+    assert np.array_equal(m * np.sqrt(n), s[:, None] * scipy.linalg.hadamard(n))  # diag(s) @ H / sqrt(n)
+
+
+def test_sign_vector_is_fixed_by_its_seed():
+    assert np.array_equal(had.sign_vector(16, 7), had.sign_vector(16, 7))
+    assert not np.array_equal(had.sign_vector(16, 7), had.sign_vector(16, 8))
+    assert set(had.sign_vector(256, 0)) == {-1, 1}
+
+
+def _blockdiag_rht(x: torch.Tensor, n: int, seed: int) -> torch.Tensor:
+    """Independent reference: pad the rows to a multiple of n, then multiply by blockdiag(M^T) from the left
+    (each run u of n rows becomes (u^T M)^T), in float64."""
+    t = x.shape[0]
+    tp = -(-t // n) * n
+    xp = torch.zeros((tp,) + x.shape[1:], dtype=torch.float64)
+    xp[:t] = x.double()
+    m = torch.from_numpy(scipy.linalg.hadamard(n) * had.sign_vector(n, seed)[:, None] / np.sqrt(n))
+    big = torch.block_diag(*([m.T] * (tp // n)))
+    return (big @ xp).to(x.dtype)
+
+
+@pytest.mark.parametrize("tokens", [32, 20])
+def test_wgrad_with_rht_and_no_quantisation_equals_wgrad_without_it_to_fp32_rounding(tokens):
+    torch.manual_seed(0)
+    x = torch.randn(tokens, 24, requires_grad=True)
+    w = torch.randn(8, 24, requires_grad=True)
+    gy = torch.randn(tokens, 8)
+    plan = bg.BlockPlan(None, None, None, hadamard=16, hadamard_seed=3)
+    bg.block_gemm(x, w, plan).backward(gy)
+    torch.testing.assert_close(w.grad, gy.t() @ x.detach(), rtol=1e-5, atol=1e-5)
+    # the operands were transformed: rht equals the block-diagonal reference (float64 sums of 16 float32 values
+    # of similar magnitude are exact, so summation order does not matter) and differs from the padded input
+    assert torch.equal(had.rht(gy, 16, 3, 0), _blockdiag_rht(gy, 16, 3))
+    assert not torch.equal(had.rht(gy, 16, 3, 0), torch.nn.functional.pad(gy, (0, 0, 0, -tokens % 16)))
+
+
+def _run(policy, seed_data=1):
+    torch.manual_seed(seed_data)
+    lin = nn.Linear(32, 16)
+    x = torch.randn(40, 32, requires_grad=True)
+    gy = torch.randn(40, 16)
+    emu = emunum.patch(nn.Sequential(lin), policy=policy)
+    y = emu(x)
+    y.backward(gy)
+    return lin, x, gy, y.detach()
+
+
+def test_nvfp4_wgrad_quantises_the_transformed_operands_and_is_seed_reproducible():
+    base = dict(grad_rounding="nearest")
+    pol = emunum.Policy.make("nvfp4", hadamard=16, hadamard_seed=5, **base)
+    lin, x, gy, y = _run(pol)
+    want = (Q(_blockdiag_rht(gy, 16, 5), "nvfp4", axis=0).t() @ Q(_blockdiag_rht(x.detach(), 16, 5), "nvfp4", axis=0))
+    assert torch.equal(lin.weight.grad, want)
+    lin0, x0, _, y0 = _run(emunum.Policy.make("nvfp4", **base))
+    assert not torch.equal(lin.weight.grad, lin0.weight.grad)  # the transform changes what is quantised
+    assert torch.equal(y, y0) and torch.equal(x.grad, x0.grad)  # forward and grad-input GEMMs: untouched
+    again, *_ = _run(pol)
+    assert torch.equal(again.weight.grad, lin.weight.grad)
+    other, *_ = _run(emunum.Policy.make("nvfp4", hadamard=16, hadamard_seed=6, **base))
+    assert not torch.equal(other.weight.grad, lin.weight.grad)
+
+
+def test_hadamard_policy_errors_name_the_value_and_what_is_allowed():
+    with pytest.raises(ValueError, match=r"hadamard=8: .* one of 4, 16, 64, 256"):
+        emunum.Policy.make("nvfp4", hadamard=8)
+    with pytest.raises(ValueError, match=r"hadamard=16: .*no block format; allowed"):
+        emunum.Policy.make("e4m3fn", hadamard=16)
+    with pytest.raises(TypeError, match=r"hadamard_seed=-1"):
+        emunum.Policy.make("nvfp4", hadamard=16, hadamard_seed=-1)
+    assert "hadamard=16/seed=0" in emunum.Policy.make("nvfp4", hadamard=16).describe()

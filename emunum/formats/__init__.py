@@ -1,7 +1,8 @@
 """Number formats: what values exist, and how to round to them. One module per number system.
 
 ``base`` (RoundMode, the NumberFormat interface), ``float`` (FloatFormat), ``fixed`` (FixedFormat),
-``posit`` (PositFormat), ``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue), ``names`` (get_format).
+``posit`` (PositFormat), ``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue),
+``names`` (get_format).
 """
 from typing import Union
 
@@ -13,7 +14,7 @@ from .names import format_or_none, get_format
 from .posit import PositFormat
 from .presets import ALIASES, POSIT_PRESETS, PRESETS, known_names
 
-Format = Union[FloatFormat, FixedFormat]  # the element formats the kernels take directly
+Format = Union[FloatFormat, FixedFormat, PositFormat]  # the element formats the kernels take directly
 
 __all__ = [
     "NumberFormat", "RoundMode", "Overflow", "parse_enum", "FloatFormat", "FixedFormat", "Special", "Format",

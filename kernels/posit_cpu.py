@@ -4,7 +4,7 @@ calling the shared scalar core ``scalar.posit.round_posit_value`` (the CUDA kern
 Element i gets the same arguments on any thread count (stochastic bits keyed on (key, i)), so the bits never
 depend on it. The value is rounded in float64 and stored with a cast to the array's dtype (to nearest even):
 exact whenever the posit's value fits that dtype. NaR is written as NaN: the positive quiet NaN for an infinite
-input, the input's own NaN (quietened) for a NaN.
+input; a NaN input is copied as bits with the quiet bit set (its sign and payload kept).
 """
 import functools
 
@@ -20,29 +20,41 @@ _cache.guard(__file__, scalar.SOURCES)
 
 
 @njit(cache=True)
-def posit_serial(src, dst, nbits, es, mode, key, srbits):
+def posit_serial(src, dst, sbits, dbits, quiet, nbits, es, mode, key, srbits):
     for i in range(src.size):
-        rnd = random_bits(key, i, srbits) if mode == STOCHASTIC else np.uint64(0)
-        dst[i] = round_posit_value(np.float64(src[i]), nbits, es, mode, rnd, srbits)
+        x = src[i]
+        if x != x:
+            dbits[i] = sbits[i] | quiet
+        else:
+            rnd = random_bits(key, i, srbits) if mode == STOCHASTIC else np.uint64(0)
+            dst[i] = round_posit_value(np.float64(x), nbits, es, mode, rnd, srbits)
 
 
 @njit(cache=True, parallel=True)
-def posit_parallel(src, dst, nbits, es, mode, key, srbits):
+def posit_parallel(src, dst, sbits, dbits, quiet, nbits, es, mode, key, srbits):
     for i in prange(src.size):
-        rnd = random_bits(key, i, srbits) if mode == STOCHASTIC else np.uint64(0)
-        dst[i] = round_posit_value(np.float64(src[i]), nbits, es, mode, rnd, srbits)
+        x = src[i]
+        if x != x:
+            dbits[i] = sbits[i] | quiet
+        else:
+            rnd = random_bits(key, i, srbits) if mode == STOCHASTIC else np.uint64(0)
+            dst[i] = round_posit_value(np.float64(x), nbits, es, mode, rnd, srbits)
 
 
 @njit(cache=True)
-def posit_at(src, dst, n, w, par, nbits, es, mode, key, srbits):
+def posit_at(src, dst, n, w, wb, quiet, par, nbits, es, mode, key, srbits):
     s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
+    sb, db = carray(_voidptr(src), n, wb.dtype), carray(_voidptr(dst), n, wb.dtype)
     if par:
-        posit_parallel(s, d, nbits, es, mode, key, srbits)
+        posit_parallel(s, d, sb, db, quiet, nbits, es, mode, key, srbits)
     else:
-        posit_serial(s, d, nbits, es, mode, key, srbits)
+        posit_serial(s, d, sb, db, quiet, nbits, es, mode, key, srbits)
 
 
-_WITNESS = {np.dtype(np.float32): np.empty(0, np.float32), np.dtype(np.float64): np.empty(0, np.float64)}
+# dtype -> (value witness, bits witness, quiet bit): a NaN is copied as bits with the quiet bit set, so that it
+# comes back quietened with its sign and payload whatever the compiler does with NaN values
+_WITNESS = {np.dtype(np.float32): (np.empty(0, np.float32), np.empty(0, np.uint32), np.uint64(1 << 22)),
+            np.dtype(np.float64): (np.empty(0, np.float64), np.empty(0, np.uint64), np.uint64(1 << 51))}
 
 
 def posit_runner(dtype, nbits: int, es: int):
@@ -54,11 +66,11 @@ def posit_runner(dtype, nbits: int, es: int):
 
 @functools.lru_cache(maxsize=256)
 def _posit_runner(dt, nbits, es):
-    w = _WITNESS[dt]
+    w, wb, quiet = _WITNESS[dt]
 
     def run(src: int, dst: int, n: int, mode, key, srbits, parallel=None) -> None:
         with _parallel.try_parallel(use_parallel(n, parallel)) as par:
-            posit_at(src, dst, n, w, par, nbits, es, int(mode), np.uint64(key), int(srbits))
+            posit_at(src, dst, n, w, wb, quiet, par, nbits, es, int(mode), np.uint64(key), int(srbits))
 
     return run
 
@@ -70,6 +82,8 @@ def quantize_posit(src: np.ndarray, dst: np.ndarray, nbits, es, mode, key, srbit
     if dst.dtype != src.dtype or dst.size != src.size:
         raise ValueError(f"dst must match src in size and dtype: src is {src.size} x {src.dtype}, "
                          f"dst is {dst.size} x {dst.dtype}")
+    _, wb, quiet = _WITNESS[src.dtype]
     with _parallel.try_parallel(use_parallel(src.size, parallel)) as par:
         run = posit_parallel if par else posit_serial
-        run(src, dst, int(nbits), int(es), int(mode), np.uint64(key), int(srbits))
+        run(src, dst, src.view(wb.dtype), dst.view(wb.dtype), quiet, int(nbits), int(es), int(mode), np.uint64(key),
+            int(srbits))

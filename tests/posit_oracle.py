@@ -114,5 +114,5 @@ def brute_round(x: np.ndarray, values: np.ndarray, codes_of_values: np.ndarray, 
         r = np.where(codes_of_values[lo_i] % 2 == 1, down, up)
     else:
         raise ValueError(mode)
-    r = np.where(exact, x, r)
+    r = np.where(exact, down, r)  # the value itself (posits have one zero, +0)
     return np.clip(r, values[0], values[-1])

@@ -58,7 +58,10 @@ def _format_from_args(args: tuple) -> Format | None:
         _, bits, frac, signed, sat = args
         return FixedFormat(bits, frac, signed=bool(signed), saturate=bool(sat))
     if args[0] == 2 and len(args) == 3:
-        return PositFormat(args[1], args[2])
+        try:
+            return PositFormat(args[1], args[2])
+        except ValueError as e:
+            raise ValueError(f"format args {args!r} are not an encoded format: {e}") from None
     raise ValueError(f"format args {args!r} are not an encoded format; expected [0, exp, man, bias, subnormals, "
                      "special, saturate], [1, bits, frac_bits, signed, saturate] or [2, nbits, es]")
 

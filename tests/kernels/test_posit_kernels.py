@@ -166,7 +166,32 @@ def test_kernel_gives_the_codes_of_the_python_encoder_in_every_mode(n, es, mode)
     np.testing.assert_array_equal(got.view(np.int64), (want + 0.0).view(np.int64))
 
 
+@pytest.mark.parametrize("n,es", [(8, 2), (16, 1), (32, 2), (12, 5)])
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "stochastic"])
+def test_rounding_is_monotone_idempotent_and_sign_symmetric(n, es, mode):
+    fmt = PositFormat(n, es)
+    rng = np.random.default_rng(n + es)
+    x = np.sort(np.concatenate([rng.standard_normal(20000) * np.exp2(rng.uniform(-1.2, 1.2, 20000) * fmt.max_exp),
+                                special_inputs(fmt)]))
+    r = q(x, fmt, mode)
+    assert torch.all(r[1:] >= r[:-1])
+    same_bits(q(r.numpy(), fmt, mode), r)
+    mirror = {"up": "down", "down": "up"}.get(mode, mode)
+    same_bits(q(-x, fmt, mirror), -r + 0.0)
+
+
 # ---- stochastic -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sr_bits", [1, 3, 8, 32])
+def test_stochastic_bits_are_the_python_encoders_for_every_sr_bits(sr_bits):
+    fmt = PositFormat(8, 1)
+    v = fmt.values()
+    x = np.repeat((v[1:] + 3 * v[:-1]) / 4, 8)  # a quarter of the way up from each value (exact), 8 draws each
+    got = q(x, fmt, "stochastic", seed=99, sr_bits=sr_bits).numpy()
+    np.testing.assert_array_equal(got, fmt.decode(fmt.encode(x, "stochastic", seed=99, sr_bits=sr_bits)))
+    if sr_bits == 1:  # one bit: a fraction 1/4 rounds to 0 (never away), 3/4 to 1 (always away)
+        np.testing.assert_array_equal(got, q(x, fmt, "down").numpy())
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("n,es", [(8, 2), (16, 2), (6, 3)])
 def test_stochastic_picks_a_neighbour_and_is_unbiased_within_5_sigma(n, es, dtype):

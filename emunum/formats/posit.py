@@ -115,10 +115,9 @@ class PositFormat(NumberFormat):
         if big_e >= self.max_exp:
             return maxp
         if big_e < -self.max_exp:  # between 0 and minpos: the neighbours are patterns 0 and 1
-            kept, ratio = 0, a / self.min_positive
-            exact, tie, beyond_half = False, False, False
             if mode in (RoundMode.NEAREST, RoundMode.NEAREST_AWAY):
                 return 1  # never to zero
+            kept, ratio, tie, beyond_half = 0, a / self.min_positive, False, False
         else:
             k = big_e >> self.es
             e_field = big_e - (k << self.es)
@@ -128,10 +127,9 @@ class PositFormat(NumberFormat):
             drop = rlen + width - (self.nbits - 1)
             kept, rem = full >> drop, full & ((1 << drop) - 1)
             half = 1 << (drop - 1)
-            exact, tie, beyond_half = rem == 0, rem == half, rem > half
-            if exact:
+            if rem == 0:
                 return kept
-            ratio = None
+            ratio, tie, beyond_half = None, rem == half, rem > half
         odd = kept & 1 == 1
         if mode == RoundMode.NEAREST:
             up = beyond_half or (tie and odd)

@@ -292,3 +292,11 @@ def test_posits_trace_through_torch_compile_as_the_custom_op():
     f = torch.compile(lambda t: emunum.quantize(t, "posit16_1", "toward_zero") * 1.0, fullgraph=True,
                       backend="eager")
     same_bits(f(x), emunum.quantize(x, PositFormat(16, 1), "toward_zero"))
+
+
+@pytest.mark.parametrize("function", ["tanh", "sigmoid"])
+def test_approximate_operators_computed_in_posits_give_posit_values(function):
+    x = torch.linspace(-6, 6, 301)
+    y = getattr(emunum.approx, function)(x, fmt="posit16", rounding="toward_zero")
+    same_bits(y, emunum.quantize(y, "posit16"))
+    assert (y - getattr(torch, function)(x)).abs().max() < 0.05

@@ -22,7 +22,6 @@ needs_softposit = pytest.mark.skipif(sp is None, reason="SoftPosit (the posit or
 
 # (nbits, es) that SoftPosit covers
 SOFTPOSIT_CASES = [(8, 0), (16, 1), (2, 2), (3, 2), (5, 2), (8, 2), (12, 2), (16, 2), (32, 2)]
-SMALL_CASES = [c for c in SOFTPOSIT_CASES if c[0] <= 16]  # every code point is listed
 
 
 def sp_code(x: float, n: int, es: int) -> int:

@@ -12,7 +12,7 @@ import pytest
 import emunum
 from emunum import PositFormat, RoundMode, get_format
 from emunum.ops import format_from_args, format_to_args
-from posit_oracle import (SMALL_CASES, SOFTPOSIT_CASES, around, brute_round, midpoints, needs_softposit,
+from posit_oracle import (SOFTPOSIT_CASES, around, brute_round, midpoints, needs_softposit,
                           positive_codes, sp_codes, sp_values)
 
 DIRECTED = ["toward_zero", "up", "down", "odd"]

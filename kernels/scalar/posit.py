@@ -16,13 +16,36 @@ I64 = np.int64
 
 
 @njit(inline="always")
+def _msb32(v):
+    """Index of the highest set bit of 0 < v < 2**32 (int64), by binary search."""
+    n = 0
+    if v >= 65536:
+        v >>= 16
+        n += 16
+    if v >= 256:
+        v >>= 8
+        n += 8
+    if v >= 16:
+        v >>= 4
+        n += 4
+    if v >= 4:
+        v >>= 2
+        n += 2
+    if v >= 2:
+        n += 1
+    return n
+
+
+@njit(inline="always")
 def posit_pattern_value(p, nbits, es):
     """The value (float64, exact) of the positive posit pattern p, 1 <= p < 2**(nbits-1)."""
     n1 = nbits - 1
     top = (p >> (n1 - 1)) & 1
-    r = 0
-    while r < n1 and ((p >> (n1 - 1 - r)) & 1) == top:
-        r += 1
+    if top == 1:  # r = the run of ones from bit n1-1 down: the zeros of ~p there
+        inv = ~p & ((I64(1) << n1) - 1)
+        r = n1 if inv == 0 else n1 - 1 - _msb32(inv)
+    else:
+        r = n1 - 1 - _msb32(p)
     k = r - 1 if top == 1 else -r
     rest_len = n1 - r - 1
     if rest_len < 0:
@@ -99,9 +122,13 @@ def round_posit_pattern(a, neg, nbits, es, mode, rnd, srbits):
     elif mode == ODD:
         up = not odd
     elif mode == STOCHASTIC:
-        lo = posit_pattern_value(kept, nbits, es)
-        hi = posit_pattern_value(kept + 1, nbits, es)
-        up = _stochastic_up((a - lo) / (hi - lo), rnd, srbits)  # both differences are exact
+        if keep_tail >= es:  # the cut is in the fraction: hi - lo is 2**drop units of a's last bit (drop <= 52)
+            ratio = float(rem) / float(I64(1) << drop)
+        else:  # the cut is in the exponent or regime: hi/lo is a power of two > 2
+            lo = posit_pattern_value(kept, nbits, es)
+            hi = posit_pattern_value(kept + 1, nbits, es)
+            ratio = (a - lo) / (hi - lo)  # both differences are exact
+        up = _stochastic_up(ratio, rnd, srbits)
     else:
         up = False
     return kept + (1 if up else 0)

@@ -96,6 +96,17 @@ def test_posit16_of_float32_matches_softposit_over_a_dense_sweep_of_float32_bit_
 
 
 @needs_softposit
+@pytest.mark.parametrize("n,es", [(16, 2), (16, 1), (8, 0), (32, 2)], ids=["posit16_2", "posit16_1", "posit8_0",
+                                                                          "posit32_2"])
+@pytest.mark.parametrize("grid", [torch.bfloat16, torch.float16])
+def test_float32_nearest_matches_softposit_on_every_16_bit_float_value(grid, n, es):
+    """Every finite bfloat16 / float16 value (65536 bit patterns each), as a float32 input."""
+    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(grid)
+    x = x[torch.isfinite(x)].float()
+    same_bits(emunum.quantize(x, PositFormat(n, es)), oracle(x.double().numpy(), n, es, torch.float32))
+
+
+@needs_softposit
 @pytest.mark.parametrize("dtype,n,es", [(torch.bfloat16, 8, 2), (torch.float16, 8, 0), (torch.bfloat16, 8, 0)])
 def test_16_bit_dtypes_match_softposit_on_every_finite_value(dtype, n, es):
     """posit8 values fit these dtypes exactly: the result is SoftPosit's value."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .formats import BLOCK_PRESETS, FloatFormat, PRESETS
+from .formats import BLOCK_PRESETS, POSIT_PRESETS, FloatFormat, PRESETS
 
 
 def formats_table() -> str:
@@ -32,10 +32,21 @@ def block_formats_table() -> str:
     return "\n".join(rows)
 
 
+def posit_formats_table() -> str:
+    head = f"{'posit':<12} {'bits':>4} {'es':>2} {'max (maxpos)':>13} {'min_positive':>13}"
+    rows = [head, "-" * len(head)]
+    for name, f in POSIT_PRESETS.items():
+        rows.append(f"{name:<12} {f.nbits:>4} {f.es:>2} {f.max:>13.6g} {f.min_positive:>13.6g}")
+    rows.append("any posit<n>_<es>: n 2..32, es 0..5 (posit<n> has es=2)")
+    return "\n".join(rows)
+
+
 def _cmd_formats(args) -> int:
     print(formats_table())
     print()
     print(block_formats_table())
+    print()
+    print(posit_formats_table())
     return 0
 
 

@@ -32,7 +32,7 @@ import torch
 import torch.autograd.forward_ad as _fwd_ad
 from torch import Tensor
 
-from .formats import FixedFormat, FloatFormat, Format, RoundMode, Special
+from .formats import FixedFormat, FloatFormat, Format, PositFormat, RoundMode, Special
 from .quantize import format_to_args, quantize, quantize_checked  # noqa: F401  (format_to_args: re-exported)
 from .rng import mix64_int
 
@@ -57,8 +57,13 @@ def _format_from_args(args: tuple) -> Format | None:
     if args[0] == 1 and len(args) == 5:
         _, bits, frac, signed, sat = args
         return FixedFormat(bits, frac, signed=bool(signed), saturate=bool(sat))
+    if args[0] == 2 and len(args) == 3:
+        try:
+            return PositFormat(args[1], args[2])
+        except ValueError as e:
+            raise ValueError(f"format args {args!r} are not an encoded format: {e}") from None
     raise ValueError(f"format args {args!r} are not an encoded format; expected [0, exp, man, bias, subnormals, "
-                     "special, saturate] or [1, bits, frac_bits, signed, saturate]")
+                     "special, saturate], [1, bits, frac_bits, signed, saturate] or [2, nbits, es]")
 
 
 def derive_seed(seed: Optional[int], stream: int) -> Optional[int]:
@@ -144,11 +149,12 @@ def _(x, fwd, fwd_mode, bwd, bwd_mode, clipped, seed, sr_bits):
 
 
 def in_range_mask(x: Tensor, fmt: Format) -> Tensor:
-    """True where x lies within fmt's range (|x| <= max for floats, min <= x <= max for fixed point), or is NaN.
+    """True where x lies within fmt's range (|x| <= max for floats and posits, min <= x <= max for fixed point),
+    or is NaN.
 
     Compared in float64, so that the format's limits are exact."""
     xd = x.to(torch.float64)
-    if isinstance(fmt, FloatFormat):
+    if isinstance(fmt, (FloatFormat, PositFormat)):
         return ~(xd.abs() > fmt.max)
     return ~((xd > fmt.max) | (xd < fmt.min))
 

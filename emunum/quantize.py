@@ -9,7 +9,7 @@ import torch
 
 from . import buffers
 from .block_quantize import quantize_block_checked
-from .formats import BlockFormat, FixedFormat, FloatFormat, Format, RoundMode, get_format
+from .formats import BlockFormat, FixedFormat, FloatFormat, Format, PositFormat, RoundMode, get_format
 from .rng import seed_key
 from .reference import quantize_reference, quantize_torch
 
@@ -97,6 +97,9 @@ def _check_out(out, x: torch.Tensor) -> None:
 @functools.lru_cache(maxsize=512)
 def _cpu_runner(fmt: Format, dtype: torch.dtype):
     """The CPU kernel for (fmt, dtype) with its arguments bound, ``run(src, dst, n, mode, key, nbits)``."""
+    if isinstance(fmt, PositFormat):
+        from .kernels import posit_cpu  # lazy, as _cpu()
+        return posit_cpu.posit_runner(_NUMPY_DTYPES[dtype], fmt.nbits, fmt.es)
     backend = _cpu()
     args = fmt.to_kernel_args()[1:]
     if isinstance(fmt, FloatFormat):
@@ -151,6 +154,12 @@ def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: Ro
     """
     backend = _cuda_backend()
     layout = _LAYOUT16.get(src.dtype)
+    if isinstance(fmt, PositFormat):
+        from .kernels import posit_cuda
+        with backend.device_of(src):
+            posit_cuda.quantize_posit(backend.as_device_array(src), backend.as_device_array(dst), fmt.nbits, fmt.es,
+                                      int(mode), key, nbits, layout=layout, stream=backend.torch_stream(src.device))
+        return
     with backend.device_of(src):
         s, d = backend.as_device_array(src), backend.as_device_array(dst)
         stream = backend.torch_stream(src.device)
@@ -168,7 +177,7 @@ def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: Rou
                    nbits: int) -> None:
     """Round CUDA tensor x into result (x's shape, dtype and device); tiny tensors take the torch path."""
     _cuda_backend()  # the same error for every size when numba-cuda is missing
-    if x.numel() <= CUDA_TORCH_PATH_MAX_NUMEL:
+    if x.numel() <= CUDA_TORCH_PATH_MAX_NUMEL and not isinstance(fmt, PositFormat):  # no torch path for posits
         result.copy_(quantize_torch(x, fmt, mode, seed=seed, sr_bits=nbits))
         return
     src = x.detach().contiguous().view(-1)
@@ -182,10 +191,13 @@ def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: Rou
 
 def format_to_args(fmt) -> list[int]:
     """A format as plain ints for a custom op: float ``[0, exp, man, bias, subnormals, special, saturate]``,
-    fixed ``[1, bits, frac_bits, signed, saturate]``. ``None`` gives ``[]`` (no rounding)."""
+    fixed ``[1, bits, frac_bits, signed, saturate]``, posit ``[2, nbits, es]``. ``None`` gives ``[]`` (no
+    rounding)."""
     if fmt is None:
         return []
     fmt = get_format(fmt)
+    if isinstance(fmt, PositFormat):
+        return [2, fmt.nbits, fmt.es]
     if not isinstance(fmt, (FloatFormat, FixedFormat)):
         raise TypeError(f"{fmt.name} is not an element format (FloatFormat/FixedFormat); block formats apply to "
                         "GEMM operands (emunum.patch) or through emunum.quantize(x, fmt, axis=...)")
@@ -204,7 +216,7 @@ def quantize(x: torch.Tensor, fmt, rounding="nearest", *, seed: int | None = Non
              out: torch.Tensor | None = None, sr_bits: int | None = None, axis: int = -1) -> torch.Tensor:
     """Round every element of ``x`` to the nearest-by-``rounding`` value of ``fmt``.
 
-    fmt: a FloatFormat / FixedFormat or a name (``get_format``). rounding: nearest (ties to even),
+    fmt: a FloatFormat / FixedFormat / PositFormat or a name (``get_format``). rounding: nearest (ties to even),
     nearest_away, toward_zero, up, down, odd, stochastic. The result has x's dtype and shape; float64 is
     rounded from its own value, float32 likewise, and float16/bfloat16 through float32 (exact), with the
     result cast back round-to-nearest-even (exact whenever fmt's values are representable in that dtype).
@@ -274,7 +286,10 @@ def quantize_checked(x: torch.Tensor, fmt: Format, mode: RoundMode, seed: int | 
                 _warned_devices.add(dev)
                 warnings.warn(f"emunum has no kernel for device {dev!r}; using the slow reference path",
                               RuntimeWarning, stacklevel=2)
-            result.copy_(quantize_reference(x, fmt, mode, seed=seed, sr_bits=nbits))
+            if isinstance(fmt, PositFormat):  # no torch implementation: the CPU kernel, on a host copy
+                result.copy_(quantize_checked(x.detach().cpu(), fmt, mode, seed, nbits).to(x.device))
+            else:
+                result.copy_(quantize_reference(x, fmt, mode, seed=seed, sr_bits=nbits))
             return result
         if dev == "cuda":
             _quantize_cuda(x, result, fmt, mode, seed, key, nbits)

@@ -61,3 +61,15 @@ def test_bad_command_exits_with_usage(argv, capsys):
         main(argv)
     assert e.value.code == 2
     assert "usage: emunum" in capsys.readouterr().err
+
+
+def test_formats_lists_the_posit_presets_in_their_own_table(capsys):
+    from emunum.formats import POSIT_PRESETS
+
+    assert main(["formats"]) == 0
+    table = [t for t in capsys.readouterr().out.split("\n\n") if t.startswith("posit")]
+    assert len(table) == 1
+    rows = {line.split()[0]: line.split() for line in table[0].splitlines()[2:-1]}
+    assert set(rows) == set(POSIT_PRESETS)
+    for name, fmt in POSIT_PRESETS.items():
+        assert rows[name][1:] == [str(fmt.nbits), str(fmt.es), f"{fmt.max:.6g}", f"{fmt.min_positive:.6g}"]

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..formats import FloatFormat, RoundMode, get_format
+from ..formats import FloatFormat, PositFormat, RoundMode, get_format
 from ..ops import derive_seed, format_to_args
 from ..quantize import check_seed, check_sr_bits
 from ..reference import round_fixed_reference, round_float_reference
@@ -44,6 +44,8 @@ class DesignRounder:
             )
         if isinstance(self.fmt, FloatFormat):
             r = round_float_reference(v, self.fmt, RoundMode.NEAREST)
+        elif isinstance(self.fmt, PositFormat):
+            r = self.fmt.decode(self.fmt.encode(v))
         else:
             r = round_fixed_reference(v, self.fmt, RoundMode.NEAREST)
         return float(r) if r.ndim == 0 else tuple(float(t) for t in r.reshape(-1))

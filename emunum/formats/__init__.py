@@ -1,7 +1,8 @@
 """Number formats: what values exist, and how to round to them. One module per number system.
 
 ``base`` (RoundMode, the NumberFormat interface), ``float`` (FloatFormat), ``fixed`` (FixedFormat),
-``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue), ``names`` (get_format).
+``posit`` (PositFormat), ``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue),
+``names`` (get_format).
 """
 from typing import Union
 
@@ -10,12 +11,14 @@ from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0, BlockFormat, E8M0Format, 
 from .fixed import FixedFormat
 from .float import FloatFormat, Special
 from .names import format_or_none, get_format
-from .presets import ALIASES, PRESETS, known_names
+from .posit import PositFormat
+from .presets import ALIASES, POSIT_PRESETS, PRESETS, known_names
 
-Format = Union[FloatFormat, FixedFormat]  # the element formats the kernels take directly
+Format = Union[FloatFormat, FixedFormat, PositFormat]  # the element formats the kernels take directly
 
 __all__ = [
     "NumberFormat", "RoundMode", "Overflow", "parse_enum", "FloatFormat", "FixedFormat", "Special", "Format",
     "get_format", "format_or_none", "PRESETS", "ALIASES", "known_names",
+    "PositFormat", "POSIT_PRESETS",
     "BlockFormat", "E8M0Format", "E8M0", "ScaleRule", "BLOCK_PRESETS", "BLOCK_ALIASES",
 ]

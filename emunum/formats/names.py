@@ -5,6 +5,7 @@ Names are case-insensitive. Grammar (besides the presets):
   how the digits split (``fp16_1510`` is 1-5-10), and must match.
 - ``[fp<N>_]e<E>m<M>[fn|fnuz|none]``: IEEE-style unless a suffix names another special-value policy.
 - ``fixed<bits>_<frac>`` / ``ufixed<bits>_<frac>``; ``int<N>`` / ``uint<N>`` (frac 0).
+- ``posit<N>_<es>`` (``posit8_0``, ``posit16_1``); ``posit<N>`` has es=2 (the Posit Standard 2022).
 """
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ import re
 from .base import NumberFormat
 from .fixed import FixedFormat
 from .float import FloatFormat, Special
+from .posit import PositFormat
 from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0
-from .presets import ALIASES, PRESETS, known_names
+from .presets import ALIASES, POSIT_PRESETS, PRESETS, known_names
 
 _SUFFIX = r"(fn|fnuz|none)?"
 _PACKED = re.compile(r"fp(\d+)_1(\d+?)" + _SUFFIX + r"$")
 _EM = re.compile(r"(?:fp(\d+)_)?e(\d+)m(\d+)" + _SUFFIX + r"$")
 _FIXED = re.compile(r"(u?)fixed(\d+)_(-?\d+)$")
 _INT = re.compile(r"(u?)int(\d+)$")
+_POSIT = re.compile(r"posit(\d+)(?:_(\d+))?$")
 
 
 def _special(suffix: str | None) -> Special:
@@ -55,6 +58,9 @@ def _parse(name: str) -> NumberFormat | None:
     m = _INT.match(name)
     if m:
         return FixedFormat(int(m.group(2)), 0, signed=not m.group(1))
+    m = _POSIT.match(name)
+    if m:
+        return PositFormat(int(m.group(1)), 2 if m.group(2) is None else int(m.group(2)))
     return None
 
 
@@ -70,6 +76,8 @@ def get_format(name_or_spec) -> NumberFormat:
     key = ALIASES.get(key, key)
     if key in PRESETS:
         return PRESETS[key]
+    if key in POSIT_PRESETS:
+        return POSIT_PRESETS[key]
     key = BLOCK_ALIASES.get(key, key)
     if key in BLOCK_PRESETS:
         return BLOCK_PRESETS[key]
@@ -80,7 +88,7 @@ def get_format(name_or_spec) -> NumberFormat:
         raise ValueError(
             f"fmt={name_or_spec!r} is not a known format; presets: {', '.join(known_names())}; block formats: "
             f"{', '.join(sorted(BLOCK_PRESETS) + sorted(BLOCK_ALIASES))}, e8m0; "
-            "or write fp<N>_<s><e><m>, e<E>m<M>[fn|fnuz|none], fixed<bits>_<frac>"
+            "or write fp<N>_<s><e><m>, e<E>m<M>[fn|fnuz|none], fixed<bits>_<frac>, posit<N>_<es>"
         )
     return fmt
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from .base import NumberFormat
 from .fixed import FixedFormat
 from .float import FloatFormat
+from .posit import PositFormat
 
 PRESETS: dict[str, NumberFormat] = {
     "fp32": FloatFormat(8, 23),
@@ -32,5 +33,13 @@ ALIASES: dict[str, str] = {
     "fp8_e4m3": "fp8_143", "e4m3": "fp8_143",
 }
 
+# Posits (own table: ``emunum formats`` lists them apart). es=2 as in the Posit Standard (2022); any
+# ``posit<n>_<es>`` (and ``posit<n>``, es=2) is parsed by ``get_format``.
+POSIT_PRESETS: dict[str, PositFormat] = {
+    "posit8": PositFormat(8, 2),
+    "posit16": PositFormat(16, 2),
+}
+
+
 def known_names() -> list[str]:
-    return sorted(PRESETS) + sorted(ALIASES)
+    return sorted(PRESETS) + sorted(ALIASES) + sorted(POSIT_PRESETS)

@@ -80,7 +80,7 @@ from typing import Union
 
 import numpy as np
 
-from ..formats import FloatFormat, Format, RoundMode, format_or_none, parse_enum
+from ..formats import FixedFormat, FloatFormat, Format, RoundMode, format_or_none, parse_enum
 from ..rng import mix64_int, seed_key
 from .presets import preset_kwargs
 
@@ -177,6 +177,12 @@ class MADUnit:
         else:
             object.__setattr__(self, "acc_fmt", format_or_none(self.acc_fmt, "MADUnit.acc_fmt"))
         object.__setattr__(self, "mul_fmt", format_or_none(self.mul_fmt, "MADUnit.mul_fmt"))
+        for field in ("mul_fmt", "acc_fmt"):
+            v = getattr(self, field)
+            if v is not None and v != EXACT and not isinstance(v, (FloatFormat, FixedFormat)):
+                allowed = "a FloatFormat or FixedFormat" + (" or 'exact'" if field == "acc_fmt" else "")
+                raise ValueError(f"MADUnit.{field}={v.name}: allowed: {allowed} (round tensors to "
+                                 f"{type(v).__name__}s with emunum.quantize or emunum.patch)")
         object.__setattr__(self, "mul_rounding", RoundMode.parse(self.mul_rounding, "MADUnit.mul_rounding"))
         object.__setattr__(self, "acc_rounding", RoundMode.parse(self.acc_rounding, "MADUnit.acc_rounding"))
         if self.fused and self.mul_fmt is not None:

@@ -106,6 +106,8 @@ def test_non_string_raises_type_error(bad):
 
 
 def test_known_names_cover_presets_and_aliases():
+    from emunum.formats import POSIT_PRESETS
+
     names = known_names()
-    assert set(names) == set(PRESETS) | set(ALIASES)
+    assert set(names) == set(PRESETS) | set(ALIASES) | set(POSIT_PRESETS)
     assert emunum.PRESETS is PRESETS

@@ -9,7 +9,8 @@ import torch
 
 from . import buffers
 from .block_quantize import quantize_block_checked
-from .formats import BlockFormat, FixedFormat, FloatFormat, Format, RoundMode, get_format
+from .formats import BlockFormat, FixedFormat, FloatFormat, Format, LogFormat, RoundMode, TableFormat, get_format
+from .formats.interned import intern
 from .rng import seed_key
 from .reference import quantize_reference, quantize_torch
 
@@ -99,6 +100,12 @@ def _cpu_runner(fmt: Format, dtype: torch.dtype):
     """The CPU kernel for (fmt, dtype) with its arguments bound, ``run(src, dst, n, mode, key, nbits)``."""
     backend = _cpu()
     args = fmt.to_kernel_args()[1:]
+    if isinstance(fmt, TableFormat):
+        from .kernels import table_cpu
+        return table_cpu.table_runner(_NUMPY_DTYPES[dtype], *args)
+    if isinstance(fmt, LogFormat):
+        from .kernels import log_cpu
+        return log_cpu.log_runner(_NUMPY_DTYPES[dtype], *args)
     if isinstance(fmt, FloatFormat):
         return backend.float_runner(_NUMPY_DTYPES[dtype], *args)
     return backend.fixed_runner(_NUMPY_DTYPES[dtype], *args)
@@ -150,6 +157,9 @@ def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: Ro
     Zero-copy views, launched on torch's current stream of src's device; 16-bit dtypes round in-kernel.
     """
     backend = _cuda_backend()
+    if isinstance(fmt, (TableFormat, LogFormat)):
+        _run_cuda_lookup(src, dst, fmt, mode, key, nbits)
+        return
     layout = _LAYOUT16.get(src.dtype)
     with backend.device_of(src):
         s, d = backend.as_device_array(src), backend.as_device_array(dst)
@@ -164,11 +174,34 @@ def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: Ro
                                    stream=stream)
 
 
+def _run_cuda_lookup(src: torch.Tensor, dst: torch.Tensor, fmt, mode: RoundMode, key: int, nbits: int):
+    """TableFormat / LogFormat on CUDA: float32/float64 in place of the kernel's arrays; 16-bit dtypes are
+    rounded through float32 and cast back (nearest-even), as on the CPU."""
+    if src.dtype in _LAYOUT16:
+        work = src.float()
+        _run_cuda_lookup(work, work, fmt, mode, key, nbits)
+        dst.copy_(work)
+        return
+    from .kernels import cuda as backend
+    with backend.device_of(src):
+        s, d = backend.as_device_array(src), backend.as_device_array(dst)
+        stream = backend.torch_stream(src.device)
+        if isinstance(fmt, TableFormat):
+            from .kernels import table_cuda
+            table_cuda.quantize_table(s, d, fmt.n, table_cuda.device_table(fmt.to_kernel_args()[2]), int(mode),
+                                      key, nbits, stream=stream)
+        else:
+            from .kernels import log_cuda
+            _, frac, kmin, kmax, signed, tab = fmt.to_kernel_args()
+            log_cuda.quantize_log(s, d, frac, kmin, kmax, signed, log_cuda.device_table(tab), int(mode), key,
+                                  nbits, stream=stream)
+
+
 def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: RoundMode, seed: int, key: int,
                    nbits: int) -> None:
     """Round CUDA tensor x into result (x's shape, dtype and device); tiny tensors take the torch path."""
     _cuda_backend()  # the same error for every size when numba-cuda is missing
-    if x.numel() <= CUDA_TORCH_PATH_MAX_NUMEL:
+    if x.numel() <= CUDA_TORCH_PATH_MAX_NUMEL and isinstance(fmt, (FloatFormat, FixedFormat)):
         result.copy_(quantize_torch(x, fmt, mode, seed=seed, sr_bits=nbits))
         return
     src = x.detach().contiguous().view(-1)
@@ -182,10 +215,13 @@ def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: Rou
 
 def format_to_args(fmt) -> list[int]:
     """A format as plain ints for a custom op: float ``[0, exp, man, bias, subnormals, special, saturate]``,
-    fixed ``[1, bits, frac_bits, signed, saturate]``. ``None`` gives ``[]`` (no rounding)."""
+    fixed ``[1, bits, frac_bits, signed, saturate]``, any other element spec (TableFormat, LogFormat)
+    ``[3, id]`` with ``id = formats.interned.intern(fmt)``. ``None`` gives ``[]`` (no rounding)."""
     if fmt is None:
         return []
     fmt = get_format(fmt)
+    if isinstance(fmt, (TableFormat, LogFormat)):
+        return [3, intern(fmt)]
     if not isinstance(fmt, (FloatFormat, FixedFormat)):
         raise TypeError(f"{fmt.name} is not an element format (FloatFormat/FixedFormat); block formats apply to "
                         "GEMM operands (emunum.patch) or through emunum.quantize(x, fmt, axis=...)")
@@ -269,6 +305,9 @@ def quantize_checked(x: torch.Tensor, fmt: Format, mode: RoundMode, seed: int | 
 
     with torch.no_grad():
         dev = x.device.type
+        if dev not in ("cpu", "cuda") and isinstance(fmt, (TableFormat, LogFormat)):
+            result.copy_(quantize_checked(x.detach().cpu(), fmt, mode, seed, nbits).to(x.device))
+            return result
         if dev not in ("cpu", "cuda"):
             if dev not in _warned_devices:
                 _warned_devices.add(dev)

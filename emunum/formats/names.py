@@ -5,6 +5,8 @@ Names are case-insensitive. Grammar (besides the presets):
   how the digits split (``fp16_1510`` is 1-5-10), and must match.
 - ``[fp<N>_]e<E>m<M>[fn|fnuz|none]``: IEEE-style unless a suffix names another special-value policy.
 - ``fixed<bits>_<frac>`` / ``ufixed<bits>_<frac>``; ``int<N>`` / ``uint<N>`` (frac 0).
+- ``lns<int_bits>_<frac_bits>`` / ``ulns<int_bits>_<frac_bits>``: LogFormat (signed / unsigned).
+- codebooks (``TABLE_PRESETS``): ``nf4``, ``af4``, ``fp4_bnb``; block-scaled ``nf4_b64`` (a BlockFormat).
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from .base import NumberFormat
 from .fixed import FixedFormat
 from .float import FloatFormat, Special
 from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0
+from .log import LogFormat
+from .table import TABLE_PRESETS
 from .presets import ALIASES, PRESETS, known_names
 
 _SUFFIX = r"(fn|fnuz|none)?"
@@ -21,6 +25,7 @@ _PACKED = re.compile(r"fp(\d+)_1(\d+?)" + _SUFFIX + r"$")
 _EM = re.compile(r"(?:fp(\d+)_)?e(\d+)m(\d+)" + _SUFFIX + r"$")
 _FIXED = re.compile(r"(u?)fixed(\d+)_(-?\d+)$")
 _INT = re.compile(r"(u?)int(\d+)$")
+_LNS = re.compile(r"(u?)lns(\d+)_(\d+)$")
 
 
 def _special(suffix: str | None) -> Special:
@@ -55,6 +60,9 @@ def _parse(name: str) -> NumberFormat | None:
     m = _INT.match(name)
     if m:
         return FixedFormat(int(m.group(2)), 0, signed=not m.group(1))
+    m = _LNS.match(name)
+    if m:
+        return LogFormat(int(m.group(2)), int(m.group(3)), signed=not m.group(1))
     return None
 
 
@@ -70,6 +78,8 @@ def get_format(name_or_spec) -> NumberFormat:
     key = ALIASES.get(key, key)
     if key in PRESETS:
         return PRESETS[key]
+    if key in TABLE_PRESETS:
+        return TABLE_PRESETS[key]
     key = BLOCK_ALIASES.get(key, key)
     if key in BLOCK_PRESETS:
         return BLOCK_PRESETS[key]
@@ -79,8 +89,9 @@ def get_format(name_or_spec) -> NumberFormat:
     if fmt is None:
         raise ValueError(
             f"fmt={name_or_spec!r} is not a known format; presets: {', '.join(known_names())}; block formats: "
-            f"{', '.join(sorted(BLOCK_PRESETS) + sorted(BLOCK_ALIASES))}, e8m0; "
-            "or write fp<N>_<s><e><m>, e<E>m<M>[fn|fnuz|none], fixed<bits>_<frac>"
+            f"{', '.join(sorted(BLOCK_PRESETS) + sorted(BLOCK_ALIASES))}, e8m0; codebooks: "
+            f"{', '.join(TABLE_PRESETS)}; or write fp<N>_<s><e><m>, e<E>m<M>[fn|fnuz|none], fixed<bits>_<frac>, "
+            "[u]lns<int_bits>_<frac_bits>"
         )
     return fmt
 

@@ -63,11 +63,11 @@ def round_log_value(x, tab, frac_bits, kmin, kmax, signed, mode, rnd, nbits):
                 p = math.log2(s) * F - (lo >> 1)
                 p = min(max(p, 0.0), 1.0)
             else:  # between zero and min: by value
-                p = a / math.ldexp(tab[F2 + (kmin & (F - 1))], kmin >> frac_bits)
+                p = a / math.ldexp(tab[F2 + (kmin & (F - 1))], int(kmin >> frac_bits))
             kr = kf + 1 if stochastic_up(p, rnd, nbits) else kf
         if kr > kmax:
             kr = kmax
     if kr < kmin:
         return 0.0
-    v = math.ldexp(tab[F2 + (kr & (F - 1))], kr >> frac_bits)
+    v = math.ldexp(tab[F2 + (kr & (F - 1))], int(kr >> frac_bits))
     return -v if neg else v

@@ -130,8 +130,8 @@ def _checked_values(values) -> tuple:
     if step.size:
         i = int(step[0]) + 1
         what = "a duplicate of" if a[i] == a[i - 1] else "smaller than"
-        raise ValueError(f"TableFormat.values must be strictly increasing: values[{i}]={a[i]!r} is {what} "
-                         f"values[{i - 1}]={a[i - 1]!r}")
+        raise ValueError(f"TableFormat.values must be strictly increasing: values[{i}]={float(a[i])!r} is {what} "
+                         f"values[{i - 1}]={float(a[i - 1])!r}")
     return tuple(0.0 if x == 0.0 else float(x) for x in a)  # -0.0 and 0.0 are one value: store +0.0
 
 

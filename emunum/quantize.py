@@ -10,7 +10,7 @@ import torch
 from . import buffers
 from .block_quantize import quantize_block_checked
 from .formats import BlockFormat, FixedFormat, FloatFormat, Format, LogFormat, RoundMode, TableFormat, get_format
-from .formats.interned import intern
+from .formats.interned import intern as _intern
 from .rng import seed_key
 from .reference import quantize_reference, quantize_torch
 
@@ -18,6 +18,9 @@ FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 DEFAULT_SR_BITS = 32
 
 _warned_devices: set[str] = set()
+
+# torch.compile calls this at trace time and bakes the id in as a constant (its lock cannot be traced)
+intern = torch.compiler.assume_constant_result(_intern)
 
 _STOCHASTIC = RoundMode.STOCHASTIC
 _KEY0 = seed_key(0)  # the key of seed 0, which every non-stochastic rounding passes

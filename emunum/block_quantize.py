@@ -110,7 +110,7 @@ def table_blocks(work: torch.Tensor, fmt: BlockFormat, tile, mode: RoundMode, ke
     """(values, scales) of a (P, R, C) tensor for a BlockFormat with a codebook element (``nf4_b64``): the
     scales by torch ops on work's device (BlockFormat's amax rule), the elements x / (S*T) (float64) by the
     table kernel with the stochastic bits of the flat (P, R, C) index, as the block kernels use."""
-    from .quantize import _run_cpu, _run_cuda_kernel, quantize_checked  # quantize imports this module
+    from .reference import quantize_torch
     P, R, C = work.shape
     tr, tc = tile
     nbr, nbc = -(-R // tr), -(-C // tc)
@@ -124,13 +124,19 @@ def table_blocks(work: torch.Tensor, fmt: BlockFormat, tile, mode: RoundMode, ke
     t = tensor_scale(work, fmt)
     el, sc = fmt.element, fmt.scale
     want = torch.clamp(amax / el.max / t, max=sc.max)
-    s = quantize_checked(want, sc, RoundMode.NEAREST, None, 32).clamp(min=sc.min_subnormal, max=sc.max)
+    s = quantize_torch(want, sc, RoundMode.NEAREST).clamp(min=sc.min_subnormal, max=sc.max)
     s = torch.where(nan, torch.nan, s)
     full = (s * t).repeat_interleave(tr, dim=1).repeat_interleave(tc, dim=2)[:, :R, :C]
-    scaled = (w / full).contiguous()
+    scaled = (w / full).contiguous().view(-1)
     q = torch.empty_like(scaled)
+    _, n, tab = el.to_kernel_args()
     if work.device.type == "cuda":
-        _run_cuda_kernel(scaled.view(-1), q.view(-1), el, mode, key, nbits)
+        from .kernels import cuda as kc, table_cuda
+        with kc.device_of(work):
+            table_cuda.quantize_table(kc.as_device_array(scaled), kc.as_device_array(q), n,
+                                      table_cuda.device_table(tab), int(mode), key, nbits,
+                                      stream=kc.torch_stream(work.device))
     else:
-        _run_cpu(scaled.view(-1), q.view(-1), el, mode, key, nbits)
-    return (q * full).to(work.dtype), s
+        from .kernels import table_cpu
+        table_cpu.quantize_table(scaled.numpy(), q.numpy(), n, tab, int(mode), key, nbits)
+    return (q.view(P, R, C) * full).to(work.dtype), s

@@ -58,12 +58,3 @@ def quantize_log(src: np.ndarray, dst: np.ndarray, frac_bits, kmin, kmax, signed
         run = log_parallel if par else log_serial
         run(src, dst, tab, *_ints(frac_bits, kmin, kmax, signed), mode, np.uint64(key), nbits)
 
-
-def round_log_array(v: np.ndarray, fmt, mode: int, seed: int) -> np.ndarray:
-    """float64 array -> rounded float64 values (``LogFormat.encode``'s reference path)."""
-    from .scalar.common import mix64
-    _, frac_bits, kmin, kmax, signed, tab = fmt.to_kernel_args()
-    out = np.empty_like(v)
-    quantize_log(np.ascontiguousarray(v), out, frac_bits, kmin, kmax, signed, tab, mode,
-                 int(mix64(np.uint64(seed))), 32, parallel=False)
-    return out

@@ -55,11 +55,3 @@ def quantize_table(src: np.ndarray, dst: np.ndarray, n, tab, mode, key, nbits, p
         run = table_parallel if par else table_serial
         run(src, dst, tab, np.int64(n), mode, np.uint64(key), nbits)
 
-
-def round_table_array(v: np.ndarray, fmt, mode: int, seed: int) -> np.ndarray:
-    """float64 array -> rounded float64 values (``TableFormat.encode``'s reference path)."""
-    from .scalar.common import mix64
-    _, n, tab = fmt.to_kernel_args()
-    out = np.empty_like(v)
-    quantize_table(np.ascontiguousarray(v), out, n, tab, mode, int(mix64(np.uint64(seed))), 32, parallel=False)
-    return out

@@ -12,6 +12,7 @@ from fractions import Fraction
 import numpy as np
 
 from .base import NumberFormat, RoundMode, check_bool, check_int
+from .table import seed0_bits, stochastic_up_np
 
 MAX_FRAC_BITS = 10
 
@@ -130,15 +131,15 @@ class LogFormat(NumberFormat):
         return v
 
     def encode(self, values, rounding: str = "nearest") -> np.ndarray:
-        """Values -> codes (int64 in [0, 2**bits)), rounded as the class docstring says (stochastic: seed 0).
-        NaN -> the NaN code (signed formats; unsigned ones have none: ValueError)."""
-        from ..kernels.log_cpu import round_log_array  # lazy: numba compiles on first use only
+        """Values -> codes (int64 in [0, 2**bits)), rounded as the class docstring says (a numpy
+        implementation; stochastic rounding draws the bits of seed 0). NaN -> the NaN code (signed formats;
+        unsigned ones have none: ValueError)."""
         mode = RoundMode.parse(rounding)
         v = np.array(values, dtype=np.float64)
         nan = np.isnan(v)
         if np.any(nan) and not self.signed:
             raise ValueError(f"{self.name} has no code for NaN")
-        q = round_log_array(v.reshape(-1), self, int(mode), 0).reshape(v.shape)
+        q = round_log_np(self, v.reshape(-1), mode).reshape(v.shape)
         return self._codes_of(q, nan)
 
     def _codes_of(self, q: np.ndarray, nan: np.ndarray) -> np.ndarray:
@@ -185,6 +186,44 @@ class LogFormat(NumberFormat):
             nan = ((fa == zf) & (a >> E == 1)) | ((fb == zf) & (b >> E == 1))
             code = np.where(nan, self.nan_code, code)
         return code.astype(np.int64)
+
+
+def round_log_np(fmt: LogFormat, x: np.ndarray, mode: RoundMode) -> np.ndarray:
+    """Flat float64 x rounded to ``fmt`` (float64 values), numpy; the decisions of kernels/scalar/log.py."""
+    f, F = fmt.frac_bits, 1 << fmt.frac_bits
+    tab = log_tables(f)
+    kmin, kmax = fmt.kmin, fmt.kmax
+    neg = x < 0
+    a = np.abs(x)
+    fin = np.isfinite(a) & (a > 0)
+    m, e2 = np.frexp(np.where(fin, a, 1.0))
+    s = 2.0 * m
+    h = np.searchsorted(tab[1:2 * F], s, side="left")  # #{j >= 1: RD(2**(j/2F)) < s}
+    H = 2 * F * (e2.astype(np.int64) - 1) + h
+    kf, half, exact = H >> 1, H & 1, s == 1.0
+    under = kf < kmin - 1
+    kf, half, exact = np.where(under, kmin - 1, kf), np.where(under, 0, half), exact & ~under
+    if mode in (RoundMode.NEAREST, RoundMode.NEAREST_AWAY):
+        kr = kf + half
+    elif mode == RoundMode.TOWARD_ZERO:
+        kr = kf
+    elif mode == RoundMode.UP:
+        kr = kf + ~neg
+    elif mode == RoundMode.DOWN:
+        kr = kf + neg
+    elif mode == RoundMode.ODD:
+        kr = np.where(kf % 2 == 1, kf, kf + 1)
+    else:
+        p_log = np.clip(np.log2(s) * F - (h >> 1), 0.0, 1.0)
+        p_val = a / fmt.min_positive
+        kr = kf + stochastic_up_np(np.where(kf >= kmin, p_log, p_val), seed0_bits(x.size))
+    kr = np.where(exact, kf, kr)
+    kr = np.where(np.isinf(a), kmax, np.minimum(kr, kmax))
+    mag = np.ldexp(tab[2 * F + (kr & (F - 1))], kr >> f)
+    mag = np.where(kr < kmin, 0.0, mag)
+    q = np.where(neg, -mag, mag)
+    q = np.where((a == 0) | (neg & (not fmt.signed)), 0.0, q)
+    return np.where(np.isnan(x), np.nan, q)
 
 
 _EPS = Fraction(1, 10**55)  # relative error bound of the 60-digit decimal powers (< 1 ulp of 60 digits)

@@ -101,15 +101,59 @@ class TableFormat(NumberFormat):
         return self.values()[c.astype(np.int64)]
 
     def encode(self, values, rounding: str = "nearest") -> np.ndarray:
-        """Values -> codes (indices into the sorted values, int64), rounded as the class docstring says;
-        stochastic rounding uses seed 0. NaN has no code (ValueError)."""
-        from ..kernels.table_cpu import round_table_array  # lazy: numba is compiled on first use only
+        """Values -> codes (indices into the sorted values, int64), rounded as the class docstring says
+        (a numpy implementation; stochastic rounding draws the bits of seed 0). NaN has no code."""
         mode = RoundMode.parse(rounding)
         v = np.array(values, dtype=np.float64)
         if np.any(np.isnan(v)):
             raise ValueError(f"{self.name} has no code for NaN")
-        q = round_table_array(v.reshape(-1), self, int(mode), 0).reshape(v.shape)
+        q = round_table_np(self, v.reshape(-1), mode).reshape(v.shape)
         return np.searchsorted(self.values(), q).astype(np.int64)
+
+
+def stochastic_up_np(p: np.ndarray, rnd: np.ndarray, nbits: int = 32) -> np.ndarray:
+    """The kernels' stochastic decision (kernels/scalar/table.py ``stochastic_up``), vectorised."""
+    d = p * 2.0**nbits
+    f = np.floor(d)
+    dd = d - f
+    f = f + ((dd > 0.5) | ((dd == 0.5) & (np.fmod(f, 2.0) == 1.0)))
+    return f + rnd.astype(np.float64) >= 2.0**nbits
+
+
+def seed0_bits(n: int) -> np.ndarray:
+    from ..rng import random_bits_reference, seed_key
+    return random_bits_reference(seed_key(0), n, 32)
+
+
+def round_table_np(fmt: "TableFormat", x: np.ndarray, mode: RoundMode) -> np.ndarray:
+    """Flat float64 x rounded to ``fmt`` (float64 values), numpy; the same decisions as the kernel core."""
+    v = fmt.values()
+    n = len(v)
+    hi_m, lo_m = (np.array(a) for a in _midpoints(fmt.values_))
+    with np.errstate(invalid="ignore"):
+        i = np.clip(np.searchsorted(v, x, side="right") - 1, 0, n - 2)
+        a, b = v[i], v[i + 1]
+        c = x - hi_m[i]
+        low = lo_m[i]
+        odd_lo = (i % 2) == 1
+        if mode == RoundMode.NEAREST:
+            up = (c > low) | ((c == low) & odd_lo)
+        elif mode == RoundMode.NEAREST_AWAY:
+            larger = (np.abs(b) > np.abs(a)) | ((np.abs(b) == np.abs(a)) & ~np.signbit(x))
+            up = (c > low) | ((c == low) & larger)
+        elif mode == RoundMode.TOWARD_ZERO:
+            up = x < 0
+        elif mode == RoundMode.UP:
+            up = np.ones(x.shape, bool)
+        elif mode == RoundMode.DOWN:
+            up = np.zeros(x.shape, bool)
+        elif mode == RoundMode.ODD:
+            up = ~odd_lo
+        else:
+            up = stochastic_up_np((x - a) / (b - a), seed0_bits(x.size))
+        q = np.where(x == a, a, np.where(up, b, a))
+        q = np.where(x <= v[0], v[0], np.where(x >= v[-1], v[-1], q))
+    return np.where(np.isnan(x), np.nan, q)
 
 
 def _checked_values(values) -> tuple:

@@ -257,3 +257,12 @@ def test_patched_linear_trains_one_step_with_a_log_format():
     opt.step()
     assert torch.isfinite(loss)
     assert any(not torch.equal(p, b) for p, b in zip(model.parameters(), params))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
+def test_numpy_encode_agrees_with_the_kernel(fmt, mode):
+    x = probe_points(fmt)
+    x = x[~np.isnan(x)]
+    got = fmt.decode(fmt.encode(x, mode))
+    assert same_bits(got, emunum.quantize(torch.from_numpy(x), fmt, mode).numpy())

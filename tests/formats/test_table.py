@@ -303,3 +303,13 @@ def test_custom_op_encoding_round_trips_through_interned_ids():
     assert format_to_args(TableFormat(list(fmt.values_), name="odd_table")) == args
     x = torch.randn(50, dtype=torch.float64)
     assert torch.equal(torch.ops.emunum.quantize(x, args, 0, None, 32), emunum.quantize(x, fmt))
+
+
+@pytest.mark.parametrize("mode", MODES + ["stochastic"])
+@pytest.mark.parametrize("name", list(TABLES))
+def test_numpy_encode_agrees_with_the_kernel_in_every_mode(name, mode):
+    fmt = TABLES[name]
+    x = probe_points(fmt.values_)
+    x = x[~np.isnan(x)]
+    got = fmt.decode(fmt.encode(x, mode))
+    assert np.array_equal(got, emunum.quantize(torch.from_numpy(x), fmt, mode, seed=0).numpy())

@@ -18,7 +18,8 @@ from .quantize import quantize
 __version__ = "0.1.0"
 
 __all__ = [
-    "BlockFormat", "FloatFormat", "FixedFormat", "TableFormat", "LogFormat", "RoundMode", "Special", "PRESETS", "get_format", "quantize",
+    "BlockFormat", "FloatFormat", "FixedFormat", "RoundMode", "Special", "PRESETS", "get_format", "quantize",
+    "TableFormat", "LogFormat",
     "OptimLP", "LossScaler",
     "patch", "unpatch", "patched", "register", "Policy", "Role", "RoleSpec", "Scaling", "trace",
     "Quantizer", "quantize_ste", "arithmetic", "emulated", "approx",

@@ -20,5 +20,6 @@ Format = Union[FloatFormat, FixedFormat]  # the element formats the kernels take
 __all__ = [
     "NumberFormat", "RoundMode", "Overflow", "parse_enum", "FloatFormat", "FixedFormat", "Special", "Format",
     "get_format", "format_or_none", "PRESETS", "ALIASES", "known_names",
-    "TableFormat", "LogFormat", "TABLE_PRESETS", "BlockFormat", "E8M0Format", "E8M0", "ScaleRule", "BLOCK_PRESETS", "BLOCK_ALIASES",
+    "BlockFormat", "E8M0Format", "E8M0", "ScaleRule", "BLOCK_PRESETS", "BLOCK_ALIASES",
+    "TableFormat", "LogFormat", "TABLE_PRESETS",
 ]

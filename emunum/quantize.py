@@ -243,7 +243,7 @@ def quantize(x: torch.Tensor, fmt, rounding="nearest", *, seed: int | None = Non
              out: torch.Tensor | None = None, sr_bits: int | None = None, axis: int = -1) -> torch.Tensor:
     """Round every element of ``x`` to the nearest-by-``rounding`` value of ``fmt``.
 
-    fmt: a FloatFormat / FixedFormat or a name (``get_format``). rounding: nearest (ties to even),
+    fmt: a FloatFormat / FixedFormat / TableFormat / LogFormat or a name (``get_format``). rounding: nearest (ties to even),
     nearest_away, toward_zero, up, down, odd, stochastic. The result has x's dtype and shape; float64 is
     rounded from its own value, float32 likewise, and float16/bfloat16 through float32 (exact), with the
     result cast back round-to-nearest-even (exact whenever fmt's values are representable in that dtype).

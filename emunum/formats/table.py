@@ -55,6 +55,9 @@ class TableFormat(NumberFormat):
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self):
+        return (TableFormat, (self.values_, self.name_))  # rebuilt, so the cached hash is this process's
+
     @property
     def n(self) -> int:
         return len(self.values_)

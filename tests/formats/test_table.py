@@ -313,3 +313,11 @@ def test_numpy_encode_agrees_with_the_kernel_in_every_mode(name, mode):
     x = x[~np.isnan(x)]
     got = fmt.decode(fmt.encode(x, mode))
     assert np.array_equal(got, emunum.quantize(torch.from_numpy(x), fmt, mode, seed=0).numpy())
+
+
+def test_pickle_and_deepcopy_rebuild_an_equal_spec_with_the_same_hash():
+    import copy
+    import pickle
+    fmt = TABLES["odd_table"]
+    for other in (pickle.loads(pickle.dumps(fmt)), copy.deepcopy(fmt)):
+        assert other == fmt and hash(other) == hash(fmt) and other.name == "odd_table"

@@ -280,7 +280,7 @@ def test_large_table_matches_searchsorted_reference():
     assert np.array_equal(got, v[idx])
 
 
-@pytest.mark.parametrize("fmt", ["nf4", TableFormat([-1.0, -0.25, 0.0, 0.25, 1.0])])
+@pytest.mark.parametrize("fmt", ["nf4", "nf4_b64", TableFormat([-1.0, -0.25, 0.0, 0.25, 1.0])], ids=str)
 def test_patched_linear_trains_one_step(fmt):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 4))

@@ -143,7 +143,7 @@ class LogFormat(NumberFormat):
         return self._codes_of(q, nan)
 
     def _codes_of(self, q: np.ndarray, nan: np.ndarray) -> np.ndarray:
-        table = self.values()  # all nonnegative values, by exponent code kmin..kmax (zero first)
+        table = self.magnitudes()  # zero, then exponent codes kmin..kmax
         mag = np.abs(np.where(nan, 0.0, q))
         idx = np.searchsorted(table, mag)
         E = self.exp_bits
@@ -153,14 +153,19 @@ class LogFormat(NumberFormat):
         code = (sign << E) | field
         return np.where(nan, self.nan_code if self.signed else 0, code).astype(np.int64)
 
-    def values(self) -> np.ndarray:
-        """The nonnegative values, ascending: 0, then exponent codes kmin..kmax (negatives are their mirror)."""
+    def magnitudes(self) -> np.ndarray:
+        """The nonnegative values, ascending: 0, then the values of exponent codes kmin..kmax."""
         if self.exp_bits > 16:
-            raise ValueError(f"values() lists formats of at most 16 exponent bits; {self.name} has {self.exp_bits}")
+            raise ValueError(f"{self.name}: values are listed for at most 16 exponent bits, it has {self.exp_bits}")
         k = np.arange(self.kmin, self.kmax + 1)
         f = self.frac_bits
         mag = np.ldexp(log_tables(f)[(2 << f) + (k & ((1 << f) - 1))], k >> f)
         return np.concatenate([[0.0], mag])
+
+    def values(self) -> np.ndarray:
+        """Every value, ascending (the negatives mirror the positives when signed)."""
+        m = self.magnitudes()
+        return np.concatenate([-m[:0:-1], m]) if self.signed else m
 
     def mul_codes(self, a, b) -> np.ndarray:
         """The product of codes a and b (numpy int arrays, broadcast), exactly as LNS hardware forms it: the

@@ -127,9 +127,12 @@ def test_float32_inputs_get_the_float64_code_value_cast_to_float32(mode):
 @pytest.mark.parametrize("fmt", FORMATS, ids=str)
 def test_code_values_are_the_float64_nearest_powers_and_decode_encode_round_trips(fmt):
     F = 2**fmt.frac_bits
-    vals = fmt.values()
+    vals = fmt.magnitudes()
     assert vals[0] == 0.0
     assert list(vals[1:]) == [value_of(k, F) for k in range(fmt.kmin, fmt.kmax + 1)]
+    every = fmt.values()
+    assert np.array_equal(every, np.concatenate([-vals[:0:-1], vals]) if fmt.signed else vals)
+    assert np.all(np.diff(every) > 0) and len(every) == 2**fmt.bits - int(fmt.signed)  # minus the NaN code
     assert fmt.max == value_of(fmt.kmax, F) and fmt.min_positive == value_of(fmt.kmin, F)
     codes = np.arange(2**fmt.bits)
     if fmt.signed:
@@ -200,6 +203,7 @@ def test_stochastic_keeps_exact_values_and_is_reproducible():
     fmt = LogFormat(3, 2)
     v = torch.from_numpy(fmt.values())
     assert torch.equal(emunum.quantize(v, fmt, "stochastic", seed=2), v)
+    assert (v < 0).any()
     x = torch.randn(3000, dtype=torch.float64)
     assert torch.equal(emunum.quantize(x, fmt, "stochastic", seed=9), emunum.quantize(x, fmt, "stochastic", seed=9))
 

@@ -30,14 +30,12 @@ def round_log_value(x, tab, frac_bits, kmin, kmax, signed, mode, rnd, nbits):
     else:
         fm, e2 = math.frexp(a)
         s = fm * 2.0
-        lo = 0
-        hi = F2
-        while hi - lo > 1:
-            mid = (lo + hi) >> 1
-            if s > tab[mid]:
-                lo = mid
-            else:
-                hi = mid
+        lo = 0  # branch-free binary search: the largest lo with lo == 0 or s > tab[lo], lo < 2F
+        length = F2
+        while length > 1:
+            half = length >> 1
+            lo = lo + half if s > tab[lo + half] else lo
+            length -= half
         H = F2 * (e2 - 1) + lo
         kf = H >> 1
         half = H & 1

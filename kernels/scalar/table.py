@@ -34,14 +34,12 @@ def round_table_value(x, tab, n, mode, rnd, nbits):
         return tab[0]
     if x >= tab[n - 1]:
         return tab[n - 1]
-    lo = 0
-    hi = n - 1  # tab[lo] <= x < tab[hi]
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if tab[mid] <= x:
-            lo = mid
-        else:
-            hi = mid
+    lo = 0  # branch-free binary search: the largest lo with tab[lo] <= x (tab[0] < x < tab[n-1] here)
+    length = n
+    while length > 1:
+        half = length >> 1
+        lo = lo + half if tab[lo + half] <= x else lo
+        length -= half
     a = tab[lo]
     b = tab[lo + 1]
     if x == a:

@@ -28,11 +28,15 @@ class LogFormat(NumberFormat):
     Signed: the sign bit with the zero field (code 2**E + 2**(E-1)) is NaN; zero is +0.
     Unsigned: no sign bit, no NaN code; negative inputs become 0 in every mode.
 
-    Rounding of |x| happens in the log domain, on t = 2**frac_bits * log2|x| (the sign is kept):
+    A code's value V(k) is the float64 nearest to 2**(k/2**frac_bits) (exact for k a multiple of
+    2**frac_bits); ``quantize`` casts it to x's dtype (nearest-even). An x equal to some +-V(k) is exact (comes
+    back unchanged in every mode, so rounding is idempotent); no other double lies between V(k) and
+    2**(k/2**frac_bits). Any other x is rounded in the log domain, on t = 2**frac_bits * log2|x| (the sign is
+    kept):
     - nearest: k = round(t). Ties cannot occur: every midpoint 2**((k+1/2)/2**frac_bits) is irrational, so
       the tie rule (to the even code) never applies; nearest_away is the same as nearest.
     - toward_zero / up / down / odd: floor(t), or floor(t)+1 where the direction (of x, not |x|) asks for
-      it; odd takes the neighbour with an odd k. Exact when |x| is a code's value (t an integer).
+      it; odd takes the neighbour with an odd k.
     - stochastic: floor(t)+1 with probability t - floor(t) (the log-distance; float64 log2, quantised to
       ``sr_bits`` bits), else floor(t). Unbiased in log2|x|, not in x.
     - Overflow (t > kmax, and infinities) saturates to +-max in every mode.
@@ -41,8 +45,9 @@ class LogFormat(NumberFormat):
       toward_zero (for |x|) give zero, away from zero gives min; odd gives min. Stochastic gives +-min with
       probability |x|/min, else zero (unbiased in x, since log2(0) has no distance).
     - NaN stays NaN; +-0 gives +0.
-    A code's value is the float64 nearest to 2**(k/2**frac_bits) (exact for k a multiple of 2**frac_bits),
-    cast to x's dtype (nearest-even) by ``quantize``. int_bits 0..10, frac_bits 0..10, E >= 2.
+    The stochastic probability uses float64 log2: CPU and CUDA agree bit for bit in numba's simulator; on a
+    GPU, CUDA's log2 may differ from the CPU's in the last bit, which flips a decision only when the
+    probability lies within ~1e-16 of a multiple of 2**-sr_bits. int_bits 0..10, frac_bits 0..10, E >= 2.
     """
 
     int_bits: int
@@ -208,6 +213,14 @@ def round_log_np(fmt: LogFormat, x: np.ndarray, mode: RoundMode) -> np.ndarray:
     kf, half, exact = H >> 1, H & 1, s == 1.0
     under = kf < kmin - 1
     kf, half, exact = np.where(under, kmin - 1, kf), np.where(under, 0, half), exact & ~under
+
+    def value(k):
+        return np.ldexp(tab[2 * F + (k & (F - 1))], k >> f)
+
+    with np.errstate(over="ignore"):
+        hit1 = (kf + 1 >= kmin) & (kf + 1 <= kmax) & (a == value(kf + 1))
+        kf = np.where(hit1, kf + 1, kf)
+        exact = exact | hit1 | ((kf >= kmin) & (kf <= kmax) & (a == value(kf)))
     if mode in (RoundMode.NEAREST, RoundMode.NEAREST_AWAY):
         kr = kf + half
     elif mode == RoundMode.TOWARD_ZERO:

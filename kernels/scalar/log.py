@@ -44,6 +44,14 @@ def round_log_value(x, tab, frac_bits, kmin, kmax, signed, mode, rnd, nbits):
             kf = kmin - 1
             half = 0
             exact = False
+        # a code's value V(k) is the float64 nearest 2**(k/F); no other double lies between the two, so x is
+        # one of the format's values exactly when it equals V(kf) or V(kf+1)
+        if kmin <= kf + 1 and kf + 1 <= kmax:
+            if a == math.ldexp(tab[F2 + ((kf + 1) & (F - 1))], int((kf + 1) >> frac_bits)):
+                kf = kf + 1
+                exact = True
+        if kmin <= kf and kf <= kmax and not exact:
+            exact = a == math.ldexp(tab[F2 + (kf & (F - 1))], int(kf >> frac_bits))
         if exact:
             kr = kf
         elif mode == NEAREST or mode == NEAREST_AWAY:

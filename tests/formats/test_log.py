@@ -60,6 +60,11 @@ def oracle(x: float, fmt: LogFormat, mode: str) -> float:
         above = a ** (2 * F) > Fraction(2) ** (2 * k + 1)
         if k < fmt.kmin - 1:
             k, exact, above = fmt.kmin - 1, False, False
+        # x equal to a code's (float64) value is exact
+        if fmt.kmin <= k + 1 <= fmt.kmax and abs(x) == value_of(k + 1, F):
+            k, exact = k + 1, True
+        elif fmt.kmin <= k <= fmt.kmax and abs(x) == value_of(k, F):
+            exact = True
         if exact:
             kr = k
         elif mode in ("nearest", "nearest_away"):
@@ -138,6 +143,13 @@ def test_code_values_are_the_float64_nearest_powers_and_decode_encode_round_trip
     if fmt.signed:
         codes = codes[codes != fmt.nan_code]
     assert np.array_equal(fmt.encode(fmt.decode(codes)), codes)
+
+
+@pytest.mark.parametrize("mode", MODES + ["stochastic"])
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
+def test_every_value_of_the_format_is_kept_in_every_mode(fmt, mode):
+    v = torch.from_numpy(fmt.values())
+    assert torch.equal(emunum.quantize(v, fmt, mode, seed=1), v)
 
 
 def test_code_layout_zero_field_and_nan_code():

@@ -15,13 +15,13 @@ from .table_cuda import device_table  # noqa: F401  (the same per-device table c
 
 
 @cuda.jit
-def log_kernel(src, dst, tab, frac_bits, kmin, kmax, signed, mode, key, nbits):
+def log_kernel(src, dst, tab, frac_bits, kmin, kmax, signed, snap32, mode, key, nbits):
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
     size = src.size
     while i < size:
         rnd = random_bits(key, i, nbits) if mode == STOCHASTIC else np.uint64(0)
-        dst[i] = _core(np.float64(src[i]), tab, frac_bits, kmin, kmax, signed, mode, rnd, nbits)
+        dst[i] = _core(np.float64(src[i]), tab, frac_bits, kmin, kmax, signed, snap32, mode, rnd, nbits)
         i += stride
 
 
@@ -35,5 +35,5 @@ def quantize_log(src, dst, frac_bits, kmin, kmax, signed, tab, mode, key, nbits,
     if isinstance(tab, np.ndarray):
         tab = device_table(tab)
     _launch(log_kernel, d_src.size, stream, d_src, d_dst, tab, np.int64(frac_bits), np.int64(kmin),
-            np.int64(kmax), np.int64(signed), mode, np.uint64(key), nbits)
+            np.int64(kmax), np.int64(signed), np.int64(src.dtype == np.float32), mode, np.uint64(key), nbits)
     _copy_back(d_dst, host, stream)

@@ -29,9 +29,10 @@ class LogFormat(NumberFormat):
     Unsigned: no sign bit, no NaN code; negative inputs become 0 in every mode.
 
     A code's value V(k) is the float64 nearest to 2**(k/2**frac_bits) (exact for k a multiple of
-    2**frac_bits); ``quantize`` casts it to x's dtype (nearest-even). An x equal to some +-V(k) is exact (comes
-    back unchanged in every mode, so rounding is idempotent); no other double lies between V(k) and
-    2**(k/2**frac_bits). Any other x is rounded in the log domain, on t = 2**frac_bits * log2|x| (the sign is
+    2**frac_bits); ``quantize`` casts it to x's dtype (nearest-even). An x equal to some +-V(k) (in a float32
+    tensor also +-float32(V(k))) is exact: it comes back unchanged in every mode, so rounding twice changes
+    nothing (no other double lies between V(k) and 2**(k/2**frac_bits); float16/bfloat16 tensors are rounded
+    through float32 and get no such guarantee for directed modes). Any other x is rounded in the log domain, on t = 2**frac_bits * log2|x| (the sign is
     kept):
     - nearest: k = round(t). Ties cannot occur: every midpoint 2**((k+1/2)/2**frac_bits) is irrational, so
       the tie rule (to the even code) never applies; nearest_away is the same as nearest.

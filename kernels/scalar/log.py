@@ -8,6 +8,7 @@ log-domain midpoint of its two neighbours exactly when H is odd.
 """
 import math
 
+import numpy as np
 from numba import njit
 
 from .common import DOWN, NEAREST, NEAREST_AWAY, ODD, TOWARD_ZERO, UP
@@ -15,8 +16,11 @@ from .table import stochastic_up
 
 
 @njit(inline="always")
-def round_log_value(x, tab, frac_bits, kmin, kmax, signed, mode, rnd, nbits):
-    """Round a float64 x to a LogFormat (semantics in ``LogFormat``'s docstring); returns a float64."""
+def round_log_value(x, tab, frac_bits, kmin, kmax, signed, snap32, mode, rnd, nbits):
+    """Round a float64 x to a LogFormat (semantics in ``LogFormat``'s docstring); returns a float64.
+
+    snap32 != 0 (float32 tensors): x equal to float32(V(k)), the value a float32 tensor holds for code k, is
+    exact too, so that rounding a float32 tensor twice changes nothing."""
     if x != x:
         return x
     neg = x < 0.0
@@ -47,11 +51,13 @@ def round_log_value(x, tab, frac_bits, kmin, kmax, signed, mode, rnd, nbits):
         # a code's value V(k) is the float64 nearest 2**(k/F); no other double lies between the two, so x is
         # one of the format's values exactly when it equals V(kf) or V(kf+1)
         if kmin <= kf + 1 and kf + 1 <= kmax:
-            if a == math.ldexp(tab[F2 + ((kf + 1) & (F - 1))], int((kf + 1) >> frac_bits)):
+            v1 = math.ldexp(tab[F2 + ((kf + 1) & (F - 1))], int((kf + 1) >> frac_bits))
+            if a == v1 or (snap32 != 0 and a == np.float64(np.float32(v1))):
                 kf = kf + 1
                 exact = True
         if kmin <= kf and kf <= kmax and not exact:
-            exact = a == math.ldexp(tab[F2 + (kf & (F - 1))], int(kf >> frac_bits))
+            v0 = math.ldexp(tab[F2 + (kf & (F - 1))], int(kf >> frac_bits))
+            exact = a == v0 or (snap32 != 0 and a == np.float64(np.float32(v0)))
         if exact:
             kr = kf
         elif mode == NEAREST or mode == NEAREST_AWAY:

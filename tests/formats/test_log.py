@@ -43,8 +43,8 @@ def value_of(k: int, F: int) -> float:
             return c  # ties impossible: 2**(k/F) is irrational or a power of two
 
 
-def oracle(x: float, fmt: LogFormat, mode: str) -> float:
-    """LogFormat's documented rounding, decided exactly."""
+def oracle(x: float, fmt: LogFormat, mode: str, f32: bool = False) -> float:
+    """LogFormat's documented rounding, decided exactly (``f32``: x comes from a float32 tensor)."""
     F = 2**fmt.frac_bits
     if math.isnan(x):
         return math.nan
@@ -61,9 +61,12 @@ def oracle(x: float, fmt: LogFormat, mode: str) -> float:
         if k < fmt.kmin - 1:
             k, exact, above = fmt.kmin - 1, False, False
         # x equal to a code's (float64) value is exact
-        if fmt.kmin <= k + 1 <= fmt.kmax and abs(x) == value_of(k + 1, F):
+        def held(j):  # the values a tensor holds for code j
+            return (value_of(j, F), float(np.float32(value_of(j, F))) if f32 else value_of(j, F))
+
+        if fmt.kmin <= k + 1 <= fmt.kmax and abs(x) in held(k + 1):
             k, exact = k + 1, True
-        elif fmt.kmin <= k <= fmt.kmax and abs(x) == value_of(k, F):
+        elif fmt.kmin <= k <= fmt.kmax and abs(x) in held(k):
             exact = True
         if exact:
             kr = k
@@ -119,12 +122,12 @@ def test_float64_rounding_matches_exact_log_domain_rounding(fmt, mode):
     assert not bad.any(), (x[bad][:5], got[bad][:5], want[bad][:5])
 
 
-@pytest.mark.parametrize("mode", ["nearest", "up", "down"])
+@pytest.mark.parametrize("mode", MODES)
 def test_float32_inputs_get_the_float64_code_value_cast_to_float32(mode):
     fmt = LogFormat(4, 3)
     with np.errstate(over="ignore"):
         x = probe_points(fmt).astype(np.float32)
-    want = np.array([oracle(float(e), fmt, mode) for e in x]).astype(np.float32)
+    want = np.array([oracle(float(e), fmt, mode, f32=True) for e in x]).astype(np.float32)
     got = emunum.quantize(torch.from_numpy(x), fmt, mode).numpy()
     assert same_bits(got, want)
 
@@ -149,6 +152,13 @@ def test_code_values_are_the_float64_nearest_powers_and_decode_encode_round_trip
 @pytest.mark.parametrize("fmt", FORMATS, ids=str)
 def test_every_value_of_the_format_is_kept_in_every_mode(fmt, mode):
     v = torch.from_numpy(fmt.values())
+    assert torch.equal(emunum.quantize(v, fmt, mode, seed=1), v)
+
+
+@pytest.mark.parametrize("mode", MODES + ["stochastic"])
+def test_float32_tensors_keep_their_values_of_the_codes_in_every_mode(mode):
+    fmt = LogFormat(4, 3)
+    v = torch.from_numpy(fmt.values()).float()
     assert torch.equal(emunum.quantize(v, fmt, mode, seed=1), v)
 
 

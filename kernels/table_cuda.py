@@ -15,13 +15,13 @@ _core = round_table_value.py_func if config.ENABLE_CUDASIM else round_table_valu
 
 
 @cuda.jit
-def table_kernel(src, dst, tab, n, mode, key, nbits):
+def table_kernel(src, dst, tab, n, snap32, mode, key, nbits):
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
     size = src.size
     while i < size:
         rnd = random_bits(key, i, nbits) if mode == STOCHASTIC else np.uint64(0)
-        dst[i] = _core(np.float64(src[i]), tab, n, mode, rnd, nbits)
+        dst[i] = _core(np.float64(src[i]), tab, n, snap32, mode, rnd, nbits)
         i += stride
 
 
@@ -49,5 +49,6 @@ def quantize_table(src, dst, n, tab, mode, key, nbits, *, stream=None):
     d_src, d_dst, host = _device_pair(src, dst)
     if isinstance(tab, np.ndarray):
         tab = device_table(tab)
-    _launch(table_kernel, d_src.size, stream, d_src, d_dst, tab, np.int64(n), mode, np.uint64(key), nbits)
+    _launch(table_kernel, d_src.size, stream, d_src, d_dst, tab, np.int64(n), np.int64(src.dtype == np.float32), mode,
+            np.uint64(key), nbits)
     _copy_back(d_dst, host, stream)

@@ -35,7 +35,8 @@ class TableFormat(NumberFormat):
     - stochastic: hi with probability (x - lo) / (hi - lo) (computed in float64, quantised to ``sr_bits``
       bits as for the other formats), else lo.
     - Out of range: x below values[0] or above values[-1] (infinities too) saturates to that end, in every
-      mode. NaN stays NaN. A value in the table comes back unchanged (-0.0 as +0.0 if 0.0 is the value).
+      mode. NaN stays NaN. A value in the table comes back unchanged (-0.0 as +0.0 if 0.0 is the value),
+      in a float32 tensor also its float32 rounding (so rounding a float32 tensor twice changes nothing).
     The result is the float64 table value, cast to x's dtype (nearest-even: exact when the table values are
     representable there, as the float32 presets are).
     """

@@ -7,6 +7,7 @@ a factor 2 the subtraction is exact (Sterbenz), and elsewhere |x - high| >= |hig
 """
 import math
 
+import numpy as np
 from numba import njit
 
 from .common import DOWN, NEAREST, NEAREST_AWAY, ODD, TOWARD_ZERO, UP, _floor, _is_odd
@@ -24,10 +25,11 @@ def stochastic_up(p, rnd, nbits):
 
 
 @njit(inline="always")
-def round_table_value(x, tab, n, mode, rnd, nbits):
+def round_table_value(x, tab, n, snap32, mode, rnd, nbits):
     """Round a float64 x to the table of ``n`` values (layout in the module docstring); returns a float64.
 
-    Saturates outside [values[0], values[n-1]]; NaN stays NaN; mode codes as in ``common``."""
+    Saturates outside [values[0], values[n-1]]; NaN stays NaN; mode codes as in ``common``. snap32 != 0
+    (float32 tensors): x equal to float32(value), the value a float32 tensor holds, is exact too."""
     if x != x:
         return x
     if x <= tab[0]:
@@ -42,8 +44,10 @@ def round_table_value(x, tab, n, mode, rnd, nbits):
         length -= half
     a = tab[lo]
     b = tab[lo + 1]
-    if x == a:
+    if x == a or (snap32 != 0 and x == np.float64(np.float32(a))):
         return a
+    if snap32 != 0 and x == np.float64(np.float32(b)):
+        return b
     c = x - tab[n + lo]
     low = tab[2 * n - 1 + lo]
     if mode == NEAREST:

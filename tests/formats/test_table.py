@@ -136,6 +136,15 @@ def test_exact_midpoints_tie_to_even_code_index_and_away_to_larger_magnitude(nam
         assert away == (v[i] if abs(v[i]) > abs(v[i + 1]) else v[i + 1])
 
 
+@pytest.mark.parametrize("mode", MODES + ["stochastic"])
+@pytest.mark.parametrize("values", [np.linspace(-1, 1, 21), TABLES["odd_table"].values_], ids=["tenths", "odd"])
+def test_float32_tensors_keep_their_values_of_the_codes_in_every_mode(values, mode):
+    fmt = TableFormat(values)
+    v = torch.tensor(fmt.values_, dtype=torch.float32)
+    assert not torch.equal(v.double(), torch.from_numpy(fmt.values()))  # some values are not float32 numbers
+    assert torch.equal(emunum.quantize(v, fmt, mode, seed=1), v)
+
+
 def test_zero_between_symmetric_neighbours_ties_by_its_sign():
     fmt = TABLES["symmetric"]  # 0 is the exact midpoint of -0.5 and 0.5 (codes 1 and 2)
     x = torch.tensor([0.0, -0.0], dtype=torch.float64)

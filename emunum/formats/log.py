@@ -49,8 +49,8 @@ class LogFormat(NumberFormat):
     The stochastic probability uses float64 log2: CPU and CUDA agree bit for bit in numba's simulator; on a
     GPU, CUDA's log2 may differ from the CPU's in the last bit, which flips a decision only when the
     probability lies within ~1e-16 of a multiple of 2**-sr_bits. int_bits 0..10, frac_bits 0..10, E >= 2.
-    Code values beyond a tensor dtype's range become +-inf or 0 in the final cast (float32 and bfloat16 from
-    int_bits 9 on, float16 from int_bits 6 on); float64 holds every one.
+    Code values beyond a tensor dtype's range become +-inf or 0 in the final cast (possible from int_bits 9
+    on for float32, 8 for bfloat16, 6 for float16); float64 holds every one.
     """
 
     int_bits: int

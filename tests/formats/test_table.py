@@ -330,3 +330,12 @@ def test_pickle_and_deepcopy_rebuild_an_equal_spec_with_the_same_hash():
     fmt = TABLES["odd_table"]
     for other in (pickle.loads(pickle.dumps(fmt)), copy.deepcopy(fmt)):
         assert other == fmt and hash(other) == hash(fmt) and other.name == "odd_table"
+
+
+def test_cli_lists_codebooks_and_lns_examples_and_unknown_names_mention_them():
+    from emunum.cli import codebook_formats_table
+    rows = {line.split()[0]: line.split() for line in codebook_formats_table().splitlines()[2:]}
+    assert rows["nf4"][1:3] == ["16", "4"] and rows["fp4_bnb"][1] == "15"
+    assert "lns4_3" in rows
+    with pytest.raises(ValueError, match=r"codebooks: nf4, af4, fp4_bnb.*lns<int_bits>_<frac_bits>"):
+        emunum.get_format("nf5")

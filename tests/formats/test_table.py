@@ -339,3 +339,26 @@ def test_cli_lists_codebooks_and_lns_examples_and_unknown_names_mention_them():
     assert "lns4_3" in rows
     with pytest.raises(ValueError, match=r"codebooks: nf4, af4, fp4_bnb.*lns<int_bits>_<frac_bits>"):
         emunum.get_format("nf5")
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_b64_blocks_match_bitsandbytes_quantize_4bit_away_from_its_float32_midpoints(quant_type):
+    """bitsandbytes itself (optional: skipped unless installed) as the outside oracle of the codebook values
+    and QLoRA's block layout. bitsandbytes scales by the float32 reciprocal of absmax and compares with float32
+    midpoints (ties to the lower code), so elements within a few float32 ulps of a midpoint may legitimately
+    differ; every other element must be bit-identical."""
+    bnb_f = pytest.importorskip("bitsandbytes.functional")
+    torch.manual_seed(3)
+    x = torch.randn(64, 256) * torch.rand(64, 1) * 3
+    q, state = bnb_f.quantize_4bit(x, blocksize=64, quant_type=quant_type)
+    want = bnb_f.dequantize_4bit(q, state)
+    fmt = emunum.BlockFormat(TABLE_PRESETS["nf4" if quant_type == "nf4" else "fp4_bnb"], 64, "fp32",
+                             scale_rule="amax")
+    got = emunum.quantize(x, fmt)
+    v = fmt.element.values()
+    mids = (v[:-1] + v[1:]) / 2
+    blocks = x.double().view(-1, 64)
+    scaled = (blocks / blocks.abs().amax(1, keepdim=True)).view(-1).numpy()
+    near = (np.abs(scaled[:, None] - mids[None, :]) <= 8 * 2.0**-24).any(1).reshape(x.shape)
+    assert near.mean() < 0.01
+    assert torch.equal(got[~torch.from_numpy(near)], want[~torch.from_numpy(near)])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .formats import BlockFormat, FloatFormat, RoundMode, ScaleRule
+from .formats import BlockFormat, FloatFormat, RoundMode, ScaleRule, TableFormat
 from .formats.block import _axis
 
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
@@ -74,7 +74,13 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
     direct = (out is not None and out.dtype == work.dtype and out.is_contiguous()
               and (fmt.tile[0] != 0 or x.dim() == 0 or _axis(axis, x.dim()) == x.dim() - 1))
     dst = out.view(work.shape) if direct else torch.empty_like(work)  # the layout of x, and of a contiguous out
-    if x.numel():
+    if x.numel() and isinstance(fmt.element, TableFormat):
+        if x.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"block formats have kernels for cpu and cuda tensors; x is on {x.device}")
+        q, s = table_blocks(work, fmt, tile, mode, key, nbits)
+        dst.copy_(q)
+        scales.copy_(s)
+    elif x.numel():
         t = tensor_scale(work, fmt)
         args = block_args(fmt, t)
         if x.device.type == "cuda":
@@ -98,3 +104,39 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
         torch.autograd.graph.increment_version(out)
         result = out
     return (result, scales) if return_scales else result
+
+
+def table_blocks(work: torch.Tensor, fmt: BlockFormat, tile, mode: RoundMode, key: int, nbits: int):
+    """(values, scales) of a (P, R, C) tensor for a BlockFormat with a codebook element (``nf4_b64``): the
+    scales by torch ops on work's device (BlockFormat's amax rule), the elements x / (S*T) (float64) by the
+    table kernel with the stochastic bits of the flat (P, R, C) index, as the block kernels use."""
+    from .reference import quantize_torch
+    P, R, C = work.shape
+    tr, tc = tile
+    nbr, nbc = -(-R // tr), -(-C // tc)
+    w = work.to(torch.float64)
+    pad = torch.zeros((P, nbr * tr, nbc * tc), dtype=torch.float64, device=work.device)
+    pad[:, :R, :C] = w
+    blocks = pad.view(P, nbr, tr, nbc, tc)
+    isnan = torch.isnan(blocks)
+    nan = isnan.any(dim=4).any(dim=2)
+    amax = torch.where(isnan, 0.0, blocks).abs().amax(dim=(2, 4))
+    t = tensor_scale(work, fmt)
+    el, sc = fmt.element, fmt.scale
+    want = torch.clamp(amax / el.max / t, max=sc.max)
+    s = quantize_torch(want, sc, RoundMode.NEAREST).clamp(min=sc.min_subnormal, max=sc.max)
+    s = torch.where(nan, torch.nan, s)
+    full = (s * t).repeat_interleave(tr, dim=1).repeat_interleave(tc, dim=2)[:, :R, :C]
+    scaled = (w / full).contiguous().view(-1)
+    q = torch.empty_like(scaled)
+    _, n, tab = el.to_kernel_args()
+    if work.device.type == "cuda":
+        from .kernels import cuda as kc, table_cuda
+        with kc.device_of(work):
+            table_cuda.quantize_table(kc.as_device_array(scaled), kc.as_device_array(q), n,
+                                      table_cuda.device_table(tab), int(mode), key, nbits,
+                                      stream=kc.torch_stream(work.device))
+    else:
+        from .kernels import table_cpu
+        table_cpu.quantize_table(scaled.numpy(), q.numpy(), n, tab, int(mode), key, nbits)
+    return (q.view(P, R, C) * full).to(work.dtype), s

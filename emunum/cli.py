@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .formats import BLOCK_PRESETS, POSIT_PRESETS, FloatFormat, PRESETS
+from .formats import BLOCK_PRESETS, POSIT_PRESETS, FloatFormat, PRESETS, TABLE_PRESETS, get_format
 
 
 def formats_table() -> str:
@@ -41,12 +41,31 @@ def posit_formats_table() -> str:
     return "\n".join(rows)
 
 
+LNS_EXAMPLES = ("lns4_3", "lns5_10", "ulns4_4")
+
+
+def codebook_formats_table() -> str:
+    """Codebooks (TableFormat presets) and example logarithmic formats (LogFormat, by name)."""
+    head = f"{'codebook':<12} {'values':>6} {'bits':>4} {'min':>10} {'max':>10} {'min |x|>0':>10}"
+    rows = [head, "-" * len(head)]
+    for name, f in TABLE_PRESETS.items():
+        v = f.values()
+        rows.append(f"{name:<12} {f.n:>6} {f.bits:>4} {f.min:>10.4g} {f.max:>10.4g} {abs(v[v != 0]).min():>10.4g}")
+    for name in LNS_EXAMPLES:
+        f = get_format(name)
+        rows.append(f"{name:<12} {'':>6} {f.bits:>4} {f.min:>10.4g} {f.max:>10.4g} {f.min_positive:>10.4g}")
+    rows.append("lns<int_bits>_<frac_bits> / ulns...: any LogFormat by name")
+    return "\n".join(rows)
+
+
 def _cmd_formats(args) -> int:
     print(formats_table())
     print()
     print(block_formats_table())
     print()
     print(posit_formats_table())
+    print()
+    print(codebook_formats_table())
     return 0
 
 

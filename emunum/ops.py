@@ -33,6 +33,7 @@ import torch.autograd.forward_ad as _fwd_ad
 from torch import Tensor
 
 from .formats import FixedFormat, FloatFormat, Format, PositFormat, RoundMode, Special
+from .formats.interned import lookup
 from .quantize import format_to_args, quantize, quantize_checked  # noqa: F401  (format_to_args: re-exported)
 from .rng import mix64_int
 
@@ -62,8 +63,10 @@ def _format_from_args(args: tuple) -> Format | None:
             return PositFormat(args[1], args[2])
         except ValueError as e:
             raise ValueError(f"format args {args!r} are not an encoded format: {e}") from None
+    if args[0] == 3 and len(args) == 2:
+        return lookup(args[1])
     raise ValueError(f"format args {args!r} are not an encoded format; expected [0, exp, man, bias, subnormals, "
-                     "special, saturate], [1, bits, frac_bits, signed, saturate] or [2, nbits, es]")
+                     "special, saturate], [1, bits, frac_bits, signed, saturate], [2, nbits, es] or [3, interned id]")
 
 
 def derive_seed(seed: Optional[int], stream: int) -> Optional[int]:

@@ -9,7 +9,9 @@ import torch
 
 from . import buffers
 from .block_quantize import quantize_block_checked
-from .formats import BlockFormat, FixedFormat, FloatFormat, Format, PositFormat, RoundMode, get_format
+from .formats import (BlockFormat, FixedFormat, FloatFormat, Format, LogFormat, PositFormat, RoundMode, TableFormat,
+                      get_format)
+from .formats.interned import intern as _intern
 from .rng import seed_key
 from .reference import quantize_reference, quantize_torch
 
@@ -17,6 +19,9 @@ FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 DEFAULT_SR_BITS = 32
 
 _warned_devices: set[str] = set()
+
+# torch.compile calls this at trace time and bakes the id in as a constant (its lock cannot be traced)
+intern = torch.compiler.assume_constant_result(_intern)
 
 _STOCHASTIC = RoundMode.STOCHASTIC
 _KEY0 = seed_key(0)  # the key of seed 0, which every non-stochastic rounding passes
@@ -102,6 +107,12 @@ def _cpu_runner(fmt: Format, dtype: torch.dtype):
         return posit_cpu.posit_runner(_NUMPY_DTYPES[dtype], fmt.nbits, fmt.es)
     backend = _cpu()
     args = fmt.to_kernel_args()[1:]
+    if isinstance(fmt, TableFormat):
+        from .kernels import table_cpu
+        return table_cpu.table_runner(_NUMPY_DTYPES[dtype], *args)
+    if isinstance(fmt, LogFormat):
+        from .kernels import log_cpu
+        return log_cpu.log_runner(_NUMPY_DTYPES[dtype], *args)
     if isinstance(fmt, FloatFormat):
         return backend.float_runner(_NUMPY_DTYPES[dtype], *args)
     return backend.fixed_runner(_NUMPY_DTYPES[dtype], *args)
@@ -153,6 +164,9 @@ def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: Ro
     Zero-copy views, launched on torch's current stream of src's device; 16-bit dtypes round in-kernel.
     """
     backend = _cuda_backend()
+    if isinstance(fmt, (TableFormat, LogFormat)):
+        _run_cuda_lookup(src, dst, fmt, mode, key, nbits)
+        return
     layout = _LAYOUT16.get(src.dtype)
     if isinstance(fmt, PositFormat):
         from .kernels import posit_cuda
@@ -173,11 +187,34 @@ def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: Ro
                                    stream=stream)
 
 
+def _run_cuda_lookup(src: torch.Tensor, dst: torch.Tensor, fmt, mode: RoundMode, key: int, nbits: int):
+    """TableFormat / LogFormat on CUDA: float32/float64 in place of the kernel's arrays; 16-bit dtypes are
+    rounded through float32 and cast back (nearest-even), as on the CPU."""
+    if src.dtype in _LAYOUT16:
+        work = src.float()
+        _run_cuda_lookup(work, work, fmt, mode, key, nbits)
+        dst.copy_(work)
+        return
+    from .kernels import cuda as backend
+    with backend.device_of(src):
+        s, d = backend.as_device_array(src), backend.as_device_array(dst)
+        stream = backend.torch_stream(src.device)
+        if isinstance(fmt, TableFormat):
+            from .kernels import table_cuda
+            table_cuda.quantize_table(s, d, fmt.n, table_cuda.device_table(fmt.to_kernel_args()[2]), int(mode),
+                                      key, nbits, stream=stream)
+        else:
+            from .kernels import log_cuda
+            _, frac, kmin, kmax, signed, tab = fmt.to_kernel_args()
+            log_cuda.quantize_log(s, d, frac, kmin, kmax, signed, log_cuda.device_table(tab), int(mode), key,
+                                  nbits, stream=stream)
+
+
 def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: RoundMode, seed: int, key: int,
                    nbits: int) -> None:
     """Round CUDA tensor x into result (x's shape, dtype and device); tiny tensors take the torch path."""
     _cuda_backend()  # the same error for every size when numba-cuda is missing
-    if x.numel() <= CUDA_TORCH_PATH_MAX_NUMEL and not isinstance(fmt, PositFormat):  # no torch path for posits
+    if x.numel() <= CUDA_TORCH_PATH_MAX_NUMEL and isinstance(fmt, (FloatFormat, FixedFormat)):  # no torch path for the others
         result.copy_(quantize_torch(x, fmt, mode, seed=seed, sr_bits=nbits))
         return
     src = x.detach().contiguous().view(-1)
@@ -191,13 +228,16 @@ def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: Rou
 
 def format_to_args(fmt) -> list[int]:
     """A format as plain ints for a custom op: float ``[0, exp, man, bias, subnormals, special, saturate]``,
-    fixed ``[1, bits, frac_bits, signed, saturate]``, posit ``[2, nbits, es]``. ``None`` gives ``[]`` (no
+    fixed ``[1, bits, frac_bits, signed, saturate]``, posit ``[2, nbits, es]``, any other element spec
+    (TableFormat, LogFormat) ``[3, id]`` with ``id = formats.interned.intern(fmt)``. ``None`` gives ``[]`` (no
     rounding)."""
     if fmt is None:
         return []
     fmt = get_format(fmt)
     if isinstance(fmt, PositFormat):
         return [2, fmt.nbits, fmt.es]
+    if isinstance(fmt, (TableFormat, LogFormat)):
+        return [3, intern(fmt)]
     if not isinstance(fmt, (FloatFormat, FixedFormat)):
         raise TypeError(f"{fmt.name} is not an element format (FloatFormat/FixedFormat); block formats apply to "
                         "GEMM operands (emunum.patch) or through emunum.quantize(x, fmt, axis=...)")
@@ -216,7 +256,8 @@ def quantize(x: torch.Tensor, fmt, rounding="nearest", *, seed: int | None = Non
              out: torch.Tensor | None = None, sr_bits: int | None = None, axis: int = -1) -> torch.Tensor:
     """Round every element of ``x`` to the nearest-by-``rounding`` value of ``fmt``.
 
-    fmt: a FloatFormat / FixedFormat / PositFormat or a name (``get_format``). rounding: nearest (ties to even),
+    fmt: a FloatFormat / FixedFormat / PositFormat / TableFormat / LogFormat or a name (``get_format``). rounding:
+    nearest (ties to even),
     nearest_away, toward_zero, up, down, odd, stochastic. The result has x's dtype and shape; float64 is
     rounded from its own value, float32 likewise, and float16/bfloat16 through float32 (exact), with the
     result cast back round-to-nearest-even (exact whenever fmt's values are representable in that dtype).
@@ -281,6 +322,9 @@ def quantize_checked(x: torch.Tensor, fmt: Format, mode: RoundMode, seed: int | 
 
     with torch.no_grad():
         dev = x.device.type
+        if dev not in ("cpu", "cuda") and isinstance(fmt, (TableFormat, LogFormat)):
+            result.copy_(quantize_checked(x.detach().cpu(), fmt, mode, seed, nbits).to(x.device))
+            return result
         if dev not in ("cpu", "cuda"):
             if dev not in _warned_devices:
                 _warned_devices.add(dev)

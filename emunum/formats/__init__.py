@@ -1,8 +1,9 @@
 """Number formats: what values exist, and how to round to them. One module per number system.
 
 ``base`` (RoundMode, the NumberFormat interface), ``float`` (FloatFormat), ``fixed`` (FixedFormat),
-``posit`` (PositFormat), ``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue),
-``names`` (get_format).
+``posit`` (PositFormat), ``table`` (TableFormat, codebooks), ``log`` (LogFormat), ``interned`` (ids for
+custom ops), ``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue), ``names``
+(get_format).
 """
 from typing import Union
 
@@ -10,6 +11,8 @@ from .base import NumberFormat, Overflow, RoundMode, parse_enum
 from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0, BlockFormat, E8M0Format, ScaleRule
 from .fixed import FixedFormat
 from .float import FloatFormat, Special
+from .log import LogFormat
+from .table import TABLE_PRESETS, TableFormat
 from .names import format_or_none, get_format
 from .posit import PositFormat
 from .presets import ALIASES, POSIT_PRESETS, PRESETS, known_names
@@ -21,4 +24,5 @@ __all__ = [
     "get_format", "format_or_none", "PRESETS", "ALIASES", "known_names",
     "PositFormat", "POSIT_PRESETS",
     "BlockFormat", "E8M0Format", "E8M0", "ScaleRule", "BLOCK_PRESETS", "BLOCK_ALIASES",
+    "TableFormat", "LogFormat", "TABLE_PRESETS",
 ]

@@ -24,6 +24,7 @@ from .base import NumberFormat, check_bool, check_int, parse_enum
 from .fixed import FixedFormat
 from .float import FloatFormat
 from .presets import ALIASES, PRESETS
+from .table import TABLE_PRESETS, TableFormat
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ def _preset(value, field: str):
     if key == "e8m0":
         return E8M0
     key = ALIASES.get(key, key)
+    if key in TABLE_PRESETS:
+        return TABLE_PRESETS[key]
     if key not in PRESETS:
         raise ValueError(f"BlockFormat.{field}={value!r} is not a preset name; pass a spec or one of "
                          f"{', '.join(sorted(PRESETS))}, e8m0")
@@ -122,7 +125,8 @@ def _parse_block_size(value) -> tuple[int, int]:
 class BlockFormat(NumberFormat):
     """Elements of ``element`` in blocks that share one scale: value = element * scale (* tensor scale).
 
-    element: a FloatFormat (man >= 1) or FixedFormat. block_size: an int, for 1-D blocks of that many
+    element: a FloatFormat (man >= 1), FixedFormat, or TableFormat (codebook; scale_rule "amax" only, with a
+    largest value > 0: QLoRA's absmax blocks are ``nf4_b64``). block_size: an int, for 1-D blocks of that many
     consecutive elements along ``axis``, or a pair (rows, cols) for 2-D tiles over a tensor's last two
     dimensions (so that W and W.T share one quantisation). scale: the scale's format, ``"e8m0"`` or any
     FloatFormat (e.g. ``"e4m3fn"``).
@@ -160,8 +164,9 @@ class BlockFormat(NumberFormat):
         el = _preset(self.element, "element")
         if isinstance(el, BlockFormat):
             raise TypeError("BlockFormat.element must be an element format, not another BlockFormat")
-        if not isinstance(el, (FloatFormat, FixedFormat)):
-            raise TypeError(f"BlockFormat.element={el!r}: allowed element formats are FloatFormat and FixedFormat")
+        if not isinstance(el, (FloatFormat, FixedFormat, TableFormat)):
+            raise TypeError(f"BlockFormat.element={el!r}: allowed element formats are FloatFormat, FixedFormat and "
+                            "TableFormat")
         if isinstance(el, FloatFormat) and el.man < 1:
             raise ValueError(f"BlockFormat.element={el.name}: block elements need man >= 1")
         object.__setattr__(self, "element", el)
@@ -178,6 +183,9 @@ class BlockFormat(NumberFormat):
             raise ValueError("BlockFormat: scale='e8m0' holds powers of two only; it needs scale_rule='ocp'")
         if rule == ScaleRule.OCP and isinstance(sc, FloatFormat) and self.scale_exp_range[0] > self.scale_exp_range[1]:
             raise ValueError(f"BlockFormat.scale={sc.name} holds no power of two")
+        if isinstance(el, TableFormat) and (rule != ScaleRule.AMAX or not el.max > 0):
+            raise ValueError(f"BlockFormat.element={el.name}: a codebook element needs scale_rule='amax' and a "
+                             f"positive largest value (got scale_rule={rule.value!r}, max={el.max!r})")
         if self.tensor_scale and rule != ScaleRule.AMAX:
             raise ValueError("BlockFormat: tensor_scale=True needs scale_rule='amax' (the NVFP4 scheme)")
 
@@ -258,7 +266,8 @@ class BlockFormat(NumberFormat):
         s = np.where(nan, np.nan, s)
         el = self.element
         with np.errstate(invalid="ignore"):
-            scaled = np.clip(blocks / (s * t), el.min if isinstance(el, FixedFormat) else -el.max, el.max)
+            scaled = np.clip(blocks / (s * t), el.min if isinstance(el, (FixedFormat, TableFormat)) else -el.max,
+                             el.max)
         scaled = np.where(np.isnan(scaled), 0.0, scaled)  # NaN blocks: element codes of 0 under a NaN scale
         codes = unblock(el.encode(scaled, rounding))
         if isinstance(self.scale, E8M0Format):
@@ -373,6 +382,10 @@ BLOCK_PRESETS: dict[str, BlockFormat] = {
     "nvfp4_2d": BlockFormat(_E2M1, (16, 16), _E4M3FN, scale_rule="amax", tensor_scale=True),
     "msfp12": BlockFormat(FloatFormat(1, 2, special="none"), 16),
     "msfp16": BlockFormat(FloatFormat(1, 6, special="none"), 16),
+    # QLoRA's weight storage (Dettmers et al. 2023, section 3 / bitsandbytes quantize_4bit, blocksize 64):
+    # NF4 codes in blocks of 64 sharing one fp32 absmax, x -> nf4(x / absmax) * absmax. emunum divides in
+    # float64; bitsandbytes multiplies by the float32 reciprocal, which can differ next to a midpoint.
+    "nf4_b64": BlockFormat(TABLE_PRESETS["nf4"], 64, FloatFormat(8, 23), scale_rule="amax"),
 }
 
 BLOCK_ALIASES: dict[str, str] = {"mxfp8": "mxfp8_e4m3", "mxfp6": "mxfp6_e3m2", "mxfp4": "mxfp4_e2m1"}

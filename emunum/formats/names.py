@@ -6,6 +6,8 @@ Names are case-insensitive. Grammar (besides the presets):
 - ``[fp<N>_]e<E>m<M>[fn|fnuz|none]``: IEEE-style unless a suffix names another special-value policy.
 - ``fixed<bits>_<frac>`` / ``ufixed<bits>_<frac>``; ``int<N>`` / ``uint<N>`` (frac 0).
 - ``posit<N>_<es>`` (``posit8_0``, ``posit16_1``); ``posit<N>`` has es=2 (the Posit Standard 2022).
+- ``lns<int_bits>_<frac_bits>`` / ``ulns<int_bits>_<frac_bits>``: LogFormat (signed / unsigned).
+- codebooks (``TABLE_PRESETS``): ``nf4``, ``af4``, ``fp4_bnb``; block-scaled ``nf4_b64`` (a BlockFormat).
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from .fixed import FixedFormat
 from .float import FloatFormat, Special
 from .posit import PositFormat
 from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0
+from .log import LogFormat
+from .table import TABLE_PRESETS
 from .presets import ALIASES, POSIT_PRESETS, PRESETS, known_names
 
 _SUFFIX = r"(fn|fnuz|none)?"
@@ -24,6 +28,7 @@ _EM = re.compile(r"(?:fp(\d+)_)?e(\d+)m(\d+)" + _SUFFIX + r"$")
 _FIXED = re.compile(r"(u?)fixed(\d+)_(-?\d+)$")
 _INT = re.compile(r"(u?)int(\d+)$")
 _POSIT = re.compile(r"posit(\d+)(?:_(\d+))?$")
+_LNS = re.compile(r"(u?)lns(\d+)_(\d+)$")
 
 
 def _special(suffix: str | None) -> Special:
@@ -61,6 +66,9 @@ def _parse(name: str) -> NumberFormat | None:
     m = _POSIT.match(name)
     if m:
         return PositFormat(int(m.group(1)), 2 if m.group(2) is None else int(m.group(2)))
+    m = _LNS.match(name)
+    if m:
+        return LogFormat(int(m.group(2)), int(m.group(3)), signed=not m.group(1))
     return None
 
 
@@ -78,6 +86,8 @@ def get_format(name_or_spec) -> NumberFormat:
         return PRESETS[key]
     if key in POSIT_PRESETS:
         return POSIT_PRESETS[key]
+    if key in TABLE_PRESETS:
+        return TABLE_PRESETS[key]
     key = BLOCK_ALIASES.get(key, key)
     if key in BLOCK_PRESETS:
         return BLOCK_PRESETS[key]
@@ -87,8 +97,9 @@ def get_format(name_or_spec) -> NumberFormat:
     if fmt is None:
         raise ValueError(
             f"fmt={name_or_spec!r} is not a known format; presets: {', '.join(known_names())}; block formats: "
-            f"{', '.join(sorted(BLOCK_PRESETS) + sorted(BLOCK_ALIASES))}, e8m0; "
-            "or write fp<N>_<s><e><m>, e<E>m<M>[fn|fnuz|none], fixed<bits>_<frac>, posit<N>_<es>"
+            f"{', '.join(sorted(BLOCK_PRESETS) + sorted(BLOCK_ALIASES))}, e8m0; codebooks: "
+            f"{', '.join(TABLE_PRESETS)}; or write fp<N>_<s><e><m>, e<E>m<M>[fn|fnuz|none], fixed<bits>_<frac>, "
+            "posit<N>_<es>, [u]lns<int_bits>_<frac_bits>"
         )
     return fmt
 

@@ -25,7 +25,10 @@ def main(argv=None) -> None:
     ap.add_argument("--targets", type=float, nargs="+", default=[0.85, 0.87, 0.88, 0.89, 0.9])
     ap.add_argument("--baseline", default="fp32")
     args = ap.parse_args(argv)
-    runs = report.load_sweep(args.sweep)
+    import dataclasses
+
+    # pooled by format name: a fixed-budget sweep's runs differ only in the target keys this script varies
+    runs = [dataclasses.replace(r, format=r.format.split(" [")[0]) for r in report.load_sweep(args.sweep)]
     cur = {r.path: curves.load_curve(r.path) for r in runs}
     fmts = report.formats_in_order(runs, args.baseline)
     print("plateau: mean validation accuracy over the last 20% of each run's evaluations")
@@ -50,7 +53,8 @@ def main(argv=None) -> None:
                 seeds.append(r.seed)
             per[f] = (vals, cens, seeds)
             iv = stats.mean_interval(vals, cens)
-            print(f"  {f:6s} iters {vals}  mean {iv.estimate:.0f} [{iv.low:.0f}, {iv.high:.0f}]"
+            ci = "n/a" if iv.low is None else f"[{iv.low:.0f}, {iv.high:.0f}]"
+            print(f"  {f:6s} iters {vals}  mean {iv.estimate:.0f} {ci}"
                   f"  cv {statistics.stdev(vals) / statistics.fmean(vals):.3f}  not reached {sum(cens)}")
         b = per.get(args.baseline)
         for f in fmts:
@@ -58,7 +62,8 @@ def main(argv=None) -> None:
                 continue
             v, c, s = per[f]
             r = stats.ratio_interval(v, b[0], num_censored=c, den_censored=b[1], num_keys=s, den_keys=b[2])
-            print(f"  ratio {f}/{args.baseline}: {r.estimate:.3f} [{r.low:.3f}, {r.high:.3f}]  "
+            ci = "n/a" if r.low is None else f"[{r.low:.3f}, {r.high:.3f}]"
+            print(f"  ratio {f}/{args.baseline}: {r.estimate:.3f} {ci}  "
                   f"{stats.verdict(r).value}")
 
 

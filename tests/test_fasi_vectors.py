@@ -42,6 +42,8 @@ Not checked, or checked differently:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,17 +66,27 @@ def _input(x: float, fmt: str) -> float:
     return float(torch.tensor([x], dtype=torch.float32).to(dtype).float())
 
 
-def mma(preset: str, a, b, c: float, k: int = 16) -> float:
-    """d_00 of D = C + A.B on ``preset`` with the suites' layout: a in row 0 of A (16 x k), b in column 0 of B,
-    c = C_00, everything else zero (c is an fp16 value for ``*_out_fp16`` presets: the binary16-mode C)."""
-    unit = preset if isinstance(preset, MADUnit) else MADUnit.preset(preset)
+def _unit(preset) -> MADUnit:
+    return preset if isinstance(preset, MADUnit) else MADUnit.preset(preset)
+
+
+def operands(unit: MADUnit, a, b, c: float, k: int = 16) -> tuple[np.ndarray, np.ndarray, float]:
+    """(a row, b column, c) of length k as the suites load them: converted to the input format (``_input``),
+    zero-padded; c is an fp16 value for ``*_out_fp16`` units (the binary16-mode C), else a binary32 value."""
     fmt = {FloatFormat(5, 10): "fp16", FloatFormat(8, 7): "bf16", FloatFormat(8, 10): "tf32"}[unit.in_fmt]
+    ra, rb = np.zeros(k, np.float32), np.zeros(k, np.float32)
+    ra[:len(a)] = [_input(x, fmt) for x in a]
+    rb[:len(b)] = [_input(x, fmt) for x in b]
+    return ra, rb, (_input(c, "fp16") if unit.acc_fmt == FloatFormat(5, 10) else float(np.float32(c)))
+
+
+def mma(preset, a, b, c: float, k: int = 16) -> float:
+    """d_00 of D = C + A.B (``emunum.addmm``) on ``preset`` with the suites' layout: a in row 0 of A (16 x k), b
+    in column 0 of B, c = C_00, everything else zero."""
+    unit = _unit(preset)
+    ra, rb, c = operands(unit, a, b, c, k)
     A, B, C = torch.zeros(16, k), torch.zeros(k, 16), torch.zeros(16, 16)
-    for i, v in enumerate(a):
-        A[0, i] = _input(v, fmt)
-    for i, v in enumerate(b):
-        B[i, 0] = _input(v, fmt)
-    C[0, 0] = _input(c, "fp16") if unit.acc_fmt == FloatFormat(5, 10) else c
+    A[0], B[:, 0], C[0, 0] = torch.from_numpy(ra), torch.from_numpy(rb), c
     return float(emunum.addmm(C, A, B, unit)[0, 0])
 
 
@@ -180,10 +192,15 @@ def _replace(preset: str, **fields) -> MADUnit:
     return dataclasses.replace(MADUnit.preset(preset), **fields)
 
 
+def _k(preset: str) -> int:
+    """The suites' wmma depth: 16x16x16 (fp16, bf16), 16x16x8 (tf32)."""
+    return 8 if preset.endswith("tf32") else 16
+
+
 @pytest.mark.parametrize("vec", VECTORS, ids=[x.id for x in VECTORS])
 def test_fasi_suite_vector_gives_the_output_reported_for_the_gpu(vec):
     """[F] sections A-D: d_00 equals the PASS value of the suite file for the preset's GPU and format."""
-    got = mma(vec.preset, vec.a, vec.b, vec.c, k=8 if vec.preset.endswith("tf32") else 16)
+    got = mma(vec.preset, vec.a, vec.b, vec.c, k=_k(vec.preset))
     assert got == vec.expected, (vec.item, got, vec.expected)
 
 
@@ -193,8 +210,34 @@ def test_vector_rules_out_its_rival(vec):
     """Each vector separates the measured datapath from the alternative it probes (rounding to nearest instead of
     truncation, more or fewer alignment or carry bits, one product per step, no subnormals): a unit with the
     rival's fields gives a different d, so the test above could fail."""
-    got = mma(_replace(vec.preset, **vec.rival), vec.a, vec.b, vec.c, k=8 if vec.preset.endswith("tf32") else 16)
+    got = mma(_replace(vec.preset, **vec.rival), vec.a, vec.b, vec.c, k=_k(vec.preset))
     assert got != vec.expected, (vec.item, vec.rival)
+
+
+HAVE_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
+
+
+CUDA_OK = HAVE_NUMBA_CUDA and (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or torch.cuda.is_available())
+
+
+@pytest.mark.skipif(not CUDA_OK, reason="needs numba-cuda and a GPU or NUMBA_ENABLE_CUDASIM=1")
+@pytest.mark.parametrize("preset", sorted({x.preset for x in VECTORS}))
+def test_fasi_suite_vectors_on_the_cuda_kernel(preset):
+    """[F] sections A-D through the CUDA multi-term kernel (numba's simulator without a GPU): one launch of all
+    the preset's vectors as a batch of 1 x 1 outputs; every d equals the reported value."""
+    from emunum.kernels import gemm_multiterm_cuda
+    from emunum.mad.unit import stream_keys
+
+    unit, vecs = MADUnit.preset(preset), [x for x in VECTORS if x.preset == preset]
+    rows = [operands(unit, x.a, x.b, x.c, _k(preset)) for x in vecs]
+    A = np.stack([r[0] for r in rows])[:, None, :]
+    BT = np.stack([r[1] for r in rows])[:, None, :]
+    C = np.array([r[2] for r in rows], np.float64).reshape(-1, 1, 1)
+    out = np.zeros_like(C)
+    prm, mulp, accp, outerp = (tuple(int(v) for v in p) for p in unit.multiterm_params(torch.float32))
+    gemm_multiterm_cuda.gemm(A, BT, C, np.zeros((1, 1, 1)), False, out, prm, mulp, accp, outerp,
+                             tuple(np.uint64(q) for q in stream_keys(5)), unit.sr_bits)
+    assert [float(d) for d in out.reshape(-1)] == [x.expected for x in vecs]
 
 
 @pytest.mark.parametrize("preset,k", [("a100_fp16", 16), ("a100_bf16", 16), ("a100_tf32", 8)])

@@ -285,7 +285,8 @@ def test_fasi_operation_1_v100_adds_four_products_per_step():
 
 def test_khattak_mikaitis_feature2_three_carry_bits_on_a30_fp16():
     """[KM] feature 2, A30 fp16: 'Number of extra bits detected are: 3', which nvidia-tests.cu derives from the
-    FMA size n as floor(log2(n (2 - 2**(1 - pin)))), pin = 11 (fp16): the 8 largest fp16 products and c fit."""
+    FMA size n as floor(log2(n (2 - 2**(1 - pin)))), pin = 11 (fp16); 8 of the largest fp16 products add without
+    a wrap, which 2 carry bits would not allow."""
     n, pin = fma_size("a30_fp16"), 11
     assert int(np.floor(np.log2(n * (2 - P**(1 - pin))))) == 3
     # no carry is lost: 8 products of the largest fp16 significand (2 - 2**-10)**2 and c add exactly
@@ -296,10 +297,12 @@ def test_khattak_mikaitis_feature2_three_carry_bits_on_a30_fp16():
 
 def test_khattak_mikaitis_feature1_one_extra_alignment_bit_on_a30_fp16():
     """[KM] feature 1, A30 fp16: 'One bit existence test: Passed', 'Two bits existence test: Failed'."""
-    one = mma("a30_fp16", (P**-24, P**-24), (1.0, 1.0), 1.0)
-    two = mma("a30_fp16", (P**-24,) * 3, (1.0, 0.5, 0.5), 1.0)
-    assert one == 1 + P**-23
-    assert two != 1 + P**-23
+    one = ((P**-24, P**-24), (1.0, 1.0), 1.0)
+    two = ((P**-24,) * 3, (1.0, 0.5, 0.5), 1.0)
+    assert mma("a30_fp16", *one) == 1 + P**-23
+    assert mma("a30_fp16", *two) != 1 + P**-23
+    assert mma(_replace("a30_fp16", align_bits=23), *one) != 1 + P**-23  # no extra bit: fails the first
+    assert mma(_replace("a30_fp16", align_bits=25), *two) == 1 + P**-23  # two extra bits: passes the second
 
 
 def test_khattak_mikaitis_feature4_late_normalisation_on_a30_fp16():
@@ -331,7 +334,8 @@ def test_khattak_mikaitis_feature6_fp16_output_to_nearest_on_a30_fp16():
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_khattak_mikaitis_features7_9_aligned_significands_truncated_on_a30_fp16(sign):
-    """[KM] features 7 and 9 (neab = 1), A30 fp16: 'Round towards zero/truncation' of the aligned significands:
+    """[KM] features 7 and 9 (neab = 1; printed as 'Feature 6. Rounding Mode for significand alignment' and
+    'Feature 9. Rounding Mode in Significands Alignment'), A30 fp16: 'Round towards zero/truncation':
     c = 1, a = (2**-24,) * 2, b = (3/4,) * 2 -> d = 1 (rounding to nearest would give 1 + 2**-23)."""
     assert mma("a30_fp16", (sign * P**-24,) * 2, (0.75,) * 2, sign) == sign
     rne = _replace("a30_fp16", align_rounding="nearest")
@@ -340,7 +344,8 @@ def test_khattak_mikaitis_features7_9_aligned_significands_truncated_on_a30_fp16
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_khattak_mikaitis_feature8_steps_combined_toward_zero_on_a30_fp16(sign):
-    """[KM] feature 8 ('Rounding Mode Compilation of Multiple BFMA output'), A30 fp16: c = 1 + 2**-23 and one
+    """[KM] feature 8 (printed as 'Feature 7. Rounding Mode Compilation of Multiple BFMA output'), A30 fp16: c = 1
+    + 2**-23 and one
     product 2**-24 * 3/2 in the second step (index 8) -> d = 1 + 2**-23 ('Round towards zero/truncation')."""
     a, b = [0.0] * 9, [0.0] * 9
     a[8], b[8] = sign * P**-24, 1.5

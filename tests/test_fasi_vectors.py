@@ -344,9 +344,9 @@ def test_khattak_mikaitis_features7_9_aligned_significands_truncated_on_a30_fp16
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_khattak_mikaitis_feature8_steps_combined_toward_zero_on_a30_fp16(sign):
-    """[KM] feature 8 (printed as 'Feature 7. Rounding Mode Compilation of Multiple BFMA output'), A30 fp16: c = 1
-    + 2**-23 and one
-    product 2**-24 * 3/2 in the second step (index 8) -> d = 1 + 2**-23 ('Round towards zero/truncation')."""
+    """[KM] feature 8 (printed as 'Feature 7. Rounding Mode Compilation of Multiple BFMA output'), A30 fp16:
+    c = 1 + 2**-23 and one product 2**-24 * 3/2 in the second step (index 8) -> d = 1 + 2**-23 ('Round towards
+    zero/truncation')."""
     a, b = [0.0] * 9, [0.0] * 9
     a[8], b[8] = sign * P**-24, 1.5
     assert mma("a30_fp16", a, b, sign * (1 + P**-23)) == sign * (1 + P**-23)

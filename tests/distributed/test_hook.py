@@ -1,0 +1,139 @@
+"""The DDP communication hooks on two real gloo processes, checked bit for bit against the single-process
+``reference_allreduce`` (and, for fmt=None, against DDP without a hook).
+
+One ``torch.multiprocessing`` spawn runs every configuration: each rank trains a small DDP model for three
+steps with tiny buckets (so there are several buckets, DDP rebuilds them after step 0, and error feedback
+carries residuals across steps), records every bucket the hook receives and returns, and the parameters'
+gradients. The reference then replays the recorded inputs of all ranks, step by step.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from emunum.distributed import quantized_allreduce_hook, reference_allreduce
+
+WORLD = 2
+STEPS = 3
+CONFIGS = {
+    "e5m2-stochastic": dict(fmt="e5m2", rounding="stochastic", seed=7),
+    "e4m3fn-nearest-scaled": dict(fmt="e4m3fn", rounding="nearest", scaling="per_bucket"),
+    "e5m2-stochastic-ring": dict(fmt="e5m2", rounding="stochastic", seed=3, ring=True),
+    "e4m3-nearest-ring-scaled": dict(fmt="fp8_143", rounding="nearest", ring=True, scaling="per_bucket"),
+    "e5m2-stochastic-feedback": dict(fmt="e5m2", rounding="stochastic", seed=11, error_feedback=True),
+    "e4m3fn-ring-feedback-result": dict(fmt="e4m3fn", rounding="stochastic", seed=5, ring=True,
+                                        error_feedback=True, scaling="per_bucket", result_fmt="bf16"),
+    "fp32-result-bf16": dict(fmt=None, rounding="nearest", result_fmt="bf16"),
+    "fp32-ring": dict(fmt=None, rounding="nearest", ring=True),
+    "fp32": dict(fmt=None),
+}
+PLAIN = "ddp-without-hook"
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(12, 40), torch.nn.Tanh(), torch.nn.Linear(40, 30),
+                               torch.nn.Tanh(), torch.nn.Linear(30, 3))
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    record = {}
+    try:
+        for name, kw in [*CONFIGS.items(), (PLAIN, None)]:
+            ddp = torch.nn.parallel.DistributedDataParallel(_model(), bucket_cap_mb=0.002)
+            calls = []
+            if kw is not None:
+                hook = quantized_allreduce_hook(**kw)
+
+                def recording(state, bucket, hook=hook, calls=calls):
+                    step, inp = hook.step, bucket.buffer().clone()
+                    fut = hook(state, bucket)
+                    calls.append((step, bucket.index(), inp, fut.value().clone()))
+                    return fut
+
+                ddp.register_comm_hook(None, recording)
+            grads = []
+            for step in range(STEPS):
+                g = torch.Generator().manual_seed(1000 * step + rank)  # each rank its own data
+                x = torch.randn(16, 12, generator=g) * (1 + 30 * rank)
+                ddp.zero_grad(set_to_none=True)
+                (ddp(x) ** 2).mean().backward()
+                grads.append([p.grad.clone() for p in ddp.parameters()])
+            record[name] = {"calls": calls, "grads": grads}
+        torch.save(record, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    mp.spawn(_worker, args=(WORLD, _free_port(), str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_bucket_of_every_rank_equals_the_single_process_reference(runs, name):
+    kw = CONFIGS[name]
+    calls = [r[name]["calls"] for r in runs]
+    assert len(calls[0]) == len(calls[1]) > STEPS  # several buckets per step
+    assert len({c[1] for c in calls[0]}) > 1
+    residuals: dict[int, list] = {}
+    for per_rank in zip(*calls):
+        (step, index, _, _), = {(c[0], c[1], None, None) for c in per_rank}  # the ranks agree on the bucket
+        ref_kw = {k: v for k, v in kw.items() if k != "fmt"}
+        want, new_res = reference_allreduce([c[2] for c in per_rank], kw["fmt"], step=step, bucket=index,
+                                            residuals=residuals.get(index), **ref_kw)
+        if new_res is not None:
+            residuals[index] = new_res
+        for c in per_rank:
+            assert torch.equal(_bits(c[3]), _bits(want)), (name, step, index)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_replicas_receive_identical_gradients(runs, name):
+    for step in range(STEPS):
+        for a, b in zip(runs[0][name]["grads"][step], runs[1][name]["grads"][step]):
+            assert torch.equal(_bits(a), _bits(b))
+
+
+def test_fmt_none_hook_equals_ddp_without_a_hook_bit_for_bit(runs):
+    for r in runs:
+        for step in range(STEPS):
+            for a, b in zip(r["fp32"]["grads"][step], r[PLAIN]["grads"][step]):
+                assert torch.equal(_bits(a), _bits(b))
+
+
+def test_the_wire_rounding_changes_the_gradients(runs):
+    """The hooks are not silently plain: an e5m2 wire gives other bits than fp32."""
+    a, b = runs[0]["e5m2-stochastic"]["grads"][0], runs[0][PLAIN]["grads"][0]
+    assert any(not torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_error_feedback_residuals_are_carried_to_the_next_step(runs):
+    """With feedback, step 1's result differs from the same inputs reduced without residuals."""
+    calls = [r["e5m2-stochastic-feedback"]["calls"] for r in runs]
+    later = [(a, b) for a, b in zip(*calls) if a[0] >= 1]
+    kw = dict(rounding="stochastic", seed=11)
+    differs = False
+    for a, b in later:
+        plain, _ = reference_allreduce([a[2], b[2]], "e5m2", step=a[0], bucket=a[1], **kw)
+        differs |= not torch.equal(plain, a[3])
+    assert differs

@@ -18,7 +18,6 @@ import torch.multiprocessing as mp
 
 from emunum.distributed import quantized_allreduce_hook, reference_allreduce
 
-WORLD = 2
 STEPS = 3
 CONFIGS = {
     "e5m2-stochastic": dict(fmt="e5m2", rounding="stochastic", seed=7),
@@ -33,6 +32,9 @@ CONFIGS = {
     "fp32": dict(fmt=None),
 }
 PLAIN = "ddp-without-hook"
+# three ranks: the ring's order matters (each chunk's partial sums are rounded in a different rank order);
+# fp32 sums are left out (gloo's float32 reduction order is its own)
+THREE = ["e5m2-stochastic", "e5m2-stochastic-ring", "e4m3-nearest-ring-scaled", "e4m3fn-ring-feedback-result"]
 
 
 def _model():
@@ -42,34 +44,45 @@ def _model():
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """Rank ``rank`` of 3: the 2-rank runs use the subgroup {0, 1} (passed to the hook as DDP's state), the
+    3-rank runs the default group."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    pair = dist.new_group([0, 1])
     record = {}
     try:
-        for name, kw in [*CONFIGS.items(), (PLAIN, None)]:
-            ddp = torch.nn.parallel.DistributedDataParallel(_model(), bucket_cap_mb=0.002)
-            calls = []
-            if kw is not None:
-                hook = quantized_allreduce_hook(**kw)
-
-                def recording(state, bucket, hook=hook, calls=calls):
-                    step, inp = hook.step, bucket.buffer().clone()
-                    fut = hook(state, bucket)
-                    calls.append((step, bucket.index(), inp, fut.value().clone()))
-                    return fut
-
-                ddp.register_comm_hook(None, recording)
-            grads = []
-            for step in range(STEPS):
-                g = torch.Generator().manual_seed(1000 * step + rank)  # each rank its own data
-                x = torch.randn(16, 12, generator=g) * (1 + 30 * rank)
-                ddp.zero_grad(set_to_none=True)
-                (ddp(x) ** 2).mean().backward()
-                grads.append([p.grad.clone() for p in ddp.parameters()])
-            record[name] = {"calls": calls, "grads": grads}
+        for n, names in ((2, [*CONFIGS, PLAIN]), (3, THREE)):
+            if rank >= n:
+                continue
+            group = pair if n == 2 else None
+            for name in names:
+                record[(n, name)] = _train(rank, group, CONFIGS.get(name))
         torch.save(record, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def _train(rank: int, group, kw) -> dict:
+    ddp = torch.nn.parallel.DistributedDataParallel(_model(), bucket_cap_mb=0.002, process_group=group)
+    calls = []
+    if kw is not None:
+        hook = quantized_allreduce_hook(**kw)
+
+        def recording(state, bucket, hook=hook, calls=calls):
+            step, inp = hook.step, bucket.buffer().clone()
+            fut = hook(state, bucket)
+            calls.append((step, bucket.index(), inp, fut.value().clone()))
+            return fut
+
+        ddp.register_comm_hook(group, recording)
+    grads = []
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(1000 * step + rank)  # each rank its own data
+        x = torch.randn(16, 12, generator=g) * (1 + 30 * rank ** 2)
+        ddp.zero_grad(set_to_none=True)
+        (ddp(x) ** 2).mean().backward()
+        grads.append([p.grad.clone() for p in ddp.parameters()])
+    return {"calls": calls, "grads": grads}
 
 
 def _free_port() -> int:
@@ -79,21 +92,32 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def spawned(tmp_path_factory) -> list:
     out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(WORLD, _free_port(), str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+    # fork: the workers inherit the imported torch and emunum (spawn would import them again, ~5 s each)
+    mp.start_processes(_worker, args=(3, _free_port(), str(out)), nprocs=3, join=True, start_method="fork")
+    return [torch.load(out / f"rank{r}.pt") for r in range(3)]
+
+
+@pytest.fixture(scope="module")
+def runs(spawned):
+    """The 2-rank runs: per rank, {name: {"calls", "grads"}}."""
+    return [{name: r[(n, name)] for (n, name) in r if n == 2} for r in spawned[:2]]
+
+
+@pytest.fixture(scope="module")
+def runs3(spawned):
+    return [{name: r[(n, name)] for (n, name) in r if n == 3} for r in spawned]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int32)
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_every_bucket_of_every_rank_equals_the_single_process_reference(runs, name):
+def _check_against_reference(runs, name):
     kw = CONFIGS[name]
     calls = [r[name]["calls"] for r in runs]
-    assert len(calls[0]) == len(calls[1]) > STEPS  # several buckets per step
+    assert len({len(c) for c in calls}) == 1 and len(calls[0]) > STEPS  # several buckets per step
     assert len({c[1] for c in calls[0]}) > 1
     residuals: dict[int, list] = {}
     for per_rank in zip(*calls):
@@ -108,10 +132,47 @@ def test_every_bucket_of_every_rank_equals_the_single_process_reference(runs, na
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_bucket_of_two_ranks_equals_the_single_process_reference(runs, name):
+    _check_against_reference(runs, name)
+
+
+@pytest.mark.parametrize("name", THREE)
+def test_every_bucket_of_three_ranks_equals_the_single_process_reference(runs3, name):
+    _check_against_reference(runs3, name)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
 def test_replicas_receive_identical_gradients(runs, name):
     for step in range(STEPS):
         for a, b in zip(runs[0][name]["grads"][step], runs[1][name]["grads"][step]):
             assert torch.equal(_bits(a), _bits(b))
+
+
+def test_the_ring_result_depends_on_the_ring_order(runs3):
+    """With three ranks a ring in another order (2 -> 1 -> 0) gives other bits: the stated order is tested."""
+    calls = [r["e5m2-stochastic-ring"]["calls"] for r in runs3]
+    step, index, _, got = calls[0][0]
+    reversed_ranks = [calls[r][0][2] for r in (2, 1, 0)]
+    other, _ = reference_allreduce(reversed_ranks, "e5m2", "stochastic", seed=3, ring=True, step=step, bucket=index)
+    assert not torch.equal(_bits(other), _bits(got))
+
+
+@pytest.mark.parametrize("kw, error, words", [
+    (dict(fmt="e9m9"), ValueError, "fmt"),
+    (dict(fmt="mxfp8_e4m3"), ValueError, "block-scaled"),
+    (dict(fmt="e5m2", rounding="round"), ValueError, "rounding='round'"),
+    (dict(fmt="e5m2", scaling="per_tensor"), ValueError, "scaling='per_tensor'"),
+    (dict(fmt="e5m2", ring="yes"), TypeError, "ring"),
+    (dict(fmt="e5m2", error_feedback=1), TypeError, "error_feedback"),
+    (dict(fmt="e5m2", seed=-1), ValueError, "seed=-1"),
+    (dict(fmt="e5m2", seed=1.5), TypeError, "seed"),
+    (dict(fmt=None, error_feedback=True), ValueError, "error_feedback"),
+    (dict(fmt=None, scaling="per_bucket"), ValueError, "scaling"),
+    (dict(fmt="e5m2", result_fmt="nope"), ValueError, "result_fmt"),
+])
+def test_bad_arguments_raise_naming_the_argument(kw, error, words):
+    with pytest.raises(error, match=words.replace("(", r"\(").replace("[", r"\[")):
+        quantized_allreduce_hook(**kw)
 
 
 def test_fmt_none_hook_equals_ddp_without_a_hook_bit_for_bit(runs):

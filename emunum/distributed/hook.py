@@ -64,9 +64,8 @@ def quantized_allreduce_hook(fmt, rounding="stochastic", *, seed: int | None = 0
 class QuantizedAllreduce:
     """The hook object (see ``quantized_allreduce_hook``); call signature ``(state, bucket) -> Future``."""
 
-    __name__ = "quantized_allreduce_hook"  # DDP's registration reads the hook's __name__
-
     def __init__(self, spec: CommSpec, process_group=None):
+        self.__name__ = self.__qualname__ = "quantized_allreduce_hook"  # DDP's registration and logging read them
         self.spec = spec
         self.process_group = process_group
         self.seed = spec.seed

@@ -23,7 +23,8 @@ def quantized_allreduce_hook(fmt, rounding="stochastic", *, seed: int | None = 0
     Per bucket ``g`` (float32) on rank r:
 
     1. ``x = g + e_r`` (float32 add) with ``error_feedback``, where ``e_r`` is this rank's residual of the
-       bucket from the previous step (zero at first, and whenever the bucket's size changed); else ``x = g``.
+       bucket from the previous step (zero at first, and when DDP rebuilt the bucket with other parameters);
+       else ``x = g``.
     2. ``scaling="per_bucket"``: ``s = 2**k``, the largest power of two with ``amax(x) * s <= fmt.max``
        (``k`` clamped to -126..127; ``s = 1`` when amax is 0, inf or NaN). Without ring, ``amax`` is this rank's
        own; with ring, all ranks share one ``s`` from the largest amax of all ranks times W (one extra
@@ -55,7 +56,7 @@ def quantized_allreduce_hook(fmt, rounding="stochastic", *, seed: int | None = 0
     The result is bit-identical to ``emunum.distributed.reference_allreduce`` of the ranks' buckets.
     ``state_dict()`` / ``load_state_dict()`` carry ``step``, the seed and this rank's residuals (per rank:
     gather them to checkpoint a run). DDP rebuilds its buckets once after the first iteration; a residual
-    whose bucket changed size starts again from zero.
+    whose bucket changed (other parameter shapes, in order) starts again from zero.
     """
     return QuantizedAllreduce(CommSpec.make(fmt, rounding, seed, scaling, result_fmt, ring, error_feedback),
                               process_group)
@@ -71,6 +72,7 @@ class QuantizedAllreduce:
         self.seed = spec.seed
         self.step = 0
         self.residuals: dict[int, torch.Tensor] = {}
+        self.layouts: dict[int, tuple] = {}  # the parameter shapes of the bucket each residual belongs to
 
     def __repr__(self) -> str:
         s = self.spec
@@ -81,12 +83,14 @@ class QuantizedAllreduce:
     # -- checkpointing ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"step": self.step, "seed": self.seed,
-                "residuals": {int(k): v.detach().cpu().clone() for k, v in self.residuals.items()}}
+                "residuals": {int(k): v.detach().cpu().clone() for k, v in self.residuals.items()},
+                "layouts": {int(k): [list(shape) for shape in v] for k, v in self.layouts.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
         self.seed = state["seed"]
         self.residuals = {int(k): v.clone() for k, v in state["residuals"].items()}
+        self.layouts = {int(k): tuple(tuple(shape) for shape in v) for k, v in state.get("layouts", {}).items()}
 
     # -- the hook -----------------------------------------------------------------------------------------
     def __call__(self, state, bucket):
@@ -94,7 +98,8 @@ class QuantizedAllreduce:
         if group is None:
             group = dist.group.WORLD
         buf = bucket.buffer()
-        out = self.reduce(buf, bucket.index(), group)
+        layout = tuple(tuple(p.shape) for p in bucket.parameters()) if self.spec.error_feedback else None
+        out = self.reduce(buf, bucket.index(), group, layout)
         if bucket.is_last():
             self.step += 1
         fut = torch.futures.Future()
@@ -108,8 +113,9 @@ class QuantizedAllreduce:
             self.seed = int(t.item())
         return self.seed
 
-    def reduce(self, buf: torch.Tensor, index: int, group) -> torch.Tensor:
-        """The all-reduced mean of ``buf`` over ``group`` for bucket ``index`` at ``self.step``."""
+    def reduce(self, buf: torch.Tensor, index: int, group, layout: tuple | None = None) -> torch.Tensor:
+        """The all-reduced mean of ``buf`` over ``group`` for bucket ``index`` at ``self.step``; ``layout``
+        (the bucket's parameter shapes) keeps a residual from being added to a rebuilt bucket."""
         spec, world, rank = self.spec, dist.get_world_size(group), dist.get_rank(group)
         if spec.plain:
             out = buf.div_(world)
@@ -121,7 +127,7 @@ class QuantizedAllreduce:
         seed = self._resolved_seed(group) if spec.rounding == RoundMode.STOCHASTIC else 0
         x = buf
         res = self.residuals.get(index)
-        if spec.error_feedback and res is not None and res.shape == buf.shape:
+        if spec.error_feedback and res is not None and res.shape == buf.shape and self.layouts.get(index) == layout:
             x = buf + res.to(buf.device)
         s = self._scale(x, world, group)
         scaled = x if s == 1.0 else x * s
@@ -129,6 +135,7 @@ class QuantizedAllreduce:
         if spec.error_feedback:
             e = (x.double() - q.double() / s).float()
             self.residuals[index] = torch.where(torch.isfinite(e), e, torch.zeros_like(e))
+            self.layouts[index] = layout
         if spec.ring:
             total = (self._ring(q, world, rank, index, seed, group) / s).float()
         else:

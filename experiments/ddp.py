@@ -181,8 +181,12 @@ def wrap(model: torch.nn.Module, cfg, device):
     from emunum.distributed import QuantizedAllreduce
     from torch.nn.parallel import DistributedDataParallel
 
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     spec = comm_spec(cfg.dist)
+    # With a hook, find_unused_parameters=True keeps DDP's first bucket layout for the whole run (DDP otherwise
+    # rebuilds its buckets once, after the first iteration, and a resumed process would run one iteration on
+    # the first layout): the hook's stochastic bits and ring chunks follow the flat bucket's element order.
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                  find_unused_parameters=spec is not None)
     hook = None
     if spec is not None:
         hook = QuantizedAllreduce(dataclasses.replace(spec, seed=derive_seed(int(cfg.seed), STREAM_COMM)))

@@ -75,8 +75,10 @@ def from_env(env=None) -> Dist:
 def comm_spec(dcfg):
     """The ``emunum.distributed.CommSpec`` of ``cfg.dist`` (ValueError/TypeError naming the ``dist.*`` key), or
     None for DDP's own fp32 all-reduce."""
+    from emunum import RoundMode
     from emunum.distributed import CommSpec
 
+    RoundMode.parse(dcfg.comm_rounding, field="dist.comm_rounding")
     if dcfg.comm is None and not dcfg.ring and dcfg.result is None:
         if dcfg.error_feedback or str(_value(dcfg.scaling)) != "none":
             raise ValueError("dist.error_feedback and dist.scaling need dist.comm (a wire format)")

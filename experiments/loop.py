@@ -20,6 +20,9 @@ default generator is reseeded with ``derive_seed(seed, STREAM_STEP, iteration)``
 seed an emulated layer draws. A checkpoint (model, optimizer, scaler, loop state, RNG states) therefore lets
 ``resume=true`` reproduce an uninterrupted run bit for bit.
 
+Under torchrun (``experiments/ddp.py``) the model is a DDP replica per rank; the step seed also takes the rank,
+each rank trains on its slice of a global batch, rank 0 evaluates and alone writes files.
+
 ``seconds_per_iteration`` is the wall time of the training steps (batch, forward, backward, optimizer)
 divided by the iterations run; evaluation, logging and checkpoints are excluded.
 """

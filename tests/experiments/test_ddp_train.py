@@ -64,6 +64,7 @@ def test_torchrun_two_ranks_reach_the_target_and_rank0_alone_writes_one_results_
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     found = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("results*.json"))
     assert found == [Path("run/results.json")]  # no file of rank 1, nowhere else
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]  # rank 1 made no Hydra directory or log in its cwd
     res = json.loads((run_dir / "results.json").read_text())
     assert res["world_size"] == 2 and res["status"] == "reached"
     assert res["iterations_to_accuracy"] <= 200 and res["best_accuracy"] >= 0.4

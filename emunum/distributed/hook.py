@@ -106,9 +106,9 @@ class QuantizedAllreduce:
         fut.set_result(out)
         return fut
 
-    def _resolved_seed(self, group) -> int:
-        if self.seed is None:
-            t = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+    def _resolved_seed(self, group, device) -> int:
+        if self.seed is None:  # on the bucket's device: NCCL broadcasts CUDA tensors only
+            t = torch.randint(0, 2**62, (1,), dtype=torch.int64).to(device)
             dist.broadcast(t, src=dist.get_global_rank(group, 0), group=group)
             self.seed = int(t.item())
         return self.seed
@@ -124,7 +124,7 @@ class QuantizedAllreduce:
         if buf.dtype != torch.float32:
             raise TypeError(f"quantized_allreduce_hook: a gradient bucket of dtype {buf.dtype}; allowed: "
                             "float32 (fmt=None passes other dtypes through DDP's plain all-reduce)")
-        seed = self._resolved_seed(group) if spec.rounding == RoundMode.STOCHASTIC else 0
+        seed = self._resolved_seed(group, buf.device) if spec.rounding == RoundMode.STOCHASTIC else 0
         x = buf
         res = self.residuals.get(index)
         if spec.error_feedback and res is not None and res.shape == buf.shape and self.layouts.get(index) == layout:
@@ -185,5 +185,5 @@ class QuantizedAllreduce:
         if spec.result_fmt is None:
             return out
         mode = spec.rounding
-        seed = self._resolved_seed(group) if mode == RoundMode.STOCHASTIC else 0
+        seed = self._resolved_seed(group, out.device) if mode == RoundMode.STOCHASTIC else 0
         return quantize_checked(out, spec.result_fmt, mode, result_seed(seed, self.step, index), _SR_BITS)

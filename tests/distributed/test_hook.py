@@ -30,6 +30,7 @@ CONFIGS = {
     "fp32-result-bf16": dict(fmt=None, rounding="nearest", result_fmt="bf16"),
     "fp32-ring": dict(fmt=None, rounding="nearest", ring=True),
     "fp32": dict(fmt=None),
+    "e5m2-seed-drawn": dict(fmt="e5m2", rounding="stochastic", seed=None),  # rank 0 draws, broadcasts
 }
 PLAIN = "ddp-without-hook"
 # three ranks: the ring's order matters (each chunk's partial sums are rounded in a different rank order);
@@ -65,6 +66,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 def _train(rank: int, group, kw) -> dict:
     ddp = torch.nn.parallel.DistributedDataParallel(_model(), bucket_cap_mb=0.002, process_group=group)
     calls = []
+    torch.manual_seed(100 + rank)  # the ranks' generators differ: a drawn seed must come from rank 0
     if kw is not None:
         hook = quantized_allreduce_hook(**kw)
 
@@ -82,7 +84,7 @@ def _train(rank: int, group, kw) -> dict:
         ddp.zero_grad(set_to_none=True)
         (ddp(x) ** 2).mean().backward()
         grads.append([p.grad.clone() for p in ddp.parameters()])
-    return {"calls": calls, "grads": grads}
+    return {"calls": calls, "grads": grads, "seed": hook.seed if kw is not None else None}
 
 
 def _free_port() -> int:
@@ -115,7 +117,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check_against_reference(runs, name):
-    kw = CONFIGS[name]
+    kw = dict(CONFIGS[name])
+    if "seed" in kw and kw["seed"] is None:  # the ranks' drawn seed: the same on both, then the reference's
+        (kw["seed"],) = {r[name]["seed"] for r in runs}
     calls = [r[name]["calls"] for r in runs]
     assert len({len(c) for c in calls}) == 1 and len(calls[0]) > STEPS  # several buckets per step
     assert len({c[1] for c in calls[0]}) > 1

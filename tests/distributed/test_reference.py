@@ -62,9 +62,9 @@ def test_the_ring_rounds_every_partial_sum_in_ring_order():
             best = [j for j in best if _even(float(vals[j]))]
         return Fraction(float(vals[best[0]]))
 
-    # rank c holds 1 in chunk c, the others 9/128: started at rank c, 1 + 9/128 rounds back to 1 at both hops;
-    # started at another rank, 9/128 + 9/128 = 9/64 is kept and 1 + 9/64 rounds to 1.125
-    small = 0.0703125
+    # rank c holds 1 in chunk c, the others 3/64: started at rank c, 1 + 3/64 rounds back to 1 at both hops;
+    # started at another rank, 3/64 + 3/64 = 3/32 is kept and 1 + 3/32 rounds to 1.125
+    small = 0.046875
     ranks = [torch.tensor([1.0 if i == r else small for i in range(3)]) for r in range(3)]
     got, _ = reference_allreduce(ranks, "fp8_143", "nearest", ring=True)
     assert torch.equal(got, torch.full((3,), 1.0) / 3)

@@ -41,8 +41,9 @@ def quantized_allreduce_hook(fmt, rounding="stochastic", *, seed: int | None = 0
        ``0 -> 1 -> ... -> W-1 -> 0``: at hop ``h = 0..W-2`` rank r sends its partial sum of chunk
        ``(r - h) mod W`` to rank ``r + 1`` and receives chunk ``(r - h - 1) mod W`` from rank ``r - 1``, adding
        its own ``q`` and rounding: ``p = quantize(recv + q_r[c], fmt, rounding, seed=hop_seed(seed, r, step, b,
-       h))`` (the add is float64, exact when the two fmt values' bits span at most 53 places: every format
-       of at most 6 exponent bits). So chunk c is ``Q(...Q(Q(q_c + q_{c+1}) + q_{c+2}) ... + q_{c-1})``
+       h))``. The add is float64: exact for fp8, fp6, fp4 and fp16 wires (two values' bits span at most 42
+       places); for bf16 or fp32 wires it may round first when the terms differ by more than 2**53, which with
+       ``nearest`` still gives the correctly rounded sum (53 >= 2p + 1, Figueroa 1995). So chunk c is ``Q(...Q(Q(q_c + q_{c+1}) + q_{c+2}) ... + q_{c-1})``
        (ranks mod W), an fmt value, then owned by rank ``c - 1`` and shared by an all-gather. ``S = p / s``.
     5. ``result = float32(S) / W`` (float32 division: exact when W is a power of two, barring underflow);
        with ``result_fmt``, rounded once more: ``quantize(result, result_fmt, rounding,

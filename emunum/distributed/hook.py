@@ -43,8 +43,9 @@ def quantized_allreduce_hook(fmt, rounding="stochastic", *, seed: int | None = 0
        its own ``q`` and rounding: ``p = quantize(recv + q_r[c], fmt, rounding, seed=hop_seed(seed, r, step, b,
        h))``. The add is float64: exact for fp8, fp6, fp4 and fp16 wires (two values' bits span at most 42
        places); for bf16 or fp32 wires it may round first when the terms differ by more than 2**53, which with
-       ``nearest`` still gives the correctly rounded sum (53 >= 2p + 1, Figueroa 1995). So chunk c is ``Q(...Q(Q(q_c + q_{c+1}) + q_{c+2}) ... + q_{c-1})``
-       (ranks mod W), an fmt value, then owned by rank ``c - 1`` and shared by an all-gather. ``S = p / s``.
+       ``nearest`` still gives the correctly rounded sum (53 >= 2p + 1, Figueroa 1995). So chunk c is
+       ``Q(...Q(Q(q_c + q_{c+1}) + q_{c+2}) ... + q_{c-1})`` (ranks mod W), an fmt value, then owned by rank
+       ``c - 1`` and shared by an all-gather. ``S = p / s``.
     5. ``result = float32(S) / W`` (float32 division: exact when W is a power of two, barring underflow);
        with ``result_fmt``, rounded once more: ``quantize(result, result_fmt, rounding,
        seed=result_seed(seed, step, b))``, a seed without the rank, so that every replica gets the same bits.

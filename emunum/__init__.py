@@ -12,6 +12,7 @@ from .mad import MADUnit, addmm, baddbmm, conv1d, conv2d, linear, matmul
 from .optim import LossScaler, OptimLP
 from .patch import patch, patched, register, unpatch
 from .policy import Policy, Role, RoleSpec, Scaling
+from . import distributed  # noqa: E402  (emunum.distributed: DDP hooks with a low-precision all-reduce)
 from . import trace  # noqa: E402  (emunum.trace.collect / enable: per-layer numerics counters)
 from .quantize import quantize
 
@@ -22,6 +23,6 @@ __all__ = [
     "quantize", "TableFormat", "LogFormat",
     "OptimLP", "LossScaler",
     "patch", "unpatch", "patched", "register", "Policy", "Role", "RoleSpec", "Scaling", "trace",
-    "Quantizer", "quantize_ste", "arithmetic", "emulated", "approx",
+    "Quantizer", "quantize_ste", "arithmetic", "emulated", "approx", "distributed",
     "MADUnit", "mad", "matmul", "linear", "addmm", "baddbmm", "conv1d", "conv2d",
 ]

@@ -20,6 +20,9 @@ default generator is reseeded with ``derive_seed(seed, STREAM_STEP, iteration)``
 seed an emulated layer draws. A checkpoint (model, optimizer, scaler, loop state, RNG states) therefore lets
 ``resume=true`` reproduce an uninterrupted run bit for bit.
 
+Under torchrun (``experiments/ddp.py``) the model is a DDP replica per rank; the step seed also takes the rank,
+each rank trains on its slice of a global batch, rank 0 evaluates and alone writes files.
+
 ``seconds_per_iteration`` is the wall time of the training steps (batch, forward, backward, optimizer)
 divided by the iterations run; evaluation, logging and checkpoints are excluded.
 """
@@ -43,10 +46,11 @@ from omegaconf import OmegaConf
 from emunum.optim import derive_seed
 
 from . import data as data_mod
+from . import ddp
 from . import models
 from . import tasks
 from .recipe import STREAM_INIT, STREAM_STEP, apply_format, make_optimizer, make_scaler
-from .schema import LogMode, Schedule, check_keys
+from .schema import DistConfig, LogMode, Schedule, check_keys
 
 log = logging.getLogger("experiments.train")
 
@@ -87,12 +91,13 @@ class Results:
     best_bits_per_byte: float | None = None
     final_bits_per_byte: float | None = None
     data_sha256: str | None = None
+    world_size: int | None = None  # torchrun runs only (experiments/ddp.py); absent from a single process's file
 
     def to_json(self) -> dict:
         def clean(v):
             return None if isinstance(v, float) and not math.isfinite(v) else v
 
-        return {k: clean(v) for k, v in asdict(self).items()}
+        return {k: clean(v) for k, v in asdict(self).items() if not (k == "world_size" and v is None)}
 
 
 @dataclass
@@ -127,6 +132,7 @@ def validate(cfg) -> None:
     if cfg.stop_after is not None and cfg.stop_after < 1:
         raise ValueError(f"stop_after={cfg.stop_after} is out of range; allowed: >= 1 or null")
     _check_device(str(cfg.device))
+    ddp.validate(cfg)
 
 
 def _check_device(name: str) -> None:
@@ -194,7 +200,12 @@ def write_json_atomic(path: Path, obj) -> None:
 def identity(cfg) -> dict:
     """The config entries that define the computation (a resumed run must match them)."""
     c = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    if c.get("dist") == _DIST_DEFAULT:  # a checkpoint written before the dist group existed still matches
+        del c["dist"]
     return {k: v for k, v in c.items() if k not in RUN_CONTROL_KEYS}
+
+
+_DIST_DEFAULT = OmegaConf.to_container(OmegaConf.structured(DistConfig), enum_to_str=True)
 
 
 def hydra_run_dir() -> Path:
@@ -268,9 +279,16 @@ def _reached(ev: dict, cfg, task: str) -> bool:
     return ev["loss"] <= cfg.target_loss
 
 
-def save_checkpoint(path: Path, model, opt, scaler, state: LoopState, cfg) -> None:
+def save_checkpoint(path: Path, model, opt, scaler, state: LoopState, cfg, hook=None) -> None:
+    """Rank 0 writes the checkpoint; under torchrun every rank must call this (it gathers the comm hooks'
+    states, one per rank)."""
+    comm = ddp.gather(hook.state_dict() if hook is not None else None)
+    if not ddp.current().main:
+        return
     np_state = np.random.get_state()
     ckpt = {
+        "world_size": ddp.current().world_size,
+        "comm": comm,
         "version": CHECKPOINT_VERSION,
         "identity": json.dumps(identity(cfg), sort_keys=True),
         "model": model.state_dict(),
@@ -288,7 +306,7 @@ def _py_state_to_list(st):
     return [st[0], list(st[1]), st[2]]
 
 
-def load_checkpoint(path: Path, model, opt, scaler, cfg) -> LoopState:
+def load_checkpoint(path: Path, model, opt, scaler, cfg, hook=None) -> LoopState:
     if not path.exists():
         raise ValueError(f"resume=true but {path} does not exist; allowed: a run directory with a checkpoint "
                          f"(pass hydra.run.dir=<that directory>)")
@@ -302,6 +320,11 @@ def load_checkpoint(path: Path, model, opt, scaler, cfg) -> LoopState:
         raise ValueError(f"resume=true: {path} is not an emunum checkpoint (a {type(ckpt).__name__})")
     if ckpt.get("version") != CHECKPOINT_VERSION:
         raise ValueError(f"{path}: checkpoint version {ckpt.get('version')} is not {CHECKPOINT_VERSION}")
+    world, now_world = ckpt.get("world_size", 1), ddp.current().world_size
+    if world != now_world:
+        raise ValueError(f"resume=true: {path} was written by a run of world size {world} and this run has world "
+                         f"size {now_world}; resume with the same number of processes "
+                         f"({'torchrun --nproc-per-node=' + str(world) if world > 1 else 'a single process'})")
     saved, now = json.loads(ckpt["identity"]), identity(cfg)
     if saved != now:
         diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
@@ -319,6 +342,9 @@ def load_checkpoint(path: Path, model, opt, scaler, cfg) -> LoopState:
     random.setstate((py[0], tuple(py[1]), py[2]))
     npst = rng["numpy"]
     np.random.set_state((npst[0], np.asarray(npst[1], dtype=np.uint32), *npst[2:]))
+    comm = ckpt.get("comm")
+    if hook is not None and comm is not None and comm[ddp.current().rank] is not None:
+        hook.load_state_dict(comm[ddp.current().rank])
     return LoopState(**ckpt["loop"])
 
 
@@ -326,13 +352,18 @@ def train(cfg, run_dir: str | os.PathLike | None = None) -> Results:
     """Train as configured; write results.json, TensorBoard events and checkpoints into ``run_dir``
     (default: the Hydra run directory). Returns the Results (status "interrupted" after ``stop_after``)."""
     validate(cfg)
-    run_dir = Path(run_dir) if run_dir is not None else hydra_run_dir()
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"run directory {run_dir} cannot be created: {e.strerror or e}") from None
-    with run_dir_lock(run_dir):
-        return _train_locked(cfg, run_dir)
+    with ddp.session(torch.device(cfg.device)) as (d, device):
+        # every rank works in rank 0's directory (Hydra gives the others none: see experiments/train.py)
+        run_dir = Path(ddp.broadcast(str(run_dir if run_dir is not None else hydra_run_dir())))
+        if not d.main:
+            log.setLevel(logging.WARNING)  # rank 0 reports
+            return _train_locked(cfg, run_dir, device)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"run directory {run_dir} cannot be created: {e.strerror or e}") from None
+        with run_dir_lock(run_dir):
+            return _train_locked(cfg, run_dir, device)
 
 
 def format_label(fmt_cfg) -> str:
@@ -401,10 +432,10 @@ def run_dir_lock(run_dir: Path):
         f.close()
 
 
-def _train_locked(cfg, run_dir: Path) -> Results:
+def _train_locked(cfg, run_dir: Path, device: torch.device) -> Results:
     set_threads(cfg.threads)
-    device = torch.device(cfg.device)
     seed = int(cfg.seed)
+    world = ddp.current().world_size
 
     ds = data_mod.load(cfg.data)
     task = ds.task
@@ -413,7 +444,7 @@ def _train_locked(cfg, run_dir: Path) -> Results:
         raise ValueError(f"data={ds.name} is a {task} task; set target_loss ({what})")
     xtr, ytr = ds.x_train.to(device), ds.y_train.to(device)
     xva, yva = ds.x_val.to(device), ds.y_val.to(device)
-    sampler = data_mod.BatchSampler(len(xtr), int(cfg.batch_size), seed)
+    sampler = data_mod.BatchSampler(len(xtr), int(cfg.batch_size) * world, seed)  # the global batch
 
     torch.manual_seed(derive_seed(seed, STREAM_INIT))
     model = models.build(cfg.model, ds.input_shape, ds.num_outputs).to(device)
@@ -421,30 +452,43 @@ def _train_locked(cfg, run_dir: Path) -> Results:
     opt = make_optimizer(model, cfg)
     scaler = make_scaler(cfg.format.loss_scale)
     criterion = loss_fn(task)
+    net = model
+    model, hook = ddp.wrap(net, cfg, device)  # after emunum.patch: see experiments/ddp.py
 
     ckpt_path = run_dir / CHECKPOINT
-    state = load_checkpoint(ckpt_path, model, opt, scaler, cfg) if cfg.resume else LoopState()
+    state = load_checkpoint(ckpt_path, net, opt, scaler, cfg, hook) if cfg.resume else LoopState()
     if cfg.resume:
         log.info("resumed from %s at iteration %d", ckpt_path, state.iteration)
 
     from torch.utils.tensorboard import SummaryWriter
 
-    tracer = _make_tracer(model, cfg)
-    writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=state.iteration + 1 if cfg.resume else None)
+    tracer = _make_tracer(net, cfg)
+    writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=state.iteration + 1 if cfg.resume else None) \
+        if ddp.current().main else _NullWriter()
     try:
         return _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, (xtr, ytr, xva, yva), state,
-                    ckpt_path, writer, tracer)
+                    ckpt_path, writer, tracer, hook)
     finally:
         writer.close()
         if tracer is not None:
             tracer.close()
 
 
-def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, state, ckpt_path, writer, tracer):
+class _NullWriter:
+    """The SummaryWriter of ranks other than 0: they write nothing."""
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, state, ckpt_path, writer, tracer,
+         hook=None):
     xtr, ytr, xva, yva = tensors
     seed = int(cfg.seed)
     device = xtr.device
-    progress = Progress(resolve_log_mode(cfg.log), int(cfg.max_iters), state.iteration, cfg.format.name)
+    d = ddp.current()
+    mode = resolve_log_mode(cfg.log) if d.main else LogMode.quiet
+    progress = Progress(mode, int(cfg.max_iters), state.iteration, cfg.format.name)
     status, reason = None, ""
     last_loss = float("nan")
     with contextlib.ExitStack() as stack:
@@ -457,15 +501,18 @@ def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, stat
         model.train()
         while it < cfg.max_iters and not (state.reached_at is not None and cfg.stop_at_target):
             t0 = time.perf_counter()
-            torch.manual_seed(derive_seed(seed, STREAM_STEP, it))
-            idx = sampler.indices(it).to(device)
+            torch.manual_seed(ddp.step_seed(seed, STREAM_STEP, it))
+            idx = sampler.indices(it)
+            if d.active:  # this rank's slice of the global batch
+                idx = idx.tensor_split(d.world_size)[d.rank]
+            idx = idx.to(device)
             xb, yb = xtr[idx], ytr[idx]
             lr = lr_at(cfg, it)
             for g in opt.param_groups:
                 g["lr"] = lr
             opt.zero_grad(set_to_none=True)
             loss = criterion(model(xb).float(), yb)
-            last_loss = loss.detach().item()
+            last_loss = ddp.mean(loss.detach().item(), device)  # the ranks' mean: the same on every rank
             if not math.isfinite(last_loss):
                 status, reason = "diverged", f"training loss {last_loss} at iteration {it + 1}"
                 writer.add_scalar("train/loss", last_loss, it + 1)
@@ -506,7 +553,7 @@ def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, stat
                                                   f"evaluations in a row (iteration {it})")
                     break
             if cfg.checkpoint_every and it % cfg.checkpoint_every == 0:
-                save_checkpoint(ckpt_path, model, opt, scaler, state, cfg)
+                save_checkpoint(ckpt_path, getattr(model, "module", model), opt, scaler, state, cfg, hook)
             if cfg.stop_after is not None and it >= cfg.stop_after and it < cfg.max_iters:
                 status, reason = "interrupted", f"stop_after={cfg.stop_after}"
                 break
@@ -517,7 +564,9 @@ def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, stat
         if status is None:
             status = "reached" if state.reached_at is not None else "not_reached"
     results = _results(cfg, ds, state, status, reason, scaler)
-    if status != "interrupted":
+    if d.active:
+        results.world_size = d.world_size
+    if status != "interrupted" and d.main:
         metric = objective(results, cfg.max_iters)
         hparams = {"format": cfg.format.name, "model": cfg.model.name, "data": cfg.data.name,
                    "optim": cfg.optim.name, "lr": float(cfg.lr), "batch_size": int(cfg.batch_size), "seed": seed}
@@ -547,7 +596,10 @@ def _nan_if_none(v):
 def _evaluate_and_log(model, xva, yva, ds, cfg, state, writer, progress, it, train_loss, tracer):
     if tracer is not None:
         tracer.to_tensorboard(writer, it)  # the training steps since the last evaluation
-    ev = evaluate(model, xva, yva, ds.task, int(cfg.data.eval_batch_size))
+    # rank 0 evaluates the (identical) replica alone, without DDP's forward; every rank gets its numbers
+    ev = evaluate(getattr(model, "module", model), xva, yva, ds.task, int(cfg.data.eval_batch_size)) \
+        if ddp.current().main else None
+    ev = ddp.broadcast(ev)
     if tracer is not None:
         tracer.reset()  # leave the evaluation's own forward passes out of the next window
     ev["iteration"] = it

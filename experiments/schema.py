@@ -242,6 +242,25 @@ class AdamConfig(OptimConfig):
     eps: float = 1e-8
 
 
+# ---- dist (torchrun; experiments/ddp.py) ---------------------------------------------------------------
+class CommScaling(enum.Enum):
+    none = "none"
+    per_bucket = "per_bucket"  # each rank scales its bucket by a power of two mapping its amax to <= the max
+
+
+@dataclass
+class DistConfig:
+    """The gradient all-reduce of a torchrun run (``emunum.distributed.quantized_allreduce_hook``). All
+    defaults: DDP's own fp32 all-reduce. Anything else needs torchrun (several processes)."""
+
+    comm: Optional[str] = None  # the wire format (e5m2, e4m3fn, bf16, ...); null: fp32
+    comm_rounding: str = "stochastic"  # rounding onto the wire, of the ring's partial sums and of the result
+    ring: bool = False  # ring reduce-scatter + all-gather, each hop's partial sum rounded to comm
+    error_feedback: bool = False  # each rank adds its last rounding error to its next bucket
+    scaling: CommScaling = CommScaling.none
+    result: Optional[str] = None  # round the averaged gradient to this format; null: float32
+
+
 # ---- top level -----------------------------------------------------------------------------------------
 @dataclass
 class TrainConfig:
@@ -266,7 +285,8 @@ class TrainConfig:
     resume: bool = False  # continue from <run dir>/checkpoint.pt (pass hydra.run.dir=<old run dir>)
     stop_after: Optional[int] = None  # end the process after this iteration, like a kill (for resume tests)
     log: LogMode = LogMode.auto
-    device: str = "cpu"
+    device: str = "cpu"  # under torchrun, cuda means cuda:<LOCAL_RANK>
+    dist: DistConfig = field(default_factory=DistConfig)
 
 
 def check_keys(cfg, node_type=None, path: str = "") -> None:

@@ -6,6 +6,9 @@ iteration at which validation accuracy >= target_accuracy (regression: validatio
 ``max_iters + 1`` when the target was not reached (status not_reached or diverged) or the run was stopped by
 ``stop_after``. The work is done by the importable ``experiments.loop.train(cfg, run_dir)``.
 
+Several processes: ``torchrun --nproc-per-node=2 experiments/train.py model=mlp dist.comm=e5m2`` trains with
+DDP; see ``experiments/ddp.py``.
+
 A run that fails with an exception still leaves ``results.json`` (``write_failure``): every contract key
 (null where unknown), ``status`` "failed", ``reason`` "<ExceptionType>: <message>", ``iterations_run`` 0,
 written atomically before the exception propagates (Hydra then reports it and exits non-zero).
@@ -29,6 +32,7 @@ import os  # noqa: E402
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from experiments import ddp  # noqa: E402
 from experiments.loop import Results, RunDirBusy, hydra_run_dir, objective, train, write_json_atomic  # noqa: E402
 from experiments.schema import register  # noqa: E402
 
@@ -77,6 +81,8 @@ def write_failure(cfg, run_dir, exc: BaseException) -> None:
     so that ``exc`` stays the error. Nothing is written when the directory is locked by another run."""
     if isinstance(exc, RunDirBusy):  # the directory belongs to the other run
         return
+    if not ddp.from_env().main:  # under torchrun rank 0 alone writes (and its record covers the run)
+        return
     try:
         path = Path(run_dir) if run_dir is not None else hydra_run_dir()
         path.mkdir(parents=True, exist_ok=True)
@@ -103,4 +109,5 @@ def main(cfg: DictConfig) -> int:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = ddp.rank_argv(sys.argv[1:])  # torchrun ranks > 0: no Hydra output directory of their own
     main()

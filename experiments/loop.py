@@ -29,19 +29,14 @@ divided by the iterations run; evaluation, logging and checkpoints are excluded.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
-import random
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from emunum.optim import derive_seed
 
@@ -49,23 +44,21 @@ from . import data as data_mod
 from . import ddp
 from . import models
 from . import tasks
+from .progress import Progress, resolve_log_mode  # noqa: F401  (resolve_log_mode: re-exported)
 from .recipe import STREAM_INIT, STREAM_STEP, apply_format, make_optimizer, make_scaler
-from .schema import DistConfig, LogMode, Schedule, check_keys
+from .run_files import (CHECKPOINT, CHECKPOINT_VERSION, LOCK_FILE, RUN_CONTROL_KEYS, LoopState,  # noqa: F401
+                        RunDirBusy, atomic_target, format_label, hydra_run_dir, identity, load_checkpoint,
+                        run_dir_lock, save_checkpoint, write_json_atomic)
+from .schema import LogMode, Schedule, check_keys
 
 log = logging.getLogger("experiments.train")
 
 RESULT_KEYS = ("format", "status", "iterations_to_accuracy", "target_accuracy", "best_accuracy",
                "final_accuracy", "iterations_run", "seconds_per_iteration")
-LOCK_FILE = ".lock"
 # Divergence: a non-finite training loss, or a training loss above DIVERGENCE_FACTOR times the first iteration's
 # at DIVERGENCE_EVALS evaluations in a row.
 DIVERGENCE_FACTOR = 1e3
 DIVERGENCE_EVALS = 3
-CHECKPOINT = "checkpoint.pt"
-CHECKPOINT_VERSION = 1
-# keys that may differ between a killed run and its resumption
-RUN_CONTROL_KEYS = ("max_iters", "eval_every", "stop_at_target", "threads", "trace", "checkpoint_every",
-                    "resume", "stop_after", "log", "device")
 
 
 @dataclass
@@ -98,18 +91,6 @@ class Results:
             return None if isinstance(v, float) and not math.isfinite(v) else v
 
         return {k: clean(v) for k, v in asdict(self).items() if not (k == "world_size" and v is None)}
-
-
-@dataclass
-class LoopState:
-    """What a checkpoint must carry besides model/optimizer/scaler."""
-
-    iteration: int = 0
-    evals: list = field(default_factory=list)  # [{"iteration", "loss", "accuracy"}]
-    reached_at: int | None = None
-    train_seconds: float = 0.0
-    first_loss: float | None = None  # the training loss of iteration 1 (the divergence rule's reference)
-    above: int = 0  # consecutive evaluations with the training loss beyond DIVERGENCE_FACTOR * first_loss
 
 
 # ---- small helpers -------------------------------------------------------------------------------------
@@ -158,14 +139,6 @@ def set_threads(n: int | None) -> None:
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
 
 
-def resolve_log_mode(mode) -> LogMode:
-    mode = LogMode(mode) if not isinstance(mode, LogMode) else mode
-    if mode != LogMode.auto:
-        return mode
-    ci = os.environ.get("CI", "").lower() not in ("", "0", "false")
-    return LogMode.progress if sys.stderr.isatty() and not ci else LogMode.quiet
-
-
 def lr_at(cfg, iteration: int) -> float:
     """Learning rate of the step that starts at ``iteration`` (0-based)."""
     base, warm = float(cfg.lr), int(cfg.optim.warmup_iters)
@@ -175,79 +148,6 @@ def lr_at(cfg, iteration: int) -> float:
         progress = (iteration - warm) / max(1, int(cfg.max_iters) - warm)
         return base * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     return base
-
-
-@contextlib.contextmanager
-def atomic_target(path: Path):
-    """Yields a temporary path beside ``path``; on success it replaces ``path``, on any failure (a full disk,
-    say) it is removed, so no stray ``*.tmp`` file is left behind."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    with atomic_target(path) as tmp:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2, allow_nan=False)
-            f.write("\n")
-
-
-def identity(cfg) -> dict:
-    """The config entries that define the computation (a resumed run must match them)."""
-    c = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    if c.get("dist") == _DIST_DEFAULT:  # a checkpoint written before the dist group existed still matches
-        del c["dist"]
-    return {k: v for k, v in c.items() if k not in RUN_CONTROL_KEYS}
-
-
-_DIST_DEFAULT = OmegaConf.to_container(OmegaConf.structured(DistConfig), enum_to_str=True)
-
-
-def hydra_run_dir() -> Path:
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        raise ValueError("run_dir is required when train() is called outside a Hydra run")
-    return Path(HydraConfig.get().runtime.output_dir)
-
-
-# ---- progress ------------------------------------------------------------------------------------------
-class Progress:
-    """A tqdm bar with live loss/accuracy (``log=progress``), or log lines at evaluations (``quiet``)."""
-
-    def __init__(self, mode: LogMode, total: int, initial: int, name: str):
-        self.bar = None
-        if mode == LogMode.progress:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, initial=initial, desc=name, dynamic_ncols=True, leave=True)
-        self.postfix: dict = {}
-
-    def step(self, iteration: int, loss: float) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-            if iteration % 10 == 0:
-                self.postfix["loss"] = f"{loss:.4f}"
-                self.bar.set_postfix(self.postfix, refresh=False)
-
-    def evaluated(self, iteration: int, train_loss: float, ev: dict) -> None:
-        acc = ev["accuracy"]
-        if self.bar is not None:
-            self.postfix["val_loss"] = f"{ev['loss']:.4f}"
-            if acc is not None:
-                self.postfix["val_acc"] = f"{acc:.4f}"
-            self.bar.set_postfix(self.postfix)
-        log.info("iter %d  train_loss %.4f  val_loss %.4f%s", iteration, train_loss, ev["loss"],
-                 f"  val_acc {acc:.4f}" if acc is not None else "")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 # ---- the loop ------------------------------------------------------------------------------------------
@@ -279,75 +179,6 @@ def _reached(ev: dict, cfg, task: str) -> bool:
     return ev["loss"] <= cfg.target_loss
 
 
-def save_checkpoint(path: Path, model, opt, scaler, state: LoopState, cfg, hook=None) -> None:
-    """Rank 0 writes the checkpoint; under torchrun every rank must call this (it gathers the comm hooks'
-    states, one per rank)."""
-    comm = ddp.gather(hook.state_dict() if hook is not None else None)
-    if not ddp.current().main:
-        return
-    np_state = np.random.get_state()
-    ckpt = {
-        "world_size": ddp.current().world_size,
-        "comm": comm,
-        "version": CHECKPOINT_VERSION,
-        "identity": json.dumps(identity(cfg), sort_keys=True),
-        "model": model.state_dict(),
-        "optimizer": opt.state_dict(),
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "loop": asdict(state),
-        "rng": {"torch": torch.get_rng_state(), "python": list(_py_state_to_list(random.getstate())),
-                "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]]},
-    }
-    with atomic_target(path) as tmp:
-        torch.save(ckpt, tmp)
-
-
-def _py_state_to_list(st):
-    return [st[0], list(st[1]), st[2]]
-
-
-def load_checkpoint(path: Path, model, opt, scaler, cfg, hook=None) -> LoopState:
-    if not path.exists():
-        raise ValueError(f"resume=true but {path} does not exist; allowed: a run directory with a checkpoint "
-                         f"(pass hydra.run.dir=<that directory>)")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated, garbled, empty or foreign: name the file and the cause, nothing else
-        cause = next((ln for ln in str(e).splitlines() if ln.strip() and "weights_only" not in ln), "")
-        raise ValueError(f"resume=true: cannot read the checkpoint {path}: it is truncated, empty or not an "
-                         f"emunum checkpoint ({type(e).__name__}{': ' + cause[:200] if cause else ''})") from None
-    if not isinstance(ckpt, dict):
-        raise ValueError(f"resume=true: {path} is not an emunum checkpoint (a {type(ckpt).__name__})")
-    if ckpt.get("version") != CHECKPOINT_VERSION:
-        raise ValueError(f"{path}: checkpoint version {ckpt.get('version')} is not {CHECKPOINT_VERSION}")
-    world, now_world = ckpt.get("world_size", 1), ddp.current().world_size
-    if world != now_world:
-        raise ValueError(f"resume=true: {path} was written by a run of world size {world} and this run has world "
-                         f"size {now_world}; resume with the same number of processes "
-                         f"({'torchrun --nproc-per-node=' + str(world) if world > 1 else 'a single process'})")
-    saved, now = json.loads(ckpt["identity"]), identity(cfg)
-    if saved != now:
-        diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-        raise ValueError(f"resume=true: {path} was written with a different config in {diff}; "
-                         f"allowed changes: {', '.join(RUN_CONTROL_KEYS)}")
-    model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["optimizer"])
-    if (scaler is None) != (ckpt["scaler"] is None):
-        raise ValueError(f"{path}: loss-scaler state does not match format.loss_scale")
-    if scaler is not None:
-        scaler.load_state_dict(ckpt["scaler"])
-    rng = ckpt["rng"]
-    torch.set_rng_state(rng["torch"])
-    py = rng["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    npst = rng["numpy"]
-    np.random.set_state((npst[0], np.asarray(npst[1], dtype=np.uint32), *npst[2:]))
-    comm = ckpt.get("comm")
-    if hook is not None and comm is not None and comm[ddp.current().rank] is not None:
-        hook.load_state_dict(comm[ddp.current().rank])
-    return LoopState(**ckpt["loop"])
-
-
 def train(cfg, run_dir: str | os.PathLike | None = None) -> Results:
     """Train as configured; write results.json, TensorBoard events and checkpoints into ``run_dir``
     (default: the Hydra run directory). Returns the Results (status "interrupted" after ``stop_after``)."""
@@ -364,72 +195,6 @@ def train(cfg, run_dir: str | os.PathLike | None = None) -> Results:
             raise ValueError(f"run directory {run_dir} cannot be created: {e.strerror or e}") from None
         with run_dir_lock(run_dir):
             return _train_locked(cfg, run_dir, device)
-
-
-def format_label(fmt_cfg) -> str:
-    """The label a run's results carry: the format group's name, plus ``[key=value, ...]`` for every key of that
-    group's YAML (``experiments/conf/format/<name>.yaml``) that the run overrode, so that ``format=fp32
-    format.fmt=e5m2`` is labelled by what it emulated (``fp32 [fmt=e5m2]``), not as plain fp32."""
-    import yaml
-    from omegaconf import OmegaConf
-
-    name = str(fmt_cfg.name)
-    path = Path(__file__).resolve().parent / "conf" / "format" / f"{name}.yaml"
-    try:
-        base = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return name
-    now = OmegaConf.to_container(fmt_cfg, resolve=True, enum_to_str=True)
-
-    def leaves(d, prefix=""):  # the YAML's own settings (the schema fills in the rest)
-        for k, v in d.items():
-            if isinstance(v, dict):
-                yield from leaves(v, f"{prefix}{k}.")
-            elif f"{prefix}{k}" not in ("defaults", "name"):
-                yield f"{prefix}{k}", v
-
-    def at(d, dotted):
-        for part in dotted.split("."):
-            d = d.get(part) if isinstance(d, dict) else None
-        return d
-
-    changed = [(k, at(now, k)) for k, v in leaves(base) if at(now, k) != v]
-    if not changed:
-        return name
-    return f"{name} [" + ", ".join(f"{k}={v}" for k, v in changed) + "]"
-
-
-class RunDirBusy(RuntimeError):
-    """Another run holds the run directory's lock."""
-
-
-@contextlib.contextmanager
-def run_dir_lock(run_dir: Path):
-    """An exclusive ``fcntl.flock`` on ``<run_dir>/.lock`` for the whole run: a second run started in the same
-    directory refuses (``RunDirBusy`` naming the directory and the holder's pid) instead of interleaving logs,
-    TensorBoard events, checkpoints and results.json. Released when the run ends or its process dies."""
-    import fcntl
-
-    path = run_dir / LOCK_FILE
-    try:
-        f = open(path, "a+")
-    except OSError as e:
-        raise ValueError(f"run directory {run_dir} is not writable: {e.strerror or e}") from None
-    try:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            raise RunDirBusy(f"run directory {run_dir} is in use by another run (pid {holder}); "
-                               "wait for it, or give this run another hydra.run.dir") from None
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-        yield
-    finally:
-        f.close()
 
 
 def _train_locked(cfg, run_dir: Path, device: torch.device) -> Results:

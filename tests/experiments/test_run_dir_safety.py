@@ -60,14 +60,14 @@ def test_results_label_a_run_by_what_it_emulated(compose, tmp_path, overrides, l
 
 
 def test_a_write_that_fails_midway_leaves_no_tmp_file(tmp_path, monkeypatch):
-    from experiments import loop
+    from experiments import run_files
 
     def full_disk(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(loop.json, "dump", full_disk)
+    monkeypatch.setattr(run_files.json, "dump", full_disk)
     with pytest.raises(OSError, match="No space"):
-        loop.write_json_atomic(tmp_path / "results.json", {"a": 1})
+        run_files.write_json_atomic(tmp_path / "results.json", {"a": 1})
     assert list(tmp_path.iterdir()) == []
 
 

@@ -237,10 +237,11 @@ def _run_cuda_custom(src: torch.Tensor, dst: torch.Tensor, fmt: CustomFormat, mo
         dst.copy_(work)
         return
     from .kernels import cuda as backend, custom_cuda
-    if mode == RoundMode.NEAREST and not custom_cuda.compiles(fmt):
+    dt = _NUMPY_DTYPES[src.dtype]
+    if mode == RoundMode.NEAREST and not custom_cuda.compiles(fmt, dt):
         if fmt not in _warned_custom:
             _warned_custom.add(fmt)
-            warnings.warn(f"{fmt.name}: to_code/from_code do not compile for CUDA ({custom_cuda.failure(fmt)}); "
+            warnings.warn(f"{fmt.name}: to_code/from_code do not compile for CUDA ({custom_cuda.failure(fmt, dt)}); "
                           "rounding on the host instead (a device -> host -> device copy per call)",
                           RuntimeWarning, stacklevel=4)
         host = src.cpu()

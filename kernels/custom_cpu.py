@@ -3,8 +3,8 @@
 - nearest: ``from_code(to_code(x))`` per element, the user's njit functions passed as first-class function
   arguments (numba compiles one specialisation per pair of functions, on the first call for that format and
   dtype; such kernels cannot be cached on disk, so each new format costs one compile per process).
-- derived modes (toward_zero, up, down, stochastic; nbits <= 16): ``scalar.round_derived_value`` over the
-  type's finite values (``cache=True``: no user code involved).
+- derived modes (toward_zero, up, down, stochastic; nbits <= 16): ``scalar.round_table_value`` over the
+  type's finite values, finished by ``scalar.finish_derived`` (``cache=True``: no user code involved).
 Serial and ``prange`` loops visit element i with the same arguments, so the bits never depend on the thread
 count. ``custom_runner`` binds a format for ``emunum.quantize`` (raw addresses), like ``table_runner``.
 """
@@ -16,7 +16,7 @@ from . import _cache, parallel as _parallel, scalar
 _cache.guard(__file__, scalar.SOURCES)
 
 from .cpu import _VALUE_WITNESS, _check_dtype, _voidptr, use_parallel  # noqa: E402
-from .scalar import NEAREST, STOCHASTIC, random_bits, round_derived_value  # noqa: E402
+from .scalar import NEAREST, STOCHASTIC, finish_derived, random_bits, round_table_value  # noqa: E402
 
 
 # ---- nearest: the user's functions (no cache: their types are per function) ---------------------------
@@ -48,14 +48,18 @@ def nearest_parallel_at(to_code, from_code, src, dst, size, w):
 def derived_serial(src, dst, tab, n, snap32, ninf, pinf, negzero, mode, key, nbits):
     for i in range(src.size):
         rnd = random_bits(key, i, nbits) if mode == STOCHASTIC else np.uint64(0)
-        dst[i] = round_derived_value(np.float64(src[i]), tab, n, snap32, ninf, pinf, negzero, mode, rnd, nbits)
+        x = np.float64(src[i])
+        q = round_table_value(x, tab, n, snap32, mode, rnd, nbits)
+        dst[i] = finish_derived(x, q, tab[0], tab[n - 1], ninf, pinf, negzero, mode)
 
 
 @njit(cache=True, parallel=True)
 def derived_parallel(src, dst, tab, n, snap32, ninf, pinf, negzero, mode, key, nbits):
     for i in prange(src.size):
         rnd = random_bits(key, i, nbits) if mode == STOCHASTIC else np.uint64(0)
-        dst[i] = round_derived_value(np.float64(src[i]), tab, n, snap32, ninf, pinf, negzero, mode, rnd, nbits)
+        x = np.float64(src[i])
+        q = round_table_value(x, tab, n, snap32, mode, rnd, nbits)
+        dst[i] = finish_derived(x, q, tab[0], tab[n - 1], ninf, pinf, negzero, mode)
 
 
 @njit(cache=True)

@@ -14,14 +14,14 @@ from .common import (DOWN, GOLDEN, NEAREST, NEAREST_AWAY, ODD, ONE, OVF_INF, OVF
 from .fixed import round_fixed_value
 from .log import round_log_value
 from .table import round_table_value, stochastic_up
-from .custom import round_derived_value
+from .custom import finish_derived
 from .float import round_f32_fast, round_float_bits, round_nearest_fast, round_nearest_value
 
 __all__ = [
     "DOWN", "GOLDEN", "NEAREST", "NEAREST_AWAY", "ODD", "ONE", "OVF_INF", "OVF_NAN", "OVF_SAT", "STOCHASTIC",
     "TOWARD_ZERO", "U64", "UP", "ZERO", "mix64", "random_bits", "round_up_decision", "stochastic_decision",
     "round_fixed_value", "round_f32_fast", "round_float_bits", "round_nearest_fast", "round_nearest_value",
-    "round_table_value", "round_log_value", "round_derived_value", "stochastic_up", "SOURCES",
+    "round_table_value", "round_log_value", "finish_derived", "stochastic_up", "SOURCES",
 ]
 
 # The source files every kernel module built on these cores depends on (its numba cache is keyed on them).

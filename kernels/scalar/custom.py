@@ -1,5 +1,6 @@
 """Derived rounding modes of user-defined types (``CustomFormat``, nbits <= 16): the codebook search of
-``table.round_table_value`` over the type's finite values, plus the type's infinities and negative zero.
+``table.round_table_value`` over the type's finite values (done by the caller), finished here with the
+type's infinities and negative zero. Scalars only, so that the CUDA simulator can call it too.
 
 ninf / pinf (0 or 1): -inf / +inf are values of the type; then ``up`` above the largest finite value gives
 +inf, ``down`` below the smallest gives -inf, and an infinite x stays itself (every other case saturates, as
@@ -10,20 +11,18 @@ import math
 from numba import njit
 
 from .common import DOWN, UP
-from .table import round_table_value
 
 
 @njit(inline="always")
-def round_derived_value(x, tab, n, snap32, ninf, pinf, negzero, mode, rnd, nbits):
-    """float64 x rounded in a derived mode (toward_zero, up, down, stochastic) to the type whose finite
-    values are the table ``tab`` of ``n`` values (``TableFormat`` kernel layout); returns a float64."""
+def finish_derived(x, q, lo, hi, ninf, pinf, negzero, mode):
+    """The derived-mode result for float64 x, given q = x rounded (``round_table_value``, same mode) to the
+    finite values lo = values[0] .. hi = values[n-1]; returns a float64."""
     if x != x:
         return x
-    if pinf != 0 and (x == math.inf or (mode == UP and x > tab[n - 1])):
+    if pinf != 0 and (x == math.inf or (mode == UP and x > hi)):
         return math.inf
-    if ninf != 0 and (x == -math.inf or (mode == DOWN and x < tab[0])):
+    if ninf != 0 and (x == -math.inf or (mode == DOWN and x < lo)):
         return -math.inf
-    q = round_table_value(x, tab, n, snap32, mode, rnd, nbits)
     if negzero != 0 and q == 0.0:
         return math.copysign(0.0, x)
     return q

@@ -101,3 +101,36 @@ def quantize_custom(src: np.ndarray, dst: np.ndarray, fmt, mode, key, nbits, par
     if src.dtype != dst.dtype or src.size != dst.size:
         raise ValueError(f"dst must match src: {dst.size} x {dst.dtype} against {src.size} x {src.dtype}")
     custom_runner(src.dtype, fmt)(src.ctypes.data, dst.ctypes.data, src.size, mode, key, nbits, parallel)
+
+
+# ---- GEMM on codes (emunum.mad.custom_matmul) -----------------------------------------------------------
+@njit(parallel=True)
+def matmul_codes(zero, from_code, add, mul, ca, cb, out):
+    """out[i, j] = from_code(acc) with acc = add(... add(add(zero, mul(ca[i,0], cb[0,j])), mul(ca[i,1], ...)),
+    k in order 0..K-1; ca (m, K), cb (K, n) int64 codes. Rows run in parallel, each dot product serially."""
+    m, k = ca.shape
+    n = cb.shape[1]
+    for i in prange(m):
+        for j in range(n):
+            acc = zero
+            for kk in range(k):
+                acc = np.int64(add(acc, np.int64(mul(ca[i, kk], cb[kk, j]))))
+            out[i, j] = from_code(acc)
+
+
+@njit
+def encode_values(to_code, x, out):
+    for i in range(x.size):
+        out[i] = to_code(np.float64(x[i]))
+
+
+def custom_matmul_codes(fmt, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``out`` (m, n float32/float64) = the code-level GEMM of float arrays a (m, K) and b (K, n), rounded to
+    ``fmt`` by its ``to_code`` first (see ``emunum.mad.custom_matmul``)."""
+    to_code = fmt.to_code_jit
+    ca, cb = np.empty(a.shape, np.int64), np.empty(b.shape, np.int64)
+    encode_values(to_code, a.reshape(-1), ca.reshape(-1))
+    encode_values(to_code, b.reshape(-1), cb.reshape(-1))
+    zero = np.int64(to_code(0.0))
+    with _parallel.exclusive():
+        matmul_codes(zero, fmt.from_code_jit, fmt.add_jit, fmt.mul_jit, ca, cb, out)

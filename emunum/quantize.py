@@ -173,11 +173,8 @@ def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: Ro
     Zero-copy views, launched on torch's current stream of src's device; 16-bit dtypes round in-kernel.
     """
     backend = _cuda_backend()
-    if isinstance(fmt, (TableFormat, LogFormat)):
+    if isinstance(fmt, (TableFormat, LogFormat, CustomFormat)):
         _run_cuda_lookup(src, dst, fmt, mode, key, nbits)
-        return
-    if isinstance(fmt, CustomFormat):
-        _run_cuda_custom(src, dst, fmt, mode, key, nbits)
         return
     layout = _LAYOUT16.get(src.dtype)
     if isinstance(fmt, PositFormat):
@@ -200,12 +197,18 @@ def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: Ro
 
 
 def _run_cuda_lookup(src: torch.Tensor, dst: torch.Tensor, fmt, mode: RoundMode, key: int, nbits: int):
-    """TableFormat / LogFormat on CUDA: float32/float64 in place of the kernel's arrays; 16-bit dtypes are
-    rounded through float32 and cast back (nearest-even), as on the CPU."""
+    """TableFormat / LogFormat / CustomFormat on CUDA: float32/float64 in place of the kernel's arrays; 16-bit
+    dtypes are rounded through float32 and cast back (nearest-even), as on the CPU. A CustomFormat whose
+    functions do not compile for CUDA rounds on the host (a copy there and back), after one warning."""
     if src.dtype in _LAYOUT16:
         work = src.float()
         _run_cuda_lookup(work, work, fmt, mode, key, nbits)
         dst.copy_(work)
+        return
+    if isinstance(fmt, CustomFormat) and _custom_on_host(fmt, mode, _NUMPY_DTYPES[src.dtype]):
+        host = src.cpu()
+        _run_cpu(host, host, fmt, mode, key, nbits)
+        dst.copy_(host)
         return
     from .kernels import cuda as backend
     with backend.device_of(src):
@@ -215,6 +218,9 @@ def _run_cuda_lookup(src: torch.Tensor, dst: torch.Tensor, fmt, mode: RoundMode,
             from .kernels import table_cuda
             table_cuda.quantize_table(s, d, fmt.n, table_cuda.device_table(fmt.to_kernel_args()[2]), int(mode),
                                       key, nbits, stream=stream)
+        elif isinstance(fmt, CustomFormat):
+            from .kernels import custom_cuda
+            custom_cuda.quantize_custom(s, d, fmt, int(mode), key, nbits, stream=stream)
         else:
             from .kernels import log_cuda
             _, frac, kmin, kmax, signed, tab = fmt.to_kernel_args()
@@ -225,32 +231,17 @@ def _run_cuda_lookup(src: torch.Tensor, dst: torch.Tensor, fmt, mode: RoundMode,
 _warned_custom: set = set()
 
 
-def _run_cuda_custom(src: torch.Tensor, dst: torch.Tensor, fmt: CustomFormat, mode: RoundMode, key: int,
-                     nbits: int):
-    """CustomFormat on CUDA: the user's functions compiled as device functions (16-bit dtypes through
-    float32). Where they do not compile for CUDA, a host round-trip (the CPU kernel on a copy), after one
-    RuntimeWarning per format."""
-    mode = fmt.check_mode(mode)
-    if src.dtype in _LAYOUT16:
-        work = src.float()
-        _run_cuda_custom(work, work, fmt, mode, key, nbits)
-        dst.copy_(work)
-        return
-    from .kernels import cuda as backend, custom_cuda
-    dt = _NUMPY_DTYPES[src.dtype]
-    if mode == RoundMode.NEAREST and not custom_cuda.compiles(fmt, dt):
-        if fmt not in _warned_custom:
-            _warned_custom.add(fmt)
-            warnings.warn(f"{fmt.name}: to_code/from_code do not compile for CUDA ({custom_cuda.failure(fmt, dt)}); "
-                          "rounding on the host instead (a device -> host -> device copy per call)",
-                          RuntimeWarning, stacklevel=4)
-        host = src.cpu()
-        _run_cpu(host, host, fmt, mode, key, nbits)
-        dst.copy_(host)
-        return
-    with backend.device_of(src):
-        s, d = backend.as_device_array(src), backend.as_device_array(dst)
-        custom_cuda.quantize_custom(s, d, fmt, int(mode), key, nbits, stream=backend.torch_stream(src.device))
+def _custom_on_host(fmt: CustomFormat, mode: RoundMode, dtype) -> bool:
+    """Whether fmt must round on the host: nearest, with functions that do not compile for CUDA (warns once)."""
+    from .kernels import custom_cuda
+    if int(mode) != RoundMode.NEAREST or custom_cuda.compiles(fmt, dtype):
+        return False
+    if fmt not in _warned_custom:
+        _warned_custom.add(fmt)
+        warnings.warn(f"{fmt.name}: to_code/from_code do not compile for CUDA ({custom_cuda.failure(fmt, dtype)}); "
+                      "rounding on the host instead (a device -> host -> device copy per call)", RuntimeWarning,
+                      stacklevel=5)
+    return True
 
 
 def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: RoundMode, seed: int, key: int,
@@ -272,8 +263,8 @@ def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: Rou
 def format_to_args(fmt) -> list[int]:
     """A format as plain ints for a custom op: float ``[0, exp, man, bias, subnormals, special, saturate]``,
     fixed ``[1, bits, frac_bits, signed, saturate]``, posit ``[2, nbits, es]``, any other element spec
-    (TableFormat, LogFormat, CustomFormat) ``[3, id]`` with ``id = formats.interned.intern(fmt)``. ``None`` gives ``[]`` (no
-    rounding)."""
+    (TableFormat, LogFormat, CustomFormat) ``[3, id]`` with ``id = formats.interned.intern(fmt)``. ``None``
+    gives ``[]`` (no rounding)."""
     if fmt is None:
         return []
     fmt = get_format(fmt)

@@ -347,3 +347,30 @@ def test_custom_matmul_names_what_is_missing():
         emunum.mad.custom_matmul(torch.ones(2, 3), torch.ones(2, 2), MY)
     with pytest.raises(TypeError, match="CustomFormat"):
         emunum.mad.custom_matmul(torch.ones(2, 2), torch.ones(2, 2), "fp8_152")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_functions_cuda_cannot_compile_round_on_the_host_after_one_warning(monkeypatch, dtype):
+    """quantize's CUDA branch for such a format (run here on CPU tensors: the host copy is then a no-op)."""
+    pytest.importorskip("numba_cuda")
+    import warnings
+    from numba.core.errors import TypingError
+    import importlib
+    q = importlib.import_module("emunum.quantize")
+    from emunum.kernels import custom_cuda
+
+    def fail(*a):
+        raise TypingError("Use of unsupported NumPy function 'numpy.zeros'")
+    monkeypatch.setattr(custom_cuda, "_build", fail)
+    fmt = CustomFormat(e5m2_to_code, e5m2_from_code, 8, name=f"host_only_{dtype}")
+    x = torch.tensor(e5m2_inputs(np.float32)).to(dtype)
+    want = emunum.quantize(x, "fp8_152")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            y = torch.empty_like(x)
+            q._run_cuda_lookup(x, y, fmt, RoundMode.NEAREST, 0, 32)
+            assert torch.equal(torch.isnan(y), torch.isnan(want))
+            assert torch.equal(y[~torch.isnan(y)], want[~torch.isnan(want)])
+    msgs = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert len(msgs) == 1 and "do not compile for CUDA" in msgs[0] and "numpy.zeros" in msgs[0]

@@ -374,3 +374,10 @@ def test_functions_cuda_cannot_compile_round_on_the_host_after_one_warning(monke
             assert torch.equal(y[~torch.isnan(y)], want[~torch.isnan(want)])
     msgs = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
     assert len(msgs) == 1 and "do not compile for CUDA" in msgs[0] and "numpy.zeros" in msgs[0]
+
+
+@pytest.mark.parametrize("mode", ["nearest", "up"])
+def test_torch_compile_traces_the_custom_op_with_the_interned_type(mode):
+    x = torch.tensor(e5m2_inputs(np.float32)[:500])
+    f = torch.compile(lambda t: emunum.quantize(t, MY, mode) * 2, backend="aot_eager", fullgraph=True)
+    assert same_bits(f(x), emunum.quantize(x, "fp8_152", mode) * 2)

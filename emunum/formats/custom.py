@@ -245,9 +245,9 @@ class CustomFormat(NumberFormat):
         return q
 
     def to_kernel_args(self) -> tuple:
-        """(kind=4, to_code, from_code): the compiled functions themselves (the kernels take them as
+        """(kind=5, to_code, from_code): the compiled functions themselves (the kernels take them as
         first-class function arguments)."""
-        return (4, self.to_code_jit, self.from_code_jit)
+        return (5, self.to_code_jit, self.from_code_jit)
 
 
 # ---- numba helpers (numba imported lazily, at the first CustomFormat) -------------------------------------

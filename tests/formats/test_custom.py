@@ -218,6 +218,35 @@ def test_stochastic_picks_a_neighbour_and_is_unbiased_within_5_sigma():
         assert torch.equal(q, emunum.quantize(x, MY, "stochastic", seed=11))
 
 
+@njit
+def fx6_to_code(x):
+    """6-bit two's complement, 3 fraction bits, nearest-even, saturating; no inf, no -0, NaN -> 0."""
+    if x != x:
+        return 0
+    return round(min(max(x * 8.0, -32.0), 31.0)) & 63  # clamp first: round(inf) has no int
+
+
+@njit
+def fx6_from_code(c):
+    return (c - 64 if c >= 32 else c) / 8.0
+
+
+FX6 = CustomFormat(fx6_to_code, fx6_from_code, 6, name="fx6_3")
+
+
+@pytest.mark.parametrize("mode", ["nearest", *DIRECTED, "stochastic"])
+def test_a_type_without_inf_or_negative_zero_rounds_like_fixed_point_and_its_value_table(mode):
+    from emunum.formats import TableFormat
+    rng = np.random.default_rng(8)
+    x = torch.tensor(np.concatenate([rng.uniform(-5, 5, 3000), (np.arange(-70, 70) + 0.5) / 16.0,
+                                     [0.0, -0.0, -1e-9, 1e-9, np.inf, -np.inf, 1e9, -1e9]]))
+    assert np.array_equal(FX6.values(), np.arange(-32, 32) / 8.0)
+    got = emunum.quantize(x, FX6, mode, seed=2)
+    assert same_bits(got, emunum.quantize(x, TableFormat(FX6.values()), mode, seed=2))
+    if mode != "stochastic":
+        assert same_bits(got, emunum.quantize(x, FixedFormat(6, 3), mode))
+
+
 @pytest.mark.parametrize("mode", ["nearest_away", "odd"])
 def test_modes_that_depend_on_the_encoding_raise_naming_the_mode(mode):
     with pytest.raises(ValueError, match=f"rounding='{mode}'.*allowed: nearest, toward_zero, up, down, stochastic"):
@@ -229,8 +258,7 @@ def test_modes_that_depend_on_the_encoding_raise_naming_the_mode(mode):
 def fx24_to_code(x):
     if x != x:
         return 0
-    c = min(max(round(x * 256.0), -(2.0 ** 23)), 2.0 ** 23 - 1)  # round(): ties to even
-    return int(c) & 0xFFFFFF
+    return round(min(max(x * 256.0, -(2.0 ** 23)), 2.0 ** 23 - 1)) & 0xFFFFFF  # round(): ties to even
 
 
 @njit
@@ -245,7 +273,7 @@ def test_a_24_bit_type_rounds_like_the_builtin_fixed_point_and_scans_its_limits(
     ref = FixedFormat(24, 8)
     rng = np.random.default_rng(2)
     x = torch.tensor(np.concatenate([rng.standard_normal(2000) * 2.0 ** rng.integers(-10, 17, 2000),
-                                     (np.arange(-600, 600) + 0.5) / 256.0, [1e9, -1e9, 0.0]]))
+                                     (np.arange(-600, 600) + 0.5) / 256.0, [1e9, -1e9, 0.0, np.inf, -np.inf]]))
     assert same_bits(emunum.quantize(x, FX24), emunum.quantize(x, ref))
     assert (FX24.max, FX24.min) == (ref.max, ref.min)
     with pytest.raises(ValueError, match="rounding='up'.*nbits=24.*allowed: nearest$"):

@@ -409,3 +409,14 @@ def test_torch_compile_traces_the_custom_op_with_the_interned_type(mode):
     x = torch.tensor(e5m2_inputs(np.float32)[:500])
     f = torch.compile(lambda t: emunum.quantize(t, MY, mode) * 2, backend="aot_eager", fullgraph=True)
     assert same_bits(f(x), emunum.quantize(x, "fp8_152", mode) * 2)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "stochastic"])
+def test_serial_and_parallel_cpu_loops_give_the_same_bits(mode):
+    from emunum.kernels import custom_cpu
+    x = e5m2_inputs(np.float32)
+    m, key = int(RoundMode.parse(mode)), seed_key(9)
+    a, b = np.empty_like(x), np.empty_like(x)
+    custom_cpu.quantize_custom(x, a, MY, m, key, 32, parallel=False)
+    custom_cpu.quantize_custom(x, b, MY, m, key, 32, parallel=True)
+    assert same_bits(torch.tensor(a), torch.tensor(b))

@@ -37,7 +37,8 @@ _NUMBA_TYPES = {"float32": types.float32, "float64": types.float64}
 
 
 def _build(to_code, from_code, dtype: str):
-    """The nearest kernel for one format and dtype, compiled now (so that failures show here)."""
+    """The nearest kernel for one format and dtype, compiled now (so that failures show here); other array
+    layouts compile lazily, as for any numba-cuda kernel."""
     arr = _NUMBA_TYPES[dtype][::1]
 
     def nearest_kernel(src, dst):
@@ -48,7 +49,10 @@ def _build(to_code, from_code, dtype: str):
             dst[i] = from_code(to_code(np.float64(src[i])))
             i += stride
 
-    return cuda.jit(types.void(arr, arr))(nearest_kernel)
+    kernel = cuda.jit(nearest_kernel)
+    if hasattr(kernel, "compile"):  # numba-cuda: compile now for contiguous arrays (the simulator has no compile)
+        kernel.compile(types.void(arr, arr))
+    return kernel
 
 
 def _kernel(fmt, dtype: str):

@@ -79,6 +79,9 @@ class CustomFormat(NumberFormat):
     def __hash__(self) -> int:
         return hash(("CustomFormat",) + self._key())
 
+    def __reduce__(self):  # rebuilt (and re-validated) by the constructor in the receiving process
+        return (_rebuild, (self.to_code, self.from_code, self.nbits, self.name_, self.add, self.mul))
+
     def __copy__(self):
         return self
 
@@ -248,6 +251,10 @@ class CustomFormat(NumberFormat):
         """(kind=5, to_code, from_code): the compiled functions themselves (the kernels take them as
         first-class function arguments)."""
         return (5, self.to_code_jit, self.from_code_jit)
+
+
+def _rebuild(to_code, from_code, nbits, name, add, mul) -> CustomFormat:
+    return CustomFormat(to_code, from_code, nbits, name, add=add, mul=mul)
 
 
 # ---- numba helpers (numba imported lazily, at the first CustomFormat) -------------------------------------

@@ -121,6 +121,14 @@ def test_equality_and_hash_follow_the_functions_identity_nbits_and_name():
     assert copy.deepcopy(MY) is MY
 
 
+def test_pickling_rebuilds_a_working_type():
+    import pickle
+    back = pickle.loads(pickle.dumps(MY))
+    assert isinstance(back, CustomFormat) and back.name == MY.name and back.add is not None
+    x = torch.tensor(e5m2_inputs(np.float64))
+    assert same_bits(emunum.quantize(x, back), emunum.quantize(x, "fp8_152"))
+
+
 def test_custom_op_encoding_interns_the_spec():
     from emunum.ops import format_from_args, format_to_args
     args = format_to_args(MY)

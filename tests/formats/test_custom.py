@@ -428,3 +428,39 @@ def test_serial_and_parallel_cpu_loops_give_the_same_bits(mode):
     custom_cpu.quantize_custom(x, a, MY, m, key, 32, parallel=False)
     custom_cpu.quantize_custom(x, b, MY, m, key, 32, parallel=True)
     assert same_bits(torch.tensor(a), torch.tensor(b))
+
+
+# ---- the README's example type ---------------------------------------------------------------------------
+@njit
+def cube5_to_code(x):  # 1 sign bit, 4 bits k: value ±4·(k/15)³ (cubic companding), nearest in the k domain
+    if x != x:
+        return 0  # this type has no NaN: NaN becomes 0
+    k = round(15.0 * (min(abs(x), 4.0) / 4.0) ** (1 / 3))
+    return int(k) | (16 if x < 0 and k > 0 else 0)
+
+
+@njit
+def cube5_from_code(c):
+    v = 4.0 * ((c & 15) / 15.0) ** 3
+    return -v if c & 16 else v
+
+
+def test_the_readme_example_type_has_its_stated_values_and_trains_with_patch():
+    cube5 = CustomFormat(cube5_to_code, cube5_from_code, 5, name="cube5")
+    v = cube5.values()  # 31 values (codes 0 and 16 are both zero), symmetric, from 0.0012 (4/15**3) to 4
+    assert v.size == 31 and np.array_equal(v, -v[::-1]) and v[-1] == 4.0 and v[16] == cube5_from_code(1)
+    assert np.array_equal(v, np.unique([cube5_from_code(c) for c in range(32)]))
+    torch.manual_seed(0)
+    model = emunum.patch(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)),
+                         fmt=cube5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(256, 8)
+    y = x[:, :1] - 0.5 * x[:, 1:2]
+    losses = []
+    for _ in range(40):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < 0.5 * losses[0]

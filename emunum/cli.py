@@ -55,6 +55,7 @@ def codebook_formats_table() -> str:
         f = get_format(name)
         rows.append(f"{name:<12} {'':>6} {f.bits:>4} {f.min:>10.4g} {f.max:>10.4g} {f.min_positive:>10.4g}")
     rows.append("lns<int_bits>_<frac_bits> / ulns...: any LogFormat by name")
+    rows.append("emunum.CustomFormat(to_code, from_code, nbits): your own type from two njit functions (no name)")
     return "\n".join(rows)
 
 

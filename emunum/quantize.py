@@ -9,8 +9,8 @@ import torch
 
 from . import buffers
 from .block_quantize import quantize_block_checked
-from .formats import (BlockFormat, FixedFormat, FloatFormat, Format, LogFormat, PositFormat, RoundMode, TableFormat,
-                      get_format)
+from .formats import (BlockFormat, CustomFormat, FixedFormat, FloatFormat, Format, LogFormat, PositFormat, RoundMode,
+                      TableFormat, get_format)
 from .formats.interned import intern as _intern
 from .rng import seed_key
 from .reference import quantize_reference, quantize_torch
@@ -105,6 +105,8 @@ def _cpu_runner(fmt: Format, dtype: torch.dtype):
     if isinstance(fmt, PositFormat):
         from .kernels import posit_cpu  # lazy, as _cpu()
         return posit_cpu.posit_runner(_NUMPY_DTYPES[dtype], fmt.nbits, fmt.es)
+    if isinstance(fmt, CustomFormat):
+        return custom_runner(fmt, dtype)
     backend = _cpu()
     args = fmt.to_kernel_args()[1:]
     if isinstance(fmt, TableFormat):
@@ -116,6 +118,13 @@ def _cpu_runner(fmt: Format, dtype: torch.dtype):
     if isinstance(fmt, FloatFormat):
         return backend.float_runner(_NUMPY_DTYPES[dtype], *args)
     return backend.fixed_runner(_NUMPY_DTYPES[dtype], *args)
+
+
+def custom_runner(fmt: CustomFormat, dtype: torch.dtype = torch.float32):
+    """The CPU kernel of a CustomFormat for a float32/float64 dtype, ``run(src, dst, n, mode, key, nbits)`` on
+    raw addresses (for timing: ``run(x.data_ptr(), y.data_ptr(), x.numel(), 0, 0, 32)`` rounds to nearest)."""
+    from .kernels import custom_cpu
+    return custom_cpu.custom_runner(_NUMPY_DTYPES[dtype], fmt)
 
 
 _cpu_backend = None
@@ -164,7 +173,7 @@ def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: Ro
     Zero-copy views, launched on torch's current stream of src's device; 16-bit dtypes round in-kernel.
     """
     backend = _cuda_backend()
-    if isinstance(fmt, (TableFormat, LogFormat)):
+    if isinstance(fmt, (TableFormat, LogFormat, CustomFormat)):
         _run_cuda_lookup(src, dst, fmt, mode, key, nbits)
         return
     layout = _LAYOUT16.get(src.dtype)
@@ -188,12 +197,18 @@ def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: Ro
 
 
 def _run_cuda_lookup(src: torch.Tensor, dst: torch.Tensor, fmt, mode: RoundMode, key: int, nbits: int):
-    """TableFormat / LogFormat on CUDA: float32/float64 in place of the kernel's arrays; 16-bit dtypes are
-    rounded through float32 and cast back (nearest-even), as on the CPU."""
+    """TableFormat / LogFormat / CustomFormat on CUDA: float32/float64 in place of the kernel's arrays; 16-bit
+    dtypes are rounded through float32 and cast back (nearest-even), as on the CPU. A CustomFormat whose
+    functions do not compile for CUDA rounds on the host (a copy there and back), after one warning."""
     if src.dtype in _LAYOUT16:
         work = src.float()
         _run_cuda_lookup(work, work, fmt, mode, key, nbits)
         dst.copy_(work)
+        return
+    if isinstance(fmt, CustomFormat) and _custom_on_host(fmt, mode, _NUMPY_DTYPES[src.dtype]):
+        host = src.cpu()
+        _run_cpu(host, host, fmt, mode, key, nbits)
+        dst.copy_(host)
         return
     from .kernels import cuda as backend
     with backend.device_of(src):
@@ -203,11 +218,30 @@ def _run_cuda_lookup(src: torch.Tensor, dst: torch.Tensor, fmt, mode: RoundMode,
             from .kernels import table_cuda
             table_cuda.quantize_table(s, d, fmt.n, table_cuda.device_table(fmt.to_kernel_args()[2]), int(mode),
                                       key, nbits, stream=stream)
+        elif isinstance(fmt, CustomFormat):
+            from .kernels import custom_cuda
+            custom_cuda.quantize_custom(s, d, fmt, int(mode), key, nbits, stream=stream)
         else:
             from .kernels import log_cuda
             _, frac, kmin, kmax, signed, tab = fmt.to_kernel_args()
             log_cuda.quantize_log(s, d, frac, kmin, kmax, signed, log_cuda.device_table(tab), int(mode), key,
                                   nbits, stream=stream)
+
+
+_warned_custom: set = set()
+
+
+def _custom_on_host(fmt: CustomFormat, mode: RoundMode, dtype) -> bool:
+    """Whether fmt must round on the host: nearest, with functions that do not compile for CUDA (warns once)."""
+    from .kernels import custom_cuda
+    if int(mode) != RoundMode.NEAREST or custom_cuda.compiles(fmt, dtype):
+        return False
+    if fmt not in _warned_custom:
+        _warned_custom.add(fmt)
+        warnings.warn(f"{fmt.name}: to_code/from_code do not compile for CUDA ({custom_cuda.failure(fmt, dtype)}); "
+                      "rounding on the host instead (a device -> host -> device copy per call)", RuntimeWarning,
+                      stacklevel=5)
+    return True
 
 
 def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: RoundMode, seed: int, key: int,
@@ -229,14 +263,14 @@ def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: Rou
 def format_to_args(fmt) -> list[int]:
     """A format as plain ints for a custom op: float ``[0, exp, man, bias, subnormals, special, saturate]``,
     fixed ``[1, bits, frac_bits, signed, saturate]``, posit ``[2, nbits, es]``, any other element spec
-    (TableFormat, LogFormat) ``[3, id]`` with ``id = formats.interned.intern(fmt)``. ``None`` gives ``[]`` (no
-    rounding)."""
+    (TableFormat, LogFormat, CustomFormat) ``[3, id]`` with ``id = formats.interned.intern(fmt)``. ``None``
+    gives ``[]`` (no rounding)."""
     if fmt is None:
         return []
     fmt = get_format(fmt)
     if isinstance(fmt, PositFormat):
         return [2, fmt.nbits, fmt.es]
-    if isinstance(fmt, (TableFormat, LogFormat)):
+    if isinstance(fmt, (TableFormat, LogFormat, CustomFormat)):
         return [3, intern(fmt)]
     if not isinstance(fmt, (FloatFormat, FixedFormat)):
         raise TypeError(f"{fmt.name} is not an element format (FloatFormat/FixedFormat); block formats apply to "
@@ -256,7 +290,7 @@ def quantize(x: torch.Tensor, fmt, rounding="nearest", *, seed: int | None = Non
              out: torch.Tensor | None = None, sr_bits: int | None = None, axis: int = -1) -> torch.Tensor:
     """Round every element of ``x`` to the nearest-by-``rounding`` value of ``fmt``.
 
-    fmt: a FloatFormat / FixedFormat / PositFormat / TableFormat / LogFormat or a name (``get_format``). rounding:
+    fmt: a Float/Fixed/Posit/Table/Log/CustomFormat or a name (``get_format``). rounding:
     nearest (ties to even),
     nearest_away, toward_zero, up, down, odd, stochastic. The result has x's dtype and shape; float64 is
     rounded from its own value, float32 likewise, and float16/bfloat16 through float32 (exact), with the
@@ -273,6 +307,8 @@ def quantize(x: torch.Tensor, fmt, rounding="nearest", *, seed: int | None = Non
     fmt = get_format(fmt)
     mode = RoundMode.parse(rounding)
     nbits = check_sr_bits(sr_bits)
+    if isinstance(fmt, CustomFormat):
+        fmt.check_mode(mode)
     if not isinstance(fmt, BlockFormat) and _traced(x):
         q = torch.ops.emunum.quantize(x, format_to_args(fmt), int(mode), check_seed(seed), nbits)
         return q if out is None else out.copy_(q)
@@ -322,7 +358,7 @@ def quantize_checked(x: torch.Tensor, fmt: Format, mode: RoundMode, seed: int | 
 
     with torch.no_grad():
         dev = x.device.type
-        if dev not in ("cpu", "cuda") and isinstance(fmt, (TableFormat, LogFormat)):
+        if dev not in ("cpu", "cuda") and isinstance(fmt, (TableFormat, LogFormat, CustomFormat)):
             result.copy_(quantize_checked(x.detach().cpu(), fmt, mode, seed, nbits).to(x.device))
             return result
         if dev not in ("cpu", "cuda"):

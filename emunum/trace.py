@@ -48,7 +48,7 @@ from .ops import format_to_args
 from .patch import emulated_modules
 from .policy import Role
 from .quantize import check_sr_bits
-from .formats import FixedFormat, LogFormat, TableFormat
+from .formats import CustomFormat, FixedFormat, LogFormat, TableFormat
 
 STATS = ("values", "overflow", "underflow", "nan", "signal", "noise")
 _ROLE_INDEX = {r: i for i, r in enumerate(Role)}
@@ -57,7 +57,7 @@ _CPU_SERIAL_MAX = 1 << 20  # the parallel kernel won nothing below this on 2 cor
 
 def _range(fmt) -> tuple:
     """The format's finite range [lo, hi]."""
-    if isinstance(fmt, (FixedFormat, TableFormat, LogFormat)):
+    if isinstance(fmt, (FixedFormat, TableFormat, LogFormat, CustomFormat)):
         return float(fmt.min), float(fmt.max)
     return -float(fmt.max), float(fmt.max)
 

@@ -1,13 +1,15 @@
 """Number formats: what values exist, and how to round to them. One module per number system.
 
 ``base`` (RoundMode, the NumberFormat interface), ``float`` (FloatFormat), ``fixed`` (FixedFormat),
-``posit`` (PositFormat), ``table`` (TableFormat, codebooks), ``log`` (LogFormat), ``interned`` (ids for
+``posit`` (PositFormat), ``table`` (TableFormat, codebooks), ``log`` (LogFormat), ``custom`` (CustomFormat,
+user-defined types), ``interned`` (ids for
 custom ops), ``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue), ``names``
 (get_format).
 """
 from typing import Union
 
 from .base import NumberFormat, Overflow, RoundMode, parse_enum
+from .custom import CustomFormat
 from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0, BlockFormat, E8M0Format, ScaleRule
 from .fixed import FixedFormat
 from .float import FloatFormat, Special
@@ -24,5 +26,5 @@ __all__ = [
     "get_format", "format_or_none", "PRESETS", "ALIASES", "known_names",
     "PositFormat", "POSIT_PRESETS",
     "BlockFormat", "E8M0Format", "E8M0", "ScaleRule", "BLOCK_PRESETS", "BLOCK_ALIASES",
-    "TableFormat", "LogFormat", "TABLE_PRESETS",
+    "TableFormat", "LogFormat", "TABLE_PRESETS", "CustomFormat",
 ]

@@ -115,7 +115,7 @@ def plot_convergence(bands: list[Band], path, target: float | None = None, title
     if target is not None:
         ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}")
     ax.set_ylabel("validation accuracy")
-    ax.set_title(title or "Validation accuracy: mean over seeds, band = 95% CI (stopped runs carried forward)")
+    ax.set_title(title or "Validation accuracy: mean over seeds, band = 95% CI")
     ax.legend(loc="lower right")
     return _save(fig, path)
 

@@ -36,6 +36,13 @@ def _split(x):
 
 
 @njit
+def _pow2(e):
+    """2.0**e for -1022 <= e <= 1023, built from its bits (numba's math.ldexp calls libm, which CPU caching and
+    CUDA do not take)."""
+    return np.int64((np.int64(e) + np.int64(1023)) << np.int64(52)).view(np.float64)
+
+
+@njit
 def code_of(x, vals, codes, negzero):
     """The code of value x in a table operand format, or -1 when x is not one of its values."""
     if x == 0.0 and negzero >= 0 and np.float64(x).view(np.int64) < 0:
@@ -59,7 +66,7 @@ def _truncated(x, t):
     e, f = _split(x)
     if t < 52:
         f = f & ~((np.int64(1) << np.int64(52 - t)) - np.int64(1))
-    return math.ldexp(np.float64(HIDDEN | f), e - 52)
+    return np.float64(HIDDEN | f) * _pow2(e - 52)
 
 
 @njit
@@ -73,7 +80,7 @@ def _drum(x, k, prm):
     if e - qe + 1 <= k:  # the integer has at most k bits: used as is
         return x
     s = (HIDDEN | f) >> np.int64(53 - k)
-    return math.ldexp(np.float64(s | np.int64(1)), e - k + 1)
+    return np.float64(s | np.int64(1)) * _pow2(e - k + 1)
 
 
 @njit
@@ -92,7 +99,7 @@ def approx_product(a, b, prm, vals, codes, lut, fn):
         ia = code_of(a, vals, codes, prm[M_NEGZERO])
         ib = code_of(b, vals, codes, prm[M_NEGZERO])
         if ia < 0 or ib < 0:
-            return np.nan
+            return math.nan
         return lut[ia * prm[M_WIDTH] + ib]
     if a == 0.0 or b == 0.0 or not (math.isfinite(a) and math.isfinite(b)):
         return a * b
@@ -102,9 +109,9 @@ def approx_product(a, b, prm, vals, codes, lut, fn):
         eb, fb = _split(b)
         s = fa + fb
         if s < HIDDEN:
-            r = math.ldexp(np.float64(HIDDEN + s), ea + eb - 52)
+            r = np.float64(HIDDEN + s) * _pow2(ea + eb - 52)
         else:
-            r = math.ldexp(np.float64(s), ea + eb - 51)
+            r = np.float64(s) * _pow2(ea + eb - 51)
     elif kind == K_TRUNCATED:
         r = _truncated(a, prm[M_BITS]) * _truncated(b, prm[M_BITS])
     else:  # K_DRUM

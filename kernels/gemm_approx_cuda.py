@@ -8,6 +8,7 @@ the device); when it does not, ``ValueError`` names it.
 import math
 
 import numpy as np
+from numba import config
 
 from .cuda import as_device_array, cuda, device_of, torch_stream
 from .gemm_cpu import as_keys, as_params
@@ -19,6 +20,12 @@ MAX_LANES = 64
 MAX_GRID_Z = 65535
 MAD_THREADS = 256
 _KERNELS: dict = {}
+
+if config.ENABLE_CUDASIM:  # the simulator hands kernels fake arrays, which njit code cannot take: unwrap them
+    def _product(a, b, prm, vals, codes, lut, fn):
+        return approx_product(a, b, prm, np.asarray(vals), np.asarray(codes), np.asarray(lut), fn)
+else:
+    _product = approx_product
 
 
 def _build(fn):
@@ -57,7 +64,7 @@ def _build(fn):
                     for kt in range(min(TILE, K - k0)):
                         k = k0 + kt
                         lane = k % lanes
-                        p = approx_product(As[ty, kt], Bs[kt, tx], prm, vals, codes, lut, fn)
+                        p = _product(As[ty, kt], Bs[kt, tx], prm, vals, codes, lut, fn)
                         inner[lane] = mac_product(p, inner[lane], fused, mulp, accp, keys[S_MUL], keys[S_ACC],
                                                   o * K + k, nbits)
                         if chunk > 0 and ((k + 1) % span == 0 or k == K - 1):
@@ -81,7 +88,7 @@ def _build(fn):
         i = cuda.grid(1)
         stride = cuda.gridsize(1)
         while i < out.size:
-            p = approx_product(a[i], b[i], prm, vals, codes, lut, fn)
+            p = _product(a[i], b[i], prm, vals, codes, lut, fn)
             out[i] = mac_product(p, c[i], fused, mulp, accp, keys[S_MUL], keys[S_ACC], i, nbits)
             i += stride
 
@@ -114,7 +121,7 @@ def _margs(margs, to_device):
 
 
 def gemm(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, margs, fn=None,
-         stream=None, to_device=lambda x: x):
+         stream=None, to_device=np.array):
     """Launch the GEMM kernel: A (bA, M, K) / B (bB, K, N) float32, bias / c (nb, M, N) or (1, 1, 1) float64,
     out (nb, M, N) float64 (device arrays, or numpy arrays in the simulator); margs: ``Multiplier.kernel_args``."""
     if lanes > MAX_LANES:
@@ -130,7 +137,7 @@ def gemm(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, k
              as_keys(keys), nbits, prm, vals, codes, lut))
 
 
-def mad(a, b, c, out, fused, mulp, accp, keys, nbits, margs, fn=None, stream=None, to_device=lambda x: x):
+def mad(a, b, c, out, fused, mulp, accp, keys, nbits, margs, fn=None, stream=None, to_device=np.array):
     """Launch the element-wise MAD kernel on flat arrays: a, b float32, c and out float64."""
     n = out.size
     if n == 0:

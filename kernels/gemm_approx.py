@@ -16,7 +16,7 @@ _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__, multiplier_scalar
 
 from .gemm_cpu import TM, TN, as_keys, as_params  # noqa: E402
 from .gemm_scalar import NSTREAMS, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, reduce_lanes  # noqa: E402
-from .multiplier_scalar import K_FUNCTION, approx_product, mac_product, no_function  # noqa: E402
+from .multiplier_scalar import K_FUNCTION, approx_product, mac_product  # noqa: E402
 
 
 @njit
@@ -77,7 +77,7 @@ def gemm_builtin(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, 
                  codes, lut, ntiles):
     for t in prange(ntiles):
         _tile(t, A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, vals,
-              codes, lut, no_function)
+              codes, lut, None)
 
 
 @njit(parallel=True)
@@ -97,7 +97,7 @@ def _mad_one(i, a, b, c, out, fused, mulp, accp, keys, nbits, prm, vals, codes, 
 @njit(cache=True, parallel=True)
 def mad_builtin(a, b, c, out, fused, mulp, accp, keys, nbits, prm, vals, codes, lut):
     for i in prange(out.size):
-        _mad_one(i, a, b, c, out, fused, mulp, accp, keys, nbits, prm, vals, codes, lut, no_function)
+        _mad_one(i, a, b, c, out, fused, mulp, accp, keys, nbits, prm, vals, codes, lut, None)
 
 
 @njit(parallel=True)

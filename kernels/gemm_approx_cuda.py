@@ -13,7 +13,7 @@ from numba import config
 from .cuda import as_device_array, cuda, device_of, torch_stream
 from .gemm_cpu import as_keys, as_params
 from .gemm_scalar import S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, reduce_lanes
-from .multiplier_scalar import K_FUNCTION, approx_product, mac_product, no_function
+from .multiplier_scalar import K_FUNCTION, approx_product, mac_product
 
 TILE = 16
 MAX_LANES = 64
@@ -99,7 +99,7 @@ def kernels_for(prm, fn):
     """(gemm_kernel, mad_kernel) for a multiplier: one pair per user function, one for all other kinds."""
     key = fn if prm[0] == K_FUNCTION else None
     if key not in _KERNELS:
-        _KERNELS[key] = _build(no_function if key is None else fn)
+        _KERNELS[key] = _build(key)
     return _KERNELS[key]
 
 

@@ -23,12 +23,6 @@ HIDDEN = np.int64(1 << 52)
 
 
 @njit
-def no_function(a, b):
-    """The function argument of kernels whose multiplier is not a user function (never called)."""
-    return a * b
-
-
-@njit
 def _split(x):
     """|x| = 2**e * (1 + F / 2**52) for a finite nonzero x that is normal in binary64: (e, F)."""
     u = np.float64(x).view(np.int64) & np.int64(0x7FFFFFFFFFFFFFFF)
@@ -85,13 +79,16 @@ def _drum(x, k, prm):
 
 @njit
 def approx_product(a, b, prm, vals, codes, lut, fn):
-    """The product of a and b (binary64 values of float32 operands) by the multiplier of ``prm``."""
+    """The product of a and b (binary64 values of float32 operands) by the multiplier of ``prm``; fn: the user
+    function (kind function), else None."""
     a = np.float64(a)
     b = np.float64(b)
     kind = prm[M_KIND]
     if kind == K_EXACT:
         return a * b
     if kind == K_FUNCTION:
+        if fn is None:  # fn None: kernels for the other kinds (numba prunes this branch; no function object)
+            return math.nan
         return np.float64(fn(a, b))
     if kind == K_TABLE:
         if a != a or b != b:

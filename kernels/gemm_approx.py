@@ -20,8 +20,7 @@ from .multiplier_scalar import K_FUNCTION, approx_product, mac_product  # noqa: 
 
 
 @njit
-def _tile(t, A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, vals, codes,
-          lut, fn):
+def _tile(t, A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, lut, fn):
     nb, M, N = out.shape
     K = A.shape[2]
     bA, bB = A.shape[0], B.shape[0]
@@ -48,7 +47,7 @@ def _tile(t, A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chun
                 lane = k % lanes
                 a = A[ab, i, k]
                 for jj in range(nj):
-                    p = approx_product(a, B[bbi, k, j0 + jj], prm, vals, codes, lut, fn)
+                    p = approx_product(a, B[bbi, k, j0 + jj], prm, lut, fn)
                     inner[lane, jj] = mac_product(p, inner[lane, jj], fused, mulp, accp, k_mul, k_acc,
                                                   (obase + jj) * K + k, nbits)
             if chunk > 0:
@@ -73,51 +72,49 @@ def _ntiles(out):
 
 
 @njit(cache=True, parallel=True)
-def gemm_builtin(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, vals,
-                 codes, lut, ntiles):
+def gemm_builtin(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, lut,
+                 ntiles):
     for t in prange(ntiles):
-        _tile(t, A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, vals,
-              codes, lut, None)
+        _tile(t, A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, lut, None)
 
 
 @njit(parallel=True)
-def gemm_function(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, vals,
-                  codes, lut, ntiles, fn):
+def gemm_function(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, lut,
+                  ntiles, fn):
     for t in prange(ntiles):
-        _tile(t, A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, vals,
-              codes, lut, fn)
+        _tile(t, A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, lut, fn)
 
 
 @njit
-def _mad_one(i, a, b, c, out, fused, mulp, accp, keys, nbits, prm, vals, codes, lut, fn):
-    p = approx_product(a[i], b[i], prm, vals, codes, lut, fn)
+def _mad_one(i, a, b, c, out, fused, mulp, accp, keys, nbits, prm, lut, fn):
+    p = approx_product(a[i], b[i], prm, lut, fn)
     out[i] = mac_product(p, c[i], fused, mulp, accp, keys[S_MUL], keys[S_ACC], i, nbits)
 
 
 @njit(cache=True, parallel=True)
-def mad_builtin(a, b, c, out, fused, mulp, accp, keys, nbits, prm, vals, codes, lut):
+def mad_builtin(a, b, c, out, fused, mulp, accp, keys, nbits, prm, lut):
     for i in prange(out.size):
-        _mad_one(i, a, b, c, out, fused, mulp, accp, keys, nbits, prm, vals, codes, lut, None)
+        _mad_one(i, a, b, c, out, fused, mulp, accp, keys, nbits, prm, lut, None)
 
 
 @njit(parallel=True)
-def mad_function(a, b, c, out, fused, mulp, accp, keys, nbits, prm, vals, codes, lut, fn):
+def mad_function(a, b, c, out, fused, mulp, accp, keys, nbits, prm, lut, fn):
     for i in prange(out.size):
-        _mad_one(i, a, b, c, out, fused, mulp, accp, keys, nbits, prm, vals, codes, lut, fn)
+        _mad_one(i, a, b, c, out, fused, mulp, accp, keys, nbits, prm, lut, fn)
 
 
 def gemm(A, B, bias, c, out, fused, mulp, accp, lanes, chunk, keys, nbits, margs, fn=None):
     """out[b] = A[b % bA] @ B[b % bB] (+ bias[b]) with the multiplier ``margs`` (``Multiplier.kernel_args()``;
-    ``fn`` its function for the function kind). A, B float32 (bA, M, K) / (bB, K, N); bias, c: (nb, M, N)
+    ``fn`` its function for the function kind; a table multiplier takes operand codes, ``encode_operands``). A, B float32 (bA, M, K) / (bB, K, N); bias, c: (nb, M, N)
     float64 or None; out (nb, M, N) float64, written."""
     if len(keys) != NSTREAMS:
         raise ValueError(f"keys must hold {NSTREAMS} stream keys, got {len(keys)}")
-    prm, vals, codes, lut = margs
+    prm, lut = margs
     has_bias, has_c = bias is not None, c is not None
     dummy = np.zeros((1, 1, 1))
     args = (np.ascontiguousarray(A, dtype=np.float32), np.ascontiguousarray(B, dtype=np.float32),
             bias if has_bias else dummy, has_bias, c if has_c else dummy, has_c, out, int(fused), as_params(mulp),
-            as_params(accp), lanes, chunk, as_keys(keys), nbits, tuple(int(v) for v in prm), vals, codes, lut,
+            as_params(accp), lanes, chunk, as_keys(keys), nbits, tuple(int(v) for v in prm), lut,
             _ntiles(out))
     with _parallel.exclusive():
         if prm[0] == K_FUNCTION:
@@ -128,9 +125,9 @@ def gemm(A, B, bias, c, out, fused, mulp, accp, lanes, chunk, keys, nbits, margs
 
 def mad(a, b, c, out, fused, mulp, accp, keys, nbits, margs, fn=None):
     """out[i] = the one-step MAD of (a[i], b[i], c[i]) with the multiplier: flat a, b float32, c, out float64."""
-    prm, vals, codes, lut = margs
+    prm, lut = margs
     args = (a, b, c, out, int(fused), as_params(mulp), as_params(accp), as_keys(keys), nbits,
-            tuple(int(v) for v in prm), vals, codes, lut)
+            tuple(int(v) for v in prm), lut)
     with _parallel.exclusive():
         if prm[0] == K_FUNCTION:
             mad_function(*args, fn)

@@ -22,16 +22,15 @@ MAD_THREADS = 256
 _KERNELS: dict = {}
 
 if config.ENABLE_CUDASIM:  # the simulator hands kernels fake arrays, which njit code cannot take: unwrap them
-    def _product(a, b, prm, vals, codes, lut, fn):
-        return approx_product(a, b, prm, np.asarray(vals), np.asarray(codes), np.asarray(lut), fn)
+    def _product(a, b, prm, lut, fn):
+        return approx_product(a, b, prm, np.asarray(lut), fn)
 else:
     _product = approx_product
 
 
 def _build(fn):
     @cuda.jit
-    def gemm_kernel(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, vals,
-                    codes, lut):
+    def gemm_kernel(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, lut):
         As = cuda.shared.array((TILE, TILE), np.float32)
         Bs = cuda.shared.array((TILE, TILE), np.float32)
         inner = cuda.local.array(MAX_LANES, np.float64)
@@ -64,7 +63,7 @@ def _build(fn):
                     for kt in range(min(TILE, K - k0)):
                         k = k0 + kt
                         lane = k % lanes
-                        p = _product(As[ty, kt], Bs[kt, tx], prm, vals, codes, lut, fn)
+                        p = _product(As[ty, kt], Bs[kt, tx], prm, lut, fn)
                         inner[lane] = mac_product(p, inner[lane], fused, mulp, accp, keys[S_MUL], keys[S_ACC],
                                                   o * K + k, nbits)
                         if chunk > 0 and ((k + 1) % span == 0 or k == K - 1):
@@ -84,11 +83,11 @@ def _build(fn):
             b += cuda.gridDim.z
 
     @cuda.jit
-    def mad_kernel(a, b, c, out, fused, mulp, accp, keys, nbits, prm, vals, codes, lut):
+    def mad_kernel(a, b, c, out, fused, mulp, accp, keys, nbits, prm, lut):
         i = cuda.grid(1)
         stride = cuda.gridsize(1)
         while i < out.size:
-            p = _product(a[i], b[i], prm, vals, codes, lut, fn)
+            p = _product(a[i], b[i], prm, lut, fn)
             out[i] = mac_product(p, c[i], fused, mulp, accp, keys[S_MUL], keys[S_ACC], i, nbits)
             i += stride
 
@@ -116,8 +115,8 @@ def _launch(kernel, config, stream, fn, args):
 
 
 def _margs(margs, to_device):
-    prm, vals, codes, lut = margs
-    return tuple(int(v) for v in prm), to_device(vals), to_device(codes), to_device(lut)
+    prm, lut = margs
+    return tuple(int(v) for v in prm), to_device(lut)
 
 
 def gemm(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, margs, fn=None,
@@ -129,12 +128,12 @@ def gemm(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, k
     nb, M, N = out.shape
     if nb == 0 or M == 0 or N == 0:
         return
-    prm, vals, codes, lut = _margs(margs, to_device)
+    prm, lut = _margs(margs, to_device)
     kernel = kernels_for(prm, fn)[0]
     grid = (math.ceil(N / TILE), math.ceil(M / TILE), min(nb, MAX_GRID_Z))
     _launch(kernel, (grid, (TILE, TILE)), stream, fn if prm[0] == K_FUNCTION else None,
             (A, B, bias, has_bias, c, has_c, out, fused, as_params(mulp), as_params(accp), lanes, chunk,
-             as_keys(keys), nbits, prm, vals, codes, lut))
+             as_keys(keys), nbits, prm, lut))
 
 
 def mad(a, b, c, out, fused, mulp, accp, keys, nbits, margs, fn=None, stream=None, to_device=np.array):
@@ -142,11 +141,11 @@ def mad(a, b, c, out, fused, mulp, accp, keys, nbits, margs, fn=None, stream=Non
     n = out.size
     if n == 0:
         return
-    prm, vals, codes, lut = _margs(margs, to_device)
+    prm, lut = _margs(margs, to_device)
     kernel = kernels_for(prm, fn)[1]
     blocks = min(math.ceil(n / MAD_THREADS), 4096)
     _launch(kernel, (blocks, MAD_THREADS), stream, fn if prm[0] == K_FUNCTION else None,
-            (a, b, c, out, fused, as_params(mulp), as_params(accp), as_keys(keys), nbits, prm, vals, codes, lut))
+            (a, b, c, out, fused, as_params(mulp), as_params(accp), as_keys(keys), nbits, prm, lut))
 
 
 def _to_device_for(t):

@@ -5,9 +5,9 @@ every result is exact (operands are float32-representable: normal in binary64, s
 Parameter tuple ``prm`` (``Multiplier.kernel_args``):
   M_KIND (0 exact, 1 table, 2 mitchell, 3 truncated, 4 drum, 5 function), M_BITS (t, k or table bits),
   M_OKIND (drum operand format: 0 float / 1 fixed), M_MAN, M_EMIN (float), M_FRAC (fixed),
-  M_NEGZERO (table: code of -0, or -1), M_WIDTH (table: 2**k).
-Table arrays: ``vals`` (sorted non-NaN operand values, -0 excluded), ``codes`` (their codes), ``lut`` (flat
-2**k x 2**k products).
+  unused, M_WIDTH (table: 2**k).
+Table kind: the operands a and b are their codes (``Multiplier.encode_operands``, exact in float32; NaN for a
+NaN operand) and ``lut`` holds the flat 2**k x 2**k products; other kinds ignore ``lut``.
 """
 import math
 
@@ -16,7 +16,7 @@ from numba import njit
 
 from .gemm_scalar import add_round, round_draw
 
-M_KIND, M_BITS, M_OKIND, M_MAN, M_EMIN, M_FRAC, M_NEGZERO, M_WIDTH = range(8)
+M_KIND, M_BITS, M_OKIND, M_MAN, M_EMIN, M_FRAC, M_UNUSED, M_WIDTH = range(8)
 K_EXACT, K_TABLE, K_MITCHELL, K_TRUNCATED, K_DRUM, K_FUNCTION = range(6)
 FRAC_MASK = np.int64((1 << 52) - 1)
 HIDDEN = np.int64(1 << 52)
@@ -34,25 +34,6 @@ def _pow2(e):
     """2.0**e for -1022 <= e <= 1023, built from its bits (numba's math.ldexp calls libm, which CPU caching and
     CUDA do not take)."""
     return np.int64((np.int64(e) + np.int64(1023)) << np.int64(52)).view(np.float64)
-
-
-@njit
-def code_of(x, vals, codes, negzero):
-    """The code of value x in a table operand format, or -1 when x is not one of its values."""
-    if x == 0.0 and negzero >= 0 and np.float64(x).view(np.int64) < 0:
-        return negzero
-    lo = 0
-    hi = vals.size - 1
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        v = vals[mid]
-        if v == x:
-            return codes[mid]
-        if v < x:
-            lo = mid + 1
-        else:
-            hi = mid - 1
-    return -1
 
 
 @njit
@@ -78,7 +59,7 @@ def _drum(x, k, prm):
 
 
 @njit
-def approx_product(a, b, prm, vals, codes, lut, fn):
+def approx_product(a, b, prm, lut, fn):
     """The product of a and b (binary64 values of float32 operands) by the multiplier of ``prm``; fn: the user
     function (kind function), else None."""
     a = np.float64(a)
@@ -93,11 +74,7 @@ def approx_product(a, b, prm, vals, codes, lut, fn):
     if kind == K_TABLE:
         if a != a or b != b:
             return a * b  # NaN
-        ia = code_of(a, vals, codes, prm[M_NEGZERO])
-        ib = code_of(b, vals, codes, prm[M_NEGZERO])
-        if ia < 0 or ib < 0:
-            return math.nan
-        return lut[ia * prm[M_WIDTH] + ib]
+        return lut[np.int64(a) * prm[M_WIDTH] + np.int64(b)]
     if a == 0.0 or b == 0.0 or not (math.isfinite(a) and math.isfinite(b)):
         return a * b
     neg = (a < 0.0) != (b < 0.0)

@@ -1,5 +1,5 @@
 """Dispatch of MAD units with a multiplier (``emunum.mad.multiplier``) to ``kernels.gemm_approx`` (CPU) and
-``kernels.gemm_approx_cuda`` (CUDA). Tensors in (CPU or CUDA), float64 tensors out; kernels load on first use.
+``kernels.gemm_approx_cuda`` (CUDA); table multipliers get their operands as codes (``Multiplier.encode_operands``). Tensors in (CPU or CUDA), float64 tensors out; kernels load on first use.
 """
 from __future__ import annotations
 
@@ -9,21 +9,12 @@ from .multiplier import MultiplierKind
 from .unit import MADUnit, stream_keys
 
 
-def check_table_operands(unit: MADUnit, **tensors) -> None:
-    """A table multiplier looks operands up by code: every non-NaN operand must be a value of its format."""
+def operands(unit: MADUnit, **tensors) -> list:
+    """The tensors as the kernels take them: a table multiplier's operands become their codes (float32)."""
     m = unit.multiplier
     if m.kind != MultiplierKind.TABLE:
-        return
-    _, vals, _, _ = m.kernel_args()
-    for name, x in tensors.items():
-        with torch.no_grad():
-            t = x.detach()
-            ok = torch.isin(t.to(torch.float64), torch.from_numpy(vals).to(t.device)) | torch.isnan(t)
-            if not bool(ok.all()):
-                bad = t[~ok].reshape(-1)[0].item()
-                raise ValueError(f"{name} holds {bad!r}, which is not a value of the table multiplier's operand "
-                                 f"format {m.operand_fmt.name}; quantize the operands to it first "
-                                 "(emunum.quantize or emunum.patch)")
+        return list(tensors.values())
+    return [m.encode_operands(x, name) for name, x in tensors.items()]
 
 
 def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias, nb: int, c) -> torch.Tensor:
@@ -32,7 +23,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias, nb: i
     if c is not None and (unit.lanes != 1 or unit.chunk is not None):
         raise ValueError(f"addmm/baddbmm on {unit}: an accumulator input with a multiplier needs lanes=1 and "
                          "chunk=None")
-    check_table_operands(unit, A=A, B=B)
+    A, B = operands(unit, A=A, B=B)
     M, N = A.shape[1], B.shape[2]
     device = A.device
     m = unit.multiplier
@@ -63,7 +54,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias, nb: i
 def elementwise(a32: torch.Tensor, b32: torch.Tensor, c64: torch.Tensor, out: torch.Tensor, unit: MADUnit,
                 seed: int) -> None:
     """out = the one-step MAD of flat contiguous a32, b32 (float32), c64 (float64) with the unit's multiplier."""
-    check_table_operands(unit, a=a32, b=b32)
+    a32, b32 = operands(unit, a=a32, b=b32)
     m = unit.multiplier
     margs = m.kernel_args()
     mulp, accp = unit.kernel_params()

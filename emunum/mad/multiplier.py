@@ -8,7 +8,8 @@ Kinds (``MultiplierKind``):
 - ``exact``: a*b (``MADUnit`` stores it as ``multiplier=None``).
 - ``table``: ``Multiplier.table(lut, operand_fmt)``: lut[i, j] is the product value of the operands whose codes
   in ``operand_fmt`` (a format of k <= 8 bits, codes as ``operand_fmt.encode`` gives them) are i and j; a
-  2**k x 2**k table of float64 values, as EvoApproxLib publishes its 8-bit multipliers. An operand that is
+  2**k x 2**k table of float64 values, as EvoApproxLib publishes its 8-bit multipliers. Operands are encoded
+  once per call (``encode_operands``; O(MK + KN)), and each product is one table read. An operand that is
   not a value of operand_fmt is an error (``ValueError`` before the kernel runs); a NaN operand gives NaN;
   -0 uses its own code where the format has one.
 - ``mitchell``: Mitchell's logarithmic multiplier (J. N. Mitchell, "Computer multiplication and division using
@@ -212,12 +213,11 @@ class Multiplier:
         return self.name
 
     def kernel_args(self) -> tuple:
-        """(prm, values, codes, lut): prm the int tuple of ``kernels.multiplier_scalar`` (kind, bits, operand kind
-        0 float / 1 fixed, man, emin, frac_bits, code of -0 or -1, table width); values/codes: the operand
-        format's sorted values and their codes (table), lut flat float64; dummies of one element otherwise."""
-        prm = [int(self.kind), int(self.bits), 0, 0, 0, 0, -1, 1]
-        one = np.zeros(1, np.float64)
-        vals, codes, lut = one, np.zeros(1, np.int64), one
+        """(prm, lut): prm the int tuple of ``kernels.multiplier_scalar`` (kind, bits, operand kind 0 float /
+        1 fixed, man, emin, frac_bits, unused, table width 2**k); lut the flat float64 table (table kind; a
+        one-element dummy otherwise). Table kernels take operand codes (``encode_operands``), not values."""
+        prm = [int(self.kind), int(self.bits), 0, 0, 0, 0, 0, 1]
+        lut = np.zeros(1, np.float64)
         fmt = self.operand_fmt
         if self.kind == MultiplierKind.DRUM:
             if isinstance(fmt, FloatFormat):
@@ -225,10 +225,30 @@ class Multiplier:
             else:
                 prm[2], prm[5] = 1, fmt.frac_bits
         elif self.kind == MultiplierKind.TABLE:
-            vals, codes, prm[6] = _table_codes(fmt)
             prm[7] = 2**self.bits
             lut = self.lut.reshape(-1)
-        return tuple(prm), vals, codes, lut
+        return tuple(prm), lut
+
+    def encode_operands(self, x, name: str = "operand"):
+        """Table kind: the float32 tensor of x's codes in ``operand_fmt`` (NaN stays NaN; -0 takes its own code
+        where the format has one). ValueError naming ``name`` when a value is not one of the format's."""
+        import torch
+
+        vals, codes, negzero = _table_codes(self.operand_fmt)
+        with torch.no_grad():
+            t = x.detach().to(torch.float64)
+            v = torch.from_numpy(vals).to(t.device)
+            idx = torch.searchsorted(v, t.contiguous()).clamp_(max=v.numel() - 1)
+            ok = (v[idx] == t) | torch.isnan(t)
+            if not bool(ok.all()):
+                bad = t[~ok].reshape(-1)[0].item()
+                raise ValueError(f"{name} holds {bad!r}, which is not a value of the table multiplier's operand "
+                                 f"format {self.operand_fmt.name}; quantize the operands to it first "
+                                 "(emunum.quantize or emunum.patch)")
+            out = torch.from_numpy(codes.astype(np.float32)).to(t.device)[idx]
+            if negzero >= 0:
+                out = torch.where((t == 0) & torch.signbit(t), torch.tensor(float(negzero), device=t.device), out)
+            return torch.where(torch.isnan(t), torch.tensor(float("nan"), device=t.device), out).contiguous()
 
 
 def _int(field_name: str, value, lo: int, hi: int) -> int:

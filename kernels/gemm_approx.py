@@ -105,8 +105,8 @@ def mad_function(a, b, c, out, fused, mulp, accp, keys, nbits, prm, lut, fn):
 
 def gemm(A, B, bias, c, out, fused, mulp, accp, lanes, chunk, keys, nbits, margs, fn=None):
     """out[b] = A[b % bA] @ B[b % bB] (+ bias[b]) with the multiplier ``margs`` (``Multiplier.kernel_args()``;
-    ``fn`` its function for the function kind; a table multiplier takes operand codes, ``encode_operands``). A, B float32 (bA, M, K) / (bB, K, N); bias, c: (nb, M, N)
-    float64 or None; out (nb, M, N) float64, written."""
+    ``fn`` its function for the function kind; a table multiplier takes operand codes, ``encode_operands``).
+    A, B float32 (bA, M, K) / (bB, K, N); bias, c: (nb, M, N) float64 or None; out (nb, M, N) float64."""
     if len(keys) != NSTREAMS:
         raise ValueError(f"keys must hold {NSTREAMS} stream keys, got {len(keys)}")
     prm, lut = margs

@@ -1,5 +1,6 @@
 """Dispatch of MAD units with a multiplier (``emunum.mad.multiplier``) to ``kernels.gemm_approx`` (CPU) and
-``kernels.gemm_approx_cuda`` (CUDA); table multipliers get their operands as codes (``Multiplier.encode_operands``). Tensors in (CPU or CUDA), float64 tensors out; kernels load on first use.
+``kernels.gemm_approx_cuda`` (CUDA); table multipliers get their operands as codes
+(``Multiplier.encode_operands``). Tensors in (CPU or CUDA), float64 tensors out; kernels load on first use.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ which makes every product a*b exact in binary64; a float64 tensor holding other 
 One MAD step on an accumulator value acc (a value of acc_fmt):
   not fused:  acc <- round_acc(round_mul(a*b) + acc)      two roundings: product to mul_fmt, sum to acc_fmt
   fused:      acc <- round_acc(a*b + acc)                 one rounding of the exact a*b + acc (an FMA)
+With ``multiplier`` (``emunum.mad.multiplier``), a*b above is the multiplier's binary64 value m(a, b) instead.
 Every round_X rounds the exact real value once, with X's rounding mode and X's overflow, saturation and
 subnormal rules (those of ``emunum.quantize``). Two exceptions, where a sum's exact value could need more
 than binary64 holds: stochastic rounding of a sum and two's-complement wrap of a sum are applied to the

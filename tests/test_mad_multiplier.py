@@ -194,6 +194,14 @@ def test_table_of_exact_products_gives_the_exact_units_bits(name):
                                                                                           seed=5))
 
 
+def test_conv2d_with_a_table_of_exact_products_gives_the_exact_units_bits():
+    x, w, b = _e4m3((2, 3, 6, 5), 11), _e4m3((4, 3, 3, 3), 12), torch.randn(4)
+    exact = MADUnit("fp16", "bf16", chunk=4)
+    table = MADUnit("fp16", "bf16", chunk=4, multiplier=Multiplier.table(exact_lut("e4m3fn"), "e4m3fn"))
+    assert_bits_equal(emunum.mad.conv2d(x, w, b, padding=1, unit=table), emunum.mad.conv2d(x, w, b, padding=1,
+                                                                                             unit=exact))
+
+
 def test_exact_multiplier_is_the_plain_unit():
     assert MADUnit("fp16", "fp32", multiplier=Multiplier.exact()) == MADUnit("fp16", "fp32")
     assert MADUnit("fp16", "fp32", multiplier="mitchell") == MADUnit("fp16", "fp32", multiplier=Multiplier.mitchell())

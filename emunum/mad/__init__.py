@@ -7,6 +7,7 @@
 - ``block``: ``block_matmul``, a GEMM on block-scaled operands (MX, NVFP4): exact block-pair sums, scaled,
   accumulated on the unit;
 - ``custom``: ``custom_matmul``, a GEMM in a user-defined type's own ``add`` / ``mul`` (``CustomFormat``);
+- ``multiplier``: ``Multiplier``, the product step (exact, lookup table, Mitchell, truncated, DRUM, user function);
 - ``backend``: validation and dispatch to ``kernels.gemm_cpu`` / ``kernels.gemm_cuda`` (loaded on first use).
 
 ``emunum.mad`` is both this module (``emunum.mad.linear``, ``from emunum import mad; mad.conv2d``) and the
@@ -20,10 +21,11 @@ from .block import block_matmul
 from .conv import conv1d, conv2d
 from .custom import custom_matmul
 from .functional import addmm, baddbmm, derived_seed, linear, mad, matmul
+from .multiplier import Multiplier, MultiplierKind
 from .unit import MADUnit, Order
 
-__all__ = ["MADUnit", "Order", "mad", "matmul", "linear", "addmm", "baddbmm", "conv1d", "conv2d", "derived_seed", "block_matmul",
-           "custom_matmul"]
+__all__ = ["MADUnit", "Order", "Multiplier", "MultiplierKind", "mad", "matmul", "linear", "addmm", "baddbmm", "conv1d",
+           "conv2d", "derived_seed", "block_matmul", "custom_matmul"]
 
 
 class _CallableModule(types.ModuleType):

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..quantize import check_tensor, resolve_seed
+from . import approx_backend
 from .unit import MADUnit, Order, stream_keys
 
 _warned_devices: set[str] = set()
@@ -67,6 +68,11 @@ def check_accumulator_input(unit: MADUnit) -> None:
     deterministic rounding; bit-identical to their matmul with c = 0)."""
     if unit.is_multiterm:
         return
+    if unit.multiplier is not None:  # the multiplier kernels start lane 0 from c (lanes=1, chunk=None)
+        if unit.lanes != 1 or unit.chunk is not None:
+            raise ValueError(f"addmm/baddbmm on {unit}: an accumulator input with a multiplier needs lanes=1 and "
+                             "chunk=None")
+        return
     from ..formats import FloatFormat, RoundMode
 
     ok = (unit.lanes == 1 and unit.chunk is None and unit.order == Order.SEQUENTIAL
@@ -92,6 +98,12 @@ def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias: torch
         raise ValueError(f"inner dimensions differ: A is {tuple(A.shape)}, B is {tuple(B.shape)}")
     nb = max(bA, bB) if nb is None else nb
     device = A.device
+    if unit.multiplier is not None:
+        if device.type not in ("cpu", "cuda"):
+            _host_fallback(device)
+            return gemm(A.cpu(), B.cpu(), unit, seed, None if bias is None else bias.cpu(), nb,
+                        None if c is None else c.cpu(), dtype).to(device)
+        return approx_backend.gemm(A, B, unit, seed, bias, nb, c)
     if unit.is_multiterm or c is not None:
         return _gemm_multiterm(A, B, unit, seed, bias, nb, c, dtype)
     if unit.order == Order.ANY:
@@ -192,7 +204,9 @@ def elementwise(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, unit: MADUnit
         c64 = c.detach().to(torch.float64).expand(shape).contiguous().reshape(-1)
         out = torch.empty(a32.numel(), dtype=torch.float64, device=device)
         mulp, accp = unit.kernel_params()
-        if out.numel():
+        if out.numel() and unit.multiplier is not None:
+            approx_backend.elementwise(a32, b32, c64, out, unit, seed)
+        elif out.numel():
             if device.type == "cuda":
                 from ..kernels import gemm_cuda
 

@@ -91,6 +91,9 @@ def _k_length(fmt: BlockFormat, k_axis_is_last: bool) -> int:
 
 def check_unit(unit: MADUnit) -> None:
     """Raise ValueError unless ``unit`` can run the block datapath (see the module docstring)."""
+    if unit.multiplier is not None:
+        raise ValueError(f"block_matmul on {unit}: the block datapath sums block pairs exactly; allowed: a unit "
+                         "without a multiplier")
     if unit.is_multiterm or unit.lanes != 1 or unit.chunk is not None or unit.order != Order.SEQUENTIAL:
         raise ValueError(f"block_matmul on {unit}: the block datapath sums each block pair exactly and "
                          "accumulates the block sums one by one; allowed: a one-product unit (terms=1, no "

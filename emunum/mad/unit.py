@@ -10,6 +10,7 @@ which makes every product a*b exact in binary64; a float64 tensor holding other 
 One MAD step on an accumulator value acc (a value of acc_fmt):
   not fused:  acc <- round_acc(round_mul(a*b) + acc)      two roundings: product to mul_fmt, sum to acc_fmt
   fused:      acc <- round_acc(a*b + acc)                 one rounding of the exact a*b + acc (an FMA)
+With ``multiplier`` (``emunum.mad.multiplier``), a*b above is the multiplier's binary64 value m(a, b) instead.
 Every round_X rounds the exact real value once, with X's rounding mode and X's overflow, saturation and
 subnormal rules (those of ``emunum.quantize``). Two exceptions, where a sum's exact value could need more
 than binary64 holds: stochastic rounding of a sum and two's-complement wrap of a sum are applied to the
@@ -82,6 +83,7 @@ import numpy as np
 
 from ..formats import FixedFormat, FloatFormat, Format, RoundMode, format_or_none, parse_enum
 from ..rng import mix64_int, seed_key
+from .multiplier import Multiplier
 from .presets import preset_kwargs
 
 MAX_LANES = 64
@@ -141,6 +143,9 @@ class MADUnit:
       unlimited); in_fmt: the operands' format, whose emin is a subnormal operand's exponent (None: fp32);
       promote_every: products per promotion into the outer accumulator (``outer_fmt``, ``outer_rounding``,
       default fp32 to nearest), a multiple of terms.
+    multiplier: None (exact products) or an ``emunum.mad.Multiplier`` (or "mitchell"): the product step
+      a*b becomes the multiplier's value (approximate multipliers: tables, Mitchell, truncated, DRUM, a user
+      function; ``emunum.mad.multiplier``); one-product units only. The rest of the datapath is unchanged.
     acc_fmt="exact": Kulisch accumulation rounded once to the output dtype (module docstring).
     ``MADUnit.preset(name)`` gives the published tensor-core datapaths (``emunum.mad.presets``).
     Formats may be given by name (``get_format``), modes by name (``RoundMode.parse``).
@@ -165,6 +170,7 @@ class MADUnit:
     promote_every: int | None = None
     outer_fmt: Format = "fp32"
     outer_rounding: RoundMode = RoundMode.NEAREST
+    multiplier: Multiplier | None = None
 
     def __post_init__(self):
         if not isinstance(self.fused, (bool, np.bool_)):
@@ -200,6 +206,10 @@ class MADUnit:
         object.__setattr__(self, "sr_bits", _positive_int("sr_bits", self.sr_bits, 1, 32))
         object.__setattr__(self, "order", Order.parse(self.order))
         self._check_multiterm()
+        object.__setattr__(self, "multiplier", Multiplier.parse(self.multiplier))
+        if self.multiplier is not None and (self.is_multiterm or self.order != Order.SEQUENTIAL):
+            raise ValueError(f"MADUnit.multiplier={self.multiplier.name} with a multi-term, exact or order='any' "
+                             "unit: allowed: a one-product unit (terms=1, order='sequential')")
         if self.order == Order.ANY:
             ok = (_is_fp32(self.acc_fmt) and self.acc_rounding == RoundMode.NEAREST and self.chunk is None
                   and self.lanes == 1 and (self.fused or (_is_fp32(self.mul_fmt)
@@ -337,6 +347,8 @@ class MADUnit:
             extra.append(f"outer={fmt(self.outer_fmt, self.outer_rounding)}")
         if self.in_fmt is not None:
             extra.append(f"in_fmt={self.in_fmt.name}")
+        if self.multiplier is not None:
+            extra.append(f"multiplier={self.multiplier.name}")
         acc = f"exact:{self.acc_rounding.name.lower()}" if self.is_exact else fmt(self.acc_fmt, self.acc_rounding)
         return f"MAD[{mul} -> {acc}" + "".join(", " + e for e in extra) + "]"
 

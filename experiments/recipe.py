@@ -17,6 +17,25 @@ STREAM_INIT, STREAM_DATA, STREAM_OPTIM, STREAM_STEP = 0, 1, 2, 3
 ROLE_KEYS = ("weight", "input", "output", "grad_weight", "grad_input", "grad_output")
 
 
+def multiplier(m, operand_fmt):
+    """``format.mad.multiplier`` (+ ``multiplier_bits``) as an ``emunum.mad.Multiplier`` (None: exact)."""
+    from emunum.mad import Multiplier
+
+    name = getattr(m, "multiplier", None)
+    bits = getattr(m, "multiplier_bits", None)
+    if name is None or str(name).lower() in ("exact", "mitchell"):
+        if bits is not None:
+            raise ValueError(f"format.mad.multiplier_bits={bits} applies to truncated and drum only, not {name}")
+        return Multiplier.parse(name, "format.mad.multiplier")
+    kind = str(name).lower()
+    if kind not in ("truncated", "drum"):
+        raise ValueError(f"format.mad.multiplier={name!r} is not a multiplier; allowed: exact, mitchell, truncated, drum")
+    if bits is None:
+        raise ValueError(f"format.mad.multiplier={name} needs format.mad.multiplier_bits (truncated: t fraction bits "
+                         "kept; drum: k bits)")
+    return Multiplier.truncated(int(bits)) if kind == "truncated" else Multiplier.drum(int(bits), operand_fmt)
+
+
 def policy_kwargs(fcfg, mad: str | None = None) -> dict:
     """The keyword arguments of ``emunum.patch`` besides ``fmt``: ``format.policy`` plus the MAD unit and
     ``format.scaling`` (as ``scaling=``: per-tensor power-of-two scaling of every rounded tensor, forward and
@@ -39,7 +58,8 @@ def policy_kwargs(fcfg, mad: str | None = None) -> dict:
 
         m = fcfg.mad
         policy["mad"] = MADUnit(mul_fmt=m.mul_fmt, acc_fmt=m.acc_fmt, mul_rounding=m.mul_rounding,
-                                acc_rounding=m.acc_rounding, fused=bool(m.fused), chunk=m.chunk, lanes=int(m.lanes))
+                                acc_rounding=m.acc_rounding, fused=bool(m.fused), chunk=m.chunk, lanes=int(m.lanes),
+                                multiplier=multiplier(m, fcfg.fmt))
     scaling = Scaling(fcfg.scaling)
     if scaling != Scaling.none:
         if "scaling" in policy:

@@ -51,6 +51,10 @@ class MADConfig:
     fused: bool = False
     chunk: Optional[int] = None
     lanes: int = 1
+    # the product step (emunum.mad.Multiplier): null/exact, mitchell, truncated (multiplier_bits = t fraction
+    # bits kept), drum (multiplier_bits = k; operands of the recipe's fmt)
+    multiplier: Optional[str] = None
+    multiplier_bits: Optional[int] = None
 
 
 @dataclass

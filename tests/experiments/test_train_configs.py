@@ -25,7 +25,8 @@ from emunum.formats import RoundMode
 
 ROOT = Path(__file__).resolve().parents[2]
 
-FORMATS = ["fp32", "bf16", "fp16", "fp8_152", "fp8", "e4m3", "fixed16", "mxfp8", "mxfp4", "nvfp4", "posit16", "posit8"]
+FORMATS = ["fp32", "bf16", "fp16", "fp8_152", "fp8", "e4m3", "fixed16", "mxfp8", "mxfp4", "nvfp4", "posit16", "posit8",
+           "e4m3_mitchell"]
 NEEDS_PATCH = pytest.mark.skipif(not hasattr(emunum, "patch"), reason="emunum.patch not in this checkout")
 
 
@@ -196,3 +197,22 @@ def test_the_entry_point_records_a_failed_job_in_its_hydra_run_dir(tmp_path, dat
     assert proc.returncode != 0
     assert "batch_size=0 is out of range" in proc.stderr
     _check_failure_record(run_dir, "bf16", "batch_size=0 is out of range")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["format.mad.multiplier=drum"], "needs format.mad.multiplier_bits"),
+    (["format.mad.multiplier=booth"], "format.mad.multiplier='booth' is not a multiplier"),
+    (["format.mad.multiplier_bits=3"], "multiplier_bits=3 applies to truncated and drum only"),
+])
+def test_bad_multiplier_settings_are_named(compose, tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        train(compose("format=e4m3_mitchell", "model=mlp", *overrides), tmp_path)
+
+
+def test_a_truncated_multiplier_recipe_builds_its_unit(compose):
+    from experiments.recipe import policy_kwargs
+
+    from emunum.mad import Multiplier
+
+    cfg = compose("format=e4m3_mitchell", "format.mad.multiplier=truncated", "format.mad.multiplier_bits=2")
+    assert policy_kwargs(cfg.format)["mad"].multiplier == Multiplier.truncated(2)

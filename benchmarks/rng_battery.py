@@ -24,6 +24,7 @@ tests/test_rng.py.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -161,6 +162,7 @@ def battery(bits: np.ndarray) -> dict[str, list[float]]:
 
 
 # ---- streams of the generator --------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
 def _kernel_words():
     from numba import njit
 

@@ -1,15 +1,14 @@
 """The counter-based random bits behind stochastic rounding, on the host and in torch.
 
-Element ``i`` (a flat index, 0 <= i < 2**64) of a call keyed on ``key = seed_key(seed)`` (a 64-bit word) gets
-two keyed rounds of Wellons' lowbias32 on 32-bit words (hash-prospector, [16 7feb352d 15 846ca68b 16]):
+Element i of a call keyed on ``key = seed_key(seed)`` gets splitmix64's finaliser of
+``(i + 1) * 0x9E3779B97F4A7C15 + key``, shifted to its top ``nbits`` bits. The kernels (``kernels/scalar``)
+compute the same bits; these twins let references and the pure-torch path agree with them bit for bit.
 
-    k0, k1 = key mod 2**32, key >> 32;   lo, hi = i mod 2**32, i >> 32
-    h = lowbias32(lo ^ k0);   h = lowbias32(h ^ k1 ^ hi);   bits = h >> (32 - nbits)   (nbits 1..32)
-
-The kernels (``kernels/scalar/common.random_bits``) compute the same bits; these twins let references, the
-pure-torch path and other host code agree with them bit for bit. lowbias32 is a bijection, so for one key
-the 2**32 indices sharing ``hi`` get 2**32 distinct words. The seed key itself is splitmix64's finaliser of
-the seed (``mix64_int``), which also derives sub-seeds elsewhere.
+Why 64-bit: a counter-based 32-bit design (two keyed rounds of Wellons' lowbias32) was tried for issue #13 and
+measured slower in the CPU kernels, with AVX-512 (LLVM drops the masks that would let it use 32-bit vector
+multiplies and emits vpmullq) and with AVX2 alike; the generator is ~25% of a stochastic float32 loop, the
+stochastic decision more (benchmarks/RESULTS.md). ``benchmarks/rng_battery.py`` runs a NIST SP 800-22
+subset on these bits.
 """
 from __future__ import annotations
 
@@ -17,8 +16,6 @@ import numpy as np
 import torch
 
 _M64 = (1 << 64) - 1
-_M32 = (1 << 32) - 1
-_C1, _C2 = 0x7FEB352D, 0x846CA68B
 
 
 def mix64_int(z: int) -> int:
@@ -33,23 +30,9 @@ def seed_key(seed: int) -> int:
     return mix64_int(int(seed))
 
 
-def lowbias32_int(x: int) -> int:
-    """lowbias32 of a 32-bit word (Python int)."""
-    x &= _M32
-    x ^= x >> 16
-    x = (x * _C1) & _M32
-    x ^= x >> 15
-    x = (x * _C2) & _M32
-    return x ^ (x >> 16)
-
-
 def random_bits_int(key: int, index: int, nbits: int) -> int:
-    """The kernels' ``nbits`` random bits for element ``index`` under ``key`` (Python ints, any index < 2**64)."""
-    key &= _M64
-    index &= _M64
-    h = lowbias32_int((index ^ key) & _M32)
-    h = lowbias32_int(h ^ (key >> 32) ^ (index >> 32))
-    return h >> (32 - nbits)
+    """The kernels' ``nbits`` (1..32) random bits for element ``index`` under ``key`` (Python ints)."""
+    return mix64_int((key + (index + 1) * 0x9E3779B97F4A7C15) & _M64) >> (64 - nbits)
 
 
 def random_bits_reference(key: int, n: int, nbits: int) -> np.ndarray:
@@ -62,20 +45,16 @@ def _i64(c: int) -> int:
     return c - (1 << 64) if c >= 1 << 63 else c
 
 
-def _lowbias32_torch(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 of int64 tensors holding 32-bit words (products of two words fit 64 bits; masks keep 32)."""
-    x = x ^ (x >> 16)
-    x = (x * _C1) & _M32
-    x = x ^ (x >> 15)
-    x = (x * _C2) & _M32
-    return x ^ (x >> 16)
+def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bits."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
 
 
 def random_bits_torch(key: int, n: int, nbits: int, device=None, start: int = 0, step: int = 1) -> torch.Tensor:
-    """The kernels' bits (int64 tensor on ``device``) for elements start, start+step, ..., n of them
-    (indices below 2**63)."""
-    idx = torch.arange(n, dtype=torch.int64, device=device) * step + start
-    key &= _M64
-    h = _lowbias32_torch((idx & _M32) ^ (key & _M32))
-    h = _lowbias32_torch(h ^ (key >> 32) ^ (idx >> 32))  # idx >= 0: arithmetic and logical shifts agree
-    return h >> (32 - nbits)
+    """The kernels' bits (int64 tensor on ``device``) for the n elements start, start + step, ... (default
+    0..n-1; indices below 2**63)."""
+    z = (torch.arange(n, dtype=torch.int64, device=device) * step + (start + 1)) * _i64(0x9E3779B97F4A7C15) + _i64(key & _M64)
+    z = (z ^ _shr(z, 30)) * _i64(0xBF58476D1CE4E5B9)  # int64 products wrap modulo 2**64
+    z = (z ^ _shr(z, 27)) * _i64(0x94D049BB133111EB)
+    z = z ^ _shr(z, 31)
+    return _shr(z, 64 - nbits)

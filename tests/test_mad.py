@@ -3,7 +3,7 @@
 Every result is compared with zero tolerance (equal values, equal sign bits, NaN where NaN) against a slow
 scalar reference written here from the datapath in ``emunum/mad/unit.py``'s docstring: plain Python loops
 over exact rationals (``fractions.Fraction``), a rounding function of its own, and its own splitmix64
-stream keys and lowbias32 counters. It shares no code with emunum. Deterministic modes round the exact value; stochastic rounding
+counters. It shares no code with emunum. Deterministic modes round the exact value; stochastic rounding
 and fixed-point wrap round the exact value's binary64 round-to-odd, as documented.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ from emunum.formats import Overflow
 # exact reference
 # ---------------------------------------------------------------------------------------------------------
 M64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
 
 
 def mix64(z: int) -> int:
@@ -37,16 +38,8 @@ def stream_key(seed: int, stream: int) -> int:
     return mix64(mix64(seed) + stream)
 
 
-def lowbias32(x: int) -> int:
-    for shift, mult in ((16, 0x7FEB352D), (15, 0x846CA68B)):
-        x = ((x ^ (x >> shift)) * mult) % 2**32
-    return x ^ (x >> 16)
-
-
 def rbits(key: int, index: int, nbits: int) -> int:
-    """Two keyed lowbias32 rounds on the 32-bit halves of key and index (emunum/rng.py's definition)."""
-    h = lowbias32((index % 2**32) ^ (key % 2**32))
-    return lowbias32(h ^ (key >> 32) ^ (index >> 32)) >> (32 - nbits)
+    return mix64(key + (index + 1) * GOLDEN) >> (64 - nbits)
 
 
 def floor_log2(a: Fraction) -> int:

@@ -29,7 +29,6 @@ from ..rng import random_bits_int, seed_key
 from .base import NumberFormat, RoundMode, check_int
 
 
-
 @dataclass(frozen=True)
 class PositFormat(NumberFormat):
     """A posit format of ``nbits`` bits (2..32) with ``es`` exponent bits (0..5); see the module doc."""

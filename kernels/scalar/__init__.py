@@ -10,8 +10,7 @@ import glob
 import os
 
 from .common import (DOWN, GOLDEN, NEAREST, NEAREST_AWAY, ODD, ONE, OVF_INF, OVF_NAN, OVF_SAT, STOCHASTIC,
-                     TOWARD_ZERO, U64, UP, ZERO, lowbias32, mix64, random_bits, round_up_decision,
-                     stochastic_decision)
+                     TOWARD_ZERO, U64, UP, ZERO, mix64, random_bits, round_up_decision, stochastic_decision)
 from .fixed import round_fixed_value
 from .log import round_log_value
 from .table import round_table_value, stochastic_up
@@ -19,7 +18,7 @@ from .float import round_f32_fast, round_float_bits, round_nearest_fast, round_n
 
 __all__ = [
     "DOWN", "GOLDEN", "NEAREST", "NEAREST_AWAY", "ODD", "ONE", "OVF_INF", "OVF_NAN", "OVF_SAT", "STOCHASTIC",
-    "TOWARD_ZERO", "U64", "UP", "ZERO", "lowbias32", "mix64", "random_bits", "round_up_decision", "stochastic_decision",
+    "TOWARD_ZERO", "U64", "UP", "ZERO", "mix64", "random_bits", "round_up_decision", "stochastic_decision",
     "round_fixed_value", "round_f32_fast", "round_float_bits", "round_nearest_fast", "round_nearest_value",
     "round_table_value", "round_log_value", "stochastic_up", "SOURCES",
 ]

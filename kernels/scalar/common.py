@@ -16,46 +16,24 @@ NEAREST, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC = 0, 1, 2, 3, 4, 5
 OVF_INF, OVF_NAN, OVF_SAT = 0, 1, 2
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-M32 = np.uint64(0xFFFFFFFF)
 
 
 @njit
 def mix64(z):
-    """splitmix64's finaliser: a bijective 64-bit mix (seed keys; the per-element bits use ``random_bits``)."""
+    """splitmix64's finaliser: a bijective 64-bit mix."""
     z = (z ^ (z >> U64(30))) * U64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> U64(27))) * U64(0x94D049BB133111EB)
     return z ^ (z >> U64(31))
 
 
 @njit(inline="always")
-def lowbias32(x):
-    """Wellons' lowbias32 (hash-prospector: [16 7feb352d 15 846ca68b 16]) of x < 2**32 held in a uint64.
-
-    A bijection of 32-bit words. Written in uint64 with masks (numba widens uint32 arithmetic to 64 bits
-    anyway). Only the low 32 bits of each product are used, so on GPUs each multiply is one 32-bit IMAD, and on
-    x86 LLVM emits one vpmuludq or vpmullq per multiply (splitmix64's 64-bit constants cost three vpmuludq each
-    on AVX2); see benchmarks/RESULTS.md for the measured effect."""
-    x ^= x >> U64(16)
-    x = (x * U64(0x7FEB352D)) & M32
-    x ^= x >> U64(15)
-    x = (x * U64(0x846CA68B)) & M32
-    return x ^ (x >> U64(16))
-
-
-@njit(inline="always")
 def random_bits(key, index, nbits):
-    """``nbits`` (1..32) uniform bits for element ``index`` (uint64 counter) under the uint64 seed ``key``.
+    """``nbits`` (1..32) uniform bits for element ``index``: the splitmix64 output at counter ``index``.
 
-    Two keyed rounds of lowbias32 on 32-bit words (k0, k1 = low and high half of key; lo, hi = low and high
-    half of index):  h = lowbias32(lo ^ k0);  h = lowbias32(h ^ k1 ^ hi);  result = h >> (32 - nbits).
-    A function of (key, index, nbits) only; for a fixed key and hi the map lo -> h is a bijection, so the 2**32
-    indices of a block get distinct words. ``emunum.rng`` has the torch and Python twins.
+    ``key`` is the uint64 seed key (``mix64(seed)``); the result depends only on (key, index, nbits).
     """
-    k = U64(key)
-    i = U64(index)
-    h = lowbias32((i ^ k) & M32)
-    h = lowbias32(h ^ (k >> U64(32)) ^ (i >> U64(32)))
-    return h >> U64(32 - nbits)
+    z = mix64(U64(key) + (U64(index) + ONE) * GOLDEN)
+    return z >> U64(64 - nbits)
 
 
 @njit

@@ -1,6 +1,6 @@
 """emunum.reference: the numpy reference and its torch twin (the fallback for devices without a kernel and
 the path of tiny CUDA tensors) against the same independent oracles as the kernels, and the counter-based
-random bits against the lowbias32 definition and the kernels' scalar core."""
+random bits against the splitmix64 definition and the kernels' scalar core."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +9,7 @@ import torch
 
 import emunum
 from emunum import FixedFormat, FloatFormat, RoundMode
-from emunum.rng import lowbias32_int, mix64_int, random_bits_int, random_bits_reference, random_bits_torch, seed_key
+from emunum.rng import mix64_int, random_bits_reference, random_bits_torch, seed_key
 from emunum.reference import quantize_reference, quantize_torch
 
 IMPLS = {
@@ -138,16 +138,11 @@ def test_reference_does_not_modify_input():
 # ---------------------------------------------------------------------------------------------------------
 # random bits
 # ---------------------------------------------------------------------------------------------------------
-def test_random_bits_are_two_keyed_lowbias32_rounds():
-    """Known answers printed by a C program (uint32_t arithmetic) with hash-prospector's lowbias32:
-    h = lowbias32((uint32_t)i ^ (uint32_t)key); h = lowbias32(h ^ (uint32_t)(key >> 32) ^ (uint32_t)(i >> 32))."""
-    key = 0x0123456789ABCDEF
-    expect = {0: 0x1C62A4A3, 1: 0xF529B166, 2**32 + 5: 0xF9794CD2, 2**64 - 1: 0xB0839F73}
-    assert {i: random_bits_int(key, i, 32) for i in expect} == expect
-    assert [int(z) for z in random_bits_reference(key, 2, 32)] == [0x1C62A4A3, 0xF529B166]
-    assert [int(z) for z in random_bits_reference(key, 2, 4)] == [0x1, 0xF]
-    # lowbias32 itself: 0 -> 0, 1 -> 0x688990C0, 0xDEADBEEF -> 0xE628C683 (the same C program)
-    assert [lowbias32_int(x) for x in (0, 1, 0xDEADBEEF)] == [0, 0x688990C0, 0xE628C683]
+def test_random_bits_are_splitmix64():
+    """key 0, counters 1, 2, 3: the first outputs of Vigna's splitmix64 seeded with 0."""
+    assert [int(z) for z in random_bits_reference(0, 3, 64)] == [
+        0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    assert [int(z) for z in random_bits_reference(0, 3, 32)] == [0xE220A839, 0x6E789E6A, 0x06C45D18]
 
 
 def test_seed_key_is_mix64_modulo_2_64():

@@ -25,11 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..rng import mix64_int, seed_key
+from ..rng import random_bits_int, seed_key
 from .base import NumberFormat, RoundMode, check_int
-
-_GOLDEN = 0x9E3779B97F4A7C15
-_M64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -169,7 +166,7 @@ class PositFormat(NumberFormat):
                 continue
             rnd = 0
             if mode == RoundMode.STOCHASTIC:
-                rnd = mix64_int((key + (i + 1) * _GOLDEN) & _M64) >> (64 - sr_bits)
+                rnd = random_bits_int(key, i, sr_bits)
             p = self._round_magnitude(abs(x), x < 0, mode, rnd, sr_bits)
             out[i] = ((1 << self.nbits) - p) & ((1 << self.nbits) - 1) if x < 0 else p
         return out.reshape(v.shape)

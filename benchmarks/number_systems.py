@@ -77,7 +77,7 @@ def main(argv=None) -> None:
         g = torch.Generator().manual_seed(1)
         a = emunum.quantize(torch.randn(n, n, generator=g), "e4m3fn")
         b = emunum.quantize(torch.randn(n, n, generator=g), "e4m3fn")
-        units = [("exact products, fp32 accumulation", emunum.MADUnit(acc_fmt="fp32"))]
+        units = [("exact products, fp32 accumulation", emunum.MADUnit(None, "fp32", fused=True))]
         try:
             from emunum.mad import Multiplier
 
@@ -85,8 +85,8 @@ def main(argv=None) -> None:
             vals = fmt.decode(np.arange(256))
             lut = np.where(np.isfinite(vals[:, None] * vals[None, :]), vals[:, None] * vals[None, :], 0.0)
             units.append(("LUT multiplier (exact e4m3fn products), fp32 acc",
-                          emunum.MADUnit(acc_fmt="fp32", multiplier=Multiplier.table(lut, fmt))))
-            units.append(("Mitchell multiplier, fp32 acc", emunum.MADUnit(acc_fmt="fp32",
+                          emunum.MADUnit(None, "fp32", fused=True, multiplier=Multiplier.table(lut, fmt))))
+            units.append(("Mitchell multiplier, fp32 acc", emunum.MADUnit(None, "fp32", fused=True,
                                                                          multiplier=Multiplier.mitchell())))
         except (ImportError, TypeError, AttributeError) as e:
             print(f"# no approximate-multiplier rows: {type(e).__name__}: {e}")

@@ -81,7 +81,7 @@ def _split(n: int, val_fraction: float, seed: int, field: str):
 def load_mnist1d(cfg) -> Dataset:
     from mnist1d.data import get_dataset_args, make_dataset
 
-    n, n_train = int(cfg.num_samples), int(cfg.train_samples)
+    n, n_train = int(cfg.num_samples), int(cfg.get("train_samples", 4000))
     if n < 20 or n % 10:
         raise ValueError(f"data.num_samples={n} must be a multiple of 10 (10 classes), at least 20")
     if not 1 <= n_train < n:

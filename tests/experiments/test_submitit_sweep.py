@@ -17,7 +17,7 @@ from emunum import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=mlp", "model.hidden=[16]", "max_iters=8", "eval_every=2", "target_accuracy=0.15", "batch_size=32",
-        "checkpoint_every=0", "log=quiet", "threads=1"]
+        "checkpoint_every=0", "log=quiet", "threads=1", "data.num_samples=5000"]
 
 
 @pytest.mark.slow
@@ -27,8 +27,8 @@ def test_submitit_local_sweep_writes_one_results_json_per_job_and_report_reads_i
 
     from experiments import data
 
-    data.load(OmegaConf.create({"name": "mnist1d", "num_samples": 5000, "seed": 42, "shuffle_seq": False,
-                                "cache_dir": str(data_cache)}))  # once here, not in both jobs at once
+    data.load(OmegaConf.create({"name": "mnist1d", "num_samples": 5000, "train_samples": 4000, "seed": 42,
+                                "shuffle_seq": False, "cache_dir": str(data_cache)}))  # once here, not in both jobs
     sweep = tmp_path / "multirun"
     cmd = [sys.executable, str(ROOT / "experiments" / "train.py"), "-m", *TINY, "format=fp32,bf16",
            "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10", "hydra.launcher.cpus_per_task=1",

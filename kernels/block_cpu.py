@@ -102,12 +102,119 @@ def block_parallel(src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, ne
                    negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits)
 
 
+# ---- the fast path: float32 data, 1-D blocks, a float element, round to nearest ----------------------------
+# The same expressions as ``_one_block``'s nearest branch (so the same bits), laid out so that LLVM vectorises
+# them: the block's amax as an integer max over the float32 bits (|v|'s bits order as |v|; NaN's are above
+# +inf's), its scale exponent read off those bits when amax is a normal float32 (frexp otherwise), and one
+# branch-free loop per scale rule over the flat block.
+
+@njit(inline="always")
+def _row_block_f32(src, bits, dst, scales, b, nbc, tc, C, split, magic, min_normal, emax_e, max_e, negzero, rule,
+                   lo, hi, s_man, s_emin, s_sub, s_max, s_min, t):
+    r = b // nbc
+    c0 = (b - r * nbc) * tc
+    start = r * C + c0
+    end = r * C + min(c0 + tc, C)
+    m = np.uint32(0)
+    for k in range(start, end):
+        m = max(m, np.uint32(bits[k] & np.uint32(0x7FFFFFFF)))
+    has_nan = m > np.uint32(0x7F800000)
+    amax = np.float64(np.uint32(m).view(np.float32))
+    e_field = np.int64(m >> np.uint32(23))
+    if rule == 0 and not has_nan and 0 < e_field < 255:
+        e = min(max(e_field - 127 - emax_e, lo), hi)  # frexp(amax)[1] - 1 - emax_e, as block_scale
+        s = math.ldexp(1.0, e)
+    else:
+        s = block_scale(amax, has_nan, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t)
+    scales[b] = s
+    full = s * t
+    if has_nan:
+        for k in range(start, end):
+            dst[k] = np.nan
+    elif rule == 0:
+        inv = 1.0 / full
+        for k in range(start, end):
+            v = np.float64(src[k]) * inv
+            dst[k] = round_nearest_value(v, split, magic, min_normal, max_e, max_e, negzero) * full
+    else:
+        for k in range(start, end):
+            v = np.float64(src[k]) / full
+            dst[k] = round_nearest_value(v, split, magic, min_normal, max_e, max_e, negzero) * full
+
+
+@njit(cache=True)
+def rows_f32_serial(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man,
+                    s_emin, s_sub, s_max, s_min, t):
+    nbc = scales.size // (src.size // C)
+    split, magic, min_normal = _nearest_constants(0, man, emin, sub)
+    for b in range(scales.size):
+        _row_block_f32(src, bits, dst, scales, b, nbc, tc, C, split, magic, min_normal, emax_e, max_e, negzero,
+                       rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t)
+
+
+@njit(cache=True, parallel=True)
+def rows_f32_parallel(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man,
+                      s_emin, s_sub, s_max, s_min, t):
+    nbc = scales.size // (src.size // C)
+    split, magic, min_normal = _nearest_constants(0, man, emin, sub)
+    for b in prange(scales.size):
+        _row_block_f32(src, bits, dst, scales, b, nbc, tc, C, split, magic, min_normal, emax_e, max_e, negzero,
+                       rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t)
+
+
+@njit(cache=True, parallel=True)
+def finite_amax_bits(bits, mask, inf, chunks):
+    """The largest of ``bits & mask`` below ``inf`` (0 if none): the bits of a float array's largest finite
+    magnitude, as a max over ``chunks`` parallel partial maxima."""
+    n = bits.size
+    step = -(-n // chunks)
+    part = np.zeros(chunks, bits.dtype)
+    for c in prange(chunks):
+        m = part[c]
+        for k in range(c * step, min(n, (c + 1) * step)):
+            a = bits[k] & mask
+            m = max(m, a if a < inf else mask ^ mask)
+        part[c] = m
+    return part.max()
+
+
+def finite_amax(src: np.ndarray) -> float:
+    """The largest finite |v| of a C-contiguous float32/float64 array (0.0 if it has none)."""
+    if src.dtype == np.float32:
+        bits, mask, inf = src.reshape(-1).view(np.uint32), np.uint32(0x7FFFFFFF), np.uint32(0x7F800000)
+    else:
+        bits, mask = src.reshape(-1).view(np.uint64), np.uint64(0x7FFFFFFFFFFFFFFF)
+        inf = np.uint64(0x7FF0000000000000)
+    if bits.size == 0:
+        return 0.0
+    with _parallel.try_parallel(bits.size >= PARALLEL_MIN and numba.get_num_threads() > 1) as par:
+        m = finite_amax_bits(bits, mask, inf, 8 * numba.get_num_threads()) if par else _finite_amax_serial(bits, mask, inf)
+    return float(np.array(m, dtype=bits.dtype).view(src.dtype))
+
+
+@njit(cache=True)
+def _finite_amax_serial(bits, mask, inf):
+    m = mask ^ mask
+    for k in range(bits.size):
+        a = bits[k] & mask
+        m = max(m, a if a < inf else mask ^ mask)
+    return m
+
+
 def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, args: tuple, mode: int, key: int,
                     nbits: int, parallel=None) -> None:
     """src, dst: (P, R, C) C-contiguous float32/float64 (dst may be src); scales: (P, nbr, nbc) float64;
     tile: (tr, tc); args: ``block_args`` of the format (emunum/block_quantize.py)."""
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
+    kind, man, emin, sub = args[:4]
+    fast = int(tile[0]) == 1 and src.dtype == np.float32 and dst.dtype == np.float32 and kind == 0 and mode == NEAREST
     with _parallel.try_parallel(parallel) as par:  # one parallel section per process (kernels/parallel.py)
+        if fast:
+            flat = src.reshape(-1)
+            run = rows_f32_parallel if par else rows_f32_serial
+            run(flat, flat.view(np.uint32), dst.reshape(-1), scales.reshape(-1), src.shape[2], int(tile[1]), man,
+                emin, sub, *args[4:])
+            return
         run = block_parallel if par else block_serial
         run(src, dst, scales, int(tile[0]), int(tile[1]), *args, int(mode), np.uint64(key), int(nbits))

@@ -36,7 +36,7 @@ def tensor_scale(work: torch.Tensor, fmt: BlockFormat) -> float:
     """NVFP4's per-tensor scale T (see BlockFormat); 1.0 without tensor_scale."""
     if not fmt.tensor_scale:
         return 1.0
-    if work.device.type == "cpu" and work.dtype in _NUMPY and work.is_contiguous():
+    if work.device.type == "cpu" and work.dtype == torch.float32 and work.is_contiguous():
         from .kernels import block_cpu
         amax = block_cpu.finite_amax(work.detach().numpy())  # one parallel pass over the bits
     else:

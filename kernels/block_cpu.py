@@ -103,14 +103,32 @@ def block_parallel(src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, ne
 
 
 # ---- the fast path: float32 data, 1-D blocks, a float element, round to nearest ----------------------------
-# The same expressions as ``_one_block``'s nearest branch (so the same bits), laid out so that LLVM vectorises
-# them: the block's amax as an integer max over the float32 bits (|v|'s bits order as |v|; NaN's are above
-# +inf's), its scale exponent read off those bits when amax is a normal float32 (frexp otherwise), and one
-# branch-free loop per scale rule over the flat block.
+# The same values as ``_one_block``'s nearest branch, laid out so that LLVM vectorises the loops: the block's
+# amax as an integer max over the float32 bits (|v|'s bits order as |v|; NaN's lie above +inf's); for OCP
+# scales (rule 0) the exponent read off those bits and 2**e built from its bits (frexp/ldexp otherwise, as
+# ``block_scale``); for amax scales (rule 1) ``block_scale``'s expression with the scale rounded by Veltkamp's
+# split (``round_nearest_value``, the same bits as the bit-level core for a scale format with man >= 1).
+
+@njit(inline="always")
+def _fast_scale(m, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic,
+                s_min_normal):
+    """The scale of a block whose largest |v| has float32 bits ``m`` (NaN bits: the block holds a NaN)."""
+    has_nan = m > np.uint32(0x7F800000)
+    amax = np.float64(np.uint32(m).view(np.float32))
+    e_field = np.int64(m >> np.uint32(23))
+    if rule == 0 and 0 < e_field < 255:
+        e = min(max(e_field - 127 - emax_e, lo), hi)  # frexp(amax)[1] - 1 - emax_e, clipped
+        if -1022 <= e <= 1023:
+            return np.int64((e + 1023) << 52).view(np.float64)  # 2**e
+    if rule == 1 and not has_nan and s_man >= 1:
+        want = min(amax / max_e / t, s_max)
+        return max(round_nearest_value(want, s_split, s_magic, s_min_normal, s_max, s_max, 0), s_min)
+    return block_scale(amax, has_nan, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t)
+
 
 @njit(inline="always")
 def _row_block_f32(src, bits, dst, scales, b, nbc, tc, C, split, magic, min_normal, emax_e, max_e, negzero, rule,
-                   lo, hi, s_man, s_emin, s_sub, s_max, s_min, t):
+                   lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal):
     r = b // nbc
     c0 = (b - r * nbc) * tc
     start = r * C + c0
@@ -118,21 +136,15 @@ def _row_block_f32(src, bits, dst, scales, b, nbc, tc, C, split, magic, min_norm
     m = np.uint32(0)
     for k in range(start, end):
         m = max(m, np.uint32(bits[k] & np.uint32(0x7FFFFFFF)))
-    has_nan = m > np.uint32(0x7F800000)
-    amax = np.float64(np.uint32(m).view(np.float32))
-    e_field = np.int64(m >> np.uint32(23))
-    if rule == 0 and not has_nan and 0 < e_field < 255:
-        e = min(max(e_field - 127 - emax_e, lo), hi)  # frexp(amax)[1] - 1 - emax_e, as block_scale
-        s = math.ldexp(1.0, e)
-    else:
-        s = block_scale(amax, has_nan, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t)
+    s = _fast_scale(m, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic,
+                    s_min_normal)
     scales[b] = s
     full = s * t
-    if has_nan:
+    if m > np.uint32(0x7F800000):
         for k in range(start, end):
             dst[k] = np.nan
     elif rule == 0:
-        inv = 1.0 / full
+        inv = 1.0 / full  # exact: full is a power of two
         for k in range(start, end):
             v = np.float64(src[k]) * inv
             dst[k] = round_nearest_value(v, split, magic, min_normal, max_e, max_e, negzero) * full
@@ -147,9 +159,10 @@ def rows_f32_serial(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e
                     s_emin, s_sub, s_max, s_min, t):
     nbc = scales.size // (src.size // C)
     split, magic, min_normal = _nearest_constants(0, man, emin, sub)
+    s_split, s_magic, s_min_normal = _nearest_constants(0 if s_man >= 1 else 1, s_man, s_emin, s_sub)
     for b in range(scales.size):
         _row_block_f32(src, bits, dst, scales, b, nbc, tc, C, split, magic, min_normal, emax_e, max_e, negzero,
-                       rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t)
+                       rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal)
 
 
 @njit(cache=True, parallel=True)
@@ -157,48 +170,44 @@ def rows_f32_parallel(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max
                       s_emin, s_sub, s_max, s_min, t):
     nbc = scales.size // (src.size // C)
     split, magic, min_normal = _nearest_constants(0, man, emin, sub)
+    s_split, s_magic, s_min_normal = _nearest_constants(0 if s_man >= 1 else 1, s_man, s_emin, s_sub)
     for b in prange(scales.size):
         _row_block_f32(src, bits, dst, scales, b, nbc, tc, C, split, magic, min_normal, emax_e, max_e, negzero,
-                       rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t)
+                       rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal)
+
+
+@njit(inline="always")
+def _finite_max_bits(bits, start, end):
+    m = np.uint32(0)
+    for k in range(start, end):
+        a = np.uint32(bits[k] & np.uint32(0x7FFFFFFF))
+        m = max(m, a if a < np.uint32(0x7F800000) else np.uint32(0))
+    return m
+
+
+@njit(cache=True)
+def finite_amax_serial(bits):
+    """The bits of the largest finite magnitude among float32 ``bits`` (0 if none)."""
+    return _finite_max_bits(bits, 0, bits.size)
 
 
 @njit(cache=True, parallel=True)
-def finite_amax_bits(bits, mask, inf, chunks):
-    """The largest of ``bits & mask`` below ``inf`` (0 if none): the bits of a float array's largest finite
-    magnitude, as a max over ``chunks`` parallel partial maxima."""
+def finite_amax_parallel(bits, chunks):
+    """``finite_amax_serial`` as the max of ``chunks`` partial maxima computed in parallel."""
     n = bits.size
     step = -(-n // chunks)
-    part = np.zeros(chunks, bits.dtype)
+    part = np.zeros(chunks, np.uint32)
     for c in prange(chunks):
-        m = part[c]
-        for k in range(c * step, min(n, (c + 1) * step)):
-            a = bits[k] & mask
-            m = max(m, a if a < inf else mask ^ mask)
-        part[c] = m
+        part[c] = _finite_max_bits(bits, c * step, min(n, (c + 1) * step))
     return part.max()
 
 
 def finite_amax(src: np.ndarray) -> float:
-    """The largest finite |v| of a C-contiguous float32/float64 array (0.0 if it has none)."""
-    if src.dtype == np.float32:
-        bits, mask, inf = src.reshape(-1).view(np.uint32), np.uint32(0x7FFFFFFF), np.uint32(0x7F800000)
-    else:
-        bits, mask = src.reshape(-1).view(np.uint64), np.uint64(0x7FFFFFFFFFFFFFFF)
-        inf = np.uint64(0x7FF0000000000000)
-    if bits.size == 0:
-        return 0.0
+    """The largest finite |v| of a C-contiguous float32 array (0.0 if it has none)."""
+    bits = src.reshape(-1).view(np.uint32)
     with _parallel.try_parallel(bits.size >= PARALLEL_MIN and numba.get_num_threads() > 1) as par:
-        m = finite_amax_bits(bits, mask, inf, 8 * numba.get_num_threads()) if par else _finite_amax_serial(bits, mask, inf)
-    return float(np.array(m, dtype=bits.dtype).view(src.dtype))
-
-
-@njit(cache=True)
-def _finite_amax_serial(bits, mask, inf):
-    m = mask ^ mask
-    for k in range(bits.size):
-        a = bits[k] & mask
-        m = max(m, a if a < inf else mask ^ mask)
-    return m
+        m = finite_amax_parallel(bits, 4 * numba.get_num_threads()) if par else finite_amax_serial(bits)
+    return float(np.array(m, dtype=np.uint32).view(np.float32))
 
 
 def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, args: tuple, mode: int, key: int,

@@ -179,9 +179,10 @@ def large_specials(rng, rows: int, cols: int) -> np.ndarray:
     return x.astype(np.float32).astype(np.float64)
 
 
-@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4_e2m1", "nvfp4"])
-def test_large_float32_nearest_matches_gfloat_in_parallel(name):
-    x = large_specials(np.random.default_rng(5), 64, 4100)  # 4100 = 128 * 32 + 4: a partial last block per row
+@pytest.mark.parametrize("cols", [4096, 4100])  # blocks that tile the rows; 4100 = 128 * 32 + 4: a partial one
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4_e2m1", "nvfp4"])
+def test_large_float32_nearest_matches_gfloat_in_parallel(name, cols):
+    x = large_specials(np.random.default_rng(5), 64, cols)
     want = nvfp4_oracle(x, "nearest") if name == "nvfp4" else oracle_1d(MX[name], x, -1, 32, "nearest")
     got = emunum.quantize(torch.from_numpy(x).float(), name).numpy()
     with np.errstate(over="ignore"):

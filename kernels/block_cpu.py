@@ -127,6 +127,19 @@ def _fast_scale(m, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_m
 
 
 @njit(inline="always")
+def _round_not_nan(x, split, magic, min_normal, max_value, negzero):
+    """``round_nearest_value(x, split, magic, min_normal, max_value, max_value, negzero)`` for an x that is not
+    NaN (its NaN selects dropped: with a finite ovf_value the result is never NaN)."""
+    c = x * split
+    y = c - (c - x)
+    lo = (x + magic) - magic
+    y = lo if abs(x) < min_normal else y
+    y = y if abs(y) <= max_value else math.copysign(max_value, x)
+    zero = math.copysign(0.0, x) if negzero != 0 else 0.0
+    return zero if y == 0.0 else y
+
+
+@njit(inline="always")
 def _row_range(b, nbc, tc, C):
     """(start, size) of block b of a (rows, C) array cut into nbc blocks of tc per row (the last partial)."""
     r = b // nbc
@@ -159,11 +172,11 @@ def _blocks_f32(src, bits, dst, scales, tc, C, tiled, split, magic, min_normal, 
             inv = 1.0 / full  # exact: full is a power of two
             for k in range(size):
                 v = np.float64(src[start + k]) * inv
-                dst[start + k] = round_nearest_value(v, split, magic, min_normal, max_e, max_e, negzero) * full
+                dst[start + k] = _round_not_nan(v, split, magic, min_normal, max_e, negzero) * full
         else:
             for k in range(size):
                 v = np.float64(src[start + k]) / full
-                dst[start + k] = round_nearest_value(v, split, magic, min_normal, max_e, max_e, negzero) * full
+                dst[start + k] = _round_not_nan(v, split, magic, min_normal, max_e, negzero) * full
 
 
 # The block loop three times over: blocks of 32 and of 16 that tile the rows (every MX and NVFP4 preset on a

@@ -179,6 +179,39 @@ def _blocks_f32(src, bits, dst, scales, tc, C, tiled, split, magic, min_normal, 
                 dst[start + k] = _round_not_nan(v, split, magic, min_normal, max_e, negzero) * full
 
 
+@njit(inline="always")
+def _tiled_amax_scaled_f32(src, bits, dst, scales, tc, split, magic, min_normal, max_e, negzero, s_max, s_min, t,
+                           s_split, s_magic, s_min_normal):
+    """Blocks of tc tiling the flat array, amax scales (rule 1, a scale format with man >= 1): in chunks of 64
+    blocks, the amaxes first (into ``scales``), then the 64 scales in one vectorised loop (``_fast_scale``'s
+    expression, NaN for a block with a NaN), then the elements."""
+    nb = scales.size
+    for ch in prange(-(-nb // 64)):
+        b0 = ch * 64
+        b1 = min(b0 + 64, nb)
+        for b in range(b0, b1):
+            m = np.uint32(0)
+            for k in range(tc):
+                m = max(m, np.uint32(bits[b * tc + k] & np.uint32(0x7FFFFFFF)))
+            scales[b] = np.float64(np.uint32(m).view(np.float32))  # NaN where the block holds one
+        for b in range(b0, b1):
+            amax = scales[b]
+            want = min(amax / max_e / t, s_max)
+            q = max(round_nearest_value(want, s_split, s_magic, s_min_normal, s_max, s_max, 0), s_min)
+            scales[b] = q if amax == amax else math.nan
+        for b in range(b0, b1):
+            s = scales[b]
+            start = b * tc
+            if s != s:
+                for k in range(tc):
+                    dst[start + k] = np.nan
+            else:
+                full = s * t
+                for k in range(tc):
+                    v = np.float64(src[start + k]) / full
+                    dst[start + k] = _round_not_nan(v, split, magic, min_normal, max_e, negzero) * full
+
+
 # The block loop three times over: blocks of 32 and of 16 that tile the rows (every MX and NVFP4 preset on a
 # row length that is a multiple of the block), whose constant trip count LLVM unrolls (~1.5x the speed of a
 # variable one), and any other block length or a partial last block.
@@ -191,6 +224,9 @@ def _rows_f32(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negz
     if tc == 32 and C % 32 == 0:
         _blocks_f32(src, bits, dst, scales, 32, C, True, split, magic, min_normal, emax_e, max_e, negzero, rule, lo,
                     hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal)
+    elif tc == 16 and C % 16 == 0 and rule == 1 and s_man >= 1:
+        _tiled_amax_scaled_f32(src, bits, dst, scales, 16, split, magic, min_normal, max_e, negzero, s_max, s_min, t,
+                               s_split, s_magic, s_min_normal)
     elif tc == 16 and C % 16 == 0:
         _blocks_f32(src, bits, dst, scales, 16, C, True, split, magic, min_normal, emax_e, max_e, negzero, rule, lo,
                     hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal)
@@ -241,10 +277,12 @@ def finite_amax_parallel(bits, chunks):
     return part.max()
 
 
-def finite_amax(src: np.ndarray) -> float:
-    """The largest finite |v| of a C-contiguous float32 array (0.0 if it has none)."""
+def finite_amax(src: np.ndarray, parallel: bool = False) -> float:
+    """The largest finite |v| of a C-contiguous float32 array (0.0 if it has none). Serial by default: the
+    pass only reads, and one thread already reads at copy_'s bandwidth on the 2-core VM of
+    benchmarks/RESULTS.md, where the parallel loop measured slower (10.4 ms vs 6.3 ms on 2**24 elements)."""
     bits = src.reshape(-1).view(np.uint32)
-    with _parallel.try_parallel(bits.size >= PARALLEL_MIN and numba.get_num_threads() > 1) as par:
+    with _parallel.try_parallel(parallel and bits.size >= PARALLEL_MIN and numba.get_num_threads() > 1) as par:
         m = finite_amax_parallel(bits, 4 * numba.get_num_threads()) if par else finite_amax_serial(bits)
     return float(np.array(m, dtype=np.uint32).view(np.float32))
 

@@ -202,6 +202,8 @@ def test_msfp_is_a_shared_exponent_over_sign_magnitude_integers(name, k):
             want[r, s:s + 16] = np.clip(np.rint(b / step), -(2**k - 1), 2**k - 1) * step
     got = emunum.quantize(torch.from_numpy(x), name).numpy()
     assert same_bits(got, want + 0.0 * np.sign(x))
+    got32 = emunum.quantize(torch.from_numpy(x).float(), name).numpy()  # the float32 fast path, blocks of 16
+    assert same_bits(got32, (want + 0.0 * np.sign(x)).astype(np.float32))
 
 
 @pytest.mark.parametrize("mode", ["nearest", "nearest_away", "toward_zero", "up", "down", "odd"])

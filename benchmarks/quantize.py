@@ -4,6 +4,7 @@
     python benchmarks/quantize.py --device cuda        # GPU (torch.cuda.synchronize around every timing)
     python benchmarks/quantize.py --crossover          # serial vs parallel CPU kernel, 2**10..2**20 elements
     python benchmarks/quantize.py --cold               # import + first call in a fresh process, empty numba cache
+    python benchmarks/quantize.py --blocks-only        # copy_ and the MXFP8 / NVFP4 rows alone
 
 Every figure is the best of --repeats timings (after one untimed warm-up call, which also compiles), in
 millions of elements per second; "% copy" is the share of out.copy_(x)'s rate (read 4 + write 4 bytes per
@@ -76,7 +77,7 @@ def header(device: str) -> None:
         print(f"# GPU: {torch.cuda.get_device_name()}")
 
 
-def throughput(n: int, device: str, repeats: int, fmt: str) -> None:
+def throughput(n: int, device: str, repeats: int, fmt: str, blocks_only: bool = False) -> None:
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(n, device=device, generator=g) * 100
     out = torch.empty_like(x)
@@ -86,22 +87,32 @@ def throughput(n: int, device: str, repeats: int, fmt: str) -> None:
         rows.append((name, best_seconds(fn, device, repeats), note))
 
     add("out.copy_(x)", lambda: out.copy_(x), "memory-copy ceiling")
-    add("x.to(torch.float8_e5m2).float()", lambda: x.to(torch.float8_e5m2).float(), "torch cast, e5m2 only")
-    add(f"quantize(x, {fmt!r})", lambda: emunum.quantize(x, fmt), "new output (huge-page backed)")
-    add(f"quantize(x, {fmt!r}, out=torch.empty_like(x))",
-        lambda: emunum.quantize(x, fmt, out=torch.empty_like(x)), "baseline: a plain new output")
-    add(f"quantize(x, {fmt!r}, out=out)", lambda: emunum.quantize(x, fmt, out=out))
-    add(f"quantize(x, {fmt!r}, 'stochastic')", lambda: emunum.quantize(x, fmt, "stochastic", seed=1))
-    add(f"quantize(x, {fmt!r}, 'stochastic', out=out)",
-        lambda: emunum.quantize(x, fmt, "stochastic", seed=1, out=out))
+    if not blocks_only:
+        add("x.to(torch.float8_e5m2).float()", lambda: x.to(torch.float8_e5m2).float(), "torch cast, e5m2 only")
+        add(f"quantize(x, {fmt!r})", lambda: emunum.quantize(x, fmt), "new output (huge-page backed)")
+        add(f"quantize(x, {fmt!r}, out=torch.empty_like(x))",
+            lambda: emunum.quantize(x, fmt, out=torch.empty_like(x)), "baseline: a plain new output")
+        add(f"quantize(x, {fmt!r}, out=out)", lambda: emunum.quantize(x, fmt, out=out))
+        add(f"quantize(x, {fmt!r}, 'stochastic')", lambda: emunum.quantize(x, fmt, "stochastic", seed=1))
+        add(f"quantize(x, {fmt!r}, 'stochastic', out=out)",
+            lambda: emunum.quantize(x, fmt, "stochastic", seed=1, out=out))
     for bf in ("mxfp8_e4m3", "nvfp4"):  # block formats (issue #11): blocks along x's only axis
+        add(f"quantize(x, {bf!r})", lambda bf=bf: emunum.quantize(x, bf), "block format, new output")
         add(f"quantize(x, {bf!r}, out=out)", lambda bf=bf: emunum.quantize(x, bf, out=out), "block format")
+    if blocks_only:
+        add("out.copy_(x) (again, after)", lambda: out.copy_(x), "the ceiling re-measured: load drift")
+        return report(rows, n, device, repeats)
     try:
         from qtorch.quant import float_quantize  # QPyTorch
     except ImportError:
         rows.append(("qtorch float_quantize(x, 5, 2)", None, "not installed"))
     else:
         add("qtorch float_quantize(x, 5, 2)", lambda: float_quantize(x, 5, 2, rounding="nearest"))
+    report(rows, n, device, repeats)
+
+
+def report(rows, n: int, device: str, repeats: int) -> None:
+    """The table: ms, Melem/s and the share of the first row's (copy_'s) rate."""
 
     copy_rate = n / rows[0][1] / 1e6
     print(f"\nn = {n} float32 elements on {device}, best of {repeats}")
@@ -191,6 +202,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="timings per figure; the best is reported")
     p.add_argument("--crossover", action="store_true", help="serial vs parallel CPU kernel at 2**10..2**20")
     p.add_argument("--cold", action="store_true", help="import + first call in fresh processes, empty numba cache")
+    p.add_argument("--blocks-only", action="store_true", help="only copy_ and the block-format rows (MXFP8, NVFP4)")
     args = p.parse_args(argv)
     if args.n < 1:
         p.error(f"--n={args.n} must be >= 1")
@@ -199,7 +211,7 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device")
     header(args.device)
-    throughput(args.n, args.device, args.repeats, args.format)
+    throughput(args.n, args.device, args.repeats, args.format, args.blocks_only)
     if args.crossover:
         crossover(args.repeats, args.format)
     if args.cold:

@@ -102,12 +102,205 @@ def block_parallel(src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, ne
                    negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits)
 
 
+# ---- the fast path: float32 data, 1-D blocks, a float element, round to nearest ----------------------------
+# The same values as ``_one_block``'s nearest branch, laid out so that LLVM vectorises the loops: the block's
+# amax as an integer max over the float32 bits (|v|'s bits order as |v|; NaN's lie above +inf's); for OCP
+# scales (rule 0) the exponent read off those bits and 2**e built from its bits (frexp/ldexp otherwise, as
+# ``block_scale``); for amax scales (rule 1) ``block_scale``'s expression with the scale rounded by Veltkamp's
+# split (``round_nearest_value``, the same bits as the bit-level core for a scale format with man >= 1).
+
+@njit(inline="always")
+def _fast_scale(m, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic,
+                s_min_normal):
+    """The scale of a block whose largest |v| has float32 bits ``m`` (NaN bits: the block holds a NaN)."""
+    has_nan = m > np.uint32(0x7F800000)
+    amax = np.float64(np.uint32(m).view(np.float32))
+    e_field = np.int64(m >> np.uint32(23))
+    if rule == 0 and 0 < e_field < 255:
+        e = min(max(e_field - 127 - emax_e, lo), hi)  # frexp(amax)[1] - 1 - emax_e, clipped
+        if -1022 <= e <= 1023:
+            return np.int64((e + 1023) << 52).view(np.float64)  # 2**e
+    if rule == 1 and not has_nan and s_man >= 1:
+        want = min(amax / max_e / t, s_max)
+        return max(round_nearest_value(want, s_split, s_magic, s_min_normal, s_max, s_max, 0), s_min)
+    return block_scale(amax, has_nan, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t)
+
+
+@njit(inline="always")
+def _round_not_nan(x, split, magic, min_normal, max_value, negzero):
+    """``round_nearest_value(x, split, magic, min_normal, max_value, max_value, negzero)`` for an x that is not
+    NaN (its NaN selects dropped: with a finite ovf_value the result is never NaN)."""
+    c = x * split
+    y = c - (c - x)
+    lo = (x + magic) - magic
+    y = lo if abs(x) < min_normal else y
+    y = y if abs(y) <= max_value else math.copysign(max_value, x)
+    zero = math.copysign(0.0, x) if negzero != 0 else 0.0
+    return zero if y == 0.0 else y
+
+
+@njit(inline="always")
+def _row_range(b, nbc, tc, C):
+    """(start, size) of block b of a (rows, C) array cut into nbc blocks of tc per row (the last partial)."""
+    r = b // nbc
+    c0 = (b - r * nbc) * tc
+    return r * C + c0, min(tc, C - c0)
+
+
+@njit(inline="always")
+def _blocks_f32(src, bits, dst, scales, tc, C, tiled, split, magic, min_normal, emax_e, max_e, negzero, rule, lo,
+                hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal):
+    """Every block; ``tiled``: the blocks of tc tile the rows (block b is the flat [b*tc, b*tc + tc)). A
+    ``prange`` loop (a plain one in the serial kernel)."""
+    nbc = scales.size // (src.size // C)
+    for b in prange(scales.size):
+        if tiled:
+            start, size = b * tc, tc
+        else:
+            start, size = _row_range(b, nbc, tc, C)
+        m = np.uint32(0)
+        for k in range(size):
+            m = max(m, np.uint32(bits[start + k] & np.uint32(0x7FFFFFFF)))
+        s = _fast_scale(m, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic,
+                        s_min_normal)
+        scales[b] = s
+        full = s * t
+        if m > np.uint32(0x7F800000):
+            for k in range(size):
+                dst[start + k] = np.nan
+        elif rule == 0:
+            inv = 1.0 / full  # exact: full is a power of two
+            for k in range(size):
+                v = np.float64(src[start + k]) * inv
+                dst[start + k] = _round_not_nan(v, split, magic, min_normal, max_e, negzero) * full
+        else:
+            for k in range(size):
+                v = np.float64(src[start + k]) / full
+                dst[start + k] = _round_not_nan(v, split, magic, min_normal, max_e, negzero) * full
+
+
+@njit(inline="always")
+def _tiled_amax_scaled_f32(src, bits, dst, scales, tc, split, magic, min_normal, max_e, negzero, s_max, s_min, t,
+                           s_split, s_magic, s_min_normal):
+    """Blocks of tc tiling the flat array, amax scales (rule 1, a scale format with man >= 1): in chunks of 64
+    blocks, the amaxes first (into ``scales``), then the 64 scales in one vectorised loop (``_fast_scale``'s
+    expression, NaN for a block with a NaN), then the elements."""
+    nb = scales.size
+    for ch in prange(-(-nb // 64)):
+        b0 = ch * 64
+        b1 = min(b0 + 64, nb)
+        for b in range(b0, b1):
+            m = np.uint32(0)
+            for k in range(tc):
+                m = max(m, np.uint32(bits[b * tc + k] & np.uint32(0x7FFFFFFF)))
+            scales[b] = np.float64(np.uint32(m).view(np.float32))  # NaN where the block holds one
+        for b in range(b0, b1):
+            amax = scales[b]
+            want = min(amax / max_e / t, s_max)
+            q = max(round_nearest_value(want, s_split, s_magic, s_min_normal, s_max, s_max, 0), s_min)
+            scales[b] = q if amax == amax else math.nan
+        for b in range(b0, b1):
+            s = scales[b]
+            start = b * tc
+            if s != s:
+                for k in range(tc):
+                    dst[start + k] = np.nan
+            else:
+                full = s * t
+                for k in range(tc):
+                    v = np.float64(src[start + k]) / full
+                    dst[start + k] = _round_not_nan(v, split, magic, min_normal, max_e, negzero) * full
+
+
+# The block loop four times over: blocks of 32 and of 16 that tile the rows (every MX, MSFP and NVFP4 preset on
+# a row length that is a multiple of the block), whose constant trip count LLVM unrolls (~1.5x the speed of a
+# variable one), OCP scales or (16) NVFP4's amax scales; and any other block length, rule or a partial block.
+
+@njit(inline="always")
+def _rows_f32(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin,
+              s_sub, s_max, s_min, t):
+    split, magic, min_normal = _nearest_constants(0, man, emin, sub)
+    s_split, s_magic, s_min_normal = _nearest_constants(0 if s_man >= 1 else 1, s_man, s_emin, s_sub)
+    if tc == 32 and C % 32 == 0 and rule == 0:  # rule as a constant: LLVM drops the other rule's loop
+        _blocks_f32(src, bits, dst, scales, 32, C, True, split, magic, min_normal, emax_e, max_e, negzero, 0, lo,
+                    hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal)
+    elif tc == 16 and C % 16 == 0 and rule == 0:
+        _blocks_f32(src, bits, dst, scales, 16, C, True, split, magic, min_normal, emax_e, max_e, negzero, 0, lo,
+                    hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal)
+    elif tc == 16 and C % 16 == 0 and rule == 1 and s_man >= 1:
+        _tiled_amax_scaled_f32(src, bits, dst, scales, 16, split, magic, min_normal, max_e, negzero, s_max, s_min, t,
+                               s_split, s_magic, s_min_normal)
+    else:
+        _blocks_f32(src, bits, dst, scales, tc, C, False, split, magic, min_normal, emax_e, max_e, negzero, rule,
+                    lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal)
+
+
+@njit(cache=True)
+def rows_f32_serial(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man,
+                    s_emin, s_sub, s_max, s_min, t):
+    """Flat float32 src (its uint32 ``bits`` view) as rows of C in blocks of tc; scales: flat float64."""
+    _rows_f32(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin,
+              s_sub, s_max, s_min, t)
+
+
+@njit(cache=True, parallel=True)
+def rows_f32_parallel(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man,
+                      s_emin, s_sub, s_max, s_min, t):
+    """``rows_f32_serial``, parallel over blocks."""
+    _rows_f32(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin,
+              s_sub, s_max, s_min, t)
+
+
+@njit(inline="always")
+def _finite_max_bits(bits, start, end):
+    m = np.uint32(0)
+    for k in range(start, end):
+        a = np.uint32(bits[k] & np.uint32(0x7FFFFFFF))
+        m = max(m, a if a < np.uint32(0x7F800000) else np.uint32(0))
+    return m
+
+
+@njit(cache=True)
+def finite_amax_serial(bits):
+    """The bits of the largest finite magnitude among float32 ``bits`` (0 if none)."""
+    return _finite_max_bits(bits, 0, bits.size)
+
+
+@njit(cache=True, parallel=True)
+def finite_amax_parallel(bits, chunks):
+    """``finite_amax_serial`` as the max of ``chunks`` partial maxima computed in parallel."""
+    n = bits.size
+    step = -(-n // chunks)
+    part = np.zeros(chunks, np.uint32)
+    for c in prange(chunks):
+        part[c] = _finite_max_bits(bits, c * step, min(n, (c + 1) * step))
+    return part.max()
+
+
+def finite_amax(src: np.ndarray, parallel: bool = False) -> float:
+    """The largest finite |v| of a C-contiguous float32 array (0.0 if it has none). Serial by default: the
+    pass only reads, and one thread already reads at copy_'s bandwidth on the 2-core VM of
+    benchmarks/RESULTS.md, where the parallel loop measured slower (10.4 ms vs 6.3 ms on 2**24 elements)."""
+    bits = src.reshape(-1).view(np.uint32)
+    with _parallel.try_parallel(parallel and bits.size >= PARALLEL_MIN and numba.get_num_threads() > 1) as par:
+        m = finite_amax_parallel(bits, 4 * numba.get_num_threads()) if par else finite_amax_serial(bits)
+    return float(np.array(m, dtype=np.uint32).view(np.float32))
+
+
 def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, args: tuple, mode: int, key: int,
                     nbits: int, parallel=None) -> None:
     """src, dst: (P, R, C) C-contiguous float32/float64 (dst may be src); scales: (P, nbr, nbc) float64;
     tile: (tr, tc); args: ``block_args`` of the format (emunum/block_quantize.py)."""
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
+    kind, man, emin, sub = args[:4]
+    fast = int(tile[0]) == 1 and src.dtype == np.float32 and dst.dtype == np.float32 and kind == 0 and mode == NEAREST
     with _parallel.try_parallel(parallel) as par:  # one parallel section per process (kernels/parallel.py)
+        if fast:
+            flat = src.reshape(-1)
+            run = rows_f32_parallel if par else rows_f32_serial
+            run(flat, flat.view(np.uint32), dst.reshape(-1), scales.reshape(-1), src.shape[2], int(tile[1]), man,
+                emin, sub, *args[4:])
+            return
         run = block_parallel if par else block_serial
         run(src, dst, scales, int(tile[0]), int(tile[1]), *args, int(mode), np.uint64(key), int(nbits))

@@ -158,6 +158,37 @@ def test_nvfp4_matches_gfloat_built_oracle(case, mode):
     assert same_bits(got, nvfp4_oracle(x, mode))
 
 
+@pytest.mark.parametrize("mode", list(GF_MODES))
+@pytest.mark.parametrize("case", CASES)
+def test_nvfp4_float32_matches_gfloat_built_oracle(case, mode):
+    # float32 data takes the CPU fast path (nearest) and the numba tensor amax; every value here fits float32
+    x = cases("nvfp4", np.random.default_rng(12))[case]
+    got = emunum.quantize(torch.from_numpy(x).float(), "nvfp4", mode).numpy()
+    assert same_bits(got, nvfp4_oracle(x, mode).astype(np.float32))
+
+
+def large_specials(rng, rows: int, cols: int) -> np.ndarray:
+    """A (rows, cols) float32-valued array over 2**18 elements (the CPU kernels' parallel loops), scales
+    varying by row and block, with NaN, +-inf, all-zero, float32-subnormal and near-overflow blocks."""
+    x = rng.standard_normal((rows, cols)) * 2.0 ** rng.integers(-60, 60, (rows, 1))
+    x *= 2.0 ** rng.integers(-8, 8, (rows, cols // 16 + 1)).repeat(16, axis=1)[:, :cols]
+    x[1, 5], x[2, 70], x[3, -1], x[4, 33] = np.nan, np.inf, -np.inf, np.nan
+    x[5, 64:96] = 0.0
+    x[6, :] *= 2.0 ** -90  # float32 subnormals and below
+    x[7, :] = rng.uniform(-3.4e38, 3.4e38, cols)
+    return x.astype(np.float32).astype(np.float64)
+
+
+@pytest.mark.parametrize("cols", [4096, 4100])  # blocks that tile the rows; 4100 = 128 * 32 + 4: a partial one
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4_e2m1", "nvfp4"])
+def test_large_float32_nearest_matches_gfloat_in_parallel(name, cols):
+    x = large_specials(np.random.default_rng(5), 64, cols)
+    want = nvfp4_oracle(x, "nearest") if name == "nvfp4" else oracle_1d(MX[name], x, -1, 32, "nearest")
+    got = emunum.quantize(torch.from_numpy(x).float(), name).numpy()
+    with np.errstate(over="ignore"):
+        assert same_bits(got, want.astype(np.float32)), name
+
+
 @pytest.mark.parametrize("name,k", [("msfp12", 3), ("msfp16", 7)])
 def test_msfp_is_a_shared_exponent_over_sign_magnitude_integers(name, k):
     """MSFP: step = 2**(floor(log2 amax) - (k-1)), mantissa = round-half-even(x / step) clipped to +-(2**k - 1)."""
@@ -171,6 +202,8 @@ def test_msfp_is_a_shared_exponent_over_sign_magnitude_integers(name, k):
             want[r, s:s + 16] = np.clip(np.rint(b / step), -(2**k - 1), 2**k - 1) * step
     got = emunum.quantize(torch.from_numpy(x), name).numpy()
     assert same_bits(got, want + 0.0 * np.sign(x))
+    got32 = emunum.quantize(torch.from_numpy(x).float(), name).numpy()  # the float32 fast path, blocks of 16
+    assert same_bits(got32, (want + 0.0 * np.sign(x)).astype(np.float32))
 
 
 @pytest.mark.parametrize("mode", ["nearest", "nearest_away", "toward_zero", "up", "down", "odd"])

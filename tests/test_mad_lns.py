@@ -252,3 +252,20 @@ def test_bad_add_is_a_value_error_naming_add_and_choices(add):
 def test_bad_operands_are_named(A, B, err, match):
     with pytest.raises(err, match=match):
         lns_matmul(A, B, LogFormat(4, 3))
+
+
+@pytest.mark.parametrize("add", ADDS)
+@pytest.mark.parametrize("hi, mitchell_k", [(9, 2), (7, 0), (6, None)])
+def test_near_cancellation_below_min_matches_reference(add, hi, mitchell_k):
+    """V(kmin+hi) - V(kmin+hi-1) in LogFormat(4, 3) is below the zero/min midpoint (< 0.2 * min): the
+    exact-rounded sum is zero. Mitchell gives kmin + hi - round(8 * 2**(-1/8)) = kmin + hi - 7: kmin + 2,
+    kmin, and kmin - 1 (below kmin: zero)."""
+    fmt = LogFormat(4, 3)
+    A = torch.tensor([[fmt.value_of(fmt.kmin + hi), -fmt.value_of(fmt.kmin + hi - 1)]], dtype=torch.float64)
+    B = torch.ones(2, 1, dtype=torch.float64)
+    got = lns_matmul(A, B, fmt, add)
+    assert same_bits(got, reference(A, B, fmt, add))
+    if add == "exact" or mitchell_k is None:
+        assert got.item() == 0.0
+    else:
+        assert got.item() == fmt.value_of(fmt.kmin + mitchell_k)

@@ -216,6 +216,18 @@ def test_mitchell_table_is_exact_rounding(frac_bits):
     assert mitchell_n(len(tab), F) == (0, True)
 
 
+@pytest.mark.parametrize("add", ADDS)
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
+def test_single_products_equal_mul_codes(fmt, add):
+    """K = 1: each output is one product, which must be ``LogFormat.mul_codes`` of the operands' codes."""
+    a = torch.tensor([[0.0], [1.0], [-0.3], [fmt.max], [fmt.min_positive], [2.5]], dtype=torch.float64)
+    b = torch.tensor([[0.0, 1.0, -0.3, fmt.max, fmt.min_positive, 2.5, -7.0]], dtype=torch.float64)
+    ca = fmt.encode(emunum.quantize(a, fmt).numpy())
+    cb = fmt.encode(emunum.quantize(b, fmt).numpy())
+    want = torch.from_numpy(fmt.decode(fmt.mul_codes(ca, cb)))
+    assert same_bits(lns_matmul(a, b, fmt, add), want)
+
+
 def test_empty_shapes():
     fmt = LogFormat(4, 3)
     assert lns_matmul(torch.zeros(0, 3), torch.zeros(3, 2), fmt).shape == (0, 2)
@@ -248,6 +260,7 @@ def test_bad_add_is_a_value_error_naming_add_and_choices(add):
     (torch.ones(2, 2, dtype=torch.float16), torch.ones(2, 2), TypeError, "A.dtype=torch.float16"),
     (torch.ones(2, 2), torch.ones(2, 2, dtype=torch.float64), ValueError, "one dtype"),
     (torch.ones(2, 2), [[1.0]], TypeError, "B must be a torch.Tensor"),
+    (torch.ones(2, 2, device="meta"), torch.ones(2, 2), ValueError, "CPU only"),
 ])
 def test_bad_operands_are_named(A, B, err, match):
     with pytest.raises(err, match=match):

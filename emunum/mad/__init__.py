@@ -21,8 +21,8 @@ import types
 from .block import block_matmul
 from .conv import conv1d, conv2d
 from .custom import custom_matmul
-from .lns import LNSAdd, lns_matmul
 from .functional import addmm, baddbmm, derived_seed, linear, mad, matmul
+from .lns import LNSAdd, lns_matmul
 from .multiplier import Multiplier, MultiplierKind
 from .unit import MADUnit, Order
 

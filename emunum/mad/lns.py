@@ -9,11 +9,12 @@ Products (exact, as ``LogFormat.mul_codes``): k = ka + kb, sign = sa xor sb; k >
 k < kmin gives zero; a zero operand gives zero (the term is skipped). A NaN operand makes the output NaN.
 Accumulation. For each output element, acc starts at zero and, for k = 0, 1, ..., K-1 in order, acc <- add(acc,
 p_k) for every nonzero product p_k; a zero addend leaves the other unchanged (no rounding).
-  add="exact": acc <- round(acc + p), the sum rounded to the LNS grid by fmt's own nearest rule (nearest in
-    log2, saturating at +-max, zero below the log midpoint of zero and min). It is computed as the LogFormat
-    rounding of the float64 sum fl(V(acc) + V(p)): that sum is itself rounded (53 bits) before the LNS
-    rounding, which differs from rounding the exact sum only when the float64 rounding crosses an LNS
-    log-domain midpoint (relative distance < 2**-53; never seen in the tests' random data).
+  add="exact": acc <- round(acc + p), the real sum of the addends' values (V of their codes) rounded to the LNS
+    grid by fmt's own nearest rule (nearest in log2, saturating at +-max, zero below the log midpoint of zero
+    and min). It is computed as the LogFormat rounding of the float64 sum fl(V(acc) + V(p)): that sum is
+    itself rounded (53 bits) before the LNS rounding, which differs from rounding the exact sum only when the
+    float64 rounding crosses an LNS log-domain midpoint (relative distance < 2**-53; never seen in the tests'
+    random data, which compare against the exact sum).
   add="mitchell": the classic LNS addition log2(|x| +- |y|) = kh/F + log2(1 +- t), kh = max(kx, ky),
     d = |kx - ky|, t = 2**(-d/F) in (0, 1], with the Gaussian logarithms approximated by Mitchell's
     log2(1 + t) ~ t (same signs) and log2(1 - t) ~ -t (opposite signs). The result exponent is

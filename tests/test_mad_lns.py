@@ -22,10 +22,16 @@ ADDS = ["exact", "mitchell"]
 
 
 def ref_operand(t: torch.Tensor, fmt: LogFormat):
-    """Rows of (None: zero | 'nan' | (negative, k)) for t rounded to fmt."""
+    """Rows of (None: zero | 'nan' | (negative, k)) for t rounded to fmt: k the code with value_of(k) == |v|."""
     q = emunum.quantize(t.to(torch.float64), fmt, "nearest").tolist()
-    by_value = {fmt.value_of(k): k for k in range(fmt.kmin, fmt.kmax + 1)}
-    return [[None if v == 0 else "nan" if math.isnan(v) else (v < 0, by_value[abs(v)]) for v in row] for row in q]
+    F = 1 << fmt.frac_bits
+
+    def code(v):
+        k0 = round(F * math.log2(abs(v)))
+        (k,) = [k for k in (k0 - 1, k0, k0 + 1) if fmt.kmin <= k <= fmt.kmax and fmt.value_of(k) == abs(v)]
+        return v < 0, k
+
+    return [[None if v == 0 else "nan" if math.isnan(v) else code(v) for v in row] for row in q]
 
 
 def ref_product(a, b, fmt):
@@ -52,10 +58,15 @@ def round_exact(s: Fraction, fmt: LogFormat):
 
 
 def mitchell_n(d: int, F: int):
-    """(n, tie) for F*t, t = 2**(-d/F): n the largest integer with n - 1/2 < F*t... precisely, n counts the
-    k >= 0 with k + 1/2 < F*t; tie: F*t = n + 1/2 exactly (else n = round(F*t)). Exact integer comparisons."""
-    n = 0
-    while (2 * n + 1) ** F * 2**d < (2 * F) ** F:  # n + 1/2 < F*t
+    """(n, tie) for F*t, t = 2**(-d/F): n = #{j >= 0 : j + 1/2 < F*t} (a float guess, made exact by integer
+    comparisons of (2j+1)**F * 2**d with (2F)**F); tie: F*t = n + 1/2 exactly (else n = round(F*t))."""
+    def below(j):  # j + 1/2 < F*t
+        return (2 * j + 1) ** F * 2**d < (2 * F) ** F
+
+    n = max(0, math.floor(F * 2.0 ** (-d / F) + 0.5))
+    while n > 0 and not below(n - 1):
+        n -= 1
+    while below(n):
         n += 1
     return n, (2 * n + 1) ** F * 2**d == (2 * F) ** F
 
@@ -205,7 +216,15 @@ def test_mitchell_tie_goes_to_even_exponent():
     assert lns_matmul(A, torch.tensor([[1.0], [-1.0]], dtype=torch.float64), fmt, "mitchell").item() == 1.0
 
 
-@pytest.mark.parametrize("frac_bits", [0, 1, 3, 5])
+@pytest.mark.parametrize("add", ADDS)
+@pytest.mark.parametrize("fmt", [LogFormat(10, 10), LogFormat(6, 8, signed=False)], ids=str)
+def test_wide_formats_equal_reference_bit_for_bit(fmt, add):
+    """Exponent fields beyond 16 bits (LogFormat.encode's table limit)."""
+    A, B = random_operands(11, 3, 6, 2, spread=8)
+    assert same_bits(lns_matmul(A, B, fmt, add), reference(A, B, fmt, add))
+
+
+@pytest.mark.parametrize("frac_bits", [0, 1, 3, 5, 8])
 def test_mitchell_table_is_exact_rounding(frac_bits):
     F = 1 << frac_bits
     tab = mitchell_table(frac_bits)

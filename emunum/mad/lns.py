@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from ..formats import LogFormat
+from ..formats.log import log_tables
 from ..formats.base import parse_enum
 
 _DTYPES = (torch.float32, torch.float64)
@@ -72,16 +73,19 @@ def mitchell_table(frac_bits: int) -> np.ndarray:
 
 
 def _operand(t: torch.Tensor, fmt: LogFormat) -> tuple[np.ndarray, np.ndarray]:
-    """t rounded to fmt (nearest) as (cls, k) int64 arrays: cls 0 zero, 1 positive, 2 negative, 3 NaN."""
+    """t rounded to fmt (nearest) as (cls, k) int64 arrays: cls 0 zero, 1 positive, 2 negative, 3 NaN. A
+    rounded value is V(k) for some k in [kmin, kmax], and k = rint(F * log2 V(k)) (the float64 log2 is far
+    closer than 1/2 to k/F); each k is checked against V."""
     from ..quantize import quantize
     q = quantize(t.detach().cpu().to(torch.float64), fmt, "nearest").numpy()
-    nan = np.isnan(q)
-    codes = fmt.encode(np.where(nan, 0.0, q))
-    E = fmt.exp_bits
-    field = codes & ((1 << E) - 1)
-    k = np.where(field >= fmt.zero_field, field - (1 << E), field)
-    cls = np.where(field == fmt.zero_field, 0, 1 + ((codes >> E) & 1))
-    cls = np.where(nan, 3, cls)
+    nan, zero = np.isnan(q), q == 0
+    a = np.abs(np.where(nan | zero, 1.0, q))
+    f = fmt.frac_bits
+    k = np.rint(np.log2(a) * (1 << f)).astype(np.int64)
+    v = np.ldexp(log_tables(f)[(2 << f) + (k & ((1 << f) - 1))], k >> f)
+    if np.any((k < fmt.kmin) | (k > fmt.kmax) | (v != a)):
+        raise ArithmeticError(f"lns_matmul: an operand rounded to {fmt.name} is not one of its values")
+    cls = np.where(nan, 3, np.where(zero, 0, np.where(q < 0, 2, 1)))
     return np.ascontiguousarray(cls, dtype=np.int64), np.ascontiguousarray(k, dtype=np.int64)
 
 

@@ -67,7 +67,7 @@ class FormatSummary:
     ratio_ci_low: float | None = None
     ratio_ci_high: float | None = None
     ratio_paired: bool = False  # the ratio's runs were paired by seed
-    verdict: str = stats.Verdict.NOT_DISTINGUISHABLE.value
+    verdict: str = stats.Verdict.NOT_DISTINGUISHABLE.value  # "baseline" on the baseline's own row
     budget_runs: int = 0  # fixed-budget runs (stop_at_target=false, not failed)
     final_acc: stats.Interval | None = None
     best_acc: stats.Interval | None = None
@@ -172,7 +172,7 @@ def summarize(runs: list[Run], baseline: str = "fp32") -> Report:
             iters_censored=sum(m.censored), ratio_ci_low=ratio.low if ratio else None,
             ratio_ci_high=ratio.high if ratio else None,
             ratio_paired=bool(ratio is not None and n != baseline and len(stats.seed_pairs(m.seeds, base.seeds)) >= 2),
-            verdict=(stats.verdict(ratio) if n != baseline else stats.Verdict.NOT_DISTINGUISHABLE).value,
+            verdict="baseline" if n == baseline else stats.verdict(ratio).value,
             budget_runs=len(budget),
             final_acc=stats.mean_interval(_finite(r.final_accuracy for r in budget)),
             best_acc=stats.mean_interval(_finite(r.best_accuracy for r in budget)),
@@ -295,7 +295,7 @@ def render(report: Report, how="text") -> str:
             ratio += " paired"
         acc = "n/a" if s.best_acc_mean is None else f"{s.best_acc_mean:.4f} / {s.best_acc_max:.4f}"
         row = [s.format, str(s.runs), f"{s.reached}/{s.runs}", str(s.diverged), str(s.failed), it, fmt_num(s.iters_median, ".1f"),
-               ratio, "baseline" if s.format == b else s.verdict, acc]
+               ratio, s.verdict, acc]
         if budget:
             row += [_iv(s.final_acc) + f" n={s.budget_runs}" if s.final_acc else "n/a", _iv(s.best_acc)]
         rows.append(row)

@@ -75,6 +75,18 @@ def check_int(name: str, value, lo: int, hi: int) -> int:
     return int(value)
 
 
+def as_codes(codes, limit: int, name: str) -> np.ndarray:
+    """``codes`` as int64 bit patterns, each in [0, limit): TypeError for a non-integer array, ValueError naming
+    the format ``name`` for a code out of range (every number system's ``decode`` checks its input so)."""
+    c = np.asarray(codes)
+    if not np.issubdtype(c.dtype, np.integer):
+        raise TypeError(f"codes must be integers, got dtype {c.dtype}")
+    c = c.astype(np.int64)
+    if np.any((c < 0) | (c >= limit)):
+        raise ValueError(f"codes must be in [0, {limit}) for {name}")
+    return c
+
+
 def check_bool(name: str, value) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool, got {value!r}")

@@ -20,7 +20,7 @@ from typing import Union
 
 import numpy as np
 
-from .base import NumberFormat, check_bool, check_int, parse_enum
+from .base import NumberFormat, as_codes, check_bool, check_int, parse_enum
 from .fixed import FixedFormat
 from .float import FloatFormat
 from .presets import ALIASES, PRESETS
@@ -50,12 +50,7 @@ class E8M0Format(NumberFormat):
         return self.name
 
     def decode(self, codes) -> np.ndarray:
-        c = np.asarray(codes)
-        if not np.issubdtype(c.dtype, np.integer):
-            raise TypeError(f"codes must be integers, got dtype {c.dtype}")
-        c = c.astype(np.int64)
-        if np.any((c < 0) | (c > 255)):
-            raise ValueError("codes must be in [0, 256) for e8m0")
+        c = as_codes(codes, 256, "e8m0")
         return np.where(c == 255, np.nan, np.ldexp(1.0, np.minimum(c, 254) - 127))
 
     def encode(self, values, rounding: str = "down") -> np.ndarray:

@@ -7,7 +7,7 @@ from dataclasses import KW_ONLY, dataclass
 import numpy as np
 import torch
 
-from .base import NumberFormat, RoundMode, check_bool, check_int
+from .base import NumberFormat, RoundMode, as_codes, check_bool, check_int
 from .exact import round_fixed_torch
 
 
@@ -71,12 +71,7 @@ class FixedFormat(NumberFormat):
 
     def decode(self, codes) -> np.ndarray:
         """Bit patterns (unsigned ints < 2**bits, two's complement when signed) -> float64 values."""
-        c = np.asarray(codes)
-        if not np.issubdtype(c.dtype, np.integer):
-            raise TypeError(f"codes must be integers, got dtype {c.dtype}")
-        c = c.astype(np.int64)
-        if np.any((c < 0) | (c >= 2**self.bits)):
-            raise ValueError(f"codes must be in [0, {2**self.bits}) for {self.name}")
+        c = as_codes(codes, 2**self.bits, self.name)
         if self.signed:
             c = np.where(c >= 2 ** (self.bits - 1), c - 2**self.bits, c)
         return np.ldexp(c.astype(np.float64), -self.frac_bits)

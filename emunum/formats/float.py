@@ -9,7 +9,7 @@ from typing import Union
 import numpy as np
 import torch
 
-from .base import NumberFormat, Overflow, RoundMode, check_bool, check_int, parse_enum
+from .base import NumberFormat, Overflow, RoundMode, as_codes, check_bool, check_int, parse_enum
 from .exact import round_float_torch
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -173,12 +173,7 @@ class FloatFormat(NumberFormat):
 
     def decode(self, codes) -> np.ndarray:
         """Bit patterns (unsigned ints < 2**bits) -> float64 values."""
-        c = np.asarray(codes)
-        if not np.issubdtype(c.dtype, np.integer):
-            raise TypeError(f"codes must be integers, got dtype {c.dtype}")
-        c = c.astype(np.int64)
-        if np.any((c < 0) | (c >= 2**self.bits)):
-            raise ValueError(f"codes must be in [0, {2**self.bits}) for {self.name}")
+        c = as_codes(codes, 2**self.bits, self.name)
         sign = (c >> (self.bits - 1)) & 1
         e = (c >> self.man) & (2**self.exp - 1)
         m = c & (2**self.man - 1)

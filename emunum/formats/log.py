@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .base import NumberFormat, RoundMode, check_bool, check_int
+from .base import NumberFormat, RoundMode, as_codes, check_bool, check_int
 from .table import seed0_bits, stochastic_up_np
 
 MAX_FRAC_BITS = 10
@@ -122,12 +122,7 @@ class LogFormat(NumberFormat):
         return (4, self.frac_bits, self.kmin, self.kmax, int(self.signed), log_tables(self.frac_bits))
 
     def decode(self, codes) -> np.ndarray:
-        c = np.asarray(codes)
-        if not np.issubdtype(c.dtype, np.integer):
-            raise TypeError(f"codes must be integers, got dtype {c.dtype}")
-        c = c.astype(np.int64)
-        if np.any((c < 0) | (c >= 2**self.bits)):
-            raise ValueError(f"codes must be in [0, {2**self.bits}) for {self.name}")
+        c = as_codes(codes, 2**self.bits, self.name)
         E = self.exp_bits
         field = c & ((1 << E) - 1)
         neg = (c >> E) & 1

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..rng import random_bits_int, seed_key
-from .base import NumberFormat, RoundMode, check_int
+from .base import NumberFormat, RoundMode, as_codes, check_int
 
 
 @dataclass(frozen=True)
@@ -95,12 +95,7 @@ class PositFormat(NumberFormat):
 
     def decode(self, codes) -> np.ndarray:
         """Bit patterns (unsigned ints < 2**nbits) -> float64 values (NaR -> NaN)."""
-        c = np.asarray(codes)
-        if not np.issubdtype(c.dtype, np.integer):
-            raise TypeError(f"codes must be integers, got dtype {c.dtype}")
-        c = c.astype(np.int64)
-        if np.any((c < 0) | (c >= 2**self.nbits)):
-            raise ValueError(f"codes must be in [0, {2**self.nbits}) for {self.name}")
+        c = as_codes(codes, 2**self.nbits, self.name)
         out = np.fromiter((self._decode_one(int(v)) for v in c.ravel()), np.float64, c.size)
         return out.reshape(c.shape)
 

@@ -17,7 +17,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .base import NumberFormat, RoundMode
+from .base import NumberFormat, RoundMode, as_codes
 
 MAX_VALUES = 1 << 16
 
@@ -97,12 +97,7 @@ class TableFormat(NumberFormat):
         return (3, self.n, kernel_table(self))
 
     def decode(self, codes) -> np.ndarray:
-        c = np.asarray(codes)
-        if not np.issubdtype(c.dtype, np.integer):
-            raise TypeError(f"codes must be integers, got dtype {c.dtype}")
-        if np.any((c < 0) | (c >= self.n)):
-            raise ValueError(f"codes must be in [0, {self.n}) for {self.name}")
-        return self.values()[c.astype(np.int64)]
+        return self.values()[as_codes(codes, self.n, self.name)]
 
     def encode(self, values, rounding: str = "nearest") -> np.ndarray:
         """Values -> codes (indices into the sorted values, int64), rounded as the class docstring says

@@ -28,7 +28,7 @@ Nothing is compiled at import; each kernel compiles on first call (``cache=True`
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, gemm_scalar, parallel as _parallel, scalar
+from . import _cache, gemm_scalar, operand_scan, parallel as _parallel, scalar
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
@@ -187,7 +187,8 @@ def fast_applies(fused: int, mulp: np.ndarray, accp: np.ndarray) -> bool:
 
 
 def _abs_range(x: np.ndarray) -> tuple[float, float]:
-    """(max |x|, smallest nonzero |x|) as float64; (0, inf) when x holds no nonzero value."""
+    """(max |x|, smallest nonzero |x|) as float64; (0, inf) when x holds no nonzero value. The numpy reading
+    that ``operand_scan.scan`` reproduces in one pass (``fast_plan`` uses the scan; tests compare the two)."""
     a = np.abs(x.astype(np.float64, copy=False))
     nz = a[a != 0]
     return (float(a.max()) if a.size else 0.0), (float(nz.min()) if nz.size else np.inf)
@@ -222,8 +223,8 @@ def fast_plan(A, B, fused, mulp, accp):
     if not fast_applies(fused, mulp, accp):
         return None
     K = A.shape[2]
-    amax, amin = _abs_range(A)
-    bmax, bmin = _abs_range(B)
+    amax, amin, abits = operand_scan.scan(A)  # one pass each: _abs_range and _significant_bits, same results
+    bmax, bmin, bbits = operand_scan.scan(B)
     mul_man, mul_emin = int(mulp[P_MAN]), int(mulp[P_EMIN])
     acc_man, acc_emin = int(accp[P_MAN]), int(accp[P_EMIN])
     mul_max = float(np.array(mulp[P_MAXBITS], dtype=np.int64).view(np.float64))
@@ -240,7 +241,7 @@ def fast_plan(A, B, fused, mulp, accp):
     dtype = np.float64
     if (2 * (acc_man + 1) <= 21 and log_bound <= 100 and amin * bmin >= 2.0**-100
             and mul_emin - (mul_man if mulp[P_SUB] else 0) >= -100 and acc_emin >= -100
-            and _significant_bits(A) + _significant_bits(B) <= 24):
+            and abits + bbits <= 24):
         dtype = np.float32
     return dtype, mul_sub, acc_sub, checks
 

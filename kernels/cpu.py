@@ -46,9 +46,10 @@ _F32 = np.dtype(np.float32)
 
 
 @njit(cache=True)
-def float_serial(src, dst, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key, nbits):
+def float_serial(src, dst, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key, nbits,
+                 base=0):
     for i in range(src.size):
-        rnd = random_bits(key, i, nbits) if mode == STOCHASTIC else np.uint64(0)
+        rnd = random_bits(key, base + i, nbits) if mode == STOCHASTIC else np.uint64(0)
         dst[i] = round_float_bits(src[i], sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero,
                                   mode, rnd, nbits)
 
@@ -76,7 +77,7 @@ def _nearest_params(man, emin, sub, max_value, ovf):
 # The float32 and fixed-point loops are written once per rounding mode, with the mode a compile-time
 # constant: the other modes' branches vanish and the loop vectorises (5x faster than a runtime mode).
 @njit(cache=True)
-def f32_serial(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits):
+def f32_serial(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base=0):
     if mode == NEAREST and man > 0:
         split, magic, mn, ovfv = _nearest_params(man, emin, sub, max_value, ovf)
         for i in range(src.size):
@@ -101,7 +102,7 @@ def f32_serial(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negze
             dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, ODD, 0, nbits)
     else:
         for i in range(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, STOCHASTIC, random_bits(key, i, nbits), nbits)
+            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, STOCHASTIC, random_bits(key, base + i, nbits), nbits)
 
 
 @njit(cache=True, parallel=True)
@@ -134,7 +135,7 @@ def f32_parallel(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, neg
 
 
 @njit(cache=True)
-def fixed_serial(src, dst, frac_bits, code_min, code_max, saturate, mode, key, nbits):
+def fixed_serial(src, dst, frac_bits, code_min, code_max, saturate, mode, key, nbits, base=0):
     if mode == NEAREST:
         for i in range(src.size):
             dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, NEAREST, 0, nbits)
@@ -155,7 +156,7 @@ def fixed_serial(src, dst, frac_bits, code_min, code_max, saturate, mode, key, n
             dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, ODD, 0, nbits)
     else:
         for i in range(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, STOCHASTIC, random_bits(key, i, nbits), nbits)
+            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, STOCHASTIC, random_bits(key, base + i, nbits), nbits)
 
 
 @njit(cache=True, parallel=True)

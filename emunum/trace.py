@@ -27,9 +27,14 @@ accumulate in float64 tensors on the layer's device; nothing synchronises until 
 
 Sampling: ``every=k`` observes forward calls 0, k, 2k, ... of each layer, with all their roundings (forward
 and backward); the counts are exact for those calls (``sampled`` of ``calls``), and the fractions estimate
-the rates. The counters read both tensors once more than the rounding does: with every=1 they cost about
-10-15% of a small CNN's or MLP's training step on CPU, with the default every=10 about 1-1.5%
-(``benchmarks/trace_overhead.py``). every=1 counts every value.
+the rates. every=1 counts every value.
+
+Cost: on CPU, for float32/float64 tensors and Float/FixedFormats, a sampled rounding is counted in the rounding
+kernel's own pass (``round_observed``; ``kernels/counters.py``: each chunk of 4096 elements is rounded, then
+counted while in L1 cache), by one autograd node per role (``_TracedSTE``): no second pass over memory, no
+copy, no extra node; the counts and sums are bit for bit those of rounding, then ``accumulate``. Elsewhere
+(CUDA, 16-bit dtypes, posits, tables, per-tensor-scaled roles) a tensor is rounded, then counted by
+``accumulate``. Figures: ``benchmarks/trace_overhead.py``, RESULTS.md.
 
 Tracing never changes results: it draws no random numbers and only reads tensors. Eager mode only (a
 compiled model is not traced).

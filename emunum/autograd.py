@@ -60,7 +60,7 @@ class _Plan:
         check_tensor(x)
         if eager_ok(x):  # the op's own implementation and autograd formula, without its dispatch
             if x.requires_grad and torch.is_grad_enabled():
-                return _EagerSTE.apply(x, self)
+                return _eager_ste_apply(_unwrap_if_dead(x), self)
             return self.forward_value(x)
         return torch.ops.emunum.quantize_ste(x, *self.args)
 
@@ -89,6 +89,13 @@ class _EagerSTE(torch.autograd.Function):
         x = ctx.saved_tensors[0] if p.clipped else None
         return ste_gradient(grad, x, p.forward, p.backward, p.args[2], p.backward_mode, p.backward_seed,
                             p.sr_bits), None
+
+
+# ``_EagerSTE.apply`` less its Python preamble: with ``eager_ok`` (no functorch transform active) and no
+# ``setup_context``, ``Function.apply`` only unwraps dead functorch wrappers (done here for the one tensor
+# argument) and calls the C++ ``_FunctionBase.apply``; about 3 us less per call.
+_eager_ste_apply = super(torch.autograd.Function, _EagerSTE).apply
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
 def quantize_ste(x: Tensor, forward=None, backward=None, *, forward_rounding="nearest",

@@ -255,6 +255,9 @@ def _fixed_counted_runner(dt, frac_bits, code_min, code_max, saturate):
 
 def _bind(fn, wit, pre):
     def run(src: int, dst: int, n: int, mode, key, nbits, lo, hi, sqnr, acc: int, parallel=None) -> None:
+        if parallel is None and n < _cpu.PARALLEL_MIN:  # serial: no lock, no thread-count check
+            fn(src, dst, n, *wit, False, *pre, mode, np.uint64(key), nbits, float(lo), float(hi), bool(sqnr), acc)
+            return
         with _parallel.try_parallel(_cpu.use_parallel(n, parallel)) as par:
             fn(src, dst, n, *wit, par, *pre, mode, np.uint64(key), nbits, float(lo), float(hi), bool(sqnr), acc)
 

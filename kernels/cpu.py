@@ -230,6 +230,30 @@ def fixed_at(src, dst, n, w, par, frac_bits, code_min, code_max, saturate, mode,
         fixed_serial(s, d, frac_bits, code_min, code_max, saturate, mode, key, nbits)
 
 
+# Several tensors in one call, each rounded in place as a slice of their concatenation: element i of tensor t
+# is element base_t + i of the concatenation (base_t = the sizes before t), so stochastic rounding draws the
+# bits the concatenated tensor would (``OptimLP``: no concatenation, split and copy back). Serial loops.
+@njit(cache=True)
+def f32_many_at(addrs, sizes, w, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits):
+    base = 0
+    for t in range(addrs.size):
+        n = sizes[t]
+        s, sf = carray(_voidptr(addrs[t]), n, w.dtype), carray(_voidptr(addrs[t]), n, np.float32)
+        f32_serial(s, s, sf, sf, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base)
+        base += n
+
+
+@njit(cache=True)
+def float_many_at(addrs, sizes, w, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                  nbits):
+    base = 0
+    for t in range(addrs.size):
+        n = sizes[t]
+        s = carray(_voidptr(addrs[t]), n, w.dtype)
+        float_serial(s, s, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key, nbits, base)
+        base += n
+
+
 # ---- dispatch ---------------------------------------------------------------------------------------------
 # binary layout of the float dtypes the float kernels read as bits: (uint view, sign_pos, man, bias)
 LAYOUT = {
@@ -282,9 +306,19 @@ def _float_runner(dt, man, emin, subnormals, max_value, overflow, negzero):
         fn, pre = float_at, (sign_pos, in_man, in_bias, man, emin, subnormals, np.uint64(mbits), overflow, negzero)
 
     def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
+        if parallel is None and n < PARALLEL_MIN:  # the serial loop, without the lock and thread-count checks
+            fn(src, dst, n, w, False, *pre, mode, np.uint64(key), nbits)
+            return
         with _parallel.try_parallel(use_parallel(n, parallel)) as par:
             fn(src, dst, n, w, par, *pre, mode, np.uint64(key), nbits)
 
+    many = f32_many_at if fn is f32_at else float_many_at
+
+    def run_many(addrs: np.ndarray, sizes: np.ndarray, mode, key, nbits) -> None:
+        """Round the contiguous tensors at ``addrs`` (int64) of ``sizes`` in place as one concatenation."""
+        many(addrs, sizes, w, *pre, mode, np.uint64(key), nbits)
+
+    run.many = run_many
     return run
 
 
@@ -298,6 +332,9 @@ def _fixed_runner(dt, frac_bits, code_min, code_max, saturate):
     w, pre = _VALUE_WITNESS[dt], (frac_bits, np.int64(code_min), np.int64(code_max), saturate)
 
     def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
+        if parallel is None and n < PARALLEL_MIN:
+            fixed_at(src, dst, n, w, False, *pre, mode, np.uint64(key), nbits)
+            return
         with _parallel.try_parallel(use_parallel(n, parallel)) as par:
             fixed_at(src, dst, n, w, par, *pre, mode, np.uint64(key), nbits)
 

@@ -99,6 +99,7 @@ def accumulate(acc: Tensor, x: Tensor, q: Tensor, lo: float, hi: float, sqnr: bo
         xa = x.detach().contiguous().view(-1).numpy()
         qa = q.detach().contiguous().view(-1).numpy()
         counters = _counters()
+        lo, hi = counters.thresholds(lo, hi, xa.dtype)
         if xa.size < _CPU_SERIAL_MAX:
             counters.counters_serial(xa, qa, lo, hi, sqnr, acc.numpy())
         else:  # both loops sum chunk by chunk in one order (kernels/counters.py): the same counts and sums

@@ -41,19 +41,23 @@ CHUNK = 4096  # elements per chunk: two float32 chunks (x and q) take 32 KiB, in
 
 @njit(cache=True, nogil=True, fastmath=fm)
 def count_chunk(x, q, lo, hi, sqnr, parts, c):
-    """parts[c] = (overflowed, underflowed, NaN, signal, noise) of x -> q (one chunk)."""
-    over = under = nan = 0
+    """parts[c] = (overflowed, underflowed, NaN, signal, noise) of x -> q (one chunk, at most CHUNK elements).
+
+    lo, hi: the range in x's dtype (``thresholds``). The counts add up in float32 (whole numbers below 2**24:
+    exact in any order, and twice the SIMD width of int64 counters)."""
+    one, zero = np.float32(1.0), np.float32(0.0)
+    over = under = nan = zero
     sig = noise = 0.0
     for i in range(x.size):
         a, b = x[i], q[i]
         fa = abs(a) < np.inf
-        over += fa & ((a > hi) | (a < lo))
-        under += (b == 0) & (a != 0)
-        nan += b != b
+        over += one if fa & ((a > hi) | (a < lo)) else zero
+        under += one if (b == 0) & (a != 0) else zero
+        nan += one if b != b else zero
         if sqnr:
             ok = fa & (abs(b) < np.inf)
-            da = np.float64(a) if ok else 0.0
-            d = (np.float64(b) if ok else 0.0) - da
+            da = np.float64(a if ok else zero)
+            d = np.float64(b if ok else zero) - da
             sig += da * da
             noise += d * d
     parts[c, 0] = over
@@ -61,6 +65,20 @@ def count_chunk(x, q, lo, hi, sqnr, parts, c):
     parts[c, 2] = nan
     parts[c, 3] = sig
     parts[c, 4] = noise
+
+
+def thresholds(lo: float, hi: float, dtype):
+    """(lo, hi) for ``count_chunk`` on ``dtype`` values: for float32, the float32 at or above lo and the one at
+    or below hi, so that a float32 a compares as with the exact limits (a > hi32 iff a > hi: no float32 lies in
+    (hi32, hi]; likewise for lo), in float32 vectors; float64 values compare with the limits themselves."""
+    if np.dtype(dtype) != np.float32:
+        return float(lo), float(hi)
+    lo32, hi32 = np.float32(lo), np.float32(hi)
+    if float(lo32) < lo:
+        lo32 = np.nextafter(lo32, np.float32(np.inf))
+    if float(hi32) > hi:
+        hi32 = np.nextafter(hi32, np.float32(-np.inf))
+    return lo32, hi32
 
 
 @njit(cache=True, nogil=True)
@@ -238,7 +256,7 @@ def _float_counted_runner(dt, man, emin, subnormals, max_value, overflow, negzer
     else:
         fn, wit = float_counted_at, (w, wv)
         pre = (sign_pos, in_man, in_bias, man, emin, subnormals, np.uint64(mbits), overflow, negzero)
-    return _bind(fn, wit, pre)
+    return _bind(fn, wit, pre, dt)
 
 
 def fixed_counted_runner(dtype, frac_bits, code_min, code_max, saturate):
@@ -250,15 +268,19 @@ def fixed_counted_runner(dtype, frac_bits, code_min, code_max, saturate):
 @functools.lru_cache(maxsize=512)
 def _fixed_counted_runner(dt, frac_bits, code_min, code_max, saturate):
     pre = (frac_bits, np.int64(code_min), np.int64(code_max), saturate)
-    return _bind(fixed_counted_at, (_cpu._VALUE_WITNESS[dt],), pre)
+    return _bind(fixed_counted_at, (_cpu._VALUE_WITNESS[dt],), pre, dt)
 
 
-def _bind(fn, wit, pre):
+_thresholds = functools.lru_cache(maxsize=1024)(thresholds)
+
+
+def _bind(fn, wit, pre, dt):
     def run(src: int, dst: int, n: int, mode, key, nbits, lo, hi, sqnr, acc: int, parallel=None) -> None:
+        lo, hi = _thresholds(float(lo), float(hi), dt)
         if parallel is None and n < _cpu.PARALLEL_MIN:  # serial: no lock, no thread-count check
-            fn(src, dst, n, *wit, False, *pre, mode, np.uint64(key), nbits, float(lo), float(hi), bool(sqnr), acc)
+            fn(src, dst, n, *wit, False, *pre, mode, np.uint64(key), nbits, lo, hi, bool(sqnr), acc)
             return
         with _parallel.try_parallel(_cpu.use_parallel(n, parallel)) as par:
-            fn(src, dst, n, *wit, par, *pre, mode, np.uint64(key), nbits, float(lo), float(hi), bool(sqnr), acc)
+            fn(src, dst, n, *wit, par, *pre, mode, np.uint64(key), nbits, lo, hi, bool(sqnr), acc)
 
     return run

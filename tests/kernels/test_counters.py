@@ -52,7 +52,7 @@ def fused(x, fmt, mode, seed, sqnr=True, parallel=None):
 
 
 def separate(x, q, fmt, sqnr=True):
-    lo, hi = _range(fmt)
+    lo, hi = C.thresholds(*_range(fmt), x.numpy().dtype)
     a, b = np.zeros(6), np.zeros(6)
     C.counters_serial(x.numpy(), q.numpy(), lo, hi, sqnr, a)
     C.counters_parallel(x.numpy(), q.numpy(), lo, hi, sqnr, b)
@@ -75,6 +75,17 @@ def test_fused_kernel_rounds_and_counts_as_the_separate_kernels(fmt, mode, dtype
             assert acc.tolist() == want, (n, par)
         q, acc = fused(x, fmt, mode, 1234, sqnr=False)
         assert acc.tolist() == want[:4] + [0.0, 0.0]
+
+
+@pytest.mark.parametrize("limit", [57344.0, 1.0 + 2.0**-30, 2.0**200, 3.0e-42, 0.0])
+def test_float32_thresholds_compare_as_the_exact_limits(limit):
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(1000, generator=g) * limit, torch.tensor([limit, -limit]).float(),
+                   torch.tensor([limit, -limit]).float().nextafter(torch.tensor(float("inf"))),
+                   torch.tensor([limit, -limit]).float().nextafter(torch.tensor(float("-inf")))])
+    lo32, hi32 = C.thresholds(-limit, limit, np.float32)
+    xd = x.double()
+    assert torch.equal((x > float(hi32)) | (x < float(lo32)), (xd > limit) | (xd < -limit))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

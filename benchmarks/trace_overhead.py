@@ -7,9 +7,10 @@ backward). A step is forward + cross-entropy + backward + SGD. Configurations: t
 with every=1 (every rounding observed) with and without SQNR, and every=K. The configurations are
 interleaved round by round (so drifting machine load hits them alike). Per configuration: the median and
 the minimum over rounds of a round's mean wall-clock step time, the median process CPU time per step
-(all threads), the overhead of each against tracing off, and the time spent inside the counter kernels
-per step (timed around ``emunum.trace.accumulate``) with its share of the untraced step: the figure
-least disturbed by other load on the machine.
+(all threads), the overhead of each against tracing off, and the time spent inside the counters per step
+(timed around ``emunum.trace.accumulate`` and ``emunum.trace.round_observed``; the latter is the fused
+round-and-count pass, so its time includes the rounding that the untraced step pays too) with its share of
+the untraced step.
 """
 from __future__ import annotations
 
@@ -66,15 +67,22 @@ def bench(name: str, fmt: str, rounds: int, steps: int, every_k) -> dict:
     times = {c: [] for c in configs}
     inside = {c: [] for c in configs}
     cpu = {c: [] for c in configs}
-    real_accumulate = trace.accumulate
-    spent = [0.0]
+    real_accumulate, real_round = trace.accumulate, trace.round_observed
+    spent, depth = [0.0], [0]
 
-    def timed_accumulate(*a, **k):
-        t = time.perf_counter()
-        real_accumulate(*a, **k)
-        spent[0] += time.perf_counter() - t
+    def timed(fn):  # the outermost call only (round_observed may call accumulate)
+        def call(*a, **k):
+            depth[0] += 1
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    spent[0] += time.perf_counter() - t
+        return call
 
-    trace.accumulate = timed_accumulate
+    trace.accumulate, trace.round_observed = timed(real_accumulate), timed(real_round)
     try:
         for _ in range(rounds):
             for c, opts in configs.items():
@@ -89,7 +97,7 @@ def bench(name: str, fmt: str, rounds: int, steps: int, every_k) -> dict:
                 if tracer is not None:
                     tracer.close()
     finally:
-        trace.accumulate = real_accumulate
+        trace.accumulate, trace.round_observed = real_accumulate, real_round
     t0 = time.perf_counter()
     with trace.collect(model) as t:
         step()

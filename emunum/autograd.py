@@ -16,9 +16,14 @@ from typing import Union
 import torch
 from torch import Tensor, nn
 
-from .formats import RoundMode, format_or_none, parse_enum
+from .buffers import HUGE_MIN_BYTES
+from .formats import FixedFormat, FloatFormat, RoundMode, format_or_none, parse_enum
 from .ops import derive_seed, eager_ok, format_to_args, ste_gradient
-from .quantize import check_seed, check_sr_bits, check_tensor, quantize_checked
+from .quantize import (_KEY0, _NUMPY_DTYPES, _cpu_runner, check_seed, check_sr_bits, check_tensor, quantize_checked,
+                       resolve_seed)
+from .rng import seed_key
+
+_FAST_FORMATS = (FloatFormat, FixedFormat)
 
 
 class STE(enum.Enum):
@@ -60,7 +65,7 @@ class _Plan:
         check_tensor(x)
         if eager_ok(x):  # the op's own implementation and autograd formula, without its dispatch
             if x.requires_grad and torch.is_grad_enabled():
-                return _EagerSTE.apply(x, self)
+                return _eager_ste_apply(_unwrap_if_dead(x), self)
             return self.forward_value(x)
         return torch.ops.emunum.quantize_ste(x, *self.args)
 
@@ -68,7 +73,25 @@ class _Plan:
         """What ``emunum::quantize_ste`` returns: x rounded to ``forward``, or a contiguous copy of x."""
         if self.forward is None:
             return x.clone(memory_format=torch.contiguous_format)
-        return quantize_checked(x, self.forward, self.forward_mode, self.seed, self.sr_bits)
+        y = _round_cpu(x, self.forward, self.forward_mode, self.seed, self.sr_bits)
+        return y if y is not None else quantize_checked(x, self.forward, self.forward_mode, self.seed, self.sr_bits)
+
+
+def _round_cpu(x: Tensor, fmt, mode: RoundMode, seed, nbits: int):
+    """``quantize_checked(x, fmt, mode, seed, nbits)`` for the common case, with less Python: a contiguous CPU
+    float32/float64 tensor (not a negative view, not empty, below the huge-page buffer size) and a
+    Float/FixedFormat; the same kernel, seed draw and fresh result. None for anything else (the caller then
+    calls ``quantize_checked``)."""
+    if not x.is_cpu or x.dtype not in _NUMPY_DTYPES or not isinstance(fmt, _FAST_FORMATS) or x.is_neg() \
+            or not x.is_contiguous():
+        return None
+    n = x.numel()
+    if n == 0 or n * x.element_size() >= HUGE_MIN_BYTES:
+        return None
+    key = seed_key(resolve_seed(seed)) if mode is RoundMode.STOCHASTIC else _KEY0
+    y = torch.empty_like(x)
+    _cpu_runner(fmt, x.dtype)(x.data_ptr(), y.data_ptr(), n, int(mode), key, nbits)
+    return y
 
 
 class _EagerSTE(torch.autograd.Function):
@@ -86,9 +109,21 @@ class _EagerSTE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         p = ctx.plan
+        if not p.clipped and p.backward is not None and not (grad.requires_grad and torch.is_grad_enabled()) \
+                and eager_ok(grad):  # what ste_gradient -> quantize_args do here, less their Python
+            g = _round_cpu(grad, p.backward, p.backward_mode, p.backward_seed, p.sr_bits)
+            if g is not None:
+                return g, None
         x = ctx.saved_tensors[0] if p.clipped else None
         return ste_gradient(grad, x, p.forward, p.backward, p.args[2], p.backward_mode, p.backward_seed,
                             p.sr_bits), None
+
+
+# ``_EagerSTE.apply`` less its Python preamble: with ``eager_ok`` (no functorch transform active) and no
+# ``setup_context``, ``Function.apply`` only unwraps dead functorch wrappers (done here for the one tensor
+# argument) and calls the C++ ``_FunctionBase.apply``; about 3 us less per call.
+_eager_ste_apply = super(torch.autograd.Function, _EagerSTE).apply
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
 def quantize_ste(x: Tensor, forward=None, backward=None, *, forward_rounding="nearest",

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-from .formats import RoundMode, get_format
-from .quantize import quantize
-from .rng import mix64_int
+from .formats import FloatFormat, RoundMode, get_format
+from .quantize import _KEY0, _NUMPY_DTYPES, _cpu, _cpu_runner, quantize
+from .rng import mix64_int, seed_key
 
 __all__ = ["OptimLP", "LossScaler", "derive_seed"]
 
@@ -115,6 +116,8 @@ class OptimLP(torch.optim.Optimizer):
             groups.setdefault((t.device, t.dtype), []).append(t)
         for g, ts in enumerate(groups.values()):
             seed = derive_seed(self.seed, self.steps, _ROLE_IDS[role], g) if mode == RoundMode.STOCHASTIC else None
+            if _round_in_place(ts, spec, mode, seed):
+                continue
             flat = torch.cat([t.reshape(-1) for t in ts])
             quantize(flat, spec, mode, seed=seed, out=flat)
             torch._foreach_copy_(ts, [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in ts]), ts)])
@@ -168,6 +171,24 @@ class OptimLP(torch.optim.Optimizer):
         self.steps = int(state_dict["steps"])
         self.seed = int(state_dict["seed"])
         self._link()
+
+
+def _round_in_place(ts: list, spec, mode: RoundMode, seed) -> bool:
+    """Round the tensors ``ts`` in place as one concatenation, without building it (``cpu.f32_many_at``: the
+    same bits, stochastic ones included, as rounding ``torch.cat(ts)``), where that applies: CPU float32/float64
+    contiguous tensors, a FloatFormat, fewer elements than the parallel kernels' threshold. False otherwise."""
+    t0 = ts[0]
+    if not (t0.is_cpu and t0.dtype in _NUMPY_DTYPES and isinstance(spec, FloatFormat)):
+        return False
+    sizes = [t.numel() for t in ts]
+    if sum(sizes) >= _cpu().PARALLEL_MIN or not all(t.is_contiguous() and not t.is_neg() for t in ts):
+        return False
+    key = seed_key(seed) if mode == RoundMode.STOCHASTIC else _KEY0
+    addrs = np.array([t.data_ptr() for t in ts], dtype=np.int64)
+    _cpu_runner(spec, t0.dtype).many(addrs, np.array(sizes, dtype=np.int64), int(mode), key, 32)
+    for t in ts:  # written behind autograd's back, as quantize(out=) does
+        torch.autograd.graph.increment_version(t)
+    return True
 
 
 def _positive_float(name: str, value, lo_excl: float = 0.0, hi_excl: float = math.inf) -> float:

@@ -27,9 +27,14 @@ accumulate in float64 tensors on the layer's device; nothing synchronises until 
 
 Sampling: ``every=k`` observes forward calls 0, k, 2k, ... of each layer, with all their roundings (forward
 and backward); the counts are exact for those calls (``sampled`` of ``calls``), and the fractions estimate
-the rates. The counters read both tensors once more than the rounding does: with every=1 they cost about
-10-15% of a small CNN's or MLP's training step on CPU, with the default every=10 about 1-1.5%
-(``benchmarks/trace_overhead.py``). every=1 counts every value.
+the rates. every=1 counts every value.
+
+Cost: on CPU, for float32/float64 tensors and Float/FixedFormats, a sampled rounding is counted in the rounding
+kernel's own pass (``round_observed``; ``kernels/counters.py``: each chunk of 4096 elements is rounded, then
+counted while in L1 cache), by one autograd node per role (``_TracedSTE``): no second pass over memory, no
+copy, no extra node; the counts and sums are bit for bit those of rounding, then ``accumulate``. Elsewhere
+(CUDA, 16-bit dtypes, posits, tables, per-tensor-scaled roles) a tensor is rounded, then counted by
+``accumulate``. Figures: ``benchmarks/trace_overhead.py``, RESULTS.md.
 
 Tracing never changes results: it draws no random numbers and only reads tensors. Eager mode only (a
 compiled model is not traced).
@@ -37,6 +42,7 @@ compiled model is not traced).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 from typing import Optional
@@ -44,11 +50,14 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .ops import format_to_args
+from . import buffers
+from .autograd import Quantizer
+from .formats import CustomFormat, FixedFormat, FloatFormat, LogFormat, RoundMode, TableFormat
+from .ops import eager_ok, format_to_args, in_range_mask
 from .patch import emulated_modules
 from .policy import Role
-from .quantize import check_sr_bits
-from .formats import CustomFormat, FixedFormat, LogFormat, TableFormat
+from .quantize import _KEY0, _NUMPY_DTYPES, check_sr_bits, quantize_checked, resolve_seed
+from .rng import seed_key
 
 STATS = ("values", "overflow", "underflow", "nan", "signal", "noise")
 _ROLE_INDEX = {r: i for i, r in enumerate(Role)}
@@ -87,25 +96,75 @@ def stats_torch(x: Tensor, q: Tensor, lo: float, hi: float, sqnr: bool = True) -
 def accumulate(acc: Tensor, x: Tensor, q: Tensor, lo: float, hi: float, sqnr: bool = True) -> None:
     """acc (float64 [6], on x's device) += the counters of rounding x -> q."""
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and q.dtype == x.dtype:
-        from .kernels.counters import counters_parallel as parallel, counters_serial as serial
-
         xa = x.detach().contiguous().view(-1).numpy()
         qa = q.detach().contiguous().view(-1).numpy()
-        from .kernels.parallel import exclusive
-
+        counters = _counters()
+        lo, hi = counters.thresholds(lo, hi, xa.dtype)
         if xa.size < _CPU_SERIAL_MAX:
-            serial(xa, qa, lo, hi, sqnr, acc.numpy())
-        else:  # waits rather than falling back: the serial loop would sum the float64 counters in another order
-            with exclusive():
-                parallel(xa, qa, lo, hi, sqnr, acc.numpy())
+            counters.counters_serial(xa, qa, lo, hi, sqnr, acc.numpy())
+        else:  # both loops sum chunk by chunk in one order (kernels/counters.py): the same counts and sums
+            with _try_parallel(True) as par:
+                (counters.counters_parallel if par else counters.counters_serial)(xa, qa, lo, hi, sqnr, acc.numpy())
     else:
         acc += stats_torch(x, q, lo, hi, sqnr)
 
 
-# ---- traced gradient rounding ---------------------------------------------------------------------------
+_counters_mod = None
+
+
+def _counters():
+    """kernels.counters, imported on first use (not at ``import emunum``)."""
+    global _counters_mod
+    if _counters_mod is None:
+        from .kernels import counters
+        _counters_mod = counters
+    return _counters_mod
+
+
+def _try_parallel(wanted: bool):
+    from .kernels.parallel import try_parallel
+    return try_parallel(wanted)
+
+
+@functools.lru_cache(maxsize=512)
+def _counted_runner(fmt, dtype: torch.dtype):
+    """The fused round-and-count CPU kernel of (fmt, dtype) with its arguments bound, or None (other formats)."""
+    if dtype not in _NUMPY_DTYPES or not isinstance(fmt, (FloatFormat, FixedFormat)):
+        return None
+    args = fmt.to_kernel_args()[1:]
+    c = _counters()
+    make = c.float_counted_runner if isinstance(fmt, FloatFormat) else c.fixed_counted_runner
+    return make(_NUMPY_DTYPES[dtype], *args)
+
+
+def round_observed(x: Tensor, fmt, mode: RoundMode, seed, nbits: int, acc: Tensor, lo: float, hi: float,
+                   sqnr: bool) -> Tensor:
+    """``quantize_checked(x, fmt, mode, seed, nbits)``, and ``accumulate(acc, x, result, lo, hi, sqnr)``.
+
+    On CPU, for float32/float64 x and a Float/FixedFormat, both happen in one pass (``kernels/counters.py``:
+    the same rounding loop, the same chunked counters, so the same bits and the same counts and sums as the
+    two calls); anywhere else, the two calls. The same seed draw as ``quantize_checked`` (one, for stochastic
+    rounding with seed None). x is not modified."""
+    runner = _counted_runner(fmt, x.dtype) if x.is_cpu and acc.is_cpu else None
+    if runner is None or x.numel() == 0 or x.is_neg():
+        q = quantize_checked(x, fmt, mode, seed, nbits)
+        accumulate(acc, x, q, lo, hi, sqnr)
+        return q
+    key = seed_key(resolve_seed(seed)) if mode == RoundMode.STOCHASTIC else _KEY0
+    src = x if x.is_contiguous() else x.detach().contiguous()
+    if src.numel() * src.element_size() >= buffers.HUGE_MIN_BYTES:
+        q = buffers.empty_like(src)
+    else:
+        q = torch.empty_like(src)
+    runner(src.data_ptr(), q.data_ptr(), src.numel(), int(mode), key, nbits, lo, hi, sqnr, acc.data_ptr())
+    return q
+
+
+# ---- traced rounding nodes ------------------------------------------------------------------------------
 class _TracedGradRound(torch.autograd.Function):
     """What the gradient half of ``quantize_ste`` does (forward: a copy; backward: ``emunum::quantize`` of the
-    gradient with a fresh seed), with the layer observing the gradient before and after the rounding."""
+    gradient with a fresh seed), with the layer observing the gradient before and after the rounding. Used
+    where ``_TracedSTE`` is not (a per-tensor-scaled forward quantiser, or outside ``ops.eager_ok``)."""
 
     @staticmethod
     def forward(ctx, x, layer, role, fmt_args, mode, sr_bits):
@@ -117,6 +176,39 @@ class _TracedGradRound(torch.autograd.Function):
         gq = torch.ops.emunum.quantize(g, ctx.fmt_args, ctx.mode, None, ctx.sr_bits)
         ctx.layer.observe(ctx.role, g, gq)
         return gq, None, None, None, None, None
+
+
+class _TracedSTE(torch.autograd.Function):
+    """One node for a traced role: the forward quantiser's rounding counted in the same pass (``round_observed``)
+    and, backward, the gradient quantiser's rounding counted likewise, then the forward quantiser's clipping
+    mask (``ste="clipped"``). Values, gradients and seed draws are those of the untraced pair ``fq``, ``bq``
+    (and of the former path: ``fq``, then ``_TracedGradRound``, which rounded the gradient before the mask, as
+    here); the counters see the same tensors (x -> y forward, the incoming gradient -> its rounding backward),
+    and the fused kernels count them exactly as ``accumulate`` does (kernels/counters.py)."""
+
+    @staticmethod
+    def forward(ctx, x, layer, role, fplan, bplan):
+        ctx.layer, ctx.role, ctx.fplan, ctx.bplan = layer, role, fplan, bplan
+        clipped = fplan is not None and fplan.clipped
+        ctx.save_for_backward(x if clipped else None)
+        return layer.round_forward(x, role, fplan)
+
+    @staticmethod
+    def backward(ctx, g):
+        b, f = ctx.bplan, ctx.fplan
+        if b is not None:
+            g = ctx.layer.round_counted(g, ctx.role.gradient, b.backward, b.backward_mode, b.backward_seed, b.sr_bits)
+        if f is not None and f.clipped:
+            (x,) = ctx.saved_tensors
+            g = torch.where(in_range_mask(x, f.forward), g, torch.zeros_like(g))
+        return g, None, None, None, None
+
+
+def _plan(q):
+    """A plain ``Quantizer``'s parsed plan (None for None); False for anything else (a scaled quantiser)."""
+    if q is None:
+        return None
+    return q._plan if type(q) is Quantizer else False
 
 
 # ---- per-layer state ------------------------------------------------------------------------------------
@@ -140,17 +232,37 @@ class LayerTrace:
         self.calls += 1
         self.sampled += self.active
 
-    def observe(self, role: Role, x: Tensor, q: Tensor) -> None:
+    def _acc(self, role: Role, device) -> Tensor:
         acc = self.acc.get(role)
-        if acc is None or acc.device != x.device:
-            acc = self.acc[role] = torch.zeros(6, dtype=torch.float64, device=x.device) if acc is None \
-                else acc.to(x.device)
+        if acc is None or acc.device != device:
+            acc = self.acc[role] = torch.zeros(6, dtype=torch.float64, device=device) if acc is None \
+                else acc.to(device)
+        return acc
+
+    def observe(self, role: Role, x: Tensor, q: Tensor) -> None:
         lo, hi = self.range[role]
         with torch.no_grad():
-            accumulate(acc, x, q, lo, hi, self.sqnr)
+            accumulate(self._acc(role, x.device), x, q, lo, hi, self.sqnr)
+
+    def round_counted(self, x: Tensor, role: Role, fmt, mode, seed, nbits: int) -> Tensor:
+        """x rounded (``quantize_checked``) and observed in ``role``, in one pass where a fused kernel exists."""
+        lo, hi = self.range[role]
+        with torch.no_grad():
+            return round_observed(x, fmt, mode, seed, nbits, self._acc(role, x.device), lo, hi, self.sqnr)
+
+    def round_forward(self, x: Tensor, role: Role, fplan) -> Tensor:
+        """The forward value of plan ``fplan`` (``_Plan.forward_value``), observed in ``role``."""
+        if fplan is None or fplan.forward is None:
+            return x.clone(memory_format=torch.contiguous_format)
+        return self.round_counted(x, role, fplan.forward, fplan.forward_mode, fplan.seed, fplan.sr_bits)
 
     def round(self, x: Tensor, role: Role, fq, bq) -> Tensor:
         """The layer's rounding of x in ``role`` (as ``EmuLayer._emu_round``), observed."""
+        fplan, bplan = _plan(fq), _plan(bq)
+        if fplan is not False and bplan is not False and eager_ok(x):  # one node, counted in the rounding pass
+            if x.requires_grad and torch.is_grad_enabled() and (fplan is not None or bplan is not None):
+                return _TracedSTE.apply(x, self, role, fplan, bplan)
+            return x if fplan is None else self.round_forward(x, role, fplan)
         if fq is not None:
             y = fq(x)
             if self.active:

@@ -1,61 +1,286 @@
-"""Numerics-trace counters for ``emunum.trace``: one fused, vectorised pass over (x, rounded x).
+"""Numerics-trace counters for ``emunum.trace``: on their own, or fused into the CPU rounding loops.
 
-out (float64[6]) += (values, overflowed, underflowed to zero, NaN, signal power, noise power).
-fastmath is limited to reassociation (and no-signed-zeros, contraction) so that the float64 sums
-vectorise; NaN and inf tests keep their IEEE meaning.
+Every entry point adds to ``out`` (float64[6]): (values, overflowed, underflowed to zero, NaN, signal power,
+noise power) of rounding x -> q, as ``emunum.trace`` defines them.
+
+One order of summation, on every path (so every path gives the same bits). The elements are cut into chunks of
+``CHUNK`` consecutive elements; ``count_chunk`` counts one chunk (a vectorised loop: within a chunk the float64
+sums run in the compiler's lane order, fixed for one build); the chunk results are added up in chunk order,
+starting from zero, and that total is added to ``out``. The standalone counters (``counters_serial`` /
+``counters_parallel``) and the fused rounding kernels (``*_counted_at``, serial or parallel over chunks) all go
+through ``count_chunk`` and ``_total``, so their counts and sums agree bit for bit whatever the thread count.
+The counts are exact; the sums' terms are nonnegative and exact in float64 for float32 inputs (a square or a
+difference of float32 values), rounded once for float64 inputs, so any order's relative error is at most
+gamma_n = n u / (1 - n u), u = 2**-53, n the number of terms (``tests/kernels/test_counters.py`` checks it
+against ``math.fsum``).
+
+Fused rounding + counting (``f32_counted_at``, ``float_counted_at``, ``fixed_counted_at``): per chunk, the serial
+rounding loop of ``kernels/cpu.py`` (the same function, given the chunk's first index so that a stochastic
+rounding draws the bits of element ``base + i``: the bits do not change), then ``count_chunk`` on that chunk's
+input and output while both are still in L1 cache. The separate pass re-read both tensors from memory and paid
+a second call; the fused one reads each element once. Parallel: chunks are spread over threads (``prange``),
+each chunk rounded and counted by one thread; ``dst`` must not be ``src`` (the counts need the input).
+fastmath (reassociation, no-signed-zeros, contraction) applies only inside ``count_chunk``, so that its float64
+sums vectorise; NaN and inf tests keep their IEEE meaning, and the rounding loops are compiled without it.
 """
+import functools
+
 import numpy as np
-from numba import njit, prange
+from numba import carray, njit, prange
 
 from . import _cache, cpu as _cpu  # noqa: F401  (cpu sets numba's threading layer beside torch's)
+from . import parallel as _parallel, scalar
 
-_cache.guard(__file__, [])
+_cache.guard(__file__, [_cpu.__file__, *scalar.SOURCES])
+
+from .cpu import _voidptr, f32_serial, fixed_serial, float_serial  # noqa: E402
 
 fm = {"reassoc", "nsz", "contract"}
+CHUNK = 4096  # elements per chunk: two float32 chunks (x and q) take 32 KiB, inside L1
 
 
 @njit(cache=True, nogil=True, fastmath=fm)
-def counters_serial(x, q, lo, hi, sqnr, out):
-    over = under = nan = 0
+def count_chunk(x, q, lo, hi, sqnr, parts, c):
+    """parts[c] = (overflowed, underflowed, NaN, signal, noise) of x -> q (one chunk, at most CHUNK elements).
+
+    lo, hi: the range in x's dtype (``thresholds``). The counts add up in float32 (whole numbers below 2**24:
+    exact in any order, and twice the SIMD width of int64 counters)."""
+    one, zero = np.float32(1.0), np.float32(0.0)
+    over = under = nan = zero
     sig = noise = 0.0
     for i in range(x.size):
         a, b = x[i], q[i]
         fa = abs(a) < np.inf
-        over += fa & ((a > hi) | (a < lo))
-        under += (b == 0) & (a != 0)
-        nan += b != b
+        over += one if fa & ((a > hi) | (a < lo)) else zero
+        under += one if (b == 0) & (a != 0) else zero
+        nan += one if b != b else zero
         if sqnr:
             ok = fa & (abs(b) < np.inf)
-            da = np.float64(a) if ok else 0.0
-            d = (np.float64(b) if ok else 0.0) - da
+            da = np.float64(a if ok else zero)
+            d = np.float64(b if ok else zero) - da
             sig += da * da
             noise += d * d
-    out[0] += x.size
-    out[1] += over
-    out[2] += under
-    out[3] += nan
-    out[4] += sig
-    out[5] += noise
+    parts[c, 0] = over
+    parts[c, 1] = under
+    parts[c, 2] = nan
+    parts[c, 3] = sig
+    parts[c, 4] = noise
 
-@njit(cache=True, parallel=True, fastmath=fm)
+
+def thresholds(lo: float, hi: float, dtype):
+    """(lo, hi) for ``count_chunk`` on ``dtype`` values: for float32, the float32 at or above lo and the one at
+    or below hi, so that a float32 a compares as with the exact limits (a > hi32 iff a > hi: no float32 lies in
+    (hi32, hi]; likewise for lo), in float32 vectors; float64 values compare with the limits themselves."""
+    if np.dtype(dtype) != np.float32:
+        return float(lo), float(hi)
+    lo32, hi32 = np.float32(lo), np.float32(hi)
+    if float(lo32) < lo:
+        lo32 = np.nextafter(lo32, np.float32(np.inf))
+    if float(hi32) > hi:
+        hi32 = np.nextafter(hi32, np.float32(-np.inf))
+    return lo32, hi32
+
+
+@njit(cache=True, nogil=True)
+def _total(parts, n, out):
+    """out += (n, the chunk results added in chunk order from zero)."""
+    t = np.zeros(5)
+    for c in range(parts.shape[0]):
+        for k in range(5):
+            t[k] += parts[c, k]
+    out[0] += n
+    for k in range(5):
+        out[1 + k] += t[k]
+
+
+@njit(cache=True, nogil=True)
+def _nchunks(n):
+    return (n + CHUNK - 1) // CHUNK
+
+
+@njit(cache=True, nogil=True)
+def counters_serial(x, q, lo, hi, sqnr, out):
+    n = x.size
+    parts = np.empty((_nchunks(n), 5))
+    for c in range(parts.shape[0]):
+        a = c * CHUNK
+        b = min(a + CHUNK, n)
+        count_chunk(x[a:b], q[a:b], lo, hi, sqnr, parts, c)
+    _total(parts, n, out)
+
+
+@njit(cache=True, parallel=True)
 def counters_parallel(x, q, lo, hi, sqnr, out):
-    over = under = nan = 0
-    sig = noise = 0.0
-    for i in prange(x.size):
-        a, b = x[i], q[i]
-        fa = abs(a) < np.inf
-        over += fa & ((a > hi) | (a < lo))
-        under += (b == 0) & (a != 0)
-        nan += b != b
-        if sqnr:
-            ok = fa & (abs(b) < np.inf)
-            da = np.float64(a) if ok else 0.0
-            d = (np.float64(b) if ok else 0.0) - da
-            sig += da * da
-            noise += d * d
-    out[0] += x.size
-    out[1] += over
-    out[2] += under
-    out[3] += nan
-    out[4] += sig
-    out[5] += noise
+    n = x.size
+    parts = np.empty((_nchunks(n), 5))
+    for c in prange(parts.shape[0]):
+        a = c * CHUNK
+        b = min(a + CHUNK, n)
+        count_chunk(x[a:b], q[a:b], lo, hi, sqnr, parts, c)
+    _total(parts, n, out)
+
+
+# ---- fused: round a chunk, then count it --------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def _f32_chunk(s, d, sf, df, c, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
+               sqnr, parts):
+    a = c * CHUNK
+    b = min(a + CHUNK, s.size)
+    f32_serial(s[a:b], d[a:b], sf[a:b], df[a:b], man, emin, sub, max_bits, max_value, ovf, negzero, mode, key,
+               nbits, a)
+    count_chunk(sf[a:b], df[a:b], lo, hi, sqnr, parts, c)
+
+
+@njit(cache=True)
+def _f32_serial(s, d, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi, sqnr,
+                parts):
+    for c in range(parts.shape[0]):
+        _f32_chunk(s, d, sf, df, c, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
+                   sqnr, parts)
+
+
+@njit(cache=True, parallel=True)
+def _f32_parallel(s, d, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi, sqnr,
+                  parts):
+    for c in prange(parts.shape[0]):
+        _f32_chunk(s, d, sf, df, c, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
+                   sqnr, parts)
+
+
+@njit(cache=True)
+def f32_counted_at(src, dst, n, w, par, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
+                   sqnr, acc):
+    """``cpu.f32_at`` (float32 memory, w: a uint32 witness) and ``counters`` into the float64[6] at ``acc``."""
+    s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
+    sf, df = carray(_voidptr(src), n, np.float32), carray(_voidptr(dst), n, np.float32)
+    parts = np.empty((_nchunks(n), 5))
+    if par:
+        _f32_parallel(s, d, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
+                      sqnr, parts)
+    else:
+        _f32_serial(s, d, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi, sqnr,
+                    parts)
+    _total(parts, n, carray(_voidptr(acc), 6, np.float64))
+
+
+@njit(cache=True, nogil=True)
+def _float_chunk(s, d, sv, dv, c, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                 nbits, lo, hi, sqnr, parts):
+    a = c * CHUNK
+    b = min(a + CHUNK, s.size)
+    float_serial(s[a:b], d[a:b], sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                 nbits, a)
+    count_chunk(sv[a:b], dv[a:b], lo, hi, sqnr, parts, c)
+
+
+@njit(cache=True)
+def _float_serial(s, d, sv, dv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key, nbits,
+                  lo, hi, sqnr, parts):
+    for c in range(parts.shape[0]):
+        _float_chunk(s, d, sv, dv, c, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                     nbits, lo, hi, sqnr, parts)
+
+
+@njit(cache=True, parallel=True)
+def _float_parallel(s, d, sv, dv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                    nbits, lo, hi, sqnr, parts):
+    for c in prange(parts.shape[0]):
+        _float_chunk(s, d, sv, dv, c, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                     nbits, lo, hi, sqnr, parts)
+
+
+@njit(cache=True)
+def float_counted_at(src, dst, n, w, wv, par, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero,
+                     mode, key, nbits, lo, hi, sqnr, acc):
+    """``cpu.float_at`` (w: the uint witness, wv: the float witness of the memory) and the counters."""
+    s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
+    sv, dv = carray(_voidptr(src), n, wv.dtype), carray(_voidptr(dst), n, wv.dtype)
+    parts = np.empty((_nchunks(n), 5))
+    if par:
+        _float_parallel(s, d, sv, dv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                        nbits, lo, hi, sqnr, parts)
+    else:
+        _float_serial(s, d, sv, dv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                      nbits, lo, hi, sqnr, parts)
+    _total(parts, n, carray(_voidptr(acc), 6, np.float64))
+
+
+@njit(cache=True, nogil=True)
+def _fixed_chunk(s, d, c, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts):
+    a = c * CHUNK
+    b = min(a + CHUNK, s.size)
+    fixed_serial(s[a:b], d[a:b], frac_bits, code_min, code_max, saturate, mode, key, nbits, a)
+    count_chunk(s[a:b], d[a:b], lo, hi, sqnr, parts, c)
+
+
+@njit(cache=True)
+def _fixed_serial(s, d, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts):
+    for c in range(parts.shape[0]):
+        _fixed_chunk(s, d, c, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts)
+
+
+@njit(cache=True, parallel=True)
+def _fixed_parallel(s, d, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts):
+    for c in prange(parts.shape[0]):
+        _fixed_chunk(s, d, c, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts)
+
+
+@njit(cache=True)
+def fixed_counted_at(src, dst, n, w, par, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr,
+                     acc):
+    """``cpu.fixed_at`` (w: the float witness of the memory) and the counters."""
+    s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
+    parts = np.empty((_nchunks(n), 5))
+    if par:
+        _fixed_parallel(s, d, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts)
+    else:
+        _fixed_serial(s, d, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts)
+    _total(parts, n, carray(_voidptr(acc), 6, np.float64))
+
+
+# ---- Python side: the fused kernels with their format arguments bound (as cpu.float_runner) -----------------
+def float_counted_runner(dtype, man, emin, subnormals, max_value, overflow, negzero):
+    """``cpu.float_runner``'s twin that also counts: ``run(src, dst, n, mode, key, nbits, lo, hi, sqnr, acc,
+    parallel=None)``, ``acc`` the address of a float64[6]; ``dst`` must not be ``src``. Cached."""
+    return _float_counted_runner(_cpu._check_dtype(dtype), int(man), int(emin), int(subnormals), float(max_value),
+                                 int(overflow), int(negzero))
+
+
+@functools.lru_cache(maxsize=512)
+def _float_counted_runner(dt, man, emin, subnormals, max_value, overflow, negzero):
+    _, sign_pos, in_man, in_bias = _cpu.LAYOUT[dt]
+    w, wv, mbits = _cpu._BITS_WITNESS[dt], _cpu._VALUE_WITNESS[dt], _cpu._max_bits(max_value, dt)
+    if dt == np.dtype(np.float32) and emin >= -126:
+        fn, wit = f32_counted_at, (w,)
+        pre = (man, emin, subnormals, np.int64(mbits), float(max_value), overflow, negzero)
+    else:
+        fn, wit = float_counted_at, (w, wv)
+        pre = (sign_pos, in_man, in_bias, man, emin, subnormals, np.uint64(mbits), overflow, negzero)
+    return _bind(fn, wit, pre, dt)
+
+
+def fixed_counted_runner(dtype, frac_bits, code_min, code_max, saturate):
+    """``cpu.fixed_runner``'s twin that also counts (see ``float_counted_runner``)."""
+    dt = _cpu._check_dtype(dtype)
+    return _fixed_counted_runner(dt, int(frac_bits), int(code_min), int(code_max), int(saturate))
+
+
+@functools.lru_cache(maxsize=512)
+def _fixed_counted_runner(dt, frac_bits, code_min, code_max, saturate):
+    pre = (frac_bits, np.int64(code_min), np.int64(code_max), saturate)
+    return _bind(fixed_counted_at, (_cpu._VALUE_WITNESS[dt],), pre, dt)
+
+
+_thresholds = functools.lru_cache(maxsize=1024)(thresholds)
+
+
+def _bind(fn, wit, pre, dt):
+    def run(src: int, dst: int, n: int, mode, key, nbits, lo, hi, sqnr, acc: int, parallel=None) -> None:
+        lo, hi = _thresholds(float(lo), float(hi), dt)
+        if parallel is None and n < _cpu.PARALLEL_MIN:  # serial: no lock, no thread-count check
+            fn(src, dst, n, *wit, False, *pre, mode, np.uint64(key), nbits, lo, hi, bool(sqnr), acc)
+            return
+        with _parallel.try_parallel(_cpu.use_parallel(n, parallel)) as par:
+            fn(src, dst, n, *wit, par, *pre, mode, np.uint64(key), nbits, lo, hi, bool(sqnr), acc)
+
+    return run

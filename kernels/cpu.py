@@ -46,9 +46,10 @@ _F32 = np.dtype(np.float32)
 
 
 @njit(cache=True)
-def float_serial(src, dst, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key, nbits):
+def float_serial(src, dst, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key, nbits,
+                 base=0):
     for i in range(src.size):
-        rnd = random_bits(key, i, nbits) if mode == STOCHASTIC else np.uint64(0)
+        rnd = random_bits(key, base + i, nbits) if mode == STOCHASTIC else np.uint64(0)
         dst[i] = round_float_bits(src[i], sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero,
                                   mode, rnd, nbits)
 
@@ -76,7 +77,7 @@ def _nearest_params(man, emin, sub, max_value, ovf):
 # The float32 and fixed-point loops are written once per rounding mode, with the mode a compile-time
 # constant: the other modes' branches vanish and the loop vectorises (5x faster than a runtime mode).
 @njit(cache=True)
-def f32_serial(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits):
+def f32_serial(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base=0):
     if mode == NEAREST and man > 0:
         split, magic, mn, ovfv = _nearest_params(man, emin, sub, max_value, ovf)
         for i in range(src.size):
@@ -101,7 +102,7 @@ def f32_serial(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negze
             dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, ODD, 0, nbits)
     else:
         for i in range(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, STOCHASTIC, random_bits(key, i, nbits), nbits)
+            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, STOCHASTIC, random_bits(key, base + i, nbits), nbits)
 
 
 @njit(cache=True, parallel=True)
@@ -134,7 +135,7 @@ def f32_parallel(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, neg
 
 
 @njit(cache=True)
-def fixed_serial(src, dst, frac_bits, code_min, code_max, saturate, mode, key, nbits):
+def fixed_serial(src, dst, frac_bits, code_min, code_max, saturate, mode, key, nbits, base=0):
     if mode == NEAREST:
         for i in range(src.size):
             dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, NEAREST, 0, nbits)
@@ -155,7 +156,7 @@ def fixed_serial(src, dst, frac_bits, code_min, code_max, saturate, mode, key, n
             dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, ODD, 0, nbits)
     else:
         for i in range(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, STOCHASTIC, random_bits(key, i, nbits), nbits)
+            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, STOCHASTIC, random_bits(key, base + i, nbits), nbits)
 
 
 @njit(cache=True, parallel=True)
@@ -229,6 +230,30 @@ def fixed_at(src, dst, n, w, par, frac_bits, code_min, code_max, saturate, mode,
         fixed_serial(s, d, frac_bits, code_min, code_max, saturate, mode, key, nbits)
 
 
+# Several tensors in one call, each rounded in place as a slice of their concatenation: element i of tensor t
+# is element base_t + i of the concatenation (base_t = the sizes before t), so stochastic rounding draws the
+# bits the concatenated tensor would (``OptimLP``: no concatenation, split and copy back). Serial loops.
+@njit(cache=True)
+def f32_many_at(addrs, sizes, w, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits):
+    base = 0
+    for t in range(addrs.size):
+        n = sizes[t]
+        s, sf = carray(_voidptr(addrs[t]), n, w.dtype), carray(_voidptr(addrs[t]), n, np.float32)
+        f32_serial(s, s, sf, sf, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base)
+        base += n
+
+
+@njit(cache=True)
+def float_many_at(addrs, sizes, w, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                  nbits):
+    base = 0
+    for t in range(addrs.size):
+        n = sizes[t]
+        s = carray(_voidptr(addrs[t]), n, w.dtype)
+        float_serial(s, s, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key, nbits, base)
+        base += n
+
+
 # ---- dispatch ---------------------------------------------------------------------------------------------
 # binary layout of the float dtypes the float kernels read as bits: (uint view, sign_pos, man, bias)
 LAYOUT = {
@@ -264,6 +289,17 @@ def _check_dtype(dtype) -> np.dtype:
     return dt
 
 
+def entry_point(fn, args):
+    """The compiled entry point of dispatcher ``fn`` for the argument types of ``args`` (a call with those types
+    was made), or ``fn`` itself. Calling it skips numba's per-call type dispatch (~1 us of 15 arguments); the
+    runners below call it with the same Python types every time (int addresses, sizes and codes, a witness
+    array, a bool, numpy scalars), so every call has that signature."""
+    try:
+        return fn.overloads[tuple(fn.typeof_pyval(a) for a in args)].entry_point
+    except (KeyError, AttributeError, TypeError, ValueError):
+        return fn
+
+
 def float_runner(dtype, man, emin, subnormals, max_value, overflow, negzero):
     """``quantize_float_at`` with the dtype and format arguments checked and converted once:
     returns ``run(src, dst, n, mode, key, nbits, parallel=None)``. Cached per argument tuple."""
@@ -280,10 +316,27 @@ def _float_runner(dt, man, emin, subnormals, max_value, overflow, negzero):
     else:
         fn, pre = float_at, (sign_pos, in_man, in_bias, man, emin, subnormals, np.uint64(mbits), overflow, negzero)
 
+    direct = [None]  # fn's entry point, after the first serial call
+
     def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
+        if parallel is None and n < PARALLEL_MIN:  # the serial loop, without the lock and thread-count checks
+            args = (int(src), int(dst), int(n), w, False, *pre, int(mode), np.uint64(key), int(nbits))
+            if direct[0] is None:
+                fn(*args)
+                direct[0] = entry_point(fn, args)
+            else:
+                direct[0](*args)
+            return
         with _parallel.try_parallel(use_parallel(n, parallel)) as par:
             fn(src, dst, n, w, par, *pre, mode, np.uint64(key), nbits)
 
+    many = f32_many_at if fn is f32_at else float_many_at
+
+    def run_many(addrs: np.ndarray, sizes: np.ndarray, mode, key, nbits) -> None:
+        """Round the contiguous tensors at ``addrs`` (int64) of ``sizes`` in place as one concatenation."""
+        many(addrs, sizes, w, *pre, mode, np.uint64(key), nbits)
+
+    run.many = run_many
     return run
 
 
@@ -296,7 +349,17 @@ def fixed_runner(dtype, frac_bits, code_min, code_max, saturate):
 def _fixed_runner(dt, frac_bits, code_min, code_max, saturate):
     w, pre = _VALUE_WITNESS[dt], (frac_bits, np.int64(code_min), np.int64(code_max), saturate)
 
+    direct = [None]
+
     def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
+        if parallel is None and n < PARALLEL_MIN:
+            args = (int(src), int(dst), int(n), w, False, *pre, int(mode), np.uint64(key), int(nbits))
+            if direct[0] is None:
+                fixed_at(*args)
+                direct[0] = entry_point(fixed_at, args)
+            else:
+                direct[0](*args)
+            return
         with _parallel.try_parallel(use_parallel(n, parallel)) as par:
             fixed_at(src, dst, n, w, par, *pre, mode, np.uint64(key), nbits)
 

@@ -1,6 +1,7 @@
 """OptimLP and LossScaler: exact expectations against emunum.reference (numpy float64 rounding)."""
 import pytest
 import torch
+from torch import nn
 
 from emunum import LossScaler, OptimLP, get_format
 from emunum.optim import derive_seed
@@ -295,3 +296,28 @@ def test_scaler_misuse_and_bad_arguments():
         LossScaler(growth_interval=0)
     with pytest.raises(TypeError, match="init_scale"):
         LossScaler("big")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_in_place_rounding_draws_the_bits_of_the_concatenation(dtype, monkeypatch):
+    """``_round_in_place`` (each tensor rounded where it lies, at its offset in the concatenation) against the
+    concatenate-round-split path, bit for bit, over steps of SR weights/gradients/momentum."""
+    from emunum import optim as optim_mod
+
+    def run(fast):
+        if not fast:
+            monkeypatch.setattr(optim_mod, "_round_in_place", lambda *a: False)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(7, 5), nn.ReLU(), nn.Linear(5, 3)).to(dtype)
+        opt = OptimLP(torch.optim.Adam(model.parameters(), lr=0.01), weight="fp16_169", weight_rounding="stochastic",
+                      grad="e5m2", grad_rounding="stochastic", momentum="fp16_169", second_moment="bf16", seed=5)
+        x = torch.randn(9, 7, dtype=dtype)
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).square().sum().backward()
+            opt.step()
+        monkeypatch.undo()
+        return [p.detach().clone() for p in model.parameters()] + \
+            [v.clone() for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+
+    assert all(torch.equal(a, b) for a, b in zip(run(True), run(False)))

@@ -262,3 +262,36 @@ def test_roles_without_format_are_not_reported():
     with trace.collect(model) as t:
         model(torch.randn(2, 6))
     assert set(t.summary()["0"]) == {Role.WEIGHT.value, Role.INPUT.value, Role.OUTPUT.value}
+
+
+@pytest.mark.parametrize("opts", [dict(fmt="e4m3fn", grad="e5m2", ste="clipped"),
+                                  dict(fmt="e5m2", rounding="stochastic", grad="e5m2", grad_rounding="nearest"),
+                                  dict(fmt="e5m2", grad=None, ste="clipped"),
+                                  dict(fmt=None, grad="e4m3fn"),
+                                  dict(fmt="e4m3fn", scaling="per_tensor", grad="e5m2"),
+                                  dict(fmt=emunum.FixedFormat(8, 3), grad=emunum.FixedFormat(8, 6))],
+                         ids=["clipped", "stochastic_forward", "forward_only", "gradient_only", "per_tensor",
+                              "fixed"])
+def test_fused_traced_rounding_changes_no_value_gradient_or_count(opts, monkeypatch):
+    """The traced path (one node, counted in the rounding pass) against the untraced one, and its counters
+    against those of the former path (round, then ``accumulate``; ``_TracedGradRound`` for gradients)."""
+    def run(traced):
+        torch.manual_seed(0)
+        model = emunum.patch(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)), **opts)
+        x = (torch.randn(8, 6, generator=torch.Generator().manual_seed(3)) * 40).requires_grad_()
+        torch.manual_seed(11)
+        t = trace.enable(model, every=1) if traced else None
+        for _ in range(2):
+            model(x).square().sum().backward()
+        if t is not None:
+            t.close()
+        return [p.grad for p in model.parameters()] + [x.grad], t
+
+    want, _ = run(False)
+    got, t = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert sum(d["values"] for roles in t.summary().values() for d in roles.values()) > 0
+    monkeypatch.setattr(trace, "eager_ok", lambda x: False)  # the former, unfused path
+    former, t0 = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(want, former))
+    assert json.dumps(t0.summary()) == json.dumps(t.summary())

@@ -139,8 +139,8 @@ class EmuLayer:
                 return bq(trace.round(x, role, fq, None))
             return trace.round(x, role, fq, bq)
         merged = self.__dict__.get("_emunum_q1", {}).get(role)
-        if merged is not None:
-            return merged(x)
+        if merged is not None:  # its plan, called without nn.Module.__call__ (an internal quantiser: no hooks)
+            return merged._plan(x)
         if fq is not None:
             x = fq(x)
         if bq is not None:

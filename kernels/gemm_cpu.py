@@ -271,13 +271,48 @@ def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=Non
 
 def _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, plan):
     if plan is not None:
-        dtype, mul_sub, acc_sub, checks = plan
-        gemm_fast(np.ascontiguousarray(A, dtype=dtype), np.ascontiguousarray(B, dtype=dtype), bias, has_bias, out,
-                  fast_params(mulp, dtype), fast_params(accp, dtype), fast_params(accp), lanes, chunk,
-                  bool(mul_sub), bool(acc_sub), bool(checks))
+        _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, plan)
     else:
         gemm_general(np.ascontiguousarray(A, dtype=np.float32), np.ascontiguousarray(B, dtype=np.float32), bias,
                      has_bias, out, int(fused), as_params(mulp), as_params(accp), lanes, chunk, as_keys(keys), nbits)
+
+
+def _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, plan):
+    """``gemm_fast`` on a layout of the same products that fills its TM x TN tiles.
+
+    gemm_fast computes each output element alone, with the same operations in the same order whatever the
+    tiling, and draws no random bits (round to nearest only), so any layout that gives every output element its
+    own row of A and column of B gives the same bits:
+    - a batch of A over one B: out[b] = A[b] @ B is one GEMM of nb*M rows (out viewed as (1, nb*M, N));
+    - one A over a batch of narrow B (N < TN, e.g. a conv's im2col per sample): out[b] = A @ B[b] is one GEMM
+      A @ [B[0] | B[1] | ...] of nb*N columns;
+    - a narrow output (N < TN/2 < M, e.g. a bias-gradient GEMM with N = 1): out^T = B^T @ A^T, since every
+      product a*b == b*a exactly and the formats, modes and plan flags are symmetric in the two operands.
+    """
+    nb, M, N = out.shape
+    K = A.shape[2]
+    if nb > 1 and B.shape[0] == 1 and A.shape[0] == nb and out.flags.c_contiguous:
+        o = out.reshape(1, nb * M, N)
+        b2 = np.ascontiguousarray(bias).reshape(1, nb * M, N) if has_bias else bias
+        _run_fast(A.reshape(1, nb * M, K), B, b2, has_bias, o, mulp, accp, lanes, chunk, plan)
+        return
+    if nb > 1 and A.shape[0] == 1 and B.shape[0] == nb and N < TN:
+        o = np.empty((1, M, nb * N))
+        b2 = np.ascontiguousarray(bias.transpose(1, 0, 2)).reshape(1, M, nb * N) if has_bias else bias
+        _run_fast(A, np.ascontiguousarray(B.transpose(1, 0, 2)).reshape(1, K, nb * N), b2, has_bias, o, mulp, accp,
+                  lanes, chunk, plan)
+        out[...] = o.reshape(M, nb, N).transpose(1, 0, 2)
+        return
+    if 2 * N < TN and M > N:
+        o = np.empty((nb, N, M))
+        b2 = np.ascontiguousarray(bias.transpose(0, 2, 1)) if has_bias else bias
+        _run_fast(B.transpose(0, 2, 1), A.transpose(0, 2, 1), b2, has_bias, o, mulp, accp, lanes, chunk, plan)
+        out[...] = o.transpose(0, 2, 1)
+        return
+    dtype, mul_sub, acc_sub, checks = plan
+    gemm_fast(np.ascontiguousarray(A, dtype=dtype), np.ascontiguousarray(B, dtype=dtype), bias, has_bias, out,
+              fast_params(mulp, dtype), fast_params(accp, dtype), fast_params(accp), lanes, chunk,
+              bool(mul_sub), bool(acc_sub), bool(checks))
 
 
 def mad(a, b, c, out, fused, mulp, accp, keys, nbits):

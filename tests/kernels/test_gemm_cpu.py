@@ -160,6 +160,33 @@ def test_fast_kernel_equals_general_kernel(name):
     np.testing.assert_array_equal(_run(A2, B, bias, unit, fast=plan), _run(A2, B, bias, unit, fast=False))
 
 
+LAYOUTS = {  # (A shape, B shape): the layouts _run_fast rewrites, and one it leaves alone
+    "one A over a batch of narrow B (conv im2col)": ((1, 25, 75), (9, 75, 21)),
+    "a batch of A over one B": ((4, 9, 40), (1, 40, 70)),
+    "narrow output (bias-gradient GEMM)": ((1, 25, 190), (1, 190, 1)),
+    "batched narrow output": ((3, 33, 20), (3, 20, 5)),
+    "both rewrites (batch of narrow B, then narrow)": ((1, 40, 30), (5, 30, 3)),
+    "wide output (no rewrite)": ((2, 5, 20), (2, 20, 70)),
+}
+
+
+@pytest.mark.parametrize("unit", ["e5m2-e6m9_lanes3_chunk2", "e4m3-bf16_sat"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fast_kernel_layouts_give_the_general_kernels_bits(layout, unit, with_bias):
+    """The batch-merged and transposed layouts of gemm_fast give gemm_general's bits, bias included."""
+    u = FAST_UNITS[unit]
+    rng = np.random.default_rng(7)
+    (sa, sb) = LAYOUTS[layout]
+    A, B = _operands(rng, sa, "fp8_152"), _operands(rng, sb, "fp8_152")
+    nb = max(sa[0], sb[0])
+    bias = rng.standard_normal((nb, sa[1], sb[2])) * 10 if with_bias else None
+    mulp, accp = u.kernel_params()
+    assert gemm_cpu.fast_plan(A, B, 0, mulp, accp) is not None  # the fast kernel is what runs
+    got, want = _run(A, B, bias, u, fast=None), _run(A, B, bias, u, fast=False)
+    np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+
+
 def test_fast_plan_drops_only_what_cannot_matter():
     unit = MADUnit("fp8_152", "fp16_169", chunk=64)
     mulp, accp = unit.kernel_params()

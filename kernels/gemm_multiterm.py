@@ -11,7 +11,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, gemm_multiterm_f64, gemm_pack, gemm_scalar, multiterm_scalar, scalar
+from . import _cache, gemm_exact_slices, gemm_multiterm_f64, gemm_pack, gemm_scalar, multiterm_scalar, scalar
 from . import parallel as _parallel
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__, multiterm_scalar.__file__])
@@ -255,6 +255,15 @@ def _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbi
         gemm_multiterm_f64.gemm(A64, PA, B64, PB, A.shape[0], BT.shape[0], C, bias, has_bias, out, prm, accp,
                                 outerp, keys, nbits, gemm_multiterm_f64.fast_rounding(accp))
         return "multiterm_f64"
+    if fast and exact and prm[T_FUSED] == 1:
+        okA, msbA, lsbA = gemm_pack.span(A)
+        okB, msbB, lsbB = gemm_pack.span(BT)
+        sig = gemm_exact_slices.plan(A.shape[2], msbA, lsbA, msbB, lsbB) if okA and okB else None
+        if sig is not None:
+            A64, _ = gemm_pack.packed_a(A, 0, False)
+            B64, _ = gemm_pack.packed_b(BT, 0, False)
+            gemm_exact_slices.gemm(A64, B64, A.shape[0], BT.shape[0], C, bias, has_bias, out, sig, accp, keys, nbits)
+            return "exact_slices"
     if prm[T_FUSED] == 1 and (exact or (prm[T_P] >= 0 and prm[T_AMODE] == 2)):
         bA, M, K = A.shape
         bB, N, _ = BT.shape

@@ -50,8 +50,8 @@ from .multiterm_scalar import (  # noqa: E402
     promote,
 )
 
-TM = 8          # rows per tile: they share the tile's B block while it is in L2
-KB_TARGET = 256  # products per K block (rounded to a multiple of n): the B block (2 x KB x TN x 8 bytes) stays in L1/L2
+TM = 16         # rows per tile: they share the tile's B block while it is in L1/L2
+KB_TARGET = 64  # products per K block (a multiple of n): the block of B and 2**eb (2 x KB x TN x 8 bytes) stays in L2
 EXP = np.uint64(0x7FF0000000000000)
 _TOWARD_ZERO, _NEAREST = 2, 0
 LIMIT = 2.0**1000
@@ -84,14 +84,16 @@ def gemm(A, PA, B, PB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, 
     carry = prm[T_CARRY]
     floorpow = math.ldexp(1.0, prm[T_FLOOR]) if prm[T_FLOOR] != NO_FLOOR else 0.0
     cminpow = math.ldexp(1.0, prm[T_C_EMIN])
-    twop, twomp = math.ldexp(1.0, p), math.ldexp(1.0, -p)
+    twomp = math.ldexp(1.0, -p)
     wm = math.ldexp(1.0, 3 + carry + p) if carry >= 0 else 0.0
     man = accp[P_MAN]
     eminb = np.uint64(accp[P_EMIN] + 1023) << np.uint64(52)
     manb = np.uint64(man) << np.uint64(52)
     invb = np.uint64(2046) << np.uint64(52)
+    scb = np.uint64(2046 + p) << np.uint64(52)
     maxv = bits_f64(np.uint64(accp[P_MAXBITS]))
     nearest = accp[P_MODE] == _NEAREST
+    slow = not fast
     kb = n * max(1, KB_TARGET // n)
     tj = B.shape[1]
     ti = (M + TM - 1) // TM
@@ -107,6 +109,7 @@ def gemm(A, PA, B, PB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, 
         acc = np.zeros((TM, TN))
         outer = np.zeros((TM, TN))
         mx = np.empty(TN)
+        mxi = np.empty(TN, np.int64)
         sc = np.empty(TN)
         inv = np.empty(TN)
         s = np.empty(TN)
@@ -124,26 +127,33 @@ def gemm(A, PA, B, PB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, 
                 for k0 in range(kb0, kb1, n):
                     k1 = min(kb1, k0 + n)
                     # 1. step exponent 2**E per column (mx: the largest 2**(ea+eb) of a nonzero product)
+                    # (on the bits: non-negative binary64 values are ordered as their int64 bits; this
+                    # arithmetic max vectorises where a compare-and-select does not)
                     for jj in range(TN):
-                        mx[jj] = 0.0
+                        mxi[jj] = 0
                     for k in range(k0, k1):
                         pa = PA[ia, k]
                         if pa == 0.0:
                             continue
                         for jj in range(TN):
-                            v = pa * PB[bb, jt, k, jj]
-                            mx[jj] = v if v > mx[jj] else mx[jj]
-                    # 2. scale 2**(p-E) and c's aligned integer
+                            d = np.int64(f64_bits(pa * PB[bb, jt, k, jj])) - mxi[jj]
+                            mxi[jj] += d & ~(d >> 63)
+                    for jj in range(TN):
+                        mx[jj] = bits_f64(np.uint64(mxi[jj]))
+                    # 2. scale 2**(p-E) and c's aligned integer (branch-free: selects)
                     for jj in range(TN):
                         c = x[jj]
                         cold[jj] = c
+                        cnz = c != 0.0
                         cp = bits_f64(f64_bits(c) & EXP)
-                        cp = (cp if cp > cminpow else cminpow) if c != 0.0 else 0.0
+                        cp = cp if cp > cminpow else cminpow
+                        cp = cp if cnz else 0.0
                         m = mx[jj] if mx[jj] > cp else cp
                         m = m if m > floorpow else floorpow
-                        nz[jj] = mx[jj] > 0.0 or c != 0.0
-                        m = m if nz[jj] else 1.0
-                        sc[jj] = twop / m
+                        z = (mx[jj] > 0.0) | cnz
+                        nz[jj] = z
+                        m = m if z else 1.0
+                        sc[jj] = bits_f64(scb - f64_bits(m))  # 2**p / m on the exponent field
                         inv[jj] = m * twomp
                         s[jj] = 0.0 + np.trunc(c * sc[jj])
                     # 3. the aligned products, truncated, summed exactly
@@ -154,23 +164,25 @@ def gemm(A, PA, B, PB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, 
                         for jj in range(TN):
                             s[jj] += np.trunc(a * B[bb, jt, k, jj] * sc[jj])
                     # 4.-5. carry wrap, v = s * 2**(E-p), rounding to acc_fmt
-                    nbad = 0
+                    if wm != 0.0:
+                        h = 0.5 * wm
+                        for jj in range(TN):
+                            sv = s[jj]
+                            s[jj] = sv + h - wm * math.floor((sv + h) / wm) - h
                     for jj in range(TN):
-                        sv = s[jj]
-                        if wm != 0.0:
-                            h = 0.5 * wm
-                            sv = sv + h - wm * math.floor((sv + h) / wm) - h
-                            s[jj] = sv
-                        v = sv * inv[jj]
+                        v = s[jj] * inv[jj]
                         qb = f64_bits(v) & EXP
                         qb = (qb if qb > eminb else eminb) - manb
                         y = v * bits_f64(invb - qb)
-                        r = (np.rint(y) if nearest else np.trunc(y)) * bits_f64(qb)
+                        y = np.rint(y) if nearest else np.trunc(y)
+                        r = y * bits_f64(qb)
                         c = cold[jj]
-                        bd = nz[jj] and (not fast or r == 0.0 or abs(r) > maxv or c - c != 0.0)
-                        bad[jj] = bd
-                        nbad += bd
-                        x[jj] = r if nz[jj] else 0.0
+                        z = nz[jj]
+                        bad[jj] = z & ((r == 0.0) | (abs(r) > maxv) | (c - c != 0.0) | slow)
+                        x[jj] = r if z else 0.0
+                    nbad = 0
+                    for jj in range(TN):
+                        nbad += bad[jj]
                     if nbad > 0:
                         for jj in range(TN):
                             if bad[jj]:  # fused_step's own roundings (c non-finite: round_acc(c))

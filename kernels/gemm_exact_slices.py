@@ -32,7 +32,7 @@ from .multiterm_scalar import NLIMB, exact_accumulate, exact_result, kul_add, ku
 
 TM = 8           # rows per tile (they share the tile's B block)
 KB = 256         # products per K block: the B block (KB x TN x 8 bytes) stays in L1/L2 across the tile's rows
-LMAX = 4
+LMAX = 6
 
 
 def plan(K, msb_a, lsb_a, msb_b, lsb_b):

@@ -9,9 +9,11 @@ and each operand's 2**ea, ea = max(floor(log2|x|), in_emin), 0 for a zero).
 Exactness. Operands are finite float32 values, so for a nonzero operand 2**-149 <= |x| < 2**(ea+1) with
 -149 <= ea <= 127, and a product ab is exact in binary64 with 2**-298 <= |ab| < 2**(ea+eb+2).
   1. Step exponent: 2**(ea+eb) = PA*PB is an exact product of powers of two (2**-298 .. 2**254); its maximum
-     over the step's products (0 for a zero product: ab != 0 iff PA*PB != 0), then with 2**max(floor(log2|c|),
-     c_emin) (the exponent bits of c, a normal binary64 or 0, see below) and 2**align_floor, is 2**E.
-  2. Alignment: scale = 2**p / 2**E = 2**(p-E) is exact (-1000 <= E - p <= 298 + 40). The term's aligned
+     over the step's products (0 for a zero product: ab != 0 iff PA*PB != 0; taken on the int64 bits, which
+     order non-negative binary64 values), then with 2**max(floor(log2|c|), c_emin) (the exponent bits of c, a
+     normal binary64 or 0, see below) and 2**align_floor, is 2**E.
+  2. Alignment: scale = 2**(p-E), formed on the exponent field (bits (2046 + p) * 2**52 - bits(2**E)), is a
+     normal power of two (-1000 <= E - p <= 298 + 40). The term's aligned
      magnitude is t = (ab) * scale: if |t| >= 1 it lies in [1, 2**(p+2)) and the scaling is exact (no
      over- or underflow), so trunc(t) is the truncated integer; if |t| < 1, the computed product (rounded
      only if it underflows) is still below 1 in magnitude, so trunc gives +-0, the right integer. Same for c

@@ -25,6 +25,7 @@ from .multiterm_scalar import (  # noqa: E402
 from .gemm_scalar import f64_bits, round_value  # noqa: E402
 
 TN = 32  # output columns advanced together by ``gemm_int_tiled``
+N_F64 = 4  # below this many output columns the integer kernel beats gemm_multiterm_f64's 64-column tiles
 
 
 @njit(cache=True, parallel=True)
@@ -237,10 +238,10 @@ def gemm_int_tiled(MA, EA, MB, EB, bA, bB, C, bias, has_bias, out, prm, accp, ou
 
 def gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits, fast=True):
     """The fastest kernel that applies, all with ``gemm``'s bits: ``gemm_multiterm_f64`` (fused multi-term,
-    toward-zero alignment, operands and C in its proven range), ``gemm_exact_slices`` (exact accumulation of
-    exact products within its exponent span), ``gemm_int``/``gemm_int_tiled`` (exact products; toward-zero
-    alignment or exact accumulation; operands on their format's grid), else ``gemm``. Holds the process-wide
-    parallel lock. Returns the name of the kernel that ran. fast=False: skip the float64 kernels (the integer
+    toward-zero alignment, operands and C in its proven range; for N < N_F64 only where the integer kernel does
+    not apply), ``gemm_exact_slices`` (exact accumulation of exact products within its exponent span),
+    ``gemm_int``/``gemm_int_tiled`` (exact products; toward-zero alignment or exact accumulation; operands on
+    their format's grid), else ``gemm``. Holds the process-wide parallel lock. Returns the name of the kernel that ran. fast=False: skip the float64 kernels (the integer
     and general kernels only: a baseline for benchmarks and tests)."""
     with _parallel.exclusive():
         return _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits, fast)
@@ -248,13 +249,10 @@ def gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbit
 
 def _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits, fast):
     exact = prm[T_KIND] == 1
-    if fast and not exact and gemm_multiterm_f64.applies(prm, accp, C) and np.isfinite(A).all() and np.isfinite(BT).all():
-        emin = prm[T_IN_EMIN]
-        A64, PA = gemm_pack.packed_a(A, emin, True)
-        B64, PB = gemm_pack.packed_b(BT, emin, True)
-        gemm_multiterm_f64.gemm(A64, PA, B64, PB, A.shape[0], BT.shape[0], C, bias, has_bias, out, prm, accp,
-                                outerp, keys, nbits, gemm_multiterm_f64.fast_rounding(accp))
-        return "multiterm_f64"
+    f64 = (fast and not exact and gemm_multiterm_f64.applies(prm, accp, C) and np.isfinite(A).all()
+           and np.isfinite(BT).all())
+    if f64 and BT.shape[1] >= N_F64:
+        return _run_f64(A, BT, C, bias, has_bias, out, prm, accp, outerp, keys, nbits)
     if fast and exact and prm[T_FUSED] == 1:
         okA, msbA, lsbA = gemm_pack.span(A)
         okB, msbB, lsbB = gemm_pack.span(BT)
@@ -279,5 +277,16 @@ def _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbi
                 EBk = np.ascontiguousarray(EB.reshape(bB, N, K).transpose(0, 2, 1))
                 gemm_int_tiled(MA, EA, MBk, EBk, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, nbits)
                 return "int_tiled"
+    if f64:  # narrow output, operands off their format's grid: padded column tiles still beat ``gemm``
+        return _run_f64(A, BT, C, bias, has_bias, out, prm, accp, outerp, keys, nbits)
     gemm(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits)
     return "general"
+
+
+def _run_f64(A, BT, C, bias, has_bias, out, prm, accp, outerp, keys, nbits):
+    emin = prm[T_IN_EMIN]
+    A64, PA = gemm_pack.packed_a(A, emin, True)
+    B64, PB = gemm_pack.packed_b(BT, emin, True)
+    gemm_multiterm_f64.gemm(A64, PA, B64, PB, A.shape[0], BT.shape[0], C, bias, has_bias, out, prm, accp, outerp,
+                            keys, nbits, gemm_multiterm_f64.fast_rounding(accp))
+    return "multiterm_f64"

@@ -506,10 +506,11 @@ def test_f64_multiterm_kernel_overflowing_steps_take_the_exact_rounding_and_carr
     and an inf of the other sign from a later step's own overflow never arises (c dominates E)."""
     unit = MADUnit.preset("a100_fp16_out_fp16")
     A = np.full((1, 2, 40), 240.0, np.float32)
-    B = np.full((1, 40, 3), 240.0, np.float32)
+    B = np.full((1, 40, 4), 240.0, np.float32)
     B[0, :, 1] = -240.0
+    B[0, :, 3] = 2.0**-10
     A[0, 1, 20:] = 0.0
-    C = np.zeros((1, 2, 3))
+    C = np.zeros((1, 2, 4))
     C[0, 0, 2] = -60000.0
     kern, got, general, slow = kernel_outputs(unit, A, B, C)
     assert kern == "multiterm_f64"
@@ -624,3 +625,18 @@ def test_exact_slices_plan_bounds_and_fallbacks():
     rounded = MADUnit("bf16", "exact", acc_rounding="nearest")
     kern, got, general, _ = kernel_outputs(rounded, A[:, :, 1:], B[:, 1:], C)
     assert kern != "exact_slices" and same_bits(got, general)
+
+
+@pytest.mark.parametrize("in_fmt,want", [(None, "int"), ("fp16", "multiterm_f64")])
+def test_narrow_outputs_take_the_integer_kernel_unless_operands_are_off_its_grid(in_fmt, want):
+    """N < N_F64 columns: the per-element integer kernel where it applies (fp32 operands on fp32's grid), else
+    the padded float64 kernel (fp32 operands below fp16's grid), never the general one; the same bits."""
+    unit = MADUnit(None, "fp32", fused=True, acc_rounding="toward_zero", terms=4, align_bits=20, in_fmt=in_fmt)
+    rng = np.random.default_rng(12)
+    A = operands(rng, (1, 6, 13), "fp32", spread=20, subnormal_share=0.1).numpy()
+    B = operands(rng, (1, 13, 1), "fp32", spread=20, subnormal_share=0.1).numpy()
+    A[0, 0, 0] = 2.0**-140
+    C = np.zeros((1, 6, 1))
+    kern, got, general, slow = kernel_outputs(unit, A, B, C)
+    assert kern == want
+    assert same_bits(got, general) and same_bits(got, slow) and same_bits(got, ref_gemm(unit, A, B, C))

@@ -18,6 +18,11 @@ added while U + g > lsb + 53; the last one sums the remainders themselves, multi
 exactly because U + g <= lsb + 53. Each slice spans 53 - g - 1 bits of the products' range T - lsb (about 43
 bits for K = 512); ``plan`` gives up (None: the integer kernel runs) beyond LMAX slices. Every sigma_s and
 every value is a normal binary64 (|ab| in [2**-298, 2**256)).
+
+Flush. Where c, bias and the slices hold at most two nonzero values x, y (finite, below 2**1000), the binary64
+round-to-odd of x + y is ``round_odd(two_sum(x, y))`` (TwoSum is exact without overflow; round-to-odd at 53
+bits is one function of the exact value, so it equals ``kul_ro53``'s), rounded by the same ``round_draw``
+``exact_result`` calls. Otherwise all of them enter the Kulisch limbs and ``exact_result``.
 """
 import numpy as np
 from numba import njit, prange
@@ -27,12 +32,13 @@ from . import _cache, gemm_pack, gemm_scalar, multiterm_scalar, scalar
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__, multiterm_scalar.__file__, gemm_pack.__file__])
 
 from .gemm_pack import TN  # noqa: E402
-from .gemm_scalar import S_ACC  # noqa: E402
+from .gemm_scalar import S_ACC, round_draw, round_odd, two_sum  # noqa: E402
 from .multiterm_scalar import NLIMB, exact_accumulate, exact_result, kul_add, kul_clear  # noqa: E402
 
 TM = 8           # rows per tile (they share the tile's B block)
 KB = 256         # products per K block: the B block (KB x TN x 8 bytes) stays in L1/L2 across the tile's rows
 LMAX = 6
+LIMIT = 2.0**1000  # C and bias below this take the two-term flush (no overflow in two_sum)
 
 
 def plan(K, msb_a, lsb_a, msb_b, lsb_b):
@@ -107,6 +113,22 @@ def gemm(A, B, bA, bB, C, bias, has_bias, out, sig, accp, keys, nbits):
             i = i0 + ii
             for jj in range(nj):
                 o = (b * M + i) * N + j0 + jj
+                c = C[b, i, j0 + jj]
+                bi = bias[b, i, j0 + jj] if has_bias else 0.0
+                if abs(c) < LIMIT and abs(bi) < LIMIT:  # at most two nonzero terms: two_sum, round_odd
+                    x, y, cnt = 0.0, 0.0, 0
+                    for s in range(-2, L):
+                        v = c if s == -2 else (bi if s == -1 else S[ii, s, jj])
+                        if v != 0.0:
+                            if cnt == 0:
+                                x = v
+                            else:
+                                y = v
+                            cnt += 1
+                    if cnt <= 2:
+                        hi, lo = two_sum(x, y)
+                        out[b, i, j0 + jj] = round_draw(round_odd(hi, lo), accp, keys[S_ACC], o, nbits)
+                        continue
                 kul_clear(limbs)
                 sp, has = exact_accumulate(limbs, C[b, i, j0 + jj], 0.0, False)
                 if has_bias:

@@ -640,3 +640,20 @@ def test_narrow_outputs_take_the_integer_kernel_unless_operands_are_off_its_grid
     kern, got, general, slow = kernel_outputs(unit, A, B, C)
     assert kern == want
     assert same_bits(got, general) and same_bits(got, slow) and same_bits(got, ref_gemm(unit, A, B, C))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "toward_zero", "up", "stochastic"])
+def test_exact_slices_two_term_flush_keeps_the_sticky_bit(mode):
+    """1 + 2**-24 + 2**-80 in two slices (c = 0, no bias): the two-term flush's round-to-odd keeps 2**-80, so
+    the tie at fp32's 1 + 2**-24 is broken upward, as the Kulisch accumulator does."""
+    unit = MADUnit(None, "exact", fused=True, acc_rounding=mode)
+    A = np.zeros((1, 2, 6), np.float32)
+    A[0, 0, :3] = [1.0, 2.0**-24, 2.0**-80]
+    A[0, 1, :3] = [-1.0, 2.0**-24, -2.0**-80]
+    B = np.ones((1, 6, 4), np.float32)
+    C = np.zeros((1, 2, 4))
+    kern, got, general, slow = kernel_outputs(unit, A, B, C)
+    assert kern == "exact_slices"
+    assert same_bits(got, general) and same_bits(got, slow)
+    if mode == "nearest":
+        assert np.all(got[0, 0] == 1.0 + 2.0**-23) and np.all(got[0, 1] == -(1.0 - 2.0**-24))

@@ -110,7 +110,6 @@ def gemm(A, PA, B, PB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, 
         bb = b % bB
         acc = np.zeros((TM, TN))
         outer = np.zeros((TM, TN))
-        mx = np.empty(TN)
         mxi = np.empty(TN, np.int64)
         sc = np.empty(TN)
         inv = np.empty(TN)
@@ -128,7 +127,7 @@ def gemm(A, PA, B, PB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, 
                 x = acc[ii]
                 for k0 in range(kb0, kb1, n):
                     k1 = min(kb1, k0 + n)
-                    # 1. step exponent 2**E per column (mx: the largest 2**(ea+eb) of a nonzero product)
+                    # 1. step exponent 2**E per column (mxi: bits of the largest 2**(ea+eb) of a nonzero product)
                     # (on the bits: non-negative binary64 values are ordered as their int64 bits; this
                     # arithmetic max vectorises where a compare-and-select does not)
                     for jj in range(TN):
@@ -140,8 +139,6 @@ def gemm(A, PA, B, PB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, 
                         for jj in range(TN):
                             d = np.int64(f64_bits(pa * PB[bb, jt, k, jj])) - mxi[jj]
                             mxi[jj] += d & ~(d >> 63)
-                    for jj in range(TN):
-                        mx[jj] = bits_f64(np.uint64(mxi[jj]))
                     # 2. scale 2**(p-E) and c's aligned integer (branch-free: selects)
                     for jj in range(TN):
                         c = x[jj]
@@ -150,9 +147,10 @@ def gemm(A, PA, B, PB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, 
                         cp = bits_f64(f64_bits(c) & EXP)
                         cp = cp if cp > cminpow else cminpow
                         cp = cp if cnz else 0.0
-                        m = mx[jj] if mx[jj] > cp else cp
+                        mp = bits_f64(np.uint64(mxi[jj]))
+                        m = mp if mp > cp else cp
                         m = m if m > floorpow else floorpow
-                        z = (mx[jj] > 0.0) | cnz
+                        z = (mp > 0.0) | cnz
                         nz[jj] = z
                         m = m if z else 1.0
                         sc[jj] = bits_f64(scb - f64_bits(m))  # 2**p / m on the exponent field
@@ -171,6 +169,7 @@ def gemm(A, PA, B, PB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, 
                         for jj in range(TN):
                             sv = s[jj]
                             s[jj] = sv + h - wm * math.floor((sv + h) / wm) - h
+                    nbad = 0
                     for jj in range(TN):
                         v = s[jj] * inv[jj]
                         qb = f64_bits(v) & EXP
@@ -180,11 +179,10 @@ def gemm(A, PA, B, PB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, 
                         r = y * bits_f64(qb)
                         c = cold[jj]
                         z = nz[jj]
-                        bad[jj] = z & ((r == 0.0) | (abs(r) > maxv) | (c - c != 0.0) | slow)
+                        bd = z & ((r == 0.0) | (abs(r) > maxv) | (c - c != 0.0) | slow)
+                        bad[jj] = bd
+                        nbad += bd
                         x[jj] = r if z else 0.0
-                    nbad = 0
-                    for jj in range(TN):
-                        nbad += bad[jj]
                     if nbad > 0:
                         for jj in range(TN):
                             if bad[jj]:  # fused_step's own roundings (c non-finite: round_acc(c))

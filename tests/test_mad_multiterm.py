@@ -445,11 +445,13 @@ def _in_fmt(name):
                                   "ada_fp8_e4m3", "a100_fp16_out_fp16", "h100_bf16"])
 def test_f64_multiterm_kernel_gives_the_general_kernels_bits_on_preset_operands(name):
     """Batched A against a broadcast B, K not a multiple of the terms nor of the K block, N = one full and one
-    ragged 64-column tile, C of the accumulator's format, a bias, zero rows and subnormal operands."""
+    ragged column tile, C of the accumulator's format, a bias, zero rows and subnormal operands."""
+    from emunum.kernels.gemm_pack import TN
+
     unit = MADUnit.preset(name)
     fmt = _in_fmt(name)
     rng = np.random.default_rng(len(name))
-    K, N = 3 * unit.terms + 5 + 64, 70
+    K, N = 3 * unit.terms + 5 + 64, TN + 6
     A = operands(rng, (2, 5, K), fmt, spread=4, subnormal_share=0.05).numpy()
     B = operands(rng, (1, K, N), fmt, spread=4, subnormal_share=0.05).numpy()
     A[1, 2, :] = 0.0                                    # an all-zero row: c alone
@@ -459,7 +461,7 @@ def test_f64_multiterm_kernel_gives_the_general_kernels_bits_on_preset_operands(
     kern, got, general, slow = kernel_outputs(unit, A, B, C, bias)
     assert kern == "multiterm_f64"
     assert same_bits(got, general) and same_bits(got, slow)
-    rows, cols = [0, 2, 3], [0, 63, 64, 69]
+    rows, cols = [0, 2, 3], [0, TN - 1, TN, TN + 5]
     want = ref_subset(unit, A, B, C, rows, cols)
     for x, i in enumerate(rows):  # bias last, one rounding to acc_fmt
         for y, j in enumerate(cols):
@@ -564,7 +566,8 @@ def test_exact_slices_kernel_gives_the_general_kernels_bits(dtype, mode, fmt, sp
 
     unit = MADUnit(None, "exact", fused=True, acc_rounding=mode)
     rng = np.random.default_rng(spread)
-    K, N = 300, 70
+    TN = gemm_pack.TN
+    K, N = 300, TN + 6
     A = _exact_operands(rng, (2, 4, K), fmt, spread, sub)
     B = _exact_operands(rng, (1, K, N), fmt, spread, sub)
     A[0, 0, :] = 0.0
@@ -583,7 +586,7 @@ def test_exact_slices_kernel_gives_the_general_kernels_bits(dtype, mode, fmt, sp
     if mode != "stochastic":
         out_fmt = unit.exact_out_format(dtype)
         assert np.all(got[0, 0] == float(ref.round_fraction(Fraction(2) ** -28, out_fmt, mode)))
-        for b_, i, j in [(0, 0, 0), (0, 0, 69), (1, 2, 64), (1, 3, 5), (0, 1, 7)]:
+        for b_, i, j in [(0, 0, 0), (0, 0, TN + 5), (1, 2, TN), (1, 3, 5), (0, 1, TN - 1)]:
             s = Fraction(C[b_, i, j]) + Fraction(bias[b_, i, j])
             w = ref.round_fraction(s + sum(Fraction(float(x)) * Fraction(float(y)) for x, y in zip(A[b_, i], B[0, :, j])),
                                    out_fmt, mode)

@@ -660,3 +660,26 @@ def test_exact_slices_two_term_flush_keeps_the_sticky_bit(mode):
     assert same_bits(got, general) and same_bits(got, slow)
     if mode == "nearest":
         assert np.all(got[0, 0] == 1.0 + 2.0**-23) and np.all(got[0, 1] == -(1.0 - 2.0**-24))
+
+
+def test_pack_span_and_powers_match_a_python_reading_of_the_operands():
+    """gemm_pack.span (msb, lsb, finiteness) and pack_a's 2**max(floor(log2|x|), emin) against math.frexp and
+    exact integer arithmetic, on fp32 values with subnormals and zeros."""
+    import math
+
+    from emunum.kernels import gemm_pack
+
+    rng = np.random.default_rng(9)
+    X = operands(rng, (2, 3, 37), "fp32", spread=60, subnormal_share=0.2).numpy()
+    nz = [float(x) for x in X.ravel() if x != 0]
+    msb = max(math.frexp(x)[1] - 1 for x in nz)
+    lsb = min(Fraction(abs(x)).denominator.bit_length() * -1 + 1 if Fraction(abs(x)).denominator > 1
+              else (int(abs(x)) & -int(abs(x))).bit_length() - 1 for x in nz)
+    assert gemm_pack.span(X) == (True, msb, lsb)
+    assert gemm_pack.span(np.zeros((1, 2, 3), np.float32))[0] and gemm_pack.span(np.zeros((1, 2, 3), np.float32))[1] < -1000
+    X[1, 2, 5] = np.inf
+    assert not gemm_pack.span(X)[0]
+    X[1, 2, 5] = 0.0
+    _, P = gemm_pack.packed_a(X, -14, True)
+    want = [0.0 if x == 0 else 2.0 ** max(math.frexp(float(x))[1] - 1, -14) for x in X.reshape(-1)]
+    assert np.array_equal(P.reshape(-1), np.array(want))

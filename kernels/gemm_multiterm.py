@@ -249,8 +249,8 @@ def gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbit
 
 def _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits, fast):
     exact = prm[T_KIND] == 1
-    f64 = (fast and not exact and gemm_multiterm_f64.applies(prm, accp, C) and np.isfinite(A).all()
-           and np.isfinite(BT).all())
+    f64 = (fast and not exact and A.shape[2] > 0 and gemm_multiterm_f64.applies(prm, accp, C)
+           and np.isfinite(A).all() and np.isfinite(BT).all())  # K = 0: gemm's one step of c alone
     if f64 and BT.shape[1] >= N_F64:
         return _run_f64(A, BT, C, bias, has_bias, out, prm, accp, outerp, keys, nbits)
     if fast and exact and prm[T_FUSED] == 1:

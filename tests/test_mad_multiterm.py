@@ -521,7 +521,7 @@ def test_f64_multiterm_kernel_overflowing_steps_take_the_exact_rounding_and_carr
 
 
 @pytest.mark.parametrize("case", ["inf_operand", "nan_operand", "huge_c", "tiny_c", "inf_c", "rounded_products",
-                                  "nearest_alignment", "lossless"])
+                                  "nearest_alignment", "lossless", "k0"])
 def test_f64_multiterm_kernel_is_skipped_outside_its_proven_range(case):
     """Non-finite operands, C beyond 2**+-1000 or non-finite, rounded products, other alignment modes and
     lossless steps run the integer or general kernel: same bits as the general kernel either way."""
@@ -546,6 +546,9 @@ def test_f64_multiterm_kernel_is_skipped_outside_its_proven_range(case):
         C[0, 2, 1] = 2.0**-1001
     elif case == "inf_c":
         C[0, 1, 1] = -np.inf
+    elif case == "k0":  # no products: one step of c alone, which rounds c to acc_fmt
+        A, B = A[:, :, :0], B[:, :0]
+        C = rng.standard_normal((1, 3, 5))
     kern, got, general, slow = kernel_outputs(unit, A, B, C)
     assert kern != "multiterm_f64"
     assert same_bits(got, general) and same_bits(got, slow)

@@ -241,8 +241,9 @@ def gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbit
     toward-zero alignment, operands and C in its proven range; for N < N_F64 only where the integer kernel does
     not apply), ``gemm_exact_slices`` (exact accumulation of exact products within its exponent span),
     ``gemm_int``/``gemm_int_tiled`` (exact products; toward-zero alignment or exact accumulation; operands on
-    their format's grid), else ``gemm``. Holds the process-wide parallel lock. Returns the name of the kernel that ran. fast=False: skip the float64 kernels (the integer
-    and general kernels only: a baseline for benchmarks and tests)."""
+    their format's grid), else ``gemm``. Holds the process-wide parallel lock. Returns the name of the kernel
+    that ran. fast=False: skip the float64 kernels (the integer and general kernels only: a baseline for
+    benchmarks and tests)."""
     with _parallel.exclusive():
         return _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits, fast)
 

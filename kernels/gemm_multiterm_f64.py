@@ -45,8 +45,9 @@ from . import _cache, gemm_pack, gemm_scalar, multiterm_scalar, scalar
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__, multiterm_scalar.__file__, gemm_pack.__file__])
 
 from .gemm_pack import TN  # noqa: E402
-from .gemm_scalar import P_EMIN, P_KIND, P_MAN, P_MAXBITS, P_MODE, P_SUB, S_BIAS, add_round, bits_f64, f64_bits  # noqa: E402
-from .gemm_scalar import round_value  # noqa: E402
+from .gemm_scalar import (  # noqa: E402
+    P_EMIN, P_KIND, P_MAN, P_MAXBITS, P_MODE, P_SUB, S_BIAS, add_round, bits_f64, f64_bits, round_value,
+)
 from .multiterm_scalar import (  # noqa: E402
     NO_FLOOR, T_AMODE, T_C_EMIN, T_CARRY, T_FLOOR, T_FUSED, T_KIND, T_P, T_PROMOTE, T_TERMS, is_promotion_point,
     promote,

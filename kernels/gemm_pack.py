@@ -3,16 +3,17 @@
 A (bA, M, K) float32 becomes float64 rows (bA*M, K); B^T (bB, N, K) float32 becomes column tiles
 (bB, ceil(N/TN), K, TN) float64, zero-padded past column N, so that one tile's K x TN block is contiguous (no
 cache-set aliasing from a power-of-two row stride) and every column loop has the constant trip count TN.
-Optionally each operand's power of two 2**ea, ea = max(floor(log2|x|), emin) (``exponent_of``), 0 for a zero.
-Every conversion is exact (float32 -> float64; ldexp of 1 by an exponent in [-149, 127]).
+Optionally each operand's power of two 2**ea, ea = max(floor(log2|x|), emin) (``multiterm_scalar.exponent_of``),
+0 for a zero. Every conversion is exact (float32 -> float64, a normal binary64 whose exponent bits alone are
+2**floor(log2|x|), in [2**-149, 2**127]).
 Also: the operands' finiteness and their exponent range (``span``), on which the kernels' plans depend.
 """
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, gemm_scalar, multiterm_scalar, scalar
+from . import _cache, gemm_scalar, scalar
 
-_cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__, multiterm_scalar.__file__])
+_cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
 from .gemm_scalar import bits_f64, f64_bits  # noqa: E402
 

@@ -8,9 +8,11 @@ the fast-kernel plan the dispatcher took, and the general (per-rounding bit-exac
 stochastic-accumulator unit at --general-size, for reference.
 
 Multi-term rows (issue 14/18): tensor-core presets h100_fp8_e4m3 (e4m3 operands) and a100_bf16 (bf16
-operands), and exact (Kulisch) accumulation, at --mt-size, on the multi-term kernel (0: skip).
+operands), and exact (Kulisch) accumulation, at --mt-size, on the multi-term kernels (0: skip); the kernel
+``gemm_auto`` chose is named in the row; --mt-old adds each unit's pre-float64 kernel as a same-run baseline.
 
-    python benchmarks/gemm.py [--size 512] [--repeat 5] [--general-size 128] [--mt-size 512] [--threads N]
+    python benchmarks/gemm.py [--size 512] [--repeat 5] [--general-size 128] [--mt-size 512] [--mt-old]
+                              [--threads N]
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import statistics
 import time
 
 import numba
+import numpy as np
 import torch
 
 import emunum
@@ -52,6 +55,7 @@ def main() -> None:
     ap.add_argument("--general-size", type=int, default=128, help="size for the general kernel (0: skip)")
     ap.add_argument("--mt-size", type=int, default=512, help="size for the multi-term rows (0: skip)")
     ap.add_argument("--threads", type=int, default=0, help="numba and torch threads (0: leave the defaults)")
+    ap.add_argument("--mt-old", action="store_true", help="multi-term rows: also time the old kernels (slow)")
     args = ap.parse_args()
     if args.threads:
         numba.set_num_threads(args.threads)
@@ -78,18 +82,40 @@ def main() -> None:
         print(line(f"emunum.matmul {sr} ({m}^3, general kernel)", m**3,
                    *timed(lambda: emunum.matmul(As, Bs, sr, seed=0), args.repeat)))
     if args.mt_size:
-        multiterm_rows(args.mt_size, args.repeat)
+        multiterm_rows(args.mt_size, args.repeat, args.mt_old)
 
 
-def multiterm_rows(m: int, repeat: int) -> None:
+def multiterm_rows(m: int, repeat: int, old: bool) -> None:
+    """Each unit through emunum.matmul (the dispatcher's fastest kernel; which one is printed), and with old,
+    the kernels from before the float64 ones (``gemm_auto(fast=False)``: integer or general) on the same
+    operands, as a same-run baseline."""
     g = torch.Generator().manual_seed(1)
     for label, unit, fmt in (("h100_fp8_e4m3", MADUnit.preset("h100_fp8_e4m3"), "e4m3fn"),
                              ("a100_bf16", MADUnit.preset("a100_bf16"), "bf16"),
                              ("exact (Kulisch), fp32 out", MADUnit(None, "exact", fused=True), "bf16")):
         A = emunum.quantize(torch.randn(m, m, generator=g), fmt)
         B = emunum.quantize(torch.randn(m, m, generator=g), fmt)
-        print(line(f"emunum.matmul {label} ({m}^3)", m**3, *timed(lambda: emunum.matmul(A, B, unit), repeat)))
+        kernel = _multiterm_call(A, B, unit, True)()
+        print(line(f"emunum.matmul {label} ({m}^3, {kernel})", m**3,
+                   *timed(lambda: emunum.matmul(A, B, unit), repeat)))
+        if old:
+            call = _multiterm_call(A, B, unit, False)
+            print(line(f"  same, old kernel ({call()}, same run)", m**3, *timed(call, repeat)))
     print(line(f"torch.matmul float32 ({m}^3, same run)", m**3, *timed(lambda: torch.matmul(A, B), repeat)))
+
+
+def _multiterm_call(A, B, unit, fast):
+    """A call of ``gemm_multiterm.gemm_auto`` on A @ B as ``emunum.matmul`` makes it; returns the kernel's name."""
+    from emunum.kernels import gemm_multiterm
+    from emunum.mad.unit import stream_keys
+
+    a, bt = A.float().numpy()[None], B.float().T.contiguous().numpy()[None]
+    c = np.zeros((1, A.shape[0], B.shape[1]))
+    out = np.empty_like(c)
+    prm, mulp, accp, outerp = (tuple(int(v) for v in p) for p in unit.multiterm_params(torch.float32))
+    keys = tuple(np.uint64(k) for k in stream_keys(0))
+    return lambda: gemm_multiterm.gemm_auto(a, bt, c, np.zeros((1, 1, 1)), False, out, prm, mulp, accp, outerp, keys,
+                                            unit.sr_bits, fast=fast)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, gemm_scalar, multiterm_scalar, scalar
+from . import _cache, gemm_exact_slices, gemm_multiterm_f64, gemm_pack, gemm_scalar, multiterm_scalar, scalar
 from . import parallel as _parallel
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__, multiterm_scalar.__file__])
@@ -25,6 +25,7 @@ from .multiterm_scalar import (  # noqa: E402
 from .gemm_scalar import f64_bits, round_value  # noqa: E402
 
 TN = 32  # output columns advanced together by ``gemm_int_tiled``
+N_F64 = 4  # below this many output columns the integer kernel beats gemm_multiterm_f64's 64-column tiles
 
 
 @njit(cache=True, parallel=True)
@@ -235,15 +236,33 @@ def gemm_int_tiled(MA, EA, MB, EB, bA, bB, C, bias, has_bias, out, prm, accp, ou
             out[b, i, j0 + jj] = y
 
 
-def gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits):
-    """``gemm_int`` where it applies (exact products; toward-zero alignment or exact accumulation; operands
-    on their format's grid), else ``gemm``. Same bits either way. Holds the process-wide parallel lock."""
+def gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits, fast=True):
+    """The fastest kernel that applies, all with ``gemm``'s bits: ``gemm_multiterm_f64`` (fused multi-term,
+    toward-zero alignment, operands and C in its proven range; for N < N_F64 only where the integer kernel does
+    not apply), ``gemm_exact_slices`` (exact accumulation of exact products within its exponent span),
+    ``gemm_int``/``gemm_int_tiled`` (exact products; toward-zero alignment or exact accumulation; operands on
+    their format's grid), else ``gemm``. Holds the process-wide parallel lock. Returns the name of the kernel
+    that ran. fast=False: skip the float64 kernels (the integer and general kernels only: a baseline for
+    benchmarks and tests)."""
     with _parallel.exclusive():
-        _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits)
+        return _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits, fast)
 
 
-def _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits):
+def _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits, fast):
     exact = prm[T_KIND] == 1
+    f64 = (fast and not exact and A.shape[2] > 0 and gemm_multiterm_f64.applies(prm, accp, C)
+           and np.isfinite(A).all() and np.isfinite(BT).all())  # K = 0: gemm's one step of c alone
+    if f64 and BT.shape[1] >= N_F64:
+        return _run_f64(A, BT, C, bias, has_bias, out, prm, accp, outerp, keys, nbits)
+    if fast and exact and prm[T_FUSED] == 1:
+        okA, msbA, lsbA = gemm_pack.span(A)
+        okB, msbB, lsbB = gemm_pack.span(BT)
+        sig = gemm_exact_slices.plan(A.shape[2], msbA, lsbA, msbB, lsbB) if okA and okB else None
+        if sig is not None:
+            A64, _ = gemm_pack.packed_a(A, 0, False)
+            B64, _ = gemm_pack.packed_b(BT, 0, False)
+            gemm_exact_slices.gemm(A64, B64, A.shape[0], BT.shape[0], C, bias, has_bias, out, sig, accp, keys, nbits)
+            return "exact_slices"
     if prm[T_FUSED] == 1 and (exact or (prm[T_P] >= 0 and prm[T_AMODE] == 2)):
         bA, M, K = A.shape
         bB, N, _ = BT.shape
@@ -253,9 +272,22 @@ def _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbi
         if split(A, emin, MA, EA) and split(BT, emin, MB, EB):
             if exact or N < 8:  # column tiles pay off only for wide outputs
                 gemm_int(MA, EA, MB, EB, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, nbits)
+                return "int"
             else:
                 MBk = np.ascontiguousarray(MB.reshape(bB, N, K).transpose(0, 2, 1))
                 EBk = np.ascontiguousarray(EB.reshape(bB, N, K).transpose(0, 2, 1))
                 gemm_int_tiled(MA, EA, MBk, EBk, bA, bB, C, bias, has_bias, out, prm, accp, outerp, keys, nbits)
-            return
+                return "int_tiled"
+    if f64:  # narrow output, operands off their format's grid: padded column tiles still beat ``gemm``
+        return _run_f64(A, BT, C, bias, has_bias, out, prm, accp, outerp, keys, nbits)
     gemm(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbits)
+    return "general"
+
+
+def _run_f64(A, BT, C, bias, has_bias, out, prm, accp, outerp, keys, nbits):
+    emin = prm[T_IN_EMIN]
+    A64, PA = gemm_pack.packed_a(A, emin, True)
+    B64, PB = gemm_pack.packed_b(BT, emin, True)
+    gemm_multiterm_f64.gemm(A64, PA, B64, PB, A.shape[0], BT.shape[0], C, bias, has_bias, out, prm, accp, outerp,
+                            keys, nbits, gemm_multiterm_f64.fast_rounding(accp))
+    return "multiterm_f64"

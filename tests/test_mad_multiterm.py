@@ -391,3 +391,299 @@ def test_tiled_integer_kernel_equals_general_kernel_with_bias_and_ragged_tiles(p
                                                     unit.acc_fmt, "nearest")) for j in range(45)]
                           for i in range(3)] for b in range(2)])
         assert same_bits(general, want)
+
+
+# ---- fast CPU kernels (gemm_multiterm_f64, gemm_exact_slices) against the general kernel and the reference --
+# Invariant: whichever kernel ``gemm_auto`` picks, the bits are ``gemm_multiterm.gemm``'s (the general, per-step
+# kernel) and the fractions reference's. Each case asserts which kernel ran, so a case cannot pass by falling
+# back silently.
+
+def kernel_outputs(unit, A, B, C, bias=None, dtype=torch.float32, seed=5):
+    """(name of the kernel gemm_auto ran, its output, the general kernel's output, gemm_auto(fast=False)'s).
+    A (bA, M, K), B (bB, K, N), C (nb, M, N) numpy float32/float64; bias None or (nb, M, N) float64."""
+    from emunum.kernels import gemm_multiterm
+    from emunum.mad.unit import stream_keys
+
+    prm, mulp, accp, outerp = (tuple(int(v) for v in p) for p in unit.multiterm_params(dtype))
+    keys = tuple(np.uint64(k) for k in stream_keys(seed))
+    A = np.ascontiguousarray(A, np.float32)
+    BT = np.ascontiguousarray(np.asarray(B, np.float32).transpose(0, 2, 1))
+    nb, M, N = C.shape
+    C = np.ascontiguousarray(C, np.float64)
+    has_bias = bias is not None
+    bias = np.ascontiguousarray(bias, np.float64) if has_bias else np.zeros((1, 1, 1))
+    outs = [np.empty((nb, M, N)) for _ in range(3)]
+    name = gemm_multiterm.gemm_auto(A, BT, C, bias, has_bias, outs[0], prm, mulp, accp, outerp, keys, unit.sr_bits)
+    gemm_multiterm.gemm(A, BT, C, bias, has_bias, outs[1], prm, mulp, accp, outerp, keys, unit.sr_bits)
+    gemm_multiterm.gemm_auto(A, BT, C, bias, has_bias, outs[2], prm, mulp, accp, outerp, keys, unit.sr_bits,
+                             fast=False)
+    return name, *outs
+
+
+def ref_subset(unit, A, B, C, rows, cols, dtype=torch.float32):
+    """The reference on out[b, i, j] for b < nb, i in rows, j in cols (B broadcast over the batch)."""
+    nb = C.shape[0]
+    got = np.empty((nb, len(rows), len(cols)))
+    for b_ in range(nb):
+        a_, bm = A[b_ % A.shape[0]], B[b_ % B.shape[0]]
+        for x, i in enumerate(rows):
+            for y, j in enumerate(cols):
+                r = ref_element(unit, [float(v) for v in a_[i]], [float(v) for v in bm[:, j]], float(C[b_, i, j]),
+                                dtype)
+                got[b_, x, y] = float(r)
+    return got
+
+
+_IN = {"fp8_e4m3": "e4m3fn", "fp8_e5m2": "e5m2", "bf16": "bf16", "fp16": "fp16", "tf32": "tf32"}
+
+
+def _in_fmt(name):
+    return next(v for k, v in _IN.items() if k in name)
+
+
+@pytest.mark.parametrize("name", ["h100_fp8_e4m3", "h100_fp8_e5m2", "a100_bf16", "a100_tf32", "v100_fp16",
+                                  "ada_fp8_e4m3", "a100_fp16_out_fp16", "h100_bf16"])
+def test_f64_multiterm_kernel_gives_the_general_kernels_bits_on_preset_operands(name):
+    """Batched A against a broadcast B, K not a multiple of the terms nor of the K block, N = one full and one
+    ragged column tile, C of the accumulator's format, a bias, zero rows and subnormal operands."""
+    from emunum.kernels.gemm_pack import TN
+
+    unit = MADUnit.preset(name)
+    fmt = _in_fmt(name)
+    rng = np.random.default_rng(len(name))
+    K, N = 3 * unit.terms + 5 + 64, TN + 6
+    A = operands(rng, (2, 5, K), fmt, spread=4, subnormal_share=0.05).numpy()
+    B = operands(rng, (1, K, N), fmt, spread=4, subnormal_share=0.05).numpy()
+    A[1, 2, :] = 0.0                                    # an all-zero row: c alone
+    A[0, 3, : unit.terms] = 0.0                         # a step of zero products
+    C = operands(rng, (2, 5, N), "fp16" if "out_fp16" in name else "fp32", spread=3).double().numpy()
+    bias = rng.standard_normal((2, 5, N))
+    kern, got, general, slow = kernel_outputs(unit, A, B, C, bias)
+    assert kern == "multiterm_f64"
+    assert same_bits(got, general) and same_bits(got, slow)
+    rows, cols = [0, 2, 3], [0, TN - 1, TN, TN + 5]
+    want = ref_subset(unit, A, B, C, rows, cols)
+    for x, i in enumerate(rows):  # bias last, one rounding to acc_fmt
+        for y, j in enumerate(cols):
+            for b_ in range(2):
+                want[b_, x, y] = float(ref.round_fraction(Fraction(want[b_, x, y]) + Fraction(bias[b_, i, j]),
+                                                          unit.acc_fmt, unit.acc_rounding))
+    assert same_bits(got[:, rows][:, :, cols], want)
+
+
+_F64_UNITS = [
+    MADUnit.preset("h100_fp8_e4m3"),
+    MADUnit(None, "e8m13", fused=True, acc_rounding="toward_zero", terms=32, align_bits=13, align_floor=-133,
+            in_fmt="e4m3fn", promote_every=64),
+    MADUnit(None, "fp32", fused=True, acc_rounding="toward_zero", terms=4, align_bits=6, carry_bits=1),
+    MADUnit(None, "bf16", fused=True, acc_rounding="nearest", terms=5, align_bits=0, carry_bits=0),
+    MADUnit(None, "fp16", fused=True, acc_rounding="up", terms=3, align_bits=25, align_floor=-12),  # slow rounding
+    MADUnit(None, "fp32", fused=True, acc_rounding="nearest", terms=16, align_bits=40, in_fmt="fp16"),
+    MADUnit(None, "bf16", fused=True, acc_rounding="nearest", terms=2, align_bits=4, in_fmt="fp16",
+            promote_every=4, outer_fmt="fp16", outer_rounding="toward_zero"),
+]
+
+
+@pytest.mark.parametrize("unit", _F64_UNITS, ids=str)
+@pytest.mark.parametrize("K", [1, 7, 70])
+def test_f64_multiterm_kernel_matches_reference_on_adversarial_operands(unit, K):
+    """Cancellation to an exact zero sum (+0, never -0), a huge term beside tiny ones, shifts beyond p,
+    carries and wrap, subnormal products, c dominating, promotion blocks."""
+    rng = np.random.default_rng(K + unit.terms)
+    A, B = adversarial_batch(rng, K, "fp16")
+    A, B = A.numpy(), B.numpy()
+    A[0, 2, :] = -A[0, 1, :]
+    B[0, :, 2] = B[0, :, 1]                              # products pairwise equal and opposite in one column
+    C = operands(rng, (2, 3, 4), "fp16", spread=4).double().numpy()
+    C[0, 0, 0] = 2.0**12
+    C[1, 0, 1] = -2.0**-20
+    kern, got, general, slow = kernel_outputs(unit, A, B, C)
+    assert kern == "multiterm_f64"
+    assert same_bits(got, general) and same_bits(got, slow)
+    assert same_bits(got, ref_gemm(unit, A, B, C))
+
+
+def test_f64_multiterm_kernel_overflowing_steps_take_the_exact_rounding_and_carry_inf():
+    """fp16 accumulator (nearest): a step overflows to +-inf (round_value), later steps carry it (round_acc(c))
+    and an inf of the other sign from a later step's own overflow never arises (c dominates E)."""
+    unit = MADUnit.preset("a100_fp16_out_fp16")
+    A = np.full((1, 2, 40), 240.0, np.float32)
+    B = np.full((1, 40, 4), 240.0, np.float32)
+    B[0, :, 1] = -240.0
+    B[0, :, 3] = 2.0**-10
+    A[0, 1, 20:] = 0.0
+    C = np.zeros((1, 2, 4))
+    C[0, 0, 2] = -60000.0
+    kern, got, general, slow = kernel_outputs(unit, A, B, C)
+    assert kern == "multiterm_f64"
+    assert got[0, 0, 0] == np.inf and got[0, 0, 1] == -np.inf and got[0, 1, 0] == np.inf
+    assert same_bits(got, general) and same_bits(got, slow)
+
+
+@pytest.mark.parametrize("case", ["inf_operand", "nan_operand", "huge_c", "tiny_c", "inf_c", "rounded_products",
+                                  "nearest_alignment", "lossless", "k0"])
+def test_f64_multiterm_kernel_is_skipped_outside_its_proven_range(case):
+    """Non-finite operands, C beyond 2**+-1000 or non-finite, rounded products, other alignment modes and
+    lossless steps run the integer or general kernel: same bits as the general kernel either way."""
+    unit = MADUnit.preset("a100_bf16")
+    if case == "rounded_products":
+        unit = MADUnit("bf16", "fp32", acc_rounding="toward_zero", terms=8, align_bits=24)
+    elif case == "nearest_alignment":
+        unit = MADUnit(None, "fp32", fused=True, terms=8, align_bits=24, align_rounding="nearest")
+    elif case == "lossless":
+        unit = MADUnit(None, "fp32", fused=True, terms=8, align_bits=None)
+    rng = np.random.default_rng(1)
+    A = operands(rng, (1, 3, 20), "bf16").numpy()
+    B = operands(rng, (1, 20, 5), "bf16").numpy()
+    C = np.zeros((1, 3, 5))
+    if case == "inf_operand":
+        A[0, 1, 3] = np.inf
+    elif case == "nan_operand":
+        B[0, 4, 2] = np.nan
+    elif case == "huge_c":
+        C[0, 0, 0] = 2.0**1001
+    elif case == "tiny_c":
+        C[0, 2, 1] = 2.0**-1001
+    elif case == "inf_c":
+        C[0, 1, 1] = -np.inf
+    elif case == "k0":  # no products: one step of c alone, which rounds c to acc_fmt
+        A, B = A[:, :, :0], B[:, :0]
+        C = rng.standard_normal((1, 3, 5))
+    kern, got, general, slow = kernel_outputs(unit, A, B, C)
+    assert kern != "multiterm_f64"
+    assert same_bits(got, general) and same_bits(got, slow)
+
+
+def _exact_operands(rng, shape, fmt, spread, subnormal_share=0.0):
+    return operands(rng, shape, fmt, spread=spread, subnormal_share=subnormal_share).numpy()
+
+
+@pytest.mark.parametrize("dtype,mode", [(torch.float32, "nearest"), (torch.float32, "toward_zero"),
+                                        (torch.float16, "up"), (torch.bfloat16, "odd"),
+                                        (torch.float32, "stochastic"), (torch.float16, "stochastic")])
+@pytest.mark.parametrize("fmt,spread,sub", [("bf16", 3, 0.0), ("fp16", 6, 0.05), ("fp32", 12, 0.0), ("fp32", 40, 0.0)])
+def test_exact_slices_kernel_gives_the_general_kernels_bits(dtype, mode, fmt, spread, sub):
+    """Batched A, broadcast B, ragged K and N, C and bias inside the exact sum, stochastic output rounding
+    (counter = output index), cancellation of huge products next to tiny ones; 1 to LMAX slices."""
+    from emunum.kernels import gemm_exact_slices, gemm_pack
+
+    unit = MADUnit(None, "exact", fused=True, acc_rounding=mode)
+    rng = np.random.default_rng(spread)
+    TN = gemm_pack.TN
+    K, N = 300, TN + 6
+    A = _exact_operands(rng, (2, 4, K), fmt, spread, sub)
+    B = _exact_operands(rng, (1, K, N), fmt, spread, sub)
+    A[0, 0, :] = 0.0
+    A[0, 0, :3] = [2.0**15, 2.0**-14, -2.0**15]           # 2**30 + 2**-28 - 2**30: a float64 sum gives 0
+    B[0, :3, :] = np.array([2.0**15, 2.0**-14, 2.0**15])[:, None]
+    A[1, 3, :] = 0.0
+    C = _exact_operands(rng, (2, 4, N), "fp32", spread).astype(np.float64)
+    bias = rng.standard_normal((2, 4, N)) * 2.0**-30
+    C[0, 0, :], bias[0, 0, :] = 0.0, 0.0
+    kern, got, general, slow = kernel_outputs(unit, A, B, C, bias, dtype=dtype)
+    assert kern == "exact_slices"
+    assert same_bits(got, general) and same_bits(got, slow)
+    spans = [gemm_pack.span(np.ascontiguousarray(x)) for x in (A, B.transpose(0, 2, 1))]
+    sig = gemm_exact_slices.plan(K, spans[0][1], spans[0][2], spans[1][1], spans[1][2])
+    assert sig is not None and len(sig) >= 1  # at least two slices: the extraction is exercised
+    if mode != "stochastic":
+        out_fmt = unit.exact_out_format(dtype)
+        assert np.all(got[0, 0] == float(ref.round_fraction(Fraction(2) ** -28, out_fmt, mode)))
+        for b_, i, j in [(0, 0, 0), (0, 0, TN + 5), (1, 2, TN), (1, 3, 5), (0, 1, TN - 1)]:
+            s = Fraction(C[b_, i, j]) + Fraction(bias[b_, i, j])
+            dot = sum(Fraction(float(x)) * Fraction(float(y)) for x, y in zip(A[b_, i], B[0, :, j]))
+            w = ref.round_fraction(s + dot, out_fmt, mode)
+            assert same_bits(got[b_, i, j], float(w))
+
+
+def test_exact_slices_plan_bounds_and_fallbacks():
+    """plan: one slice when the products' span fits 53 - log2 K bits, more as the span grows, None beyond LMAX
+    (the integer kernel then runs, same bits); non-finite C and bias go through the Kulisch specials."""
+    from emunum.kernels import gemm_exact_slices as gs
+
+    assert len(gs.plan(512, 3, -4, 3, -4)) == 0                       # 13 bits: one slice
+    assert len(gs.plan(512, 10, -20, 10, -20)) == 1                   # 62 bits: two
+    assert gs.plan(512, 127, -149, 127, -149) is None                 # 554 bits: too many
+    assert len(gs.plan(1, 0, 0, 0, 0)) == 0 and len(gs.plan(1, 5, 6, 0, 0)) == 0  # all-zero operand
+    unit = MADUnit(None, "exact", fused=True)
+    rng = np.random.default_rng(4)
+    A = rng.integers(-8, 9, (1, 3, 50)).astype(np.float32)   # small integers: one slice, the plain sum
+    B = rng.integers(-8, 9, (1, 50, 4)).astype(np.float32)
+    kern, got, general, _ = kernel_outputs(unit, A, B, np.full((1, 3, 4), 0.5))
+    assert kern == "exact_slices" and same_bits(got, general) and same_bits(got, (A @ B + 0.5))
+    A = _exact_operands(rng, (1, 3, 50), "fp32", 60)
+    B = _exact_operands(rng, (1, 50, 4), "fp32", 60)
+    A[0, 0, 0], B[0, 0, 0] = 2.0**120, 2.0**120
+    A[0, 1, 0], B[0, 1, 1] = 2.0**-140, 2.0**-140
+    C = np.zeros((1, 3, 4))
+    kern, got, general, _ = kernel_outputs(unit, A, B, C)
+    assert kern == "int" and same_bits(got, general)
+    A = _exact_operands(rng, (1, 3, 50), "bf16", 3)
+    B = _exact_operands(rng, (1, 50, 4), "bf16", 3)
+    C[0, 0, 0], C[0, 1, 1], C[0, 2, 2] = np.inf, np.nan, -np.inf
+    bias = np.zeros((1, 3, 4))
+    bias[0, 0, 0] = -np.inf
+    kern, got, general, _ = kernel_outputs(unit, A, B, C, bias)
+    assert kern == "exact_slices" and same_bits(got, general) and np.isnan(got[0, 0, 0])
+    A[0, 0, 0] = np.inf
+    kern, got, general, _ = kernel_outputs(unit, A, B, C)
+    assert kern == "general" and same_bits(got, general)
+    rounded = MADUnit("bf16", "exact", acc_rounding="nearest")
+    kern, got, general, _ = kernel_outputs(rounded, A[:, :, 1:], B[:, 1:], C)
+    assert kern != "exact_slices" and same_bits(got, general)
+
+
+@pytest.mark.parametrize("in_fmt,want", [(None, "int"), ("fp16", "multiterm_f64")])
+def test_narrow_outputs_take_the_integer_kernel_unless_operands_are_off_its_grid(in_fmt, want):
+    """N < N_F64 columns: the per-element integer kernel where it applies (fp32 operands on fp32's grid), else
+    the padded float64 kernel (fp32 operands below fp16's grid), never the general one; the same bits."""
+    unit = MADUnit(None, "fp32", fused=True, acc_rounding="toward_zero", terms=4, align_bits=20, in_fmt=in_fmt)
+    rng = np.random.default_rng(12)
+    A = operands(rng, (1, 6, 13), "fp32", spread=20, subnormal_share=0.1).numpy()
+    B = operands(rng, (1, 13, 1), "fp32", spread=20, subnormal_share=0.1).numpy()
+    A[0, 0, 0] = 2.0**-140
+    C = np.zeros((1, 6, 1))
+    kern, got, general, slow = kernel_outputs(unit, A, B, C)
+    assert kern == want
+    assert same_bits(got, general) and same_bits(got, slow) and same_bits(got, ref_gemm(unit, A, B, C))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "toward_zero", "up", "stochastic"])
+def test_exact_slices_two_term_flush_keeps_the_sticky_bit(mode):
+    """1 + 2**-24 + 2**-80 in two slices (c = 0, no bias): the two-term flush's round-to-odd keeps 2**-80, so
+    the tie at fp32's 1 + 2**-24 is broken upward, as the Kulisch accumulator does."""
+    unit = MADUnit(None, "exact", fused=True, acc_rounding=mode)
+    A = np.zeros((1, 2, 6), np.float32)
+    A[0, 0, :3] = [1.0, 2.0**-24, 2.0**-80]
+    A[0, 1, :3] = [-1.0, 2.0**-24, -2.0**-80]
+    B = np.ones((1, 6, 4), np.float32)
+    C = np.zeros((1, 2, 4))
+    kern, got, general, slow = kernel_outputs(unit, A, B, C)
+    assert kern == "exact_slices"
+    assert same_bits(got, general) and same_bits(got, slow)
+    if mode == "nearest":
+        assert np.all(got[0, 0] == 1.0 + 2.0**-23) and np.all(got[0, 1] == -(1.0 - 2.0**-24))
+
+
+def test_pack_span_and_powers_match_a_python_reading_of_the_operands():
+    """gemm_pack.span (msb, lsb, finiteness) and pack_a's 2**max(floor(log2|x|), emin) against math.frexp and
+    exact integer arithmetic, on fp32 values with subnormals and zeros."""
+    import math
+
+    from emunum.kernels import gemm_pack
+
+    rng = np.random.default_rng(9)
+    X = operands(rng, (2, 3, 37), "fp32", spread=60, subnormal_share=0.2).numpy()
+    nz = [float(x) for x in X.ravel() if x != 0]
+    msb = max(math.frexp(x)[1] - 1 for x in nz)
+    lsb = min(Fraction(abs(x)).denominator.bit_length() * -1 + 1 if Fraction(abs(x)).denominator > 1
+              else (int(abs(x)) & -int(abs(x))).bit_length() - 1 for x in nz)
+    assert gemm_pack.span(X) == (True, msb, lsb)
+    ok, hi, _ = gemm_pack.span(np.zeros((1, 2, 3), np.float32))
+    assert ok and hi < -1000
+    X[1, 2, 5] = np.inf
+    assert not gemm_pack.span(X)[0]
+    X[1, 2, 5] = 0.0
+    _, P = gemm_pack.packed_a(X, -14, True)
+    want = [0.0 if x == 0 else 2.0 ** max(math.frexp(float(x))[1] - 1, -14) for x in X.reshape(-1)]
+    assert np.array_equal(P.reshape(-1), np.array(want))

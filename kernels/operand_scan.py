@@ -11,7 +11,7 @@ temporaries (about 0.4 ms per operand of the default CNN's GEMMs). Same results 
   the most bits from the leading significand bit (implicit 1) to the last set bit: 24 - log2(lowest set bit of
   (fraction | 2**23)); 0 when no element is nonzero.
 Serial on purpose: operands of the GEMMs it plans are small to mid-sized, and it runs inside the planner, outside
-the parallel-section lock.
+the parallel-section lock. The reductions are integer min/max over the float32 bit patterns (they vectorise).
 """
 import numpy as np
 from numba import njit
@@ -22,34 +22,34 @@ _cache.guard(__file__, [])
 
 
 @njit(cache=True)
-def _scan(flat):
-    amax = 0.0
-    amin = np.inf
-    nan = False
-    low = np.uint32(0x800000)  # the smallest lowest-set-bit seen (2**23 when none is lower)
-    seen = False
-    for i in range(flat.size):
-        v = np.float64(flat[i])
-        a = abs(v)
-        nan |= v != v
-        amax = max(amax, a)
-        amin = min(amin, a) if a != 0.0 else amin
-        u = np.float32(v).view(np.uint32) & np.uint32(0x7FFFFFFF)
-        sig = (u & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
-        lo = sig & (~sig + np.uint32(1))
-        nz = u != np.uint32(0)
-        seen |= nz
-        low = min(low, lo) if nz else low
-    return amax, amin, nan, low, seen
+def _scan_bits(u):
+    """Integer reductions over float32 bit patterns u (uint32): (max |bits|, min nonzero |bits|, min lowest set
+    bit of the significand with its implicit bit, over nonzero patterns). Non-negative float bit patterns order
+    as their values do (NaN patterns above inf), so these are value reductions; integer min/max vectorise."""
+    hi = np.uint32(0)
+    lo = np.uint32(0xFFFFFFFF)
+    low = np.uint32(0x800000)
+    for i in range(u.size):
+        a = u[i] & np.uint32(0x7FFFFFFF)
+        sig = (a & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
+        bit = sig & (~sig + np.uint32(1))
+        nz = a != np.uint32(0)
+        hi = max(hi, a)
+        lo = min(lo, a if nz else np.uint32(0xFFFFFFFF))
+        low = min(low, bit if nz else np.uint32(0x800000))
+    return hi, lo, low
 
 
 def scan(x: np.ndarray) -> tuple[float, float, int]:
     """(max |x|, smallest nonzero |x|, significant bits) of x; see the module docstring."""
-    flat = np.ascontiguousarray(x).reshape(-1)
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)  # float32-representable: exact
     if flat.size == 0:
         return 0.0, np.inf, 0
-    amax, amin, nan, low, seen = _scan(flat)
-    if nan:
-        return np.nan, np.nan, int(24 - np.log2(float(low))) if seen else 0
-    bits = int(24 - np.log2(float(low))) if seen else 0
-    return float(amax), float(amin), bits
+    hi, lo, low = _scan_bits(flat.view(np.uint32))
+    if hi == 0:
+        return 0.0, np.inf, 0
+    bits = int(24 - np.log2(float(low)))
+    if hi > 0x7F800000:  # a NaN: numpy's max and min propagate it
+        return np.nan, np.nan, bits
+    f = np.array([hi, lo], dtype=np.uint32).view(np.float32)
+    return float(f[0]), float(f[1]), bits

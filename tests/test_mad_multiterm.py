@@ -687,3 +687,30 @@ def test_pack_span_and_powers_match_a_python_reading_of_the_operands():
     _, P = gemm_pack.packed_a(X, -14, True)
     want = [0.0 if x == 0 else 2.0 ** max(math.frexp(float(x))[1] - 1, -14) for x in X.reshape(-1)]
     assert np.array_equal(P.reshape(-1), np.array(want))
+
+
+@pytest.mark.parametrize("outer", ["fp16", "fp32"])
+@pytest.mark.parametrize("signs", [(1, -1), (1, 1), (-1, 1)])
+def test_promotion_blocks_that_overflow_follow_ieee_arithmetic(signs, outer):
+    """Promotion blocks that overflow to +inf and then -inf give NaN (IEEE +inf + -inf), two of one sign give
+    that infinity, in every kernel and in the reference (which used to return the first infinity)."""
+    unit = MADUnit(None, "fp16", fused=True, acc_rounding="nearest", terms=2, align_bits=12, in_fmt="fp16",
+                   promote_every=4, outer_fmt=outer)
+    K = 12
+    A = torch.ones(1, 2, K, dtype=torch.float16)
+    B = torch.zeros(1, K, 3, dtype=torch.float16)
+    B[0, 0:4, 0] = signs[0] * 30000.0     # block 0 of column 0: 4 x 30000 overflows fp16
+    B[0, 8:12, 0] = signs[1] * 30000.0    # block 2 of column 0
+    B[0, 0:4, 1] = 30000.0                # column 1: one overflowing block, then finite ones
+    B[0, 4:8, 1] = -1.0
+    B[0, :, 2] = 0.5                      # column 2: finite
+    C = torch.zeros(1, 2, 3, dtype=torch.float64)
+    got = run_unit(unit, A.float(), B.float(), C)
+    want = np.array([[[float(ref_element(unit, A[0, i].float().tolist(), B[0, :, j].float().tolist(), 0.0))
+                       for j in range(3)] for i in range(2)]])
+    assert same_bits(got, want)
+    if outer == "fp16":  # the blocks overflow the outer accumulator too
+        expect0 = np.nan if signs[0] != signs[1] else signs[0] * np.inf
+        assert same_bits(got[0, :, 0], [expect0, expect0])
+    assert same_bits(got[0, :, 1], [np.inf, np.inf])
+    assert np.all(np.isfinite(got[0, :, 2]))

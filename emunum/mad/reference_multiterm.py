@@ -117,6 +117,10 @@ def dot_multiterm(a: list, b: list, c, *, terms: int, in_emin: int, align_bits: 
     floor(log2|p|), at least mul_fmt.emin). With ``promote_every`` P, the running step accumulator is added
     into an outer accumulator (rounded to ``outer_fmt`` in ``outer_rounding``) after every P products and
     after the last, and restarts at +0; c enters the first step only.
+    Specials (an overflow to ±inf or NaN in a step, a promotion or a rounded product) follow IEEE arithmetic
+    from there on, as in the kernels: later finite values leave them as they are, and later specials add to
+    them (+inf + -inf = NaN). That needs acc_fmt (and outer_fmt) with IEEE infinities; with other formats an
+    overflow gives NaN or a saturated value, and the first special is returned.
     """
     a = [Fraction(x) for x in a]
     b = [Fraction(x) for x in b]
@@ -124,8 +128,11 @@ def dot_multiterm(a: list, b: list, c, *, terms: int, in_emin: int, align_bits: 
     outer = Fraction(0)
     K = len(a)
     align_rounding, acc_rounding = RoundMode.parse(align_rounding), RoundMode.parse(acc_rounding)
+    ieee = acc_fmt is not None and acc_fmt.special == Special.IEEE and not acc_fmt.saturate and (
+        promote_every is None or (outer_fmt is not None and outer_fmt.special == Special.IEEE
+                                  and not outer_fmt.saturate))
     for s0 in range(0, max(K, 1), terms):
-        items = []
+        items, specials = [], []
         for k in range(s0, min(K, s0 + terms)):
             if a[k] == 0 or b[k] == 0:
                 continue
@@ -134,17 +141,26 @@ def dot_multiterm(a: list, b: list, c, *, terms: int, in_emin: int, align_bits: 
             else:
                 p = round_fraction(a[k] * b[k], mul_fmt, mul_rounding)
                 if not isinstance(p, Fraction):
-                    return p
-                if p != 0:
+                    if not ieee:
+                        return p
+                    specials.append(p)
+                elif p != 0:
                     items.append((p, operand_exponent(p, mul_fmt.emin)))
-        acc = fused_step(items, acc, acc_fmt.emin, align_bits=align_bits, align_rounding=align_rounding,
-                         align_floor=align_floor, carry_bits=carry_bits, acc_fmt=acc_fmt, acc_rounding=acc_rounding)
-        if not isinstance(acc, Fraction):
+        if specials or not isinstance(acc, Fraction):  # a special step: finite terms cannot change it
+            acc = sum(specials, 0.0 if isinstance(acc, Fraction) else acc)
+        else:
+            acc = fused_step(items, acc, acc_fmt.emin, align_bits=align_bits, align_rounding=align_rounding,
+                             align_floor=align_floor, carry_bits=carry_bits, acc_fmt=acc_fmt,
+                             acc_rounding=acc_rounding)
+        if not isinstance(acc, Fraction) and not ieee:
             return acc
         end = min(K, s0 + terms)
         if promote_every is not None and (end % promote_every == 0 or end == K):
-            outer = round_fraction(outer + acc, outer_fmt, outer_rounding)
-            if not isinstance(outer, Fraction):
+            if isinstance(outer, Fraction) and isinstance(acc, Fraction):
+                outer = round_fraction(outer + acc, outer_fmt, outer_rounding)
+            else:
+                outer = float(outer) + float(acc)
+            if not isinstance(outer, Fraction) and not ieee:
                 return outer
             acc = Fraction(0)
     return outer if promote_every is not None else acc

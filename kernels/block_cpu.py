@@ -12,7 +12,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, scalar
+from . import _cache, block_fast, scalar
 from . import parallel as _parallel
 from .scalar.block import block_scale, round_element
 from .scalar.common import NEAREST, STOCHASTIC, random_bits
@@ -287,6 +287,37 @@ def finite_amax(src: np.ndarray, parallel: bool = False) -> float:
     return float(np.array(m, dtype=np.uint32).view(np.float32))
 
 
+def fast_path_of(args: tuple) -> str | None:
+    """Which ``block_fast`` path a float32, 1-D, round-to-nearest call with these ``block_args`` takes:
+    "pow2", "table" or None (the float64 loops below)."""
+    if block_fast.pow2_ok(args):
+        return "pow2"
+    if block_fast.table_ok(args):
+        return "table"
+    return None
+
+
+def _fast_path(src, dst, scales, tc: int, args: tuple, par: bool) -> bool:
+    """Run the ``block_fast`` kernel for these arguments, if one holds; whether one ran."""
+    path = fast_path_of(args)
+    if path is None:
+        return False
+    kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t = args
+    flat, out, C = src.reshape(-1), dst.reshape(-1), src.shape[2]
+    bits, dbits = flat.view(np.uint32), out.view(np.uint32)
+    if path == "pow2":
+        run = block_fast.pow2_parallel if par else block_fast.pow2_serial
+        run(flat, bits, out, dbits, scales.reshape(-1), C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
+            s_emin, s_sub, s_max, s_min)
+    else:
+        mids, ups, vals = block_fast.element_table(args[:6])
+        thr, val, k0 = block_fast.scale_table(mids, ups, vals, t, s_man, s_min, s_max)
+        run = block_fast.table_parallel if par else block_fast.table_serial
+        run(bits, dbits, scales.reshape(-1), C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min,
+            t)
+    return True
+
+
 def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, args: tuple, mode: int, key: int,
                     nbits: int, parallel=None) -> None:
     """src, dst: (P, R, C) C-contiguous float32/float64 (dst may be src); scales: (P, nbr, nbc) float64;
@@ -296,6 +327,8 @@ def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
     kind, man, emin, sub = args[:4]
     fast = int(tile[0]) == 1 and src.dtype == np.float32 and dst.dtype == np.float32 and kind == 0 and mode == NEAREST
     with _parallel.try_parallel(parallel) as par:  # one parallel section per process (kernels/parallel.py)
+        if fast and _fast_path(src, dst, scales, int(tile[1]), args, par):
+            return
         if fast:
             flat = src.reshape(-1)
             run = rows_f32_parallel if par else rows_f32_serial

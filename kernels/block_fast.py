@@ -1,0 +1,308 @@
+"""Float32 fast paths of the block kernel (kernels/block_cpu.py): float32 data, 1-D blocks along the last axis,
+a float element, round to nearest. The same bits as ``block_cpu._one_block``'s nearest branch (float64
+division, Veltkamp's split), by the arguments below; tests/kernels/test_block_fast.py compares them bit for bit.
+
+Arrays are flat: ``src`` float32 and its uint32 view ``bits``, rows of C elements cut into blocks of tc (the last
+of a row partial when C % tc != 0); ``scales`` float64, one per block. Every block is visited with the same
+arguments on any thread count.
+
+**OCP scales (rule 0), ``pow2_*``: float32 arithmetic, 16 lanes.** The scale S = 2**e, e in [lo, hi] within
+[-127, 127] (e8m0), so S and 1/S are float32 values and, with v = x * (1/S) computed in float32:
+- if |x / S| >= 2**-126, v is exact (x has 24 bits and a power of two only moves its exponent; |x / S| <
+  2**(emax+1) unless e was clipped to hi, where x is inf or |x / S| is huge, see below); otherwise v is the
+  float32 rounding of a value below 2**-126 and so is it, both far below half the element's smallest step
+  (``pow2_ok``: emin - man > -125), so both round to a zero with x's sign. v equals the float64 x / S.
+- Veltkamp's split in float32 (split = 2**(23 - man) + 1; ``round_nearest_fast``, as kernels/gemm_cpu.py's
+  binary32 path) rounds v to man + 1 bits, ties to even, like the float64 split: both are the correct
+  rounding. Below 2**emin, (v + magic) - magic with magic = 1.5 * 2**(23 + q) rounds to the quantum 2**q.
+  A v so large that v * split overflows (only after clipping e to hi) gives NaN, which saturates, as
+  |v| > max does.
+- saturation and the sign of zero on the bits (|y|'s bits above max's become max's: NaN from an infinite x
+  too); the result times S is the float32 rounding of the exact product, which is what the float64
+  product rounded to float32 gives (one rounding of the same exact value).
+
+**Amax scales (rule 1) with an element of seven positive values (e2m1: NVFP4), ``table_*``: no division.**
+The full scale F = S * T (S: scale-format value, s_man + 1 bits; T: the float32 tensor scale, 24 bits) is
+exact in float64. The old path rounds d = fl64(x / F) to the element, nearest-even, saturating; its result is
+V[c], c = #{i : d > M_i, or d == M_i with the tie going up}, M_i the midpoints below each value V[i] (V[-1] =
+0). Each M_i * F is exact (man + 2 + s_man + 1 + 24 <= 53 bits, ``table_ok``), and d compares with M_i as x
+compares with M_i * F: rounding is monotone and M_i is a float64, so only d == M_i needs care; if d == M_i
+then |x - M_i F| <= M_i F 2**-53, below both x's last place (24 bits) and M_i F's (<= 52 bits), so x == M_i F.
+For a float32 x (|x| as bits a, an inf too) ``x > T`` is ``a > bits(RD32(T))`` and ``x >= T`` is
+``a >= bits(RU32(T))`` (the float32 neighbours of T: no float32 lies strictly between them), so each element
+is 7 integer compares against per-block thresholds and a select among V[i] * F rounded to float32 (what the
+old path's float64 product rounded to float32 gives), with x's sign (a nonzero q keeps x's sign even if
+V[i] * F underflows to zero; a zero q keeps it where the element has -0).
+"""
+import functools
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from . import _cache, scalar
+from .scalar.block import block_scale
+from .scalar.float import round_nearest_value
+
+_cache.guard(__file__, scalar.SOURCES)
+
+U32 = np.uint32
+U64 = np.uint64
+ABS = U32(0x7FFFFFFF)
+SIGN = U32(0x80000000)
+INF_BITS = U32(0x7F800000)
+NAN32 = U32(0x7FC00000)
+CHUNK = 64  # blocks per step of the amax-scaled loop (its scales computed together, 8 per vector)
+
+
+@njit(inline="always")
+def _row_range(b, nbc, tc, C, tiled):
+    """(start, size) of block b; ``tiled``: the blocks of tc tile the flat array (C % tc == 0)."""
+    if tiled:
+        return b * tc, tc
+    r = b // nbc
+    c0 = (b - r * nbc) * tc
+    return r * C + c0, min(tc, C - c0)
+
+
+@njit(inline="always")
+def _amax_bits(bits, start, size):
+    m = U32(0)
+    for k in range(size):
+        m = max(m, U32(bits[start + k] & ABS))
+    return m
+
+
+# ---- OCP (power-of-two) scales -----------------------------------------------------------------------------
+
+@njit(inline="always")
+def _ocp_scale(m, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min):
+    """``block_scale`` (rule 0) of a block whose largest |v| has float32 bits m: the exponent read off the bits
+    for a normal amax, block_scale itself otherwise (zero, subnormal, inf, NaN)."""
+    e_field = np.int64(m >> U32(23))
+    if 0 < e_field < 255:
+        e = min(max(e_field - 127 - emax_e, lo), hi)  # frexp(amax)[1] - 1 - emax_e, clipped
+        return np.int64((e + 1023) << 52).view(np.float64)
+    amax = np.float64(U32(m).view(np.float32))
+    return block_scale(amax, m > INF_BITS, 0, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, 1.0)
+
+
+@njit(inline="always")
+def _pow2_block(src, bits, dst, dbits, start, size, s, split, magic, min_normal, max_bits, negzero):
+    inv = np.float32(1.0 / s)  # exact: s is a power of two in [2**-127, 2**127]
+    full = np.float32(s)
+    for k in range(size):
+        u = bits[start + k]
+        v = src[start + k] * inv
+        c = v * split
+        y = c - (c - v)
+        low = (v + magic) - magic
+        y = low if abs(v) < min_normal else y
+        a = min(U32(np.float32(y).view(U32) & ABS), max_bits)  # NaN (c overflowed, or x was inf) -> max
+        sign = u & SIGN if (a != 0) | (negzero != 0) else U32(0)
+        dst[start + k] = U32(a | sign).view(np.float32) * full
+
+
+@njit(inline="always")
+def _pow2_blocks(src, bits, dst, dbits, scales, C, tc, tiled, split, magic, min_normal, max_bits, negzero, emax_e,
+                 max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min):
+    nbc = scales.size // (src.size // C)
+    for b in prange(scales.size):
+        start, size = _row_range(b, nbc, tc, C, tiled)
+        m = _amax_bits(bits, start, min(size, bits.size - start))  # (= size) not a constant: it vectorises
+        s = _ocp_scale(m, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
+        scales[b] = s
+        if m > INF_BITS:
+            for k in range(size):
+                dbits[start + k] = NAN32
+        else:
+            _pow2_block(src, bits, dst, dbits, start, size, s, split, magic, min_normal, max_bits, negzero)
+
+
+@njit(inline="always")
+def _pow2_rows(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man, s_emin,
+               s_sub, s_max, s_min):
+    f32 = np.float32
+    split = f32(math.ldexp(1.0, 23 - man) + 1.0)
+    magic = f32(1.5 * math.ldexp(1.0, 23 + (emin - man if sub != 0 else emin)))
+    min_normal = f32(math.ldexp(1.0, emin))
+    max_bits = f32(max_e).view(U32)
+    if tc == 32 and C % 32 == 0:  # a constant trip count for the element loop: LLVM unrolls it
+        _pow2_blocks(src, bits, dst, dbits, scales, C, 32, True, split, magic, min_normal, max_bits, negzero,
+                     emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
+    elif tc == 16 and C % 16 == 0:
+        _pow2_blocks(src, bits, dst, dbits, scales, C, 16, True, split, magic, min_normal, max_bits, negzero,
+                     emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
+    else:
+        _pow2_blocks(src, bits, dst, dbits, scales, C, tc, False, split, magic, min_normal, max_bits, negzero,
+                     emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
+
+
+@njit(cache=True)
+def pow2_serial(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
+                s_emin, s_sub, s_max, s_min):
+    """OCP scales, float32 arithmetic (module doc); dbits: dst's uint32 view."""
+    _pow2_rows(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man, s_emin,
+               s_sub, s_max, s_min)
+
+
+@njit(cache=True, parallel=True)
+def pow2_parallel(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
+                  s_emin, s_sub, s_max, s_min):
+    """``pow2_serial``, parallel over blocks."""
+    _pow2_rows(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man, s_emin,
+               s_sub, s_max, s_min)
+
+
+def pow2_ok(args: tuple) -> bool:
+    """Whether ``pow2_*`` holds for ``block_args`` (rule 0, float element): S and 1/S are float32 values, and
+    the element's half step lies above float32's normal range (module doc)."""
+    kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi = args[:10]
+    return kind == 0 and rule == 0 and -127 <= lo and hi <= 127 and 1 <= man <= 20 and emin - man > -125 and \
+        emax_e + 25 - man < 127 and float(np.float32(max_e)) == max_e
+
+
+# ---- amax scales, an element of seven positive values: compares against per-block thresholds ---------------
+
+@njit(inline="always")
+def _threshold(T, up):
+    """The bits h with ``a > h`` <=> ``|x| > T`` (up false) or ``|x| >= T`` (up true) for a float32 |x| of bits
+    a, T > 0 (module doc)."""
+    f = np.float32(T)
+    h = f.view(U32)
+    fd = np.float64(f)
+    if up:
+        return h + U32(fd < T) - U32(1)  # RU32(T) - 1
+    return h - U32(fd > T)  # RD32(T)
+
+
+@njit(cache=True)
+def scale_table(mids, ups, vals, t, s_man, s_min, s_max):
+    """(thr, val, k0): for every float64 q in [s_min, s_max] with s_man mantissa bits (the scale values, and a
+    few more), at row key = (bits(q) >> (52 - s_man)) - k0, the 7 thresholds (``_threshold`` of M_i * q * t)
+    and the 7 results (bits of float32(V_i * q * t)), 8 columns per row."""
+    sh = 52 - s_man
+    k0 = np.float64(s_min).view(np.int64) >> sh
+    nk = (np.float64(s_max).view(np.int64) >> sh) - k0 + 1
+    thr = np.zeros(nk * 8, U32)
+    val = np.zeros(nk * 8, U32)
+    for k in range(nk):
+        full = np.int64((k + k0) << sh).view(np.float64) * t  # exact (table_ok)
+        for i in range(7):
+            thr[k * 8 + i] = _threshold(mids[i] * full, ups[i])
+            val[k * 8 + i] = np.float32(vals[i] * full).view(U32)
+    return thr, val, k0
+
+
+@njit(inline="always")
+def _table_block(bits, dbits, start, size, thr, val, o, negzero):
+    """Block [start, start + size) with the thresholds and results of table row offset o (``scale_table``)."""
+    t0, t1, t2, t3, t4, t5, t6 = thr[o], thr[o + U64(1)], thr[o + U64(2)], thr[o + U64(3)], thr[o + U64(4)], \
+        thr[o + U64(5)], thr[o + U64(6)]
+    v0, v1, v2, v3, v4, v5, v6 = val[o], val[o + U64(1)], val[o + U64(2)], val[o + U64(3)], val[o + U64(4)], \
+        val[o + U64(5)], val[o + U64(6)]
+    for k in range(size):
+        u = bits[start + k]
+        a = u & ABS
+        r = v0 if a > t0 else U32(0)  # c = #{i : a > t_i} (a prefix of i), r = V[c - 1] * F
+        r = v1 if a > t1 else r
+        r = v2 if a > t2 else r
+        r = v3 if a > t3 else r
+        r = v4 if a > t4 else r
+        r = v5 if a > t5 else r
+        r = v6 if a > t6 else r
+        dbits[start + k] = r | (u & SIGN if (a > t0) | (negzero != 0) else U32(0))
+
+
+@njit(inline="always")
+def _table_blocks(bits, dbits, scales, C, tc, tiled, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t, s_split,
+                  s_magic, s_min_normal):
+    """In chunks of CHUNK blocks: the amaxes (into ``scales``), then the scales and table rows in one vectorised
+    loop (``block_scale``'s expression with Veltkamp's split, as the old fast path), then the elements."""
+    nb = scales.size
+    nbc = nb // (bits.size // C)
+    sh = 52 - s_man
+    for ch in prange(-(-nb // CHUNK)):
+        b0 = ch * CHUNK
+        b1 = min(b0 + CHUNK, nb)
+        rows = np.empty(CHUNK, np.uint64)
+        for b in range(b0, b1):
+            start, size = _row_range(b, nbc, tc, C, tiled)
+            m = _amax_bits(bits, start, min(size, bits.size - start))  # (= size) not a constant: it vectorises
+            scales[b] = np.float64(U32(m).view(np.float32))  # NaN where the block holds one
+        for b in range(b0, b1):
+            amax = scales[b]
+            want = min(amax / max_e / t, s_max)
+            q = max(round_nearest_value(want, s_split, s_magic, s_min_normal, s_max, s_max, 0), s_min)
+            ok = amax == amax
+            scales[b] = q if ok else math.nan
+            rows[b - b0] = U64(((np.float64(q).view(np.int64) >> sh) - k0) * 8) if ok else U64(0)
+        for b in range(b0, b1):
+            start, size = _row_range(b, nbc, tc, C, tiled)
+            if scales[b] != scales[b]:
+                for k in range(size):
+                    dbits[start + k] = NAN32
+            else:
+                _table_block(bits, dbits, start, size, thr, val, rows[b - b0], negzero)
+
+
+@njit(inline="always")
+def _table_rows(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t):
+    s_split = math.ldexp(1.0, 52 - s_man) + 1.0
+    s_magic = 1.5 * math.ldexp(1.0, 52 + (s_emin - s_man if s_sub != 0 else s_emin))
+    s_min_normal = math.ldexp(1.0, s_emin)
+    if C % tc == 0:  # variable trip counts here: a constant one vectorises worse (measured)
+        _table_blocks(bits, dbits, scales, C, tc, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
+                      s_split, s_magic, s_min_normal)
+    else:
+        _table_blocks(bits, dbits, scales, C, tc, False, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
+                      s_split, s_magic, s_min_normal)
+
+
+@njit(cache=True)
+def table_serial(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t):
+    """Amax scales, an element of seven positive values (module doc); bits/dbits: src/dst as uint32; thr, val,
+    k0: ``scale_table``."""
+    _table_rows(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t)
+
+
+@njit(cache=True, parallel=True)
+def table_parallel(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t):
+    """``table_serial``, parallel over chunks of CHUNK blocks."""
+    _table_rows(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t)
+
+
+@functools.lru_cache(maxsize=64)
+def element_table(args: tuple):
+    """(mids, ups, vals) for ``block_args[:6]`` of a float element with exactly seven positive values: the values
+    V (ascending, the last one max), the midpoints M_i = (V[i-1] + V[i]) / 2 (V[-1] = 0) and whether a tie at
+    M_i goes up: to the even neighbour, V[i] an even multiple of the step V[i] - V[i-1] (as Veltkamp's split and
+    the subnormal magic round); None for any other element."""
+    kind, man, emin, sub, emax_e, max_e = args[:6]
+    if kind != 0:
+        return None
+    v = [k * math.ldexp(1.0, emin - man) for k in range(1, 1 << man)] if sub else []
+    e = emin
+    while len(v) <= 8 and e <= emax_e:
+        v += [math.ldexp(1.0 + k / (1 << man), e) for k in range(1 << man)]
+        e += 1
+    v = [x for x in v if x <= max_e]
+    if len(v) != 7 or v[-1] != max_e:
+        return None
+    lower = [0.0] + v[:-1]
+    mids = np.array([(a + b) / 2 for a, b in zip(lower, v)])
+    ups = np.array([(b / (b - a)) % 2 == 0 for a, b in zip(lower, v)])  # V[i] an even multiple of the step
+    return mids, ups, np.array(v)
+
+
+def table_ok(args: tuple) -> bool:
+    """Whether ``table_*`` holds for ``block_args``: amax scales into a float scale format (at most 4096 rows of
+    ``scale_table``), an element of seven positive values, a float32 tensor scale t > 0, and every M_i * S * T
+    exact in float64 (module doc)."""
+    kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t = args
+    if not (rule == 1 and 1 <= s_man and man + 2 + s_man + 1 + 24 <= 53 and 0.0 < t < math.inf
+            and float(np.float32(t)) == t and 2.0**-1000 < s_min <= s_max < 2.0**1000):
+        return False
+    sh = 52 - s_man
+    rows = (int(np.float64(s_max).view(np.int64)) >> sh) - (int(np.float64(s_min).view(np.int64)) >> sh) + 1
+    return rows <= 4096 and element_table(args[:6]) is not None

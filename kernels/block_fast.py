@@ -69,7 +69,7 @@ def _row_range(b, nbc, tc, C, tiled):
 def _amax_bits(bits, start, size):
     m = U32(0)
     for k in range(size):
-        m = max(m, U32(bits[start + k] & ABS))
+        m = max(m, U32(bits[U64(start + k)] & ABS))
     return m
 
 
@@ -92,15 +92,15 @@ def _pow2_block(src, bits, dst, dbits, start, size, s, split, magic, min_normal,
     inv = np.float32(1.0 / s)  # exact: s is a power of two in [2**-127, 2**127]
     full = np.float32(s)
     for k in range(size):
-        u = bits[start + k]
-        v = src[start + k] * inv
+        u = bits[U64(start + k)]
+        v = src[U64(start + k)] * inv
         c = v * split
         y = c - (c - v)
         low = (v + magic) - magic
         y = low if abs(v) < min_normal else y
         a = min(U32(np.float32(y).view(U32) & ABS), max_bits)  # NaN (c overflowed, or x was inf) -> max
         sign = u & SIGN if (a != 0) | (negzero != 0) else U32(0)
-        dst[start + k] = U32(a | sign).view(np.float32) * full
+        dst[U64(start + k)] = U32(a | sign).view(np.float32) * full
 
 
 @njit(inline="always")
@@ -111,10 +111,10 @@ def _pow2_blocks(src, bits, dst, dbits, scales, C, tc, tiled, split, magic, min_
         start, size = _row_range(b, nbc, tc, C, tiled)
         m = _amax_bits(bits, start, min(size, bits.size - start))  # (= size) not a constant: it vectorises
         s = _ocp_scale(m, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
-        scales[b] = s
+        scales[U64(b)] = s
         if m > INF_BITS:
             for k in range(size):
-                dbits[start + k] = NAN32
+                dbits[U64(start + k)] = NAN32
         else:
             _pow2_block(src, bits, dst, dbits, start, size, s, split, magic, min_normal, max_bits, negzero)
 
@@ -202,7 +202,7 @@ def _table_block(bits, dbits, start, size, thr, val, o, negzero):
     v0, v1, v2, v3, v4, v5, v6 = val[o], val[o + U64(1)], val[o + U64(2)], val[o + U64(3)], val[o + U64(4)], \
         val[o + U64(5)], val[o + U64(6)]
     for k in range(size):
-        u = bits[start + k]
+        u = bits[U64(start + k)]
         a = u & ABS
         r = v0 if a > t0 else U32(0)  # c = #{i : a > t_i} (a prefix of i), r = V[c - 1] * F
         r = v1 if a > t1 else r
@@ -211,7 +211,7 @@ def _table_block(bits, dbits, start, size, thr, val, o, negzero):
         r = v4 if a > t4 else r
         r = v5 if a > t5 else r
         r = v6 if a > t6 else r
-        dbits[start + k] = r | (u & SIGN if (a > t0) | (negzero != 0) else U32(0))
+        dbits[U64(start + k)] = r | (u & SIGN if (a > t0) | (negzero != 0) else U32(0))
 
 
 @njit(inline="always")
@@ -228,22 +228,22 @@ def _table_blocks(bits, dbits, scales, C, tc, tiled, thr, val, k0, negzero, max_
         rows = np.empty(CHUNK, np.uint64)
         for b in range(b0, b1):
             start, size = _row_range(b, nbc, tc, C, tiled)
-            m = _amax_bits(bits, start, min(size, bits.size - start))  # (= size) not a constant: it vectorises
-            scales[b] = np.float64(U32(m).view(np.float32))  # NaN where the block holds one
+            m = _amax_bits(bits, start, size)
+            scales[U64(b)] = np.float64(U32(m).view(np.float32))  # NaN where the block holds one
         for b in range(b0, b1):
-            amax = scales[b]
+            amax = scales[U64(b)]
             want = min(amax / max_e / t, s_max)
             q = max(round_nearest_value(want, s_split, s_magic, s_min_normal, s_max, s_max, 0), s_min)
             ok = amax == amax
-            scales[b] = q if ok else math.nan
-            rows[b - b0] = U64(((np.float64(q).view(np.int64) >> sh) - k0) * 8) if ok else U64(0)
+            scales[U64(b)] = q if ok else math.nan
+            rows[U64(b - b0)] = U64(((np.float64(q).view(np.int64) >> sh) - k0) * 8) if ok else U64(0)
         for b in range(b0, b1):
             start, size = _row_range(b, nbc, tc, C, tiled)
-            if scales[b] != scales[b]:
+            if scales[U64(b)] != scales[U64(b)]:
                 for k in range(size):
-                    dbits[start + k] = NAN32
+                    dbits[U64(start + k)] = NAN32
             else:
-                _table_block(bits, dbits, start, size, thr, val, rows[b - b0], negzero)
+                _table_block(bits, dbits, start, size, thr, val, rows[U64(b - b0)], negzero)
 
 
 @njit(inline="always")

@@ -4,6 +4,10 @@ any thread count, so the bits never depend on it.
 
 Arrays are 3-D, (P, R, C), C-contiguous; a block is a (tr, tc) tile (1-D blocks along the last axis are
 (1, tc) tiles); edge tiles are partial. ``scales`` (P, nbr, nbc) float64 receives each block's scale.
+
+``quantize_blocks`` dispatches float32 data in 1-D blocks rounded to nearest to kernels/block_fast.py (OCP
+scales in float32 arithmetic; NVFP4-like amax scales by exact thresholds, no division) where its proofs hold
+(``fast_path_of``), else to the float64 loops here; all give the bits of ``block_serial``.
 """
 import math
 import os
@@ -102,7 +106,8 @@ def block_parallel(src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, ne
                    negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits)
 
 
-# ---- the fast path: float32 data, 1-D blocks, a float element, round to nearest ----------------------------
+# ---- the float64 fast path: float32 data, 1-D blocks, a float element, round to nearest, where block_fast.py
+# takes none (amax scales of other elements; OCP scale formats wider than float32's exponents) ----------------
 # The same values as ``_one_block``'s nearest branch, laid out so that LLVM vectorises the loops: the block's
 # amax as an integer max over the float32 bits (|v|'s bits order as |v|; NaN's lie above +inf's); for OCP
 # scales (rule 0) the exponent read off those bits and 2**e built from its bits (frexp/ldexp otherwise, as

@@ -1,38 +1,47 @@
 """Float32 fast paths of the block kernel (kernels/block_cpu.py): float32 data, 1-D blocks along the last axis,
-a float element, round to nearest. The same bits as ``block_cpu._one_block``'s nearest branch (float64
-division, Veltkamp's split), by the arguments below; tests/kernels/test_block_fast.py compares them bit for bit.
+a float element, round to nearest. The same bits as ``block_cpu._one_block``'s nearest branch (x / F in
+float64, F the full scale, rounded to the element nearest-even and saturated, times F rounded to float32), for
+the reasons below; tests/kernels/test_block_fast.py compares them with ``block_serial`` bit for bit.
 
 Arrays are flat: ``src`` float32 and its uint32 view ``bits``, rows of C elements cut into blocks of tc (the last
-of a row partial when C % tc != 0); ``scales`` float64, one per block. Every block is visited with the same
-arguments on any thread count.
+of a row partial when C % tc != 0); ``scales`` float64, one per block (the same values as before). Every
+block is visited with the same arguments on any thread count.
 
-**OCP scales (rule 0), ``pow2_*``: float32 arithmetic, 16 lanes.** The scale S = 2**e, e in [lo, hi] within
-[-127, 127] (e8m0), so S and 1/S are float32 values and, with v = x * (1/S) computed in float32:
-- if |x / S| >= 2**-126, v is exact (x has 24 bits and a power of two only moves its exponent; |x / S| <
-  2**(emax+1) unless e was clipped to hi, where x is inf or |x / S| is huge, see below); otherwise v is the
-  float32 rounding of a value below 2**-126 and so is it, both far below half the element's smallest step
-  (``pow2_ok``: emin - man > -125), so both round to a zero with x's sign. v equals the float64 x / S.
-- Veltkamp's split in float32 (split = 2**(23 - man) + 1; ``round_nearest_fast``, as kernels/gemm_cpu.py's
-  binary32 path) rounds v to man + 1 bits, ties to even, like the float64 split: both are the correct
-  rounding. Below 2**emin, (v + magic) - magic with magic = 1.5 * 2**(23 + q) rounds to the quantum 2**q.
-  A v so large that v * split overflows (only after clipping e to hi) gives NaN, which saturates, as
-  |v| > max does.
-- saturation and the sign of zero on the bits (|y|'s bits above max's become max's: NaN from an infinite x
-  too); the result times S is the float32 rounding of the exact product, which is what the float64
-  product rounded to float32 gives (one rounding of the same exact value).
+**OCP scales (rule 0), ``pow2_*``: float32 arithmetic, 16 lanes.** F = S = 2**e with e in [lo, hi] inside
+[-127, 127] (``pow2_ok``), so S and 1/S are float32 values. v = x * (1/S) in float32:
+- if |x / S| >= 2**-126, v == x / S exactly (a power of two only moves x's exponent, and |x / S| < 2**128:
+  below 2**(emax + 1) unless e was clipped to hi); this is the float64 quotient too.
+- if |x / S| < 2**-126, v is its float32 rounding, also below 2**-126 and of the same sign; both lie below
+  half the element's smallest step (``pow2_ok``: emin - man > -125), so both round to a zero with x's sign.
+- Veltkamp's split in float32 (c = v * split, split = 2**(23 - man) + 1; y = c - (c - v); as
+  ``round_nearest_fast`` and kernels/gemm_cpu.py's binary32 path) is v rounded to man + 1 significant bits,
+  ties to even: the same value as the float64 split. Below 2**emin, (v + magic) - magic with magic =
+  1.5 * 2**(23 + q) rounds to the quantum 2**q. A v so large that c overflows (only when |v| > 2**(104 + man),
+  after clipping e to hi, or v = inf) gives y = NaN: its bits lie above max's, so it saturates, as a finite
+  |y| > max does.
+- saturation (min of |y|'s bits and max's) and the sign on the bits: x's sign, dropped from a zero where the
+  element has no -0 (negzero 0). The result times S in float32 is the float32 rounding of the exact product:
+  what the float64 product rounded to float32 gives.
 
 **Amax scales (rule 1) with an element of seven positive values (e2m1: NVFP4), ``table_*``: no division.**
-The full scale F = S * T (S: scale-format value, s_man + 1 bits; T: the float32 tensor scale, 24 bits) is
-exact in float64. The old path rounds d = fl64(x / F) to the element, nearest-even, saturating; its result is
-V[c], c = #{i : d > M_i, or d == M_i with the tie going up}, M_i the midpoints below each value V[i] (V[-1] =
-0). Each M_i * F is exact (man + 2 + s_man + 1 + 24 <= 53 bits, ``table_ok``), and d compares with M_i as x
-compares with M_i * F: rounding is monotone and M_i is a float64, so only d == M_i needs care; if d == M_i
-then |x - M_i F| <= M_i F 2**-53, below both x's last place (24 bits) and M_i F's (<= 52 bits), so x == M_i F.
-For a float32 x (|x| as bits a, an inf too) ``x > T`` is ``a > bits(RD32(T))`` and ``x >= T`` is
-``a >= bits(RU32(T))`` (the float32 neighbours of T: no float32 lies strictly between them), so each element
-is 7 integer compares against per-block thresholds and a select among V[i] * F rounded to float32 (what the
-old path's float64 product rounded to float32 gives), with x's sign (a nonzero q keeps x's sign even if
-V[i] * F underflows to zero; a zero q keeps it where the element has -0).
+F = S * T (S: a scale-format value, s_man + 1 bits; T: the float32 tensor scale) is exact in float64. The
+float64 loop rounds d = fl64(x / F): its result is V[c], c = #{i : d > M_i, or d == M_i where the tie goes up
+(to the even neighbour)}, with V the element's positive values and M_i the midpoint below V[i] (V[-1] = 0);
+above M_6 everything saturates to V[6] = max. Each M_i * F is exact (man + 2 + s_man + 1 + 24 <= 53 bits,
+``table_ok``), and d compares with M_i as x / F does, so as |x| compares with M_i * F: rounding is monotone and
+M_i is a float64, so only d == M_i needs a look; then |x - M_i F| <= 2**-53 M_i F, while x and M_i F are both
+multiples of 2**g (g: the lower of their last-place exponents) and 2**-53 M_i F < 2**g (x has 24 bits, M_i F at
+most 52), so x == M_i F. For float32 |x| with bits a (inf included), ``|x| > T`` is ``a > bits(RD32(T))`` and
+``|x| >= T`` is ``a > bits(RU32(T)) - 1`` (RD32/RU32: the float32 neighbours of T, no float32 between them;
+``_threshold``). So an element is 7 unsigned compares against its block's thresholds and a select among the
+bits of float32(V[i] * F) (the float64 loop's product rounded to float32), with x's sign (kept also where
+V[i] * F underflows to a zero, as the float64 product's sign is; on a zero result only where the element has
+-0). The thresholds and results depend on S alone (T is per call): ``scale_table`` makes them once per call
+for every scale value, and a block looks its row up by S's bits.
+
+Speed notes (measured, numba 0.68 / LLVM on AVX-512): array indices are unsigned (U64) so that LLVM sees no
+negative-index wraparound, which otherwise turns contiguous loads into gathers (4x slower); the amax loops run
+a variable trip count (vectorised max), the element loops of blocks that tile the rows a constant one.
 """
 import functools
 import math

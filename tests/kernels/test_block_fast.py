@@ -200,3 +200,37 @@ def test_fast_paths_on_other_elements_and_scales(fmt, path):
         full = 2.0**e * (0.75 if path == "table" else 1.0)
         x = rows_of_blocks(np.array([fmt.element.max * full]), neighbours(mids * full), tc, tc * 4)
         assert_same(x, fmt, 1.0, path)
+
+
+def _binades(lo_exp: int, hi_exp: int, top: float):
+    """Every positive float32 in [2**lo_exp, 2**(hi_exp + 1)) up to ``top``, one binade at a time."""
+    for k in range(max(lo_exp, -149), hi_exp + 1):
+        v = np.arange(np.float32(2.0**k).view(np.uint32), np.float32(2.0 ** (k + 1)).view(np.uint32),
+                      dtype=np.uint32).view(np.float32)
+        yield v[v <= top]
+
+
+def _sweep(fmt, t, first, lo_exp, hi_exp, path):
+    """Blocks led by ``first`` (their amax) holding every float32 of the binades, both signs."""
+    tc = fmt.tile[1]
+    for v in _binades(lo_exp, hi_exp, first):
+        for sign in (1, -1):
+            assert_same(rows_of_blocks(np.array([first]), v * np.float32(sign), tc, tc * 4096), fmt, t, path)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("name", POW2)
+def test_pow2_path_on_every_float32_at_scale_one(name):
+    """Scale 1 (amax = the element max): every float32 magnitude from below the element's smallest step to its
+    max (other scales only move the exponent: module doc of kernels/block_fast.py)."""
+    el = BLOCK_PRESETS[name].element
+    _sweep(BLOCK_PRESETS[name], 1.0, el.max, el.emin - el.man - 3, int(np.floor(np.log2(el.max))), "pow2")
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("s,t", [(1.0, 1.0), (0.140625, float(np.float32(0.1))), (448.0, float(np.float32(1 / 3))),
+                                 (2.0**-9, float(np.float32(1 / 3)))])
+def test_table_path_on_every_float32_around_the_thresholds(s, t):
+    full = s * t
+    _sweep(BLOCK_PRESETS["nvfp4"], t, np.float32(6 * full), int(np.floor(np.log2(full / 4))) - 1,
+           int(np.floor(np.log2(6 * full))), "table")

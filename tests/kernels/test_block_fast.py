@@ -149,6 +149,9 @@ def test_quantize_float32_equals_float64_quantize_along_every_axis(name):
     out = torch.empty_like(x)
     assert emunum.quantize(x, name, out=out) is out
     assert torch.equal(out.view(torch.int32), emunum.quantize(x.double(), name).float().view(torch.int32))
+    inplace = x.clone()
+    assert emunum.quantize(inplace, name, out=inplace) is inplace  # dst is src
+    assert torch.equal(inplace.view(torch.int32), out.view(torch.int32))
     view = x.transpose(0, 2)  # non-contiguous
     want = emunum.quantize(view.contiguous().double(), name).float()
     assert torch.equal(emunum.quantize(view, name).view(torch.int32), want.view(torch.int32))

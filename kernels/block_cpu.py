@@ -9,6 +9,7 @@ Arrays are 3-D, (P, R, C), C-contiguous; a block is a (tr, tc) tile (1-D blocks 
 scales in float32 arithmetic; NVFP4-like amax scales by exact thresholds, no division) where its proofs hold
 (``fast_path_of``), else to the float64 loops here; all give the bits of ``block_serial``.
 """
+import functools
 import math
 import os
 
@@ -292,6 +293,7 @@ def finite_amax(src: np.ndarray, parallel: bool = False) -> float:
     return float(np.array(m, dtype=np.uint32).view(np.float32))
 
 
+@functools.lru_cache(maxsize=256)
 def fast_path_of(args: tuple) -> str | None:
     """Which ``block_fast`` path a float32, 1-D, round-to-nearest call with these ``block_args`` takes:
     "pow2", "table" or None (the float64 loops below)."""
@@ -300,6 +302,13 @@ def fast_path_of(args: tuple) -> str | None:
     if block_fast.table_ok(args):
         return "table"
     return None
+
+
+@functools.lru_cache(maxsize=16)
+def _scale_table(args: tuple):
+    """``block_fast.scale_table`` for ``block_args`` (T included), kept for repeated calls (read-only)."""
+    mids, ups, vals = block_fast.element_table(args[:6])
+    return block_fast.scale_table(mids, ups, vals, args[15], args[10], args[14], args[13])
 
 
 def _fast_path(src, dst, scales, tc: int, args: tuple, par: bool) -> bool:
@@ -315,8 +324,7 @@ def _fast_path(src, dst, scales, tc: int, args: tuple, par: bool) -> bool:
         run(flat, bits, out, dbits, scales.reshape(-1), C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
             s_emin, s_sub, s_max, s_min)
     else:
-        mids, ups, vals = block_fast.element_table(args[:6])
-        thr, val, k0 = block_fast.scale_table(mids, ups, vals, t, s_man, s_min, s_max)
+        thr, val, k0 = _scale_table(args)
         run = block_fast.table_parallel if par else block_fast.table_serial
         run(bits, dbits, scales.reshape(-1), C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min,
             t)

@@ -38,7 +38,7 @@ def tensor_scale(work: torch.Tensor, fmt: BlockFormat) -> float:
         return 1.0
     if work.device.type == "cpu" and work.dtype == torch.float32 and work.is_contiguous():
         from .kernels import block_cpu
-        amax = block_cpu.finite_amax(work.detach().numpy())  # one parallel pass over the bits
+        amax = block_cpu.finite_amax(work.detach().numpy())  # one vectorised pass over the bits
     else:
         a = work.detach().abs()
         amax = float(torch.where(torch.isfinite(a), a, 0.0).max()) if a.numel() else 0.0

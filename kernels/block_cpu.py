@@ -4,7 +4,12 @@ any thread count, so the bits never depend on it.
 
 Arrays are 3-D, (P, R, C), C-contiguous; a block is a (tr, tc) tile (1-D blocks along the last axis are
 (1, tc) tiles); edge tiles are partial. ``scales`` (P, nbr, nbc) float64 receives each block's scale.
+
+``quantize_blocks`` dispatches float32 data in 1-D blocks rounded to nearest to kernels/block_fast.py (OCP
+scales in float32 arithmetic; NVFP4-like amax scales by exact thresholds, no division) where its proofs hold
+(``fast_path_of``), else to the float64 loops here; all give the bits of ``block_serial``.
 """
+import functools
 import math
 import os
 
@@ -12,7 +17,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, scalar
+from . import _cache, block_fast, scalar
 from . import parallel as _parallel
 from .scalar.block import block_scale, round_element
 from .scalar.common import NEAREST, STOCHASTIC, random_bits
@@ -102,7 +107,8 @@ def block_parallel(src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, ne
                    negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits)
 
 
-# ---- the fast path: float32 data, 1-D blocks, a float element, round to nearest ----------------------------
+# ---- the float64 fast path: float32 data, 1-D blocks, a float element, round to nearest, where block_fast.py
+# takes none (amax scales of other elements; OCP scale formats wider than float32's exponents) ----------------
 # The same values as ``_one_block``'s nearest branch, laid out so that LLVM vectorises the loops: the block's
 # amax as an integer max over the float32 bits (|v|'s bits order as |v|; NaN's lie above +inf's); for OCP
 # scales (rule 0) the exponent read off those bits and 2**e built from its bits (frexp/ldexp otherwise, as
@@ -287,6 +293,44 @@ def finite_amax(src: np.ndarray, parallel: bool = False) -> float:
     return float(np.array(m, dtype=np.uint32).view(np.float32))
 
 
+@functools.lru_cache(maxsize=256)
+def fast_path_of(args: tuple) -> str | None:
+    """Which ``block_fast`` path a float32, 1-D, round-to-nearest call with these ``block_args`` takes:
+    "pow2", "table" or None (the float64 loops below)."""
+    if block_fast.pow2_ok(args):
+        return "pow2"
+    if block_fast.table_ok(args):
+        return "table"
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _scale_table(args: tuple):
+    """``block_fast.scale_table`` for ``block_args`` (T included), kept for repeated calls (read-only)."""
+    mids, ups, vals = block_fast.element_table(args[:6])
+    return block_fast.scale_table(mids, ups, vals, args[15], args[10], args[14], args[13])
+
+
+def _fast_path(src, dst, scales, tc: int, args: tuple, par: bool) -> bool:
+    """Run the ``block_fast`` kernel for these arguments, if one holds; whether one ran."""
+    path = fast_path_of(args)
+    if path is None:
+        return False
+    kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t = args
+    flat, out, C = src.reshape(-1), dst.reshape(-1), src.shape[2]
+    bits, dbits = flat.view(np.uint32), out.view(np.uint32)
+    if path == "pow2":
+        run = block_fast.pow2_parallel if par else block_fast.pow2_serial
+        run(flat, bits, out, dbits, scales.reshape(-1), C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
+            s_emin, s_sub, s_max, s_min)
+    else:
+        thr, val, k0 = _scale_table(args)
+        run = block_fast.table_parallel if par else block_fast.table_serial
+        run(bits, dbits, scales.reshape(-1), C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min,
+            t)
+    return True
+
+
 def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, args: tuple, mode: int, key: int,
                     nbits: int, parallel=None) -> None:
     """src, dst: (P, R, C) C-contiguous float32/float64 (dst may be src); scales: (P, nbr, nbc) float64;
@@ -296,6 +340,8 @@ def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
     kind, man, emin, sub = args[:4]
     fast = int(tile[0]) == 1 and src.dtype == np.float32 and dst.dtype == np.float32 and kind == 0 and mode == NEAREST
     with _parallel.try_parallel(parallel) as par:  # one parallel section per process (kernels/parallel.py)
+        if fast and _fast_path(src, dst, scales, int(tile[1]), args, par):
+            return
         if fast:
             flat = src.reshape(-1)
             run = rows_f32_parallel if par else rows_f32_serial

@@ -1,0 +1,320 @@
+"""Float32 fast paths of the block kernel (kernels/block_cpu.py): float32 data, 1-D blocks along the last axis,
+a float element, round to nearest. The same bits as ``block_cpu._one_block``'s nearest branch (x / F in
+float64, F the full scale, rounded to the element nearest-even and saturated, times F rounded to float32), for
+the reasons below; tests/kernels/test_block_fast.py compares them with ``block_serial`` bit for bit.
+
+Arrays are flat: ``src`` float32 and its uint32 view ``bits``, rows of C elements cut into blocks of tc (the last
+of a row partial when C % tc != 0); ``scales`` float64, one per block (the same values as before). Every
+block is visited with the same arguments on any thread count.
+
+**OCP scales (rule 0), ``pow2_*``: float32 arithmetic, 16 lanes.** F = S = 2**e with e in [lo, hi] inside
+[-127, 127] (``pow2_ok``), so S and 1/S are float32 values. v = x * (1/S) in float32:
+- if |x / S| >= 2**-126, v == x / S exactly (a power of two only moves x's exponent, and |x / S| < 2**128:
+  below 2**(emax + 1) unless e was clipped to hi); this is the float64 quotient too.
+- if |x / S| < 2**-126, v is its float32 rounding, also below 2**-126 and of the same sign; both lie below
+  half the element's smallest step (``pow2_ok``: emin - man > -125), so both round to a zero with x's sign.
+- Veltkamp's split in float32 (c = v * split, split = 2**(23 - man) + 1; y = c - (c - v); as
+  ``round_nearest_fast`` and kernels/gemm_cpu.py's binary32 path) is v rounded to man + 1 significant bits,
+  ties to even: the same value as the float64 split. Below 2**emin, (v + magic) - magic with magic =
+  1.5 * 2**(23 + q) rounds to the quantum 2**q. A v so large that c overflows (only when |v| > 2**(104 + man),
+  after clipping e to hi, or v = inf) gives y = NaN: its bits lie above max's, so it saturates, as a finite
+  |y| > max does.
+- saturation (min of |y|'s bits and max's) and the sign on the bits: x's sign, dropped from a zero where the
+  element has no -0 (negzero 0). The result times S in float32 is the float32 rounding of the exact product:
+  what the float64 product rounded to float32 gives.
+
+**Amax scales (rule 1) with an element of seven positive values (e2m1: NVFP4), ``table_*``: no division.**
+F = S * T (S: a scale-format value, s_man + 1 bits; T: the float32 tensor scale) is exact in float64. The
+float64 loop rounds d = fl64(x / F): its result is V[c], c = #{i : d > M_i, or d == M_i where the tie goes up
+(to the even neighbour)}, with V the element's positive values and M_i the midpoint below V[i] (V[-1] = 0);
+above M_6 everything saturates to V[6] = max. Each M_i * F is exact (man + 2 + s_man + 1 + 24 <= 53 bits,
+``table_ok``), and d compares with M_i as x / F does, so as |x| compares with M_i * F: rounding is monotone and
+M_i is a float64, so only d == M_i needs a look; then |x - M_i F| <= 2**-53 M_i F, while x and M_i F are both
+multiples of 2**g (g: the lower of their last-place exponents) and 2**-53 M_i F < 2**g (x has 24 bits, M_i F at
+most 52), so x == M_i F. For float32 |x| with bits a (inf included), ``|x| > T`` is ``a > bits(RD32(T))`` and
+``|x| >= T`` is ``a > bits(RU32(T)) - 1`` (RD32/RU32: the float32 neighbours of T, no float32 between them;
+``_threshold``). So an element is 7 unsigned compares against its block's thresholds and a select among the
+bits of float32(V[i] * F) (the float64 loop's product rounded to float32), with x's sign (kept also where
+V[i] * F underflows to a zero, as the float64 product's sign is; on a zero result only where the element has
+-0). The thresholds and results depend on S alone (T is per call): ``scale_table`` makes them once per call
+for every scale value, and a block looks its row up by S's bits.
+
+Speed notes (measured, numba 0.68 / LLVM on AVX-512): array indices are unsigned (U64) so that LLVM sees no
+negative-index wraparound, which otherwise turns contiguous loads into gathers (4x slower); the amax loops run
+a variable trip count (vectorised max), the element loops of blocks that tile the rows a constant one.
+"""
+import functools
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from . import _cache, scalar
+from .scalar.block import block_scale
+from .scalar.float import round_nearest_value
+
+_cache.guard(__file__, scalar.SOURCES)
+
+U32 = np.uint32
+U64 = np.uint64
+ABS = U32(0x7FFFFFFF)
+SIGN = U32(0x80000000)
+INF_BITS = U32(0x7F800000)
+NAN32 = U32(0x7FC00000)
+CHUNK = 64  # blocks per step of the amax-scaled loop (its scales computed together, 8 per vector)
+
+
+@njit(inline="always")
+def _row_range(b, nbc, tc, C, tiled):
+    """(start, size) of block b; ``tiled``: the blocks of tc tile the flat array (C % tc == 0)."""
+    if tiled:
+        return b * tc, tc
+    r = b // nbc
+    c0 = (b - r * nbc) * tc
+    return r * C + c0, min(tc, C - c0)
+
+
+@njit(inline="always")
+def _amax_bits(bits, start, size):
+    m = U32(0)
+    for k in range(size):
+        m = max(m, U32(bits[U64(start + k)] & ABS))
+    return m
+
+
+# ---- OCP (power-of-two) scales -----------------------------------------------------------------------------
+
+@njit(inline="always")
+def _ocp_scale(m, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min):
+    """``block_scale`` (rule 0) of a block whose largest |v| has float32 bits m: the exponent read off the bits
+    for a normal amax, block_scale itself otherwise (zero, subnormal, inf, NaN)."""
+    e_field = np.int64(m >> U32(23))
+    if 0 < e_field < 255:
+        e = min(max(e_field - 127 - emax_e, lo), hi)  # frexp(amax)[1] - 1 - emax_e, clipped
+        return np.int64((e + 1023) << 52).view(np.float64)
+    amax = np.float64(U32(m).view(np.float32))
+    return block_scale(amax, m > INF_BITS, 0, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, 1.0)
+
+
+@njit(inline="always")
+def _pow2_block(src, bits, dst, dbits, start, size, s, split, magic, min_normal, max_bits, negzero):
+    inv = np.float32(1.0 / s)  # exact: s is a power of two in [2**-127, 2**127]
+    full = np.float32(s)
+    for k in range(size):
+        u = bits[U64(start + k)]
+        v = src[U64(start + k)] * inv
+        c = v * split
+        y = c - (c - v)
+        low = (v + magic) - magic
+        y = low if abs(v) < min_normal else y
+        a = min(U32(np.float32(y).view(U32) & ABS), max_bits)  # NaN (c overflowed, or x was inf) -> max
+        sign = u & SIGN if (a != 0) | (negzero != 0) else U32(0)
+        dst[U64(start + k)] = U32(a | sign).view(np.float32) * full
+
+
+@njit(inline="always")
+def _pow2_blocks(src, bits, dst, dbits, scales, C, tc, tiled, split, magic, min_normal, max_bits, negzero, emax_e,
+                 max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min):
+    nbc = scales.size // (src.size // C)
+    for b in prange(scales.size):
+        start, size = _row_range(b, nbc, tc, C, tiled)
+        m = _amax_bits(bits, start, min(size, bits.size - start))  # (= size) not a constant: it vectorises
+        s = _ocp_scale(m, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
+        scales[U64(b)] = s
+        if m > INF_BITS:
+            for k in range(size):
+                dbits[U64(start + k)] = NAN32
+        else:
+            _pow2_block(src, bits, dst, dbits, start, size, s, split, magic, min_normal, max_bits, negzero)
+
+
+@njit(inline="always")
+def _pow2_rows(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man, s_emin,
+               s_sub, s_max, s_min):
+    f32 = np.float32
+    split = f32(math.ldexp(1.0, 23 - man) + 1.0)
+    magic = f32(1.5 * math.ldexp(1.0, 23 + (emin - man if sub != 0 else emin)))
+    min_normal = f32(math.ldexp(1.0, emin))
+    max_bits = f32(max_e).view(U32)
+    if tc == 32 and C % 32 == 0:  # a constant trip count for the element loop: LLVM unrolls it
+        _pow2_blocks(src, bits, dst, dbits, scales, C, 32, True, split, magic, min_normal, max_bits, negzero,
+                     emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
+    elif tc == 16 and C % 16 == 0:
+        _pow2_blocks(src, bits, dst, dbits, scales, C, 16, True, split, magic, min_normal, max_bits, negzero,
+                     emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
+    else:
+        _pow2_blocks(src, bits, dst, dbits, scales, C, tc, False, split, magic, min_normal, max_bits, negzero,
+                     emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
+
+
+@njit(cache=True)
+def pow2_serial(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
+                s_emin, s_sub, s_max, s_min):
+    """OCP scales, float32 arithmetic (module doc); dbits: dst's uint32 view."""
+    _pow2_rows(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man, s_emin,
+               s_sub, s_max, s_min)
+
+
+@njit(cache=True, parallel=True)
+def pow2_parallel(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
+                  s_emin, s_sub, s_max, s_min):
+    """``pow2_serial``, parallel over blocks."""
+    _pow2_rows(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man, s_emin,
+               s_sub, s_max, s_min)
+
+
+def pow2_ok(args: tuple) -> bool:
+    """Whether ``pow2_*`` holds for ``block_args`` (rule 0, float element): S and 1/S are float32 values, and
+    the element's half step lies above float32's normal range (module doc)."""
+    kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi = args[:10]
+    return kind == 0 and rule == 0 and -127 <= lo and hi <= 127 and 1 <= man <= 20 and emin - man > -125 and \
+        emax_e + 25 - man < 127 and float(np.float32(max_e)) == max_e
+
+
+# ---- amax scales, an element of seven positive values: compares against per-block thresholds ---------------
+
+@njit(inline="always")
+def _threshold(T, up):
+    """The bits h with ``a > h`` <=> ``|x| > T`` (up false) or ``|x| >= T`` (up true) for a float32 |x| of bits
+    a, T > 0 (module doc)."""
+    f = np.float32(T)
+    h = f.view(U32)
+    fd = np.float64(f)
+    if up:
+        return h + U32(fd < T) - U32(1)  # RU32(T) - 1
+    return h - U32(fd > T)  # RD32(T)
+
+
+@njit(cache=True)
+def scale_table(mids, ups, vals, t, s_man, s_min, s_max):
+    """(thr, val, k0): for every float64 q in [s_min, s_max] with s_man mantissa bits (the scale values, and a
+    few more), at row key = (bits(q) >> (52 - s_man)) - k0, the 7 thresholds (``_threshold`` of M_i * q * t)
+    and the 7 results (bits of float32(V_i * q * t)), 8 columns per row."""
+    sh = 52 - s_man
+    k0 = np.float64(s_min).view(np.int64) >> sh
+    nk = (np.float64(s_max).view(np.int64) >> sh) - k0 + 1
+    thr = np.zeros(nk * 8, U32)
+    val = np.zeros(nk * 8, U32)
+    for k in range(nk):
+        full = np.int64((k + k0) << sh).view(np.float64) * t  # exact (table_ok)
+        for i in range(7):
+            thr[k * 8 + i] = _threshold(mids[i] * full, ups[i])
+            val[k * 8 + i] = np.float32(vals[i] * full).view(U32)
+    return thr, val, k0
+
+
+@njit(inline="always")
+def _table_block(bits, dbits, start, size, thr, val, o, negzero):
+    """Block [start, start + size) with the thresholds and results of table row offset o (``scale_table``)."""
+    t0, t1, t2, t3, t4, t5, t6 = thr[o], thr[o + U64(1)], thr[o + U64(2)], thr[o + U64(3)], thr[o + U64(4)], \
+        thr[o + U64(5)], thr[o + U64(6)]
+    v0, v1, v2, v3, v4, v5, v6 = val[o], val[o + U64(1)], val[o + U64(2)], val[o + U64(3)], val[o + U64(4)], \
+        val[o + U64(5)], val[o + U64(6)]
+    for k in range(size):
+        u = bits[U64(start + k)]
+        a = u & ABS
+        r = v0 if a > t0 else U32(0)  # c = #{i : a > t_i} (a prefix of i), r = V[c - 1] * F
+        r = v1 if a > t1 else r
+        r = v2 if a > t2 else r
+        r = v3 if a > t3 else r
+        r = v4 if a > t4 else r
+        r = v5 if a > t5 else r
+        r = v6 if a > t6 else r
+        dbits[U64(start + k)] = r | (u & SIGN if (a > t0) | (negzero != 0) else U32(0))
+
+
+@njit(inline="always")
+def _table_blocks(bits, dbits, scales, C, tc, tiled, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t, s_split,
+                  s_magic, s_min_normal):
+    """In chunks of CHUNK blocks: the amaxes (into ``scales``), then the scales and table rows in one vectorised
+    loop (``block_scale``'s expression with Veltkamp's split, as the old fast path), then the elements."""
+    nb = scales.size
+    nbc = nb // (bits.size // C)
+    sh = 52 - s_man
+    for ch in prange(-(-nb // CHUNK)):
+        b0 = ch * CHUNK
+        b1 = min(b0 + CHUNK, nb)
+        rows = np.empty(CHUNK, np.uint64)
+        for b in range(b0, b1):
+            start, size = _row_range(b, nbc, tc, C, tiled)
+            m = _amax_bits(bits, start, min(size, bits.size - start))  # (= size) not a constant: it vectorises
+            scales[U64(b)] = np.float64(U32(m).view(np.float32))  # NaN where the block holds one
+        for b in range(b0, b1):
+            amax = scales[U64(b)]
+            want = min(amax / max_e / t, s_max)
+            q = max(round_nearest_value(want, s_split, s_magic, s_min_normal, s_max, s_max, 0), s_min)
+            ok = amax == amax
+            scales[U64(b)] = q if ok else math.nan
+            rows[U64(b - b0)] = U64(((np.float64(q).view(np.int64) >> sh) - k0) * 8) if ok else U64(0)
+        for b in range(b0, b1):
+            start, size = _row_range(b, nbc, tc, C, tiled)
+            if scales[U64(b)] != scales[U64(b)]:
+                for k in range(size):
+                    dbits[U64(start + k)] = NAN32
+            else:
+                _table_block(bits, dbits, start, size, thr, val, rows[U64(b - b0)], negzero)
+
+
+@njit(inline="always")
+def _table_rows(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t):
+    s_split = math.ldexp(1.0, 52 - s_man) + 1.0
+    s_magic = 1.5 * math.ldexp(1.0, 52 + (s_emin - s_man if s_sub != 0 else s_emin))
+    s_min_normal = math.ldexp(1.0, s_emin)
+    if tc == 16 and C % 16 == 0:  # a constant trip count for the element loop (~12% faster, measured)
+        _table_blocks(bits, dbits, scales, C, 16, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
+                      s_split, s_magic, s_min_normal)
+    elif C % tc == 0:
+        _table_blocks(bits, dbits, scales, C, tc, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
+                      s_split, s_magic, s_min_normal)
+    else:
+        _table_blocks(bits, dbits, scales, C, tc, False, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
+                      s_split, s_magic, s_min_normal)
+
+
+@njit(cache=True)
+def table_serial(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t):
+    """Amax scales, an element of seven positive values (module doc); bits/dbits: src/dst as uint32; thr, val,
+    k0: ``scale_table``."""
+    _table_rows(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t)
+
+
+@njit(cache=True, parallel=True)
+def table_parallel(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t):
+    """``table_serial``, parallel over chunks of CHUNK blocks."""
+    _table_rows(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t)
+
+
+@functools.lru_cache(maxsize=64)
+def element_table(args: tuple):
+    """(mids, ups, vals) for ``block_args[:6]`` of a float element with exactly seven positive values: the values
+    V (ascending, the last one max), the midpoints M_i = (V[i-1] + V[i]) / 2 (V[-1] = 0) and whether a tie at
+    M_i goes up: to the even neighbour, V[i] an even multiple of the step V[i] - V[i-1] (as Veltkamp's split and
+    the subnormal magic round); None for any other element."""
+    kind, man, emin, sub, emax_e, max_e = args[:6]
+    if kind != 0:
+        return None
+    v = [k * math.ldexp(1.0, emin - man) for k in range(1, 1 << man)] if sub else []
+    e = emin
+    while len(v) <= 8 and e <= emax_e:
+        v += [math.ldexp(1.0 + k / (1 << man), e) for k in range(1 << man)]
+        e += 1
+    v = [x for x in v if x <= max_e]
+    if len(v) != 7 or v[-1] != max_e:
+        return None
+    lower = [0.0] + v[:-1]
+    mids = np.array([(a + b) / 2 for a, b in zip(lower, v)])
+    ups = np.array([(b / (b - a)) % 2 == 0 for a, b in zip(lower, v)])  # V[i] an even multiple of the step
+    return mids, ups, np.array(v)
+
+
+def table_ok(args: tuple) -> bool:
+    """Whether ``table_*`` holds for ``block_args``: amax scales into a float scale format (at most 4096 rows of
+    ``scale_table``), an element of seven positive values, a float32 tensor scale t > 0, and every M_i * S * T
+    exact in float64 (module doc)."""
+    kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t = args
+    if not (rule == 1 and 1 <= s_man and man + 2 + s_man + 1 + 24 <= 53 and 0.0 < t < math.inf
+            and float(np.float32(t)) == t and 2.0**-1000 < s_min <= s_max < 2.0**1000):
+        return False
+    sh = 52 - s_man
+    rows = (int(np.float64(s_max).view(np.int64)) >> sh) - (int(np.float64(s_min).view(np.int64)) >> sh) + 1
+    return rows <= 4096 and element_table(args[:6]) is not None

@@ -38,7 +38,7 @@ def build(overrides: list[str], threads: int):
     from emunum.optim import derive_seed
     from experiments import data as data_mod
     from experiments import models
-    from experiments.loop import loss_fn, set_threads
+    from experiments.loop import loss_fn, seed_step, set_threads
     from experiments.recipe import apply_format, make_optimizer, make_scaler
     from experiments.schema import register
 
@@ -57,7 +57,7 @@ def build(overrides: list[str], threads: int):
     def step():
         it = state["it"]
         state["it"] += 1
-        torch.manual_seed(derive_seed(int(cfg.seed), 3, it))
+        seed_step(derive_seed(int(cfg.seed), 3, it), torch.device("cpu"))  # as experiments/loop.py
         idx = sampler.indices(it)
         opt.zero_grad(set_to_none=True)
         loss = crit(model(ds.x_train[idx]).float(), ds.y_train[idx])

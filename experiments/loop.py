@@ -116,6 +116,17 @@ def validate(cfg) -> None:
     ddp.validate(cfg)
 
 
+def seed_step(seed: int, device: torch.device) -> None:
+    """``torch.manual_seed(seed)`` for a step on ``device``: the CPU generator, plus CUDA's on a CUDA run. The
+    same generator states as torch.manual_seed for what the step uses, without its lazy seeding of every other
+    backend (cuda, xpu, mtia each format a stack trace: about 0.23 ms per call, a tenth of an fp32 step here)."""
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed_all(seed)
+    elif device.type != "cpu":
+        torch.manual_seed(seed)
+
+
 def _check_device(name: str) -> None:
     """``device`` must parse and exist on this machine: a config error, not torch's AssertionError later."""
     try:
@@ -266,7 +277,7 @@ def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, stat
         model.train()
         while it < cfg.max_iters and not (state.reached_at is not None and cfg.stop_at_target):
             t0 = time.perf_counter()
-            torch.manual_seed(ddp.step_seed(seed, STREAM_STEP, it))
+            seed_step(ddp.step_seed(seed, STREAM_STEP, it), device)
             idx = sampler.indices(it)
             if d.active:  # this rank's slice of the global batch
                 idx = idx.tensor_split(d.world_size)[d.rank]

@@ -1,0 +1,287 @@
+"""The general MAD GEMM (any rounding mode, stochastic rounding, fused, chunk, lanes, fixed-point accumulator)
+with ``gemm_fast``'s structure: output tiles, the K loop outside a contiguous run of output columns whose
+accumulators advance together, and inner loops compiled per constant flag combination, branch-free, so that
+LLVM vectorises them across columns (int64/float64 lanes; AVX-512 where the CPU has it).
+
+Why the bits equal ``gemm_cpu.gemm_general``'s (the reference; tests compare every variant bit for bit):
+- The same operations in the same order per output element: product a*b (exact in binary64), the product's
+  rounding (not fused), the sum with the accumulator as TwoSum collapsed to the binary64 round-to-odd, and its
+  rounding; chunk closes, the pairwise lane reduction and the bias as in ``gemm_general`` (the last two use the
+  scalar cores themselves, they are O(M N) work).
+- ``_sum_odd`` is ``gemm_scalar.two_sum`` + ``round_odd`` written with selects: the same float64 operations,
+  and the same integer step on the bits of s (+1 / -1 toward e's side when s's last bit is 0, e != 0 and s
+  finite).
+- ``_round_float`` is ``round_float_bits(bits, 63, 52, 1023, ...)`` for binary64 inputs, written as
+  ``scalar.round_f32_fast`` is for binary32 ones: the significand ``sig = a - ((max(E, 1) - 1) << 52)``, the
+  target's quantum 2**shift input units (shift >= 0 because man <= 52), the kept part ``sig >> s`` and the
+  dropped part rem; the result re-encodes linearly (a carry into the exponent field is the next binade) while
+  shift <= 53, and is 0 or 2**qe beyond (qe >= -1022, checked by ``vec_applies``). The mode's decision
+  ``round_up_decision`` is one formula with loop-invariant weights (``_mode_weights``): up iff rem != 0 and
+  (rem > thr or (rem == thr and tie)), thr = half for the nearest modes (tie: away, or the lower neighbour's
+  code is odd), else 0 where the mode rounds this sign/parity away (up/down/odd) and 2**s (never) otherwise.
+  Stochastic: ``stochastic_decision`` with the true shift (rem rounded to nbits bits, ties to even, plus rnd).
+  Overflow, NaN, infinities and signed zeros follow ``round_float_bits`` line by line.
+- ``_round_fixed`` is ``scalar.round_fixed_value`` with the mode chain replaced by the same weights
+  (np.floor for ``_floor``: they differ only in the sign of a zero, which never reaches a result there).
+- Stochastic bits: ``random_bits(key, o*K + k, nbits)``, the generator itself; per row the counter is
+  base + j*K, which LLVM turns into an induction variable (no 64-bit multiply per element besides the
+  generator's own two).
+Results do not depend on tiling or thread count (each output element's operations are fixed).
+"""
+import functools
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from . import _cache, gemm_scalar, scalar
+
+_cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
+
+from .gemm_scalar import (  # noqa: E402
+    P_CMAX, P_CMIN, P_EMIN, P_FRAC, P_KIND, P_MAN, P_MAXBITS, P_MODE, P_NEGZERO, P_OVF, P_SAT, P_SUB, S_ACC,
+    S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, reduce_lanes,
+)
+from .scalar import (  # noqa: E402
+    DOWN, NEAREST, NEAREST_AWAY, ODD, OVF_SAT, STOCHASTIC, TOWARD_ZERO, UP, random_bits,
+)
+
+TM, TN = 8, 64  # output tile: rows x columns
+
+
+@njit(inline="always")
+def _sum_odd(x, y):
+    """round_odd(two_sum(x, y)): the binary64 round-to-odd of the exact x + y, branch-free."""
+    s = x + y
+    bb = s - x
+    e = (x - (s - bb)) + (y - bb)
+    u = np.float64(s).view(np.int64)
+    fix = (e != 0.0) & (np.abs(s) < np.inf) & ((u & 1) == 0)
+    step = np.int64(1) if (e > 0.0) == (s > 0.0) else np.int64(-1)
+    return np.int64(u + (step if fix else np.int64(0))).view(np.float64)
+
+
+@njit(inline="always")
+def _up(rem, odd, neg, w):
+    """Whether a magnitude k + rem (k integer, rem in [0, 1), odd: k is odd) rounds to k + 1 in a deterministic
+    mode with weights ``w`` (``_mode_weights``): ``round_up_decision`` as one formula."""
+    wh, waway, wpos, wneg, weven = w[0], w[1], w[2], w[3], w[4]
+    zero_ok = ((wpos != 0) & ~neg) | ((wneg != 0) & neg) | ((weven != 0) & ~odd)
+    thr = 0.5 if wh != 0 else (0.0 if zero_ok else 1.0)
+    tie = (wh != 0) & ((waway != 0) | odd)
+    return (rem > thr) | ((rem == thr) & tie)
+
+
+@njit(inline="always")
+def _up_stochastic(rem, rnd, two_n):
+    """``stochastic_decision``: rem * 2**nbits rounded to an integer, ties to even (the magic constant 2**52;
+    exact: 0 <= rem * 2**nbits <= 2**32), plus rnd reaches 2**nbits."""
+    d = rem * two_n
+    drnd = (d + 4503599627370496.0) - 4503599627370496.0
+    return drnd + float(rnd) >= two_n
+
+
+@njit(inline="always")
+def _round_float(x, rnd, c, f, w, STO):
+    """``round_float_bits`` of a binary64 value to the FloatFormat of ``c``/``f`` (``consts``), as float64.
+
+    Float arithmetic: q = 2**(qe) the target's quantum at |x| (from x's exponent field: max(E, emin) - man, or
+    emin without subnormals), t = |x| / q (exact: a power-of-two scaling that stays normal, see
+    ``vec_applies``), k = floor(t), rem = t - k (exact); the code is k (man >= 1: its last bit is k's), so the
+    mode decides between k*q and (k+1)*q (a carry to 2**(man+1) is the next binade's first value, and |x| below
+    one quantum gives 0 or q, as in ``round_float_bits``). Then overflow, zeros and non-finite x by the same
+    rules."""
+    man, emin_b, sub, ovf, negzero, to_all, to_neg, to_pos = c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
+    max_value, two_n = f[0], f[6]
+    ax = np.abs(x)
+    ex = np.float64(ax).view(np.int64) >> 52
+    eq = ex - man if ex >= emin_b else (emin_b - man if sub != 0 else emin_b)
+    q = np.int64(eq << 52).view(np.float64)
+    iq = np.int64((2046 - eq) << 52).view(np.float64)
+    t = ax * iq
+    k = np.floor(t)
+    rem = t - k
+    neg = x < 0.0
+    if STO:
+        up = _up_stochastic(rem, rnd, two_n)
+    else:
+        up = _up(rem, odd=(np.int64(k) & 1) == 1, neg=neg, w=w)
+    res = (k + (1.0 if up else 0.0)) * q
+    over = res > max_value
+    to_max = (to_all != 0) | ((to_neg != 0) & neg) | ((to_pos != 0) & ~neg)
+    big = max_value if to_max | (ovf == OVF_SAT) else (np.inf if ovf == 0 else np.nan)
+    mag = big if over else res
+    out = math.copysign(mag, x)
+    out = 0.0 if (mag == 0.0) & (negzero == 0) else out
+    out = np.nan if over & ~to_max & (ovf == 1) else out
+    inf_out = math.copysign(max_value, x) if ovf == OVF_SAT else (x if ovf == 0 else np.nan)
+    out = (inf_out if ax == np.inf else x + 0.0) if ex == 2047 else out
+    return out
+
+
+@njit(inline="always")
+def _is_odd(k):
+    return k - 2.0 * np.floor(k * 0.5) == 1.0
+
+
+@njit(inline="always")
+def _round_fixed(x, rnd, c, f, w, STO):
+    """``round_fixed_value`` with the mode weights (module docstring). c: (saturate,); f: (lo, hi, span,
+    period, scale, inv_scale, 2**nbits) as float64."""
+    saturate = c[0]
+    lo, hi, span, period, scale, inv, two_n = f[0], f[1], f[2], f[3], f[4], f[5], f[6]
+    t = x / period
+    t = np.floor(t) if t >= 0.0 else -np.floor(-t)
+    xw = x - t * period if np.abs(x) < np.inf else x
+    x = x if saturate != 0 else xw
+    y = x * scale
+    neg = x < 0.0
+    a = np.abs(y)
+    k = np.floor(a)
+    r = a - k
+    r = 5e-324 if (a == 0.0) & (x != 0.0) else r
+    odd = _is_odd(k)
+    up = _up_stochastic(r, rnd, two_n) if STO else _up(r, odd, neg, w)
+    k = k + (1.0 if up else 0.0)
+    v = (0.0 - k if neg else k) + 0.0
+    vs = min(max(v, lo), hi)
+    ww = v - np.floor(v / span) * span
+    vw = ww - span if ww > hi else ww
+    v = vs if saturate != 0 else vw
+    v = (hi if y > 0.0 else lo) if a == np.inf else v
+    v = x if x != x else v
+    return v * inv
+
+
+@njit(inline="always")
+def _round(x, rnd, ci, cf, w, STO, FIX):
+    if FIX:
+        return _round_fixed(x, rnd, ci, cf, w, STO)
+    return _round_float(x, rnd, ci, cf, w, STO)
+
+
+@njit(inline="always")
+def _mac_row(acc, brow, a, mi, mf, mw, ai, af, aw, kmul, kacc, base, stride, nbits, FUSED, MSTO, MFIX, ASTO, AFIX):
+    """acc[j] <- round_acc(round_mul(a * brow[j]) + acc[j]) (or the fused step), counter base + j*stride."""
+    for jj in range(acc.size):
+        idx = base + jj * stride
+        p = a * brow[jj]
+        if not FUSED:
+            rm = random_bits(kmul, idx, nbits) if MSTO else np.uint64(0)
+            p = _round(p, rm, mi, mf, mw, MSTO, MFIX)
+        ra = random_bits(kacc, idx, nbits) if ASTO else np.uint64(0)
+        acc[jj] = _round(_sum_odd(p, acc[jj]), ra, ai, af, aw, ASTO, AFIX)
+
+
+@njit(inline="always")
+def _add_row(dst, src, ai, af, aw, key, base, stride, nbits, ASTO, AFIX):
+    """dst[j] <- round_acc(dst[j] + src[j]); src[j] <- 0 (a chunk close), counter base + j*stride."""
+    for jj in range(dst.size):
+        ra = random_bits(key, base + jj * stride, nbits) if ASTO else np.uint64(0)
+        dst[jj] = _round(_sum_odd(dst[jj], src[jj]), ra, ai, af, aw, ASTO, AFIX)
+        src[jj] = 0.0
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(FUSED: bool, MSTO: bool, ASTO: bool, AFIX: bool):
+    """The kernel for one combination of flags: fused, stochastic products (MSTO), stochastic sums (ASTO), fixed
+    accumulator (AFIX). They are closure constants, so each inner loop compiles branch-free; numba caches each
+    closure on disk under its own key (the closure's values are part of it)."""
+
+    @njit(cache=True, parallel=True)
+    def gemm_vec(A, B, bias, has_bias, out, mulp, accp, mi, mf, mw, ai, af, aw, lanes, chunk, keys, nbits):
+        """A (bA, M, K), B (bB, K, N) float64 arrays of float32 values; mi/mf/mw, ai/af/aw: ``consts`` of the
+        product and accumulator formats; mulp/accp: their parameter tuples (for the scalar cores).
+        """
+        nb, M, N = out.shape
+        K = A.shape[2]
+        bA, bB = A.shape[0], B.shape[0]
+        ti, tj = (M + TM - 1) // TM, (N + TN - 1) // TN
+        span = chunk * lanes if chunk > 0 else max(K, 1)
+        k_mul, k_acc, k_chunk, k_red, k_bias = keys[S_MUL], keys[S_ACC], keys[S_CHUNK], keys[S_REDUCE], keys[S_BIAS]
+        for t in prange(nb * ti * tj):
+            b = t // (ti * tj)
+            r = t % (ti * tj)
+            i0, j0 = (r // tj) * TM, (r % tj) * TN
+            i1, nj = min(i0 + TM, M), min(j0 + TN, N) - j0
+            ab, bbi = b % bA, b % bB
+            inner = np.zeros((lanes, TN))
+            outer = np.zeros((lanes, TN))
+            v = np.empty(lanes)
+            for i in range(i0, i1):
+                inner[:, :] = 0.0
+                outer[:, :] = 0.0
+                obase = (b * M + i) * N + j0
+                arow = A[ab, i]
+                for kk in range(0, K, span):
+                    for k in range(kk, min(K, kk + span)):
+                        _mac_row(inner[k % lanes, :nj], B[bbi, k, j0:j0 + nj], arow[k], mi, mf, mw, ai, af, aw, k_mul,
+                                 k_acc, obase * K + k, K, nbits, FUSED, MSTO, False, ASTO, AFIX)
+                    if chunk > 0:
+                        for lane in range(lanes):
+                            _add_row(outer[lane, :nj], inner[lane, :nj], ai, af, aw, k_chunk, obase * K + kk + lane, K,
+                                     nbits, ASTO, AFIX)
+                src = outer if chunk > 0 else inner
+                for jj in range(nj):
+                    for lane in range(lanes):
+                        v[lane] = src[lane, jj]
+                    y = reduce_lanes(v, lanes, accp, k_red, obase + jj, nbits)
+                    if has_bias:
+                        y = add_round(y, bias[b, i, j0 + jj], accp, k_bias, obase + jj, nbits)
+                    out[b, i, j0 + jj] = y
+
+    return gemm_vec
+
+
+def _mode_weights(mode: int) -> tuple:
+    """(nearest, away, rounds positive away, rounds negative away, rounds an even lower neighbour away)."""
+    return tuple(np.int64(v) for v in (mode in (NEAREST, NEAREST_AWAY), mode == NEAREST_AWAY, mode == UP,
+                                        mode == DOWN, mode == ODD))
+
+
+def consts(p) -> tuple:
+    """(int constants, float constants, mode weights) of a format parameter vector, for the inner loops."""
+    p = [int(v) for v in p]
+    mode = p[P_MODE]
+    w = _mode_weights(mode)
+    if p[P_KIND] == 0:
+        ovf = p[P_OVF]
+        ci = (p[P_MAN], p[P_EMIN] + 1023, p[P_SUB], ovf, p[P_NEGZERO], mode in (TOWARD_ZERO, ODD), mode == UP,
+              mode == DOWN, 0)
+        cf = (float(np.array(p[P_MAXBITS], dtype=np.int64).view(np.float64)),) + (0.0,) * 6
+    else:
+        frac, lo, hi = p[P_FRAC], float(p[P_CMIN]), float(p[P_CMAX])
+        span = hi - lo + 1.0
+        ci = (p[P_SAT],) + (0,) * 8
+        cf = (lo, hi, span, float(np.ldexp(span, -frac)), float(np.ldexp(1.0, frac)), float(np.ldexp(1.0, -frac)),
+              0.0)
+    return tuple(np.int64(v) for v in ci), tuple(np.float64(v) for v in cf), w
+
+
+def vec_applies(fused: int, mulp, accp) -> bool:
+    """Whether ``gemm_vec`` runs this unit's datapath exactly (module docstring): float products (or fused), a
+    float or fixed accumulator; float formats with 1 <= man <= 51 (man = 0: the code's parity is the
+    exponent's), smallest quantum >= 2**-1022 and max < 2**700. Then every scaling t = |x| / q is exact: a
+    nonzero x is on the 2**-298 grid (products of float32 values and their sums), so 2**-1022 <= t < 2**53."""
+    def float_ok(p):
+        man, emin = int(p[P_MAN]), int(p[P_EMIN])
+        q = emin - man if p[P_SUB] else emin
+        max_value = float(np.array(p[P_MAXBITS], dtype=np.int64).view(np.float64))
+        return 1 <= man <= 51 and q >= -1022 and max_value < 2.0**700
+    mul_ok = bool(fused) or (mulp[P_KIND] == 0 and float_ok(mulp))
+    acc_ok = accp[P_KIND] == 1 or (accp[P_KIND] == 0 and float_ok(accp))
+    return bool(mul_ok and acc_ok)
+
+
+def run(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits):
+    """``gemm_cpu._gemm``'s call into ``gemm_vec`` (caller holds the parallel lock)."""
+    mi, mf, mw = consts(mulp)
+    ai, af, aw = consts(accp)
+    af = af[:6] + (np.float64(2.0**nbits),)
+    mf = mf[:6] + (np.float64(2.0**nbits),)
+    k = kernel(bool(fused), bool(mulp[P_MODE] == STOCHASTIC and not fused), bool(accp[P_MODE] == STOCHASTIC),
+               bool(accp[P_KIND] == 1))
+    k(np.ascontiguousarray(A, dtype=np.float64), np.ascontiguousarray(B, dtype=np.float64), bias, has_bias, out,
+      tuple(int(v) for v in mulp), tuple(int(v) for v in accp), mi, mf, mw, ai, af, aw, lanes, chunk,
+      tuple(np.uint64(k) for k in keys), nbits)
+

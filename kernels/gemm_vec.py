@@ -43,7 +43,7 @@ from .gemm_scalar import (  # noqa: E402
     S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, reduce_lanes,
 )
 from .scalar import (  # noqa: E402
-    DOWN, NEAREST, NEAREST_AWAY, ODD, OVF_SAT, STOCHASTIC, TOWARD_ZERO, UP, random_bits,
+    DOWN, NEAREST, NEAREST_AWAY, ODD, OVF_SAT, STOCHASTIC, TOWARD_ZERO, UP, random_bits, round_nearest_fast,
 )
 
 TM, TN = 8, 64  # output tile: rows x columns
@@ -82,20 +82,21 @@ def _up_stochastic(rem, rnd, two_n):
 
 
 @njit(inline="always")
-def _round_float(x, rnd, c, f, w, STO):
+def _round_float(x, rnd, c, f, w, STO, CHK):
     """``round_float_bits`` of a binary64 value to the FloatFormat of ``c``/``f`` (``consts``), as float64.
 
     Float arithmetic: q = 2**(qe) the target's quantum at |x| (from x's exponent field: max(E, emin) - man, or
     emin without subnormals), t = |x| / q (exact: a power-of-two scaling that stays normal, see
     ``vec_applies``), k = floor(t), rem = t - k (exact); the code is k (man >= 1: its last bit is k's), so the
     mode decides between k*q and (k+1)*q (a carry to 2**(man+1) is the next binade's first value, and |x| below
-    one quantum gives 0 or q, as in ``round_float_bits``). Then overflow, zeros and non-finite x by the same
-    rules."""
-    man, emin_b, sub, ovf, negzero, to_all, to_neg, to_pos = c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
-    max_value, two_n = f[0], f[6]
+    one quantum gives 0 or q, as in ``round_float_bits``). A zero keeps x's sign where the format has -0: adding
+    zadd = -0.0 changes nothing, +0.0 turns -0 into +0. CHK: overflow and non-finite x by the same rules
+    (dropped where ``plan`` proves that no sum or product can reach them)."""
+    man, emin_b, sub, ovf, to_all, to_neg, to_pos = c[0], c[1], c[2], c[3], c[5], c[6], c[7]
+    max_value, zadd, two_n = f[0], f[5], f[6]
     ax = np.abs(x)
     ex = np.float64(ax).view(np.int64) >> 52
-    eq = ex - man if ex >= emin_b else (emin_b - man if sub != 0 else emin_b)
+    eq = max(ex, emin_b) - man if sub != 0 else (ex - man if ex >= emin_b else emin_b)
     q = np.int64(eq << 52).view(np.float64)
     iq = np.int64((2046 - eq) << 52).view(np.float64)
     t = ax * iq
@@ -107,16 +108,26 @@ def _round_float(x, rnd, c, f, w, STO):
     else:
         up = _up(rem, odd=(np.int64(k) & 1) == 1, neg=neg, w=w)
     res = (k + (1.0 if up else 0.0)) * q
+    if not CHK:
+        return math.copysign(res, x) + zadd
     over = res > max_value
     to_max = (to_all != 0) | ((to_neg != 0) & neg) | ((to_pos != 0) & ~neg)
     big = max_value if to_max | (ovf == OVF_SAT) else (np.inf if ovf == 0 else np.nan)
-    mag = big if over else res
-    out = math.copysign(mag, x)
-    out = 0.0 if (mag == 0.0) & (negzero == 0) else out
+    out = math.copysign(big if over else res, x) + zadd
     out = np.nan if over & ~to_max & (ovf == 1) else out
     inf_out = math.copysign(max_value, x) if ovf == OVF_SAT else (x if ovf == 0 else np.nan)
-    out = (inf_out if ax == np.inf else x + 0.0) if ex == 2047 else out
-    return out
+    return (inf_out if ax == np.inf else x + 0.0) if ex == 2047 else out
+
+
+@njit(inline="always")
+def _round_nearest(x, f, CHK):
+    """Round-to-nearest-even products: ``scalar.round_nearest_fast`` (Veltkamp; tested equal to
+    ``round_float_bits`` for man >= 1) with ``round_nearest_value``'s conventions (NaN, the sign of zero)."""
+    y = round_nearest_fast(x, f[1], f[2], f[3], f[0], f[4], True, CHK)
+    if CHK:
+        y = np.abs(y) if (y != y) & (x == x) else y
+        y = x + 0.0 if x != x else y
+    return math.copysign(0.0, x) + f[5] if y == 0.0 else y
 
 
 @njit(inline="always")
@@ -154,38 +165,42 @@ def _round_fixed(x, rnd, c, f, w, STO):
 
 
 @njit(inline="always")
-def _round(x, rnd, ci, cf, w, STO, FIX):
+def _round(x, rnd, ci, cf, w, STO, FIX, CHK):
     if FIX:
         return _round_fixed(x, rnd, ci, cf, w, STO)
-    return _round_float(x, rnd, ci, cf, w, STO)
+    return _round_float(x, rnd, ci, cf, w, STO, CHK)
 
 
 @njit(inline="always")
-def _mac_row(acc, brow, a, mi, mf, mw, ai, af, aw, kmul, kacc, base, stride, nbits, FUSED, MSTO, MFIX, ASTO, AFIX):
+def _mac_row(acc, brow, a, mi, mf, mw, ai, af, aw, kmul, kacc, base, stride, nbits, FUSED, MSTO, MNEAR, ASTO, AFIX,
+             CHK):
     """acc[j] <- round_acc(round_mul(a * brow[j]) + acc[j]) (or the fused step), counter base + j*stride."""
     for jj in range(acc.size):
         idx = base + jj * stride
         p = a * brow[jj]
-        if not FUSED:
+        if MNEAR:
+            p = _round_nearest(p, mf, CHK)
+        elif not FUSED:
             rm = random_bits(kmul, idx, nbits) if MSTO else np.uint64(0)
-            p = _round(p, rm, mi, mf, mw, MSTO, MFIX)
+            p = _round_float(p, rm, mi, mf, mw, MSTO, CHK)
         ra = random_bits(kacc, idx, nbits) if ASTO else np.uint64(0)
-        acc[jj] = _round(_sum_odd(p, acc[jj]), ra, ai, af, aw, ASTO, AFIX)
+        acc[jj] = _round(_sum_odd(p, acc[jj]), ra, ai, af, aw, ASTO, AFIX, CHK)
 
 
 @njit(inline="always")
-def _add_row(dst, src, ai, af, aw, key, base, stride, nbits, ASTO, AFIX):
+def _add_row(dst, src, ai, af, aw, key, base, stride, nbits, ASTO, AFIX, CHK):
     """dst[j] <- round_acc(dst[j] + src[j]); src[j] <- 0 (a chunk close), counter base + j*stride."""
     for jj in range(dst.size):
         ra = random_bits(key, base + jj * stride, nbits) if ASTO else np.uint64(0)
-        dst[jj] = _round(_sum_odd(dst[jj], src[jj]), ra, ai, af, aw, ASTO, AFIX)
+        dst[jj] = _round(_sum_odd(dst[jj], src[jj]), ra, ai, af, aw, ASTO, AFIX, CHK)
         src[jj] = 0.0
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(FUSED: bool, MSTO: bool, ASTO: bool, AFIX: bool):
-    """The kernel for one combination of flags: fused, stochastic products (MSTO), stochastic sums (ASTO), fixed
-    accumulator (AFIX). They are closure constants, so each inner loop compiles branch-free; numba caches each
+def kernel(FUSED: bool, MSTO: bool, MNEAR: bool, ASTO: bool, AFIX: bool, CHK: bool):
+    """The kernel for one combination of flags: fused, stochastic products (MSTO), products to nearest-even
+    (MNEAR), stochastic sums (ASTO), fixed accumulator (AFIX), overflow/non-finite checks (CHK). They are closure
+    constants, so each inner loop compiles branch-free; numba caches each
     closure on disk under its own key (the closure's values are part of it)."""
 
     @njit(cache=True, parallel=True)
@@ -216,11 +231,11 @@ def kernel(FUSED: bool, MSTO: bool, ASTO: bool, AFIX: bool):
                 for kk in range(0, K, span):
                     for k in range(kk, min(K, kk + span)):
                         _mac_row(inner[k % lanes, :nj], B[bbi, k, j0:j0 + nj], arow[k], mi, mf, mw, ai, af, aw, k_mul,
-                                 k_acc, obase * K + k, K, nbits, FUSED, MSTO, False, ASTO, AFIX)
+                                 k_acc, obase * K + k, K, nbits, FUSED, MSTO, MNEAR, ASTO, AFIX, CHK)
                     if chunk > 0:
                         for lane in range(lanes):
                             _add_row(outer[lane, :nj], inner[lane, :nj], ai, af, aw, k_chunk, obase * K + kk + lane, K,
-                                     nbits, ASTO, AFIX)
+                                     nbits, ASTO, AFIX, CHK)
                 src = outer if chunk > 0 else inner
                 for jj in range(nj):
                     for lane in range(lanes):
@@ -248,7 +263,11 @@ def consts(p) -> tuple:
         ovf = p[P_OVF]
         ci = (p[P_MAN], p[P_EMIN] + 1023, p[P_SUB], ovf, p[P_NEGZERO], mode in (TOWARD_ZERO, ODD), mode == UP,
               mode == DOWN, 0)
-        cf = (float(np.array(p[P_MAXBITS], dtype=np.int64).view(np.float64)),) + (0.0,) * 6
+        man, emin, sub = p[P_MAN], p[P_EMIN], p[P_SUB]
+        max_value = float(np.array(p[P_MAXBITS], dtype=np.int64).view(np.float64))
+        q = emin - man if sub else emin  # round_nearest_fast's (split, magic, min_normal, overflow value)
+        cf = (max_value, 2.0 ** (52 - man) + 1.0, 1.5 * 2.0 ** (52 + q), 2.0**emin, (np.inf, np.nan, max_value)[ovf],
+              -0.0 if p[P_NEGZERO] else 0.0, 0.0)
     else:
         frac, lo, hi = p[P_FRAC], float(p[P_CMIN]), float(p[P_CMAX])
         span = hi - lo + 1.0
@@ -273,15 +292,49 @@ def vec_applies(fused: int, mulp, accp) -> bool:
     return bool(mul_ok and acc_ok)
 
 
-def run(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits):
-    """``gemm_cpu._gemm``'s call into ``gemm_vec`` (caller holds the parallel lock)."""
+def needs_checks(A, B, fused, mulp, accp) -> bool:
+    """False where no product or partial sum can overflow or be non-finite, so that ``_round_float`` may drop that
+    work (CHK): the operands are finite, |round_mul(a*b)| <= P = top (1 + 2**-mm) + qm (top = max|a| max|b|;
+    rounding a magnitude away from zero adds at most one quantum: 2**-man of it in the normal range, the smallest
+    quantum qm below) stays below the product format's max, and every partial sum stays below the accumulator's:
+    K terms, and on any path at most R = 2K + 8 roundings, each growing a magnitude by a factor 1 + 2**-am plus
+    qa, bound all sums by (K P + R qa) (1 + 2**-am)**R."""
+    a = np.abs(np.asarray(A, dtype=np.float64))
+    b = np.abs(np.asarray(B, dtype=np.float64))
+    amax = float(a.max()) if a.size else 0.0
+    bmax = float(b.max()) if b.size else 0.0
+    if not (np.isfinite(amax) and np.isfinite(bmax)):
+        return True
+    K = A.shape[2]
+    top = amax * bmax
+    mi, mf, _ = consts(mulp)
+    ai, af, _ = consts(accp)
+    if fused:
+        prod = top
+    else:
+        mm, qm = int(mi[0]), 2.0 ** (int(mi[1]) - 1023 - (int(mi[0]) if mi[2] else 0))
+        prod = top * (1.0 + 2.0**-mm) + qm
+        if not prod < mf[0]:
+            return True
+    if accp[P_KIND] == 1:
+        return False  # fixed point: saturation and wrap are part of its rounding
+    am, qa = int(ai[0]), 2.0 ** (int(ai[1]) - 1023 - (int(ai[0]) if ai[2] else 0))
+    R = 2 * K + 8
+    log_bound = np.log2(K * prod + R * qa) + R * np.log2(1.0 + 2.0**-am)
+    return not log_bound < np.log2(af[0]) - 1e-9
+
+
+def run(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, checks=None):
+    """``gemm_cpu._gemm``'s call into ``gemm_vec`` (caller holds the parallel lock); checks: None plans
+    (``needs_checks``), True forces them on (tests)."""
     mi, mf, mw = consts(mulp)
     ai, af, aw = consts(accp)
     af = af[:6] + (np.float64(2.0**nbits),)
     mf = mf[:6] + (np.float64(2.0**nbits),)
-    k = kernel(bool(fused), bool(mulp[P_MODE] == STOCHASTIC and not fused), bool(accp[P_MODE] == STOCHASTIC),
-               bool(accp[P_KIND] == 1))
+    chk = needs_checks(A, B, fused, mulp, accp) if checks is None else bool(checks)
+    k = kernel(bool(fused), bool(mulp[P_MODE] == STOCHASTIC and not fused),
+               bool(mulp[P_MODE] == NEAREST and not fused), bool(accp[P_MODE] == STOCHASTIC),
+               bool(accp[P_KIND] == 1), chk)
     k(np.ascontiguousarray(A, dtype=np.float64), np.ascontiguousarray(B, dtype=np.float64), bias, has_bias, out,
       tuple(int(v) for v in mulp), tuple(int(v) for v in accp), mi, mf, mw, ai, af, aw, lanes, chunk,
       tuple(np.uint64(k) for k in keys), nbits)
-

@@ -11,21 +11,21 @@ Why the bits equal ``gemm_cpu.gemm_general``'s (the reference; tests compare eve
 - ``_sum_odd`` is ``gemm_scalar.two_sum`` + ``round_odd`` written with selects: the same float64 operations,
   and the same integer step on the bits of s (+1 / -1 toward e's side when s's last bit is 0, e != 0 and s
   finite).
-- ``_round_float`` is ``round_float_bits(bits, 63, 52, 1023, ...)`` for binary64 inputs, written as
-  ``scalar.round_f32_fast`` is for binary32 ones: the significand ``sig = a - ((max(E, 1) - 1) << 52)``, the
-  target's quantum 2**shift input units (shift >= 0 because man <= 52), the kept part ``sig >> s`` and the
-  dropped part rem; the result re-encodes linearly (a carry into the exponent field is the next binade) while
-  shift <= 53, and is 0 or 2**qe beyond (qe >= -1022, checked by ``vec_applies``). The mode's decision
-  ``round_up_decision`` is one formula with loop-invariant weights (``_mode_weights``): up iff rem != 0 and
-  (rem > thr or (rem == thr and tie)), thr = half for the nearest modes (tie: away, or the lower neighbour's
-  code is odd), else 0 where the mode rounds this sign/parity away (up/down/odd) and 2**s (never) otherwise.
-  Stochastic: ``stochastic_decision`` with the true shift (rem rounded to nbits bits, ties to even, plus rnd).
-  Overflow, NaN, infinities and signed zeros follow ``round_float_bits`` line by line.
-- ``_round_fixed`` is ``scalar.round_fixed_value`` with the mode chain replaced by the same weights
-  (np.floor for ``_floor``: they differ only in the sign of a zero, which never reaches a result there).
+- ``_round_float`` is ``round_float_bits(bits, 63, 52, 1023, ...)`` for binary64 inputs in float arithmetic:
+  the target's quantum q at |x| from x's exponent field, t = x / q (an exact power-of-two scaling: nonzero x
+  lie on the 2**-298 grid and ``vec_applies`` bounds the quanta, so t stays normal), the mode rounds t to an
+  integer r (floor / ceil / floor(|t| + 1/2) / the 2**52 magic constant for ties-to-even; odd and stochastic
+  from floor(t) and the exact remainder; stochastic is ``stochastic_decision``: the remainder times 2**nbits
+  rounded to an integer, ties to even, plus rnd reaches 2**nbits), and r*q is the result, exact. With
+  man >= 1 the code's last bit is r's, so ties and odd see the code's parity; a carry to the next binade and
+  a magnitude below one quantum (0 or q) come out as in the bit core. Overflow, NaN, infinities and signed
+  zeros follow ``round_float_bits`` (CHK, dropped where ``needs_checks`` proves they cannot occur).
+  Round-to-nearest-even uses ``round_nearest_fast`` (Veltkamp), tested equal to the bit core.
+- ``_round_fixed`` is ``scalar.round_fixed_value`` with the mode chain replaced by one formula with loop-invariant
+  weights (``_mode_weights``; np.floor for ``_floor``: they differ only in the sign of a zero, which never reaches a result there).
 - Stochastic bits: ``random_bits(key, o*K + k, nbits)``, the generator itself; per row the counter is
   base + j*K, which LLVM turns into an induction variable (no 64-bit multiply per element besides the
-  generator's own two).
+  generator's own two; computing its input incrementally by hand measured no faster).
 Results do not depend on tiling or thread count (each output element's operations are fixed).
 """
 import functools
@@ -82,13 +82,15 @@ def _up_stochastic(rem, rnd, two_n):
 
 
 @njit(inline="always")
-def _round_float(x, rnd, c, f, w, STO, CHK):
+def _round_float(x, rnd, c, f, MODE, CHK):
     """``round_float_bits`` of a binary64 value to the FloatFormat of ``c``/``f`` (``consts``), as float64.
 
     Float arithmetic: q = 2**(qe) the target's quantum at |x| (from x's exponent field: max(E, emin) - man, or
     emin without subnormals), t = |x| / q (exact: a power-of-two scaling that stays normal, see
-    ``vec_applies``), k = floor(t), rem = t - k (exact); the code is k (man >= 1: its last bit is k's), so the
-    mode decides between k*q and (k+1)*q (a carry to 2**(man+1) is the next binade's first value, and |x| below
+    ``vec_applies``), and the mode (a compile-time constant) rounds t to an integer r with one operation where
+    it can (floor for toward-zero, floor(|t| + 1/2) for nearest-away, ceil/floor of the signed t for up/down; odd
+    and stochastic from k = floor(t) and rem = t - k, exact); r is the code (man >= 1: its last bit is r's), and
+    r*q the result (a carry to 2**(man+1) is the next binade's first value, and |x| below
     one quantum gives 0 or q, as in ``round_float_bits``). A zero keeps x's sign where the format has -0: adding
     zadd = -0.0 changes nothing, +0.0 turns -0 into +0. CHK: overflow and non-finite x by the same rules
     (dropped where ``plan`` proves that no sum or product can reach them)."""
@@ -99,15 +101,26 @@ def _round_float(x, rnd, c, f, w, STO, CHK):
     eq = max(ex, emin_b) - man if sub != 0 else (ex - man if ex >= emin_b else emin_b)
     q = np.int64(eq << 52).view(np.float64)
     iq = np.int64((2046 - eq) << 52).view(np.float64)
-    t = ax * iq
-    k = np.floor(t)
-    rem = t - k
     neg = x < 0.0
-    if STO:
-        up = _up_stochastic(rem, rnd, two_n)
-    else:
-        up = _up(rem, odd=(np.int64(k) & 1) == 1, neg=neg, w=w)
-    res = (k + (1.0 if up else 0.0)) * q
+    if MODE == STOCHASTIC:
+        t = ax * iq
+        k = np.floor(t)
+        r = k + (1.0 if _up_stochastic(t - k, rnd, two_n) else 0.0)
+    elif MODE == ODD:
+        t = ax * iq
+        k = np.floor(t)
+        r = k + (1.0 if (t != k) & ((np.int64(k) & 1) == 0) else 0.0)
+    elif MODE == NEAREST_AWAY:
+        r = np.floor(ax * iq + 0.5)  # |t| + 0.5 rounds only past the next integer's binade: same floor
+    elif MODE == TOWARD_ZERO:
+        r = np.floor(ax * iq)
+    elif MODE == UP:
+        r = np.abs(np.ceil(x * iq))  # signed scaling: the ceiling of a negative t is its truncation
+    elif MODE == DOWN:
+        r = np.abs(np.floor(x * iq))
+    else:  # nearest-even: 0 <= t < 2**52, the magic constant rounds to an integer, ties to even
+        r = (ax * iq + 4503599627370496.0) - 4503599627370496.0
+    res = r * q
     if not CHK:
         return math.copysign(res, x) + zadd
     over = res > max_value
@@ -165,42 +178,42 @@ def _round_fixed(x, rnd, c, f, w, STO):
 
 
 @njit(inline="always")
-def _round(x, rnd, ci, cf, w, STO, FIX, CHK):
+def _round(x, rnd, ci, cf, w, MODE, FIX, CHK):
+    """Round x to the format of (ci, cf, w) in MODE (a constant; for fixed point only STOCHASTIC matters)."""
     if FIX:
-        return _round_fixed(x, rnd, ci, cf, w, STO)
-    return _round_float(x, rnd, ci, cf, w, STO, CHK)
+        return _round_fixed(x, rnd, ci, cf, w, MODE == STOCHASTIC)
+    if MODE == NEAREST:
+        return _round_nearest(x, cf, CHK)
+    return _round_float(x, rnd, ci, cf, MODE, CHK)
 
 
 @njit(inline="always")
-def _mac_row(acc, brow, a, mi, mf, mw, ai, af, aw, kmul, kacc, base, stride, nbits, FUSED, MSTO, MNEAR, ASTO, AFIX,
-             CHK):
+def _mac_row(acc, brow, a, mi, mf, mw, ai, af, aw, kmul, kacc, base, stride, nbits, FUSED, MMODE, AMODE, AFIX, CHK):
     """acc[j] <- round_acc(round_mul(a * brow[j]) + acc[j]) (or the fused step), counter base + j*stride."""
     for jj in range(acc.size):
         idx = base + jj * stride
         p = a * brow[jj]
-        if MNEAR:
-            p = _round_nearest(p, mf, CHK)
-        elif not FUSED:
-            rm = random_bits(kmul, idx, nbits) if MSTO else np.uint64(0)
-            p = _round_float(p, rm, mi, mf, mw, MSTO, CHK)
-        ra = random_bits(kacc, idx, nbits) if ASTO else np.uint64(0)
-        acc[jj] = _round(_sum_odd(p, acc[jj]), ra, ai, af, aw, ASTO, AFIX, CHK)
+        if not FUSED:
+            rm = random_bits(kmul, idx, nbits) if MMODE == STOCHASTIC else np.uint64(0)
+            p = _round(p, rm, mi, mf, mw, MMODE, False, CHK)
+        ra = random_bits(kacc, idx, nbits) if AMODE == STOCHASTIC else np.uint64(0)
+        acc[jj] = _round(_sum_odd(p, acc[jj]), ra, ai, af, aw, AMODE, AFIX, CHK)
 
 
 @njit(inline="always")
-def _add_row(dst, src, ai, af, aw, key, base, stride, nbits, ASTO, AFIX, CHK):
+def _add_row(dst, src, ai, af, aw, key, base, stride, nbits, AMODE, AFIX, CHK):
     """dst[j] <- round_acc(dst[j] + src[j]); src[j] <- 0 (a chunk close), counter base + j*stride."""
     for jj in range(dst.size):
-        ra = random_bits(key, base + jj * stride, nbits) if ASTO else np.uint64(0)
-        dst[jj] = _round(_sum_odd(dst[jj], src[jj]), ra, ai, af, aw, ASTO, AFIX, CHK)
+        ra = random_bits(key, base + jj * stride, nbits) if AMODE == STOCHASTIC else np.uint64(0)
+        dst[jj] = _round(_sum_odd(dst[jj], src[jj]), ra, ai, af, aw, AMODE, AFIX, CHK)
         src[jj] = 0.0
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(FUSED: bool, MSTO: bool, MNEAR: bool, ASTO: bool, AFIX: bool, CHK: bool):
-    """The kernel for one combination of flags: fused, stochastic products (MSTO), products to nearest-even
-    (MNEAR), stochastic sums (ASTO), fixed accumulator (AFIX), overflow/non-finite checks (CHK). They are closure
-    constants, so each inner loop compiles branch-free; numba caches each
+def kernel(FUSED: bool, MMODE: int, AMODE: int, AFIX: bool, CHK: bool):
+    """The kernel for one combination of flags: fused, the product and accumulator rounding modes (MMODE -1 when
+    fused; AMODE -1 for a deterministic fixed-point accumulator, whose mode is a runtime weight), fixed
+    accumulator (AFIX), overflow/non-finite checks (CHK). They are closure constants, so each inner loop compiles branch-free; numba caches each
     closure on disk under its own key (the closure's values are part of it)."""
 
     @njit(cache=True, parallel=True)
@@ -231,11 +244,11 @@ def kernel(FUSED: bool, MSTO: bool, MNEAR: bool, ASTO: bool, AFIX: bool, CHK: bo
                 for kk in range(0, K, span):
                     for k in range(kk, min(K, kk + span)):
                         _mac_row(inner[k % lanes, :nj], B[bbi, k, j0:j0 + nj], arow[k], mi, mf, mw, ai, af, aw, k_mul,
-                                 k_acc, obase * K + k, K, nbits, FUSED, MSTO, MNEAR, ASTO, AFIX, CHK)
+                                 k_acc, obase * K + k, K, nbits, FUSED, MMODE, AMODE, AFIX, CHK)
                     if chunk > 0:
                         for lane in range(lanes):
                             _add_row(outer[lane, :nj], inner[lane, :nj], ai, af, aw, k_chunk, obase * K + kk + lane, K,
-                                     nbits, ASTO, AFIX, CHK)
+                                     nbits, AMODE, AFIX, CHK)
                 src = outer if chunk > 0 else inner
                 for jj in range(nj):
                     for lane in range(lanes):
@@ -332,9 +345,10 @@ def run(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits,
     af = af[:6] + (np.float64(2.0**nbits),)
     mf = mf[:6] + (np.float64(2.0**nbits),)
     chk = needs_checks(A, B, fused, mulp, accp) if checks is None else bool(checks)
-    k = kernel(bool(fused), bool(mulp[P_MODE] == STOCHASTIC and not fused),
-               bool(mulp[P_MODE] == NEAREST and not fused), bool(accp[P_MODE] == STOCHASTIC),
-               bool(accp[P_KIND] == 1), chk)
+    afix = bool(accp[P_KIND] == 1)
+    amode = int(accp[P_MODE])
+    k = kernel(bool(fused), -1 if fused else int(mulp[P_MODE]),
+               amode if not afix or amode == STOCHASTIC else -1, afix, chk)
     k(np.ascontiguousarray(A, dtype=np.float64), np.ascontiguousarray(B, dtype=np.float64), bias, has_bias, out,
       tuple(int(v) for v in mulp), tuple(int(v) for v in accp), mi, mf, mw, ai, af, aw, lanes, chunk,
       tuple(np.uint64(k) for k in keys), nbits)

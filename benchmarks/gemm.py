@@ -4,15 +4,19 @@ Default: 512x512x512, operands in e5m2 (1-5-2), MADUnit(mul_fmt="fp8_152", acc_f
 (Wang et al. 2018's 1-5-2 products and 1-6-9 accumulator), on the CPU kernels. Each figure is the best of
 --repeat timed calls after one warm-up call (which compiles, or loads numba's cache). Also printed: the
 median, the CPU time per call (all threads; contention on a shared machine shows as wall >> cpu / threads),
-the fast-kernel plan the dispatcher took, and the general (per-rounding bit-exact core) kernel on a
-stochastic-accumulator unit at --general-size, for reference.
+the fast-kernel plan the dispatcher took.
+
+General rows (issue #13 item 4, target >= 1 GMAC/s): units the round-to-nearest fast kernel cannot run
+(stochastic, directed, odd and nearest-away modes, fused, lanes, fixed-point accumulators) at --general-size,
+through emunum.matmul (the dispatcher picks kernels/gemm_vec.py), each next to the reference per-element kernel
+``gemm_general`` on the same operands in the same run (--baseline-repeat timed calls after a warm-up; 0: skip).
 
 Multi-term rows (issue 14/18): tensor-core presets h100_fp8_e4m3 (e4m3 operands) and a100_bf16 (bf16
 operands), and exact (Kulisch) accumulation, at --mt-size, on the multi-term kernels (0: skip); the kernel
 ``gemm_auto`` chose is named in the row; --mt-old adds each unit's pre-float64 kernel as a same-run baseline.
 
-    python benchmarks/gemm.py [--size 512] [--repeat 5] [--general-size 128] [--mt-size 512] [--mt-old]
-                              [--threads N]
+    python benchmarks/gemm.py [--size 512] [--repeat 5] [--general-size 512] [--baseline-repeat 1]
+                              [--mt-size 512] [--mt-old] [--threads N]
 """
 from __future__ import annotations
 
@@ -52,7 +56,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=512, help="M = K = N (default 512)")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--general-size", type=int, default=128, help="size for the general kernel (0: skip)")
+    ap.add_argument("--general-size", type=int, default=512, help="size for the general rows (0: skip)")
+    ap.add_argument("--baseline-repeat", type=int, default=1,
+                    help="timed calls of the reference gemm_general per general row (0: skip the baseline)")
     ap.add_argument("--mt-size", type=int, default=512, help="size for the multi-term rows (0: skip)")
     ap.add_argument("--threads", type=int, default=0, help="numba and torch threads (0: leave the defaults)")
     ap.add_argument("--mt-old", action="store_true", help="multi-term rows: also time the old kernels (slow)")
@@ -76,13 +82,44 @@ def main() -> None:
     print(line(f"emunum.matmul {unit}", macs, *timed(lambda: emunum.matmul(A, B, unit), args.repeat)))
     print(line("torch.matmul float32 (same operands)", macs, *timed(lambda: torch.matmul(A, B), args.repeat)))
     if args.general_size:
-        m = args.general_size
-        As, Bs = A[:m, :m].contiguous(), B[:m, :m].contiguous()
-        sr = MADUnit("fp8_152", "fp16_169", acc_rounding="stochastic", chunk=64)
-        print(line(f"emunum.matmul {sr} ({m}^3, general kernel)", m**3,
-                   *timed(lambda: emunum.matmul(As, Bs, sr, seed=0), args.repeat)))
+        general_rows(A, B, args.general_size, args.repeat, args.baseline_repeat)
     if args.mt_size:
         multiterm_rows(args.mt_size, args.repeat, args.mt_old)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("n/a",)
+    print(f"# load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+GENERAL_UNITS = [
+    MADUnit("fp8_152", "fp16_169", acc_rounding="stochastic", chunk=64),
+    MADUnit("fp8_152", "fp16_169", mul_rounding="toward_zero", acc_rounding="toward_zero", chunk=64),
+    MADUnit("fp8_152", "bf16", mul_rounding="up", acc_rounding="down"),
+    MADUnit("fp8_152", "fp16", mul_rounding="odd", acc_rounding="odd"),
+    MADUnit("fp8_152", "fp16_169", mul_rounding="nearest_away", acc_rounding="nearest_away", chunk=64),
+    MADUnit(None, "bf16", fused=True, lanes=4),
+    MADUnit("fp8_152", "bf16", mul_rounding="stochastic", acc_rounding="stochastic", lanes=4, sr_bits=16),
+    MADUnit("fp8_152", "fixed24_8", acc_rounding="stochastic", chunk=64),
+]
+
+
+def general_rows(A, B, m: int, repeat: int, baseline_repeat: int) -> None:
+    """Each general unit through emunum.matmul, then the reference ``gemm_general`` on the same operands."""
+    import numpy as np
+
+    from emunum.mad.unit import stream_keys
+
+    As, Bs = A[:m, :m].contiguous(), B[:m, :m].contiguous()
+    a, b = As.numpy()[None], Bs.numpy()[None]
+    out = np.empty((1, m, m))
+    for unit in GENERAL_UNITS:
+        mulp, accp = unit.kernel_params()
+        kernel = gemm_cpu.kernel_choice(a, b, int(unit.fused), mulp, accp)
+        print(line(f"emunum.matmul {unit} ({m}^3, {kernel})", m**3,
+                   *timed(lambda: emunum.matmul(As, Bs, unit, seed=0), repeat)))
+        if baseline_repeat:
+            def ref():
+                gemm_cpu.gemm(a, b, None, out, int(unit.fused), mulp, accp, unit.lanes, unit.chunk or 0,
+                              stream_keys(0), unit.sr_bits, fast=False)
+            print(line(f"  baseline gemm_general, same unit and operands ({m}^3)", m**3, *timed(ref, baseline_repeat)))
 
 
 def multiterm_rows(m: int, repeat: int, old: bool) -> None:

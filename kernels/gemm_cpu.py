@@ -28,7 +28,7 @@ Nothing is compiled at import; each kernel compiles on first call (``cache=True`
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, gemm_scalar, operand_scan, parallel as _parallel, scalar
+from . import _cache, gemm_scalar, gemm_vec, operand_scan, parallel as _parallel, scalar
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
@@ -252,8 +252,9 @@ def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=Non
     A: (bA, M, K), B: (bB, K, N): float32-representable values (float32 or float64 arrays), used as given;
     bias: (nb, M, N) float64 or None; out: (nb, M, N) float64, written. mulp/accp: int64 parameter vectors;
     lanes >= 1; chunk 0 (none) or >= 1; keys: NSTREAMS uint64 stream keys; nbits: stochastic bits.
-    fast: None picks ``gemm_fast`` whenever ``fast_plan`` allows; False forces ``gemm_general``;
-    a tuple forces that plan (tests).
+    fast: None picks ``gemm_fast`` whenever ``fast_plan`` allows, else ``gemm_vec`` (``kernels/gemm_vec.py``)
+    whenever ``gemm_vec.vec_applies``, else ``gemm_general``; False forces ``gemm_general``; a tuple forces
+    that ``gemm_fast`` plan, "vec" forces ``gemm_vec`` where it applies (tests, benchmarks).
     """
     if len(keys) != NSTREAMS:
         raise ValueError(f"keys must hold {NSTREAMS} stream keys, got {len(keys)}")
@@ -263,14 +264,31 @@ def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=Non
     plan = None
     if fast is None:
         plan = fast_plan(A, B, fused, mulp, accp)
+        if plan is None and gemm_vec.vec_applies(fused, mulp, accp):
+            plan = "vec"
+    elif fast == "vec":
+        plan = "vec" if gemm_vec.vec_applies(fused, mulp, accp) else None
     elif fast is not False:
         plan = fast if fast_applies(fused, mulp, accp) else None
     with _parallel.exclusive():
         _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, plan)
 
 
+def kernel_choice(A, B, fused, mulp, accp, fast=None) -> str:
+    """Which kernel ``gemm`` runs: "fast", "vec" or "general" (tests assert the one they mean to reach)."""
+    if fast is False:
+        return "general"
+    if fast is None and fast_plan(A, B, fused, mulp, accp) is not None:
+        return "fast"
+    if fast not in (None, "vec"):
+        return "fast" if fast_applies(fused, mulp, accp) else "general"
+    return "vec" if gemm_vec.vec_applies(fused, mulp, accp) else "general"
+
+
 def _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, plan):
-    if plan is not None:
+    if isinstance(plan, str):
+        gemm_vec.run(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits)
+    elif plan is not None:
         _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, plan)
     else:
         gemm_general(np.ascontiguousarray(A, dtype=np.float32), np.ascontiguousarray(B, dtype=np.float32), bias,

@@ -19,7 +19,7 @@ import torch
 from numba import njit
 
 import emunum
-from emunum import FloatFormat, MADUnit
+from emunum import FixedFormat, FloatFormat, MADUnit
 from emunum.kernels import gemm_cpu
 from emunum.kernels.gemm_scalar import round_odd, two_sum
 from emunum.kernels.scalar import round_nearest_fast
@@ -244,3 +244,98 @@ def test_fast_kernel_declines_formats_without_mantissa_bits():
     e8m0, bf16 = _params(FloatFormat(8, 0)), _params(FloatFormat(8, 7))
     assert not gemm_cpu.fast_applies(0, e8m0, bf16)
     assert gemm_cpu.fast_applies(0, bf16, bf16)
+
+
+# ---- gemm_vec: the general datapath, vectorised (kernels/gemm_vec.py) --------------------------------------
+
+VEC_UNITS = {
+    "e5m2-e6m9_sr_chunk64": MADUnit("fp8_152", "fp16_169", acc_rounding="stochastic", chunk=64),
+    "e5m2_sr3-bf16_sr3_lanes2": MADUnit("fp8_152", "bf16", mul_rounding="stochastic", acc_rounding="stochastic",
+                                        sr_bits=3, lanes=2),
+    "e4m3-fp16_sr13_chunk5_lanes3": MADUnit("fp8_143", "fp16", acc_rounding="stochastic", sr_bits=13, chunk=5,
+                                            lanes=3),
+    "e5m2_tz-e6m9_tz_chunk7_lanes3": MADUnit("fp8_152", "fp16_169", mul_rounding="toward_zero",
+                                             acc_rounding="toward_zero", chunk=7, lanes=3),
+    "e5m2_up-e4m3_sat_down": MADUnit("fp8_152", FloatFormat(4, 3, saturate=True), mul_rounding="up",
+                                     acc_rounding="down"),
+    "e5m2_down-e4m3fn_up_lanes2": MADUnit("fp8_152", "e4m3fn", mul_rounding="down", acc_rounding="up", lanes=2),
+    "e4m3_odd-fp16_odd": MADUnit("fp8_143", "fp16", mul_rounding="odd", acc_rounding="odd", chunk=3),
+    "bf16_away-e5m2_away": MADUnit("bf16", "fp8_152", mul_rounding="nearest_away", acc_rounding="nearest_away"),
+    "e5m2-fp16_nosub_tz": MADUnit("fp8_152", FloatFormat(5, 10, subnormals=False), acc_rounding="toward_zero",
+                                  lanes=2),
+    "e5m2_nosub_up-fp32_down": MADUnit(FloatFormat(5, 2, subnormals=False), "fp32", mul_rounding="up",
+                                       acc_rounding="down"),
+    "fp16_near-e5m2_near_wider_product": MADUnit("fp16", "fp8_152", chunk=2),
+    "fused_bf16_up_lanes2": MADUnit(None, "bf16", fused=True, acc_rounding="up", lanes=2),
+    "fused_e6m9_sr9_chunk3_lanes3": MADUnit(None, "fp16_169", fused=True, acc_rounding="stochastic", sr_bits=9,
+                                            chunk=3, lanes=3),
+    "e5m2-fixed16_12_sr": MADUnit("fp8_152", "fixed16_12", acc_rounding="stochastic"),
+    "e5m2_sr7-fixed12_4_wrap_away": MADUnit("fp8_152", FixedFormat(12, 4, saturate=False), mul_rounding="stochastic",
+                                            acc_rounding="nearest_away", sr_bits=7, chunk=4),
+    "fused-ufixed10_2_odd_lanes2": MADUnit(None, "ufixed10_2", fused=True, acc_rounding="odd", lanes=2),
+    "e4m3-fixed16_8_down": MADUnit("fp8_143", "fixed16_8", acc_rounding="down", chunk=6),
+    "e4m3-fixed16_8_up_nearest": MADUnit("fp8_143", FixedFormat(16, 8, saturate=False), acc_rounding="up"),
+}
+
+
+def _adversarial(rng, shape, fmt):
+    """Operands whose products and sums hit ties, the accumulator's overflow and subnormal ranges, cancellation."""
+    x = _operands(rng, shape, fmt, special=False).astype(np.float64)
+    n = x.size
+    flat = x.reshape(-1)
+    big = rng.random(n) < 0.05
+    flat[big] = np.exp2(rng.integers(8, 15, big.sum())) * rng.choice([-1.0, 1.0], big.sum())  # overflow
+    tiny = rng.random(n) < 0.05
+    flat[tiny] = np.exp2(rng.integers(-16, -9, tiny.sum())) * rng.choice([-1.5, 1.0, -1.25], tiny.sum())  # subnormal
+    half = rng.random(n) < 0.1
+    flat[half] = rng.choice([0.5, 1.5, -2.5, 3.0, -0.75], half.sum())  # ties on coarse grids
+    return emunum.quantize(torch.from_numpy(x), fmt).float().numpy()
+
+
+def _same_bits(got, want, what):
+    g, w = got.view(np.int64), want.view(np.int64)
+    nan = np.isnan(got) & np.isnan(want)
+    assert np.array_equal(np.where(nan, 0, g), np.where(nan, 0, w)), (what, np.argwhere((g != w) & ~nan)[:5])
+
+
+@pytest.mark.parametrize("name", list(VEC_UNITS))
+@pytest.mark.parametrize("operands", ["random", "adversarial", "special"])
+def test_vec_kernel_equals_general_kernel_bit_for_bit(name, operands):
+    """Invariant: gemm_vec gives gemm_general's float64 bit patterns (NaN-aware: both NaN or the same bits),
+    batched, broadcast B, bias, ragged tiles (M=17, N=130 over the 8 x 64 tiles), every mode and datapath."""
+    unit = VEC_UNITS[name]
+    mulp, accp = unit.kernel_params()
+    rng = np.random.default_rng(abs(hash((name, operands))) % 2**32)
+    op = "bf16" if unit.mul_fmt is not None and unit.mul_fmt.man > 3 else "fp8_152"
+    make = _adversarial if operands == "adversarial" else (lambda r, s, f: _operands(r, s, f, operands == "special"))
+    A = make(rng, (2, 17, 70), op)
+    B = make(rng, (1, 70, 130), op)
+    bias = rng.standard_normal((2, 17, 130)) * 64
+    assert gemm_cpu.kernel_choice(A, B, int(unit.fused), mulp, accp) == "vec"  # reached through the dispatcher
+    for seed, b in ((0, bias), (5, None)):
+        _same_bits(_run(A, B, b, unit, fast=None, seed=seed), _run(A, B, b, unit, fast=False, seed=seed),
+                   f"{name} {operands} seed {seed}")
+
+
+def test_vec_kernel_declines_what_it_cannot_prove():
+    """Invariant: units outside ``vec_applies`` (man = 0, fixed-point products) keep the reference kernel."""
+    A = np.ones((1, 2, 3), np.float32)
+    for unit in [MADUnit(FloatFormat(8, 0), "fp32", acc_rounding="up"), MADUnit("fp8_152", FloatFormat(8, 0)),
+                 MADUnit("fixed8_4", "fp32", acc_rounding="stochastic")]:
+        mulp, accp = unit.kernel_params()
+        assert gemm_cpu.kernel_choice(A, A.transpose(0, 2, 1), int(unit.fused), mulp, accp) == "general"
+    nearest = MADUnit("fp8_152", "fp16_169", chunk=64)
+    assert gemm_cpu.kernel_choice(A, A.transpose(0, 2, 1), 0, *nearest.kernel_params()) == "fast"
+
+
+def test_vec_results_do_not_depend_on_thread_count():
+    rng = np.random.default_rng(8)
+    A, B = _operands(rng, (1, 40, 33), "fp8_152"), _operands(rng, (1, 33, 70), "fp8_152")
+    unit = VEC_UNITS["e5m2-e6m9_sr_chunk64"]
+    n = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = _run(A, B, None, unit, fast="vec", seed=3)
+    finally:
+        numba.set_num_threads(n)
+    np.testing.assert_array_equal(one, _run(A, B, None, unit, fast="vec", seed=3))

@@ -253,8 +253,9 @@ def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=Non
     bias: (nb, M, N) float64 or None; out: (nb, M, N) float64, written. mulp/accp: int64 parameter vectors;
     lanes >= 1; chunk 0 (none) or >= 1; keys: NSTREAMS uint64 stream keys; nbits: stochastic bits.
     fast: None picks ``gemm_fast`` whenever ``fast_plan`` allows, else ``gemm_vec`` (``kernels/gemm_vec.py``)
-    whenever ``gemm_vec.vec_applies``, else ``gemm_general``; False forces ``gemm_general``; a tuple forces
-    that ``gemm_fast`` plan, "vec" forces ``gemm_vec`` where it applies (tests, benchmarks).
+    whenever ``gemm_vec.vec_applies`` and the GEMM has at least ``VEC_MIN_MACS`` products, else
+    ``gemm_general``; False forces ``gemm_general``; a tuple forces that ``gemm_fast`` plan, "vec" forces
+    ``gemm_vec`` where it applies (tests, benchmarks). Same bits whichever runs.
     """
     if len(keys) != NSTREAMS:
         raise ValueError(f"keys must hold {NSTREAMS} stream keys, got {len(keys)}")
@@ -264,7 +265,7 @@ def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=Non
     plan = None
     if fast is None:
         plan = fast_plan(A, B, fused, mulp, accp)
-        if plan is None and gemm_vec.vec_applies(fused, mulp, accp):
+        if plan is None and _vec_wanted(A, B, fused, mulp, accp):
             plan = "vec"
     elif fast == "vec":
         plan = "vec" if gemm_vec.vec_applies(fused, mulp, accp) else None
@@ -282,7 +283,20 @@ def kernel_choice(A, B, fused, mulp, accp, fast=None) -> str:
         return "fast"
     if fast not in (None, "vec"):
         return "fast" if fast_applies(fused, mulp, accp) else "general"
-    return "vec" if gemm_vec.vec_applies(fused, mulp, accp) else "general"
+    if fast == "vec":
+        return "vec" if gemm_vec.vec_applies(fused, mulp, accp) else "general"
+    return "vec" if _vec_wanted(A, B, fused, mulp, accp) else "general"
+
+
+# gemm_vec compiles one variant per unit configuration (~17 s on first use, then cached on disk). Below this many
+# products a gemm_general call takes about 2 ms (0.03 GMAC/s), so small GEMMs (unit tests, probes, tiny layers)
+# skip that compile; anything larger pays it once and then runs 10-30x faster.
+VEC_MIN_MACS = 1 << 16
+
+
+def _vec_wanted(A, B, fused, mulp, accp) -> bool:
+    macs = max(A.shape[0], B.shape[0]) * A.shape[1] * A.shape[2] * B.shape[2]
+    return macs >= VEC_MIN_MACS and gemm_vec.vec_applies(fused, mulp, accp)
 
 
 def _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, plan):

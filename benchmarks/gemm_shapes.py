@@ -1,0 +1,61 @@
+"""Where a training step's MAD GEMM time goes: each `gemm_cpu.gemm` call of the fp8 recipe's step, by shape.
+
+    python benchmarks/gemm_shapes.py [--recipe fp8] [--steps 10]
+
+Wraps ``emunum.kernels.gemm_cpu.gemm`` to time every call (and, separately, its ``fast_plan``) over --steps
+steps of the default CNN on MNIST-1D (one thread, as benchmarks/train_step.py), then prints per (A shape,
+B shape): calls per step, ms per call of the planner and of the whole GEMM, GMAC/s and the plan's work dtype.
+The planner is called twice per GEMM here (once by the wrapper), so the step time printed is inflated by it.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import train_step  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--recipe", default="fp8", choices=sorted(train_step.RECIPES))
+    p.add_argument("--steps", type=int, default=10)
+    a = p.parse_args()
+    from emunum.kernels import gemm_cpu
+
+    rec = collections.defaultdict(lambda: [0, 0.0, 0.0, None])
+    orig = gemm_cpu.gemm
+
+    def timed(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=None):
+        t0 = time.perf_counter()
+        plan = gemm_cpu.fast_plan(A, B, fused, mulp, accp)
+        t1 = time.perf_counter()
+        orig(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast)
+        r = rec[(A.shape, B.shape)]
+        r[0] += 1
+        r[1] += t1 - t0
+        r[2] += time.perf_counter() - t1
+        r[3] = plan
+
+    gemm_cpu.gemm = timed
+    step, _ = train_step.build(train_step.RECIPES[a.recipe], 1)
+    for _ in range(3):
+        step()
+    rec.clear()
+    t = time.perf_counter()
+    for _ in range(a.steps):
+        step()
+    print(f"{a.recipe}: {(time.perf_counter() - t) / a.steps * 1e3:.2f} ms per step (planner timed twice)")
+    for (sa, sb), (n, tp, tg, plan) in sorted(rec.items(), key=lambda kv: -kv[1][2]):
+        macs = max(sa[0], sb[0]) * sa[1] * sa[2] * sb[2]
+        kind = "general/vec" if plan is None else plan[0].__name__
+        print(f"A{sa} B{sb}  {n / a.steps:4.1f}/step  plan {tp / n * 1e3:7.3f} ms  gemm {tg / n * 1e3:7.3f} ms  "
+              f"{macs / (tg / n) / 1e9:6.2f} GMAC/s  {kind}")
+
+
+if __name__ == "__main__":
+    main()

@@ -300,6 +300,27 @@ def entry_point(fn, args):
         return fn
 
 
+def _runner(fn, w, pre):
+    """``run(src, dst, n, mode, key, nbits, parallel=None)`` calling the ``*_at`` kernel ``fn`` with the witness
+    ``w`` and format arguments ``pre`` bound. Below ``PARALLEL_MIN`` (and parallel=None) the serial loop runs
+    through fn's compiled entry point, without the lock and thread-count checks."""
+    direct = [None]  # fn's entry point, after the first serial call
+
+    def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
+        if parallel is None and n < PARALLEL_MIN:
+            args = (int(src), int(dst), int(n), w, False, *pre, int(mode), np.uint64(key), int(nbits))
+            if direct[0] is None:
+                fn(*args)
+                direct[0] = entry_point(fn, args)
+            else:
+                direct[0](*args)
+            return
+        with _parallel.try_parallel(use_parallel(n, parallel)) as par:
+            fn(src, dst, n, w, par, *pre, mode, np.uint64(key), nbits)
+
+    return run
+
+
 def float_runner(dtype, man, emin, subnormals, max_value, overflow, negzero):
     """``quantize_float_at`` with the dtype and format arguments checked and converted once:
     returns ``run(src, dst, n, mode, key, nbits, parallel=None)``. Cached per argument tuple."""
@@ -316,20 +337,7 @@ def _float_runner(dt, man, emin, subnormals, max_value, overflow, negzero):
     else:
         fn, pre = float_at, (sign_pos, in_man, in_bias, man, emin, subnormals, np.uint64(mbits), overflow, negzero)
 
-    direct = [None]  # fn's entry point, after the first serial call
-
-    def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
-        if parallel is None and n < PARALLEL_MIN:  # the serial loop, without the lock and thread-count checks
-            args = (int(src), int(dst), int(n), w, False, *pre, int(mode), np.uint64(key), int(nbits))
-            if direct[0] is None:
-                fn(*args)
-                direct[0] = entry_point(fn, args)
-            else:
-                direct[0](*args)
-            return
-        with _parallel.try_parallel(use_parallel(n, parallel)) as par:
-            fn(src, dst, n, w, par, *pre, mode, np.uint64(key), nbits)
-
+    run = _runner(fn, w, pre)
     many = f32_many_at if fn is f32_at else float_many_at
 
     def run_many(addrs: np.ndarray, sizes: np.ndarray, mode, key, nbits) -> None:
@@ -348,22 +356,7 @@ def fixed_runner(dtype, frac_bits, code_min, code_max, saturate):
 @functools.lru_cache(maxsize=512)
 def _fixed_runner(dt, frac_bits, code_min, code_max, saturate):
     w, pre = _VALUE_WITNESS[dt], (frac_bits, np.int64(code_min), np.int64(code_max), saturate)
-
-    direct = [None]
-
-    def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
-        if parallel is None and n < PARALLEL_MIN:
-            args = (int(src), int(dst), int(n), w, False, *pre, int(mode), np.uint64(key), int(nbits))
-            if direct[0] is None:
-                fixed_at(*args)
-                direct[0] = entry_point(fixed_at, args)
-            else:
-                direct[0](*args)
-            return
-        with _parallel.try_parallel(use_parallel(n, parallel)) as par:
-            fixed_at(src, dst, n, w, par, *pre, mode, np.uint64(key), nbits)
-
-    return run
+    return _runner(fixed_at, w, pre)
 
 
 def quantize_float_at(src: int, dst: int, n: int, dtype, man, emin, subnormals, max_value, overflow, negzero,

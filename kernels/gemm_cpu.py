@@ -262,30 +262,29 @@ def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=Non
     has_bias = bias is not None
     if bias is None:
         bias = np.zeros((1, 1, 1))
-    plan = None
-    if fast is None:
-        plan = fast_plan(A, B, fused, mulp, accp)
-        if plan is None and _vec_wanted(A, B, fused, mulp, accp):
-            plan = "vec"
-    elif fast == "vec":
-        plan = "vec" if gemm_vec.vec_applies(fused, mulp, accp) else None
-    elif fast is not False:
-        plan = fast if fast_applies(fused, mulp, accp) else None
+    plan = _choose(A, B, fused, mulp, accp, fast)
     with _parallel.exclusive():
         _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, plan)
 
 
+def _choose(A, B, fused, mulp, accp, fast):
+    """The plan ``gemm`` runs (see its ``fast``): a ``gemm_fast`` plan tuple, "vec", or None (gemm_general)."""
+    if fast is False:
+        return None
+    if fast is None:
+        plan = fast_plan(A, B, fused, mulp, accp)
+        if plan is not None:
+            return plan
+        return "vec" if _vec_wanted(A, B, fused, mulp, accp) else None
+    if isinstance(fast, str):
+        return "vec" if fast == "vec" and gemm_vec.vec_applies(fused, mulp, accp) else None
+    return fast if fast_applies(fused, mulp, accp) else None
+
+
 def kernel_choice(A, B, fused, mulp, accp, fast=None) -> str:
     """Which kernel ``gemm`` runs: "fast", "vec" or "general" (tests assert the one they mean to reach)."""
-    if fast is False:
-        return "general"
-    if fast is None and fast_plan(A, B, fused, mulp, accp) is not None:
-        return "fast"
-    if fast not in (None, "vec"):
-        return "fast" if fast_applies(fused, mulp, accp) else "general"
-    if fast == "vec":
-        return "vec" if gemm_vec.vec_applies(fused, mulp, accp) else "general"
-    return "vec" if _vec_wanted(A, B, fused, mulp, accp) else "general"
+    plan = _choose(A, B, fused, mulp, accp, fast)
+    return "general" if plan is None else ("vec" if isinstance(plan, str) else "fast")
 
 
 # gemm_vec compiles one variant per unit configuration (~17 s on first use, then cached on disk). Below this many

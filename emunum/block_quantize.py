@@ -32,14 +32,15 @@ def block_args(fmt: BlockFormat, t: float) -> tuple:
     return (kind, p0, p1, p2, fmt.element_emax, float(el.max), negzero, rule, lo, hi, *s, float(t))
 
 
-def tensor_scale(work: torch.Tensor, fmt: BlockFormat) -> float:
-    """NVFP4's per-tensor scale T (see BlockFormat); 1.0 without tensor_scale."""
+def tensor_scale(work: torch.Tensor, fmt: BlockFormat, amax: float | None = None) -> float:
+    """NVFP4's per-tensor scale T (see BlockFormat) from work's largest finite |v| (``amax`` when the caller
+    has it); 1.0 without tensor_scale."""
     if not fmt.tensor_scale:
         return 1.0
-    if work.device.type == "cpu" and work.dtype == torch.float32 and work.is_contiguous():
+    if amax is None and work.device.type == "cpu" and work.dtype == torch.float32 and work.is_contiguous():
         from .kernels import block_cpu
         amax = block_cpu.finite_amax(work.detach().numpy())  # one vectorised pass over the bits
-    else:
+    elif amax is None:
         a = work.detach().abs()
         amax = float(torch.where(torch.isfinite(a), a, 0.0).max()) if a.numel() else 0.0
     if amax == 0.0:
@@ -87,7 +88,11 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
         dst.copy_(q)
         scales.copy_(s)
     elif x.numel():
-        t = tensor_scale(work, fmt)
+        amaxes, amax = None, None
+        if fmt.tensor_scale and x.device.type == "cpu" and work.dtype == torch.float32 and tile[0] == 1:
+            from .kernels import block_cpu
+            amaxes, amax = block_cpu.block_amaxes(work.numpy(), tile[1])  # T's amax and each block's, one pass
+        t = tensor_scale(work, fmt, amax)
         args = block_args(fmt, t)
         if x.device.type == "cuda":
             from .kernels import block_cuda, cuda as kc
@@ -97,7 +102,8 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
                                            stream=kc.torch_stream(x.device))
         elif x.device.type == "cpu":
             from .kernels import block_cpu
-            block_cpu.quantize_blocks(work.numpy(), dst.numpy(), scales.numpy(), tile, args, int(mode), key, nbits)
+            block_cpu.quantize_blocks(work.numpy(), dst.numpy(), scales.numpy(), tile, args, int(mode), key, nbits,
+                                      amaxes=amaxes)
         else:
             raise ValueError(f"block formats have kernels for cpu and cuda tensors; x is on {x.device}")
     if direct:

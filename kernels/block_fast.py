@@ -39,6 +39,12 @@ V[i] * F underflows to a zero, as the float64 product's sign is; on a zero resul
 -0). The thresholds and results depend on S alone (T is per call): ``scale_table`` makes them once per call
 for every scale value, and a block looks its row up by S's bits.
 
+**The amax pass, ``amax_*``.** T needs the tensor's largest finite |x| before any block is rounded. One
+parallel pass over the bits finds it and keeps each block's largest |x| bits (NaN > inf > finite as unsigned
+ints: what the block loop would compute) in ``amaxes``, one uint32 per block; ``table_*`` then reads those
+instead of scanning each block again. A block whose max is inf or NaN has its finite max found by a second
+look at that block alone.
+
 Speed notes (measured, numba 0.68 / LLVM on AVX-512): array indices are unsigned (U64) so that LLVM sees no
 negative-index wraparound, which otherwise turns contiguous loads into gathers (4x slower); the amax loops run
 a variable trip count (vectorised max), the element loops of blocks that tile the rows a constant one.
@@ -61,7 +67,8 @@ ABS = U32(0x7FFFFFFF)
 SIGN = U32(0x80000000)
 INF_BITS = U32(0x7F800000)
 NAN32 = U32(0x7FC00000)
-CHUNK = 64  # blocks per step of the amax-scaled loop (its scales computed together, 8 per vector)
+CHUNK = 256  # blocks per step of the amax-scaled loop (its scales computed together, 8 per vector)
+AMAX_CHUNK = 2048  # blocks per task of the amax pass
 
 
 @njit(inline="always")
@@ -224,10 +231,12 @@ def _table_block(bits, dbits, start, size, thr, val, o, negzero):
 
 
 @njit(inline="always")
-def _table_blocks(bits, dbits, scales, C, tc, tiled, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t, s_split,
-                  s_magic, s_min_normal):
-    """In chunks of CHUNK blocks: the amaxes (into ``scales``), then the scales and table rows in one vectorised
-    loop (``block_scale``'s expression with Veltkamp's split, as the old fast path), then the elements."""
+def _table_blocks(bits, dbits, scales, amaxes, C, tc, tiled, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
+                  s_split, s_magic, s_min_normal):
+    """In chunks of CHUNK blocks: the amaxes (into ``scales``; from ``amaxes`` when the amax pass made them, else
+    scanned here), then the scales and table rows in one vectorised loop (``block_scale``'s expression with
+    Veltkamp's split, as the old fast path), then the elements."""
+    have = amaxes.size == scales.size
     nb = scales.size
     nbc = nb // (bits.size // C)
     sh = 52 - s_man
@@ -235,10 +244,14 @@ def _table_blocks(bits, dbits, scales, C, tc, tiled, thr, val, k0, negzero, max_
         b0 = ch * CHUNK
         b1 = min(b0 + CHUNK, nb)
         rows = np.empty(CHUNK, np.uint64)
-        for b in range(b0, b1):
-            start, size = _row_range(b, nbc, tc, C, tiled)
-            m = _amax_bits(bits, start, min(size, bits.size - start))  # (= size) not a constant: it vectorises
-            scales[U64(b)] = np.float64(U32(m).view(np.float32))  # NaN where the block holds one
+        if have:
+            for b in range(b0, b1):
+                scales[U64(b)] = np.float64(U32(amaxes[U64(b)]).view(np.float32))  # NaN where the block holds one
+        else:
+            for b in range(b0, b1):
+                start, size = _row_range(b, nbc, tc, C, tiled)
+                m = _amax_bits(bits, start, min(size, bits.size - start))  # (= size) not a constant: it vectorises
+                scales[U64(b)] = np.float64(U32(m).view(np.float32))
         for b in range(b0, b1):
             amax = scales[U64(b)]
             want = min(amax / max_e / t, s_max)
@@ -256,32 +269,80 @@ def _table_blocks(bits, dbits, scales, C, tc, tiled, thr, val, k0, negzero, max_
 
 
 @njit(inline="always")
-def _table_rows(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t):
+def _table_rows(bits, dbits, scales, amaxes, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min,
+                t):
     s_split = math.ldexp(1.0, 52 - s_man) + 1.0
     s_magic = 1.5 * math.ldexp(1.0, 52 + (s_emin - s_man if s_sub != 0 else s_emin))
     s_min_normal = math.ldexp(1.0, s_emin)
     if tc == 16 and C % 16 == 0:  # a constant trip count for the element loop (~12% faster, measured)
-        _table_blocks(bits, dbits, scales, C, 16, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
+        _table_blocks(bits, dbits, scales, amaxes, C, 16, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
                       s_split, s_magic, s_min_normal)
     elif C % tc == 0:
-        _table_blocks(bits, dbits, scales, C, tc, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
+        _table_blocks(bits, dbits, scales, amaxes, C, tc, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
                       s_split, s_magic, s_min_normal)
     else:
-        _table_blocks(bits, dbits, scales, C, tc, False, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
+        _table_blocks(bits, dbits, scales, amaxes, C, tc, False, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
                       s_split, s_magic, s_min_normal)
 
 
 @njit(cache=True)
-def table_serial(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t):
+def table_serial(bits, dbits, scales, amaxes, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min,
+                 t):
     """Amax scales, an element of seven positive values (module doc); bits/dbits: src/dst as uint32; thr, val,
-    k0: ``scale_table``."""
-    _table_rows(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t)
+    k0: ``scale_table``; amaxes: ``amax_*``'s per-block maxima, or an empty array to scan the blocks here."""
+    _table_rows(bits, dbits, scales, amaxes, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t)
 
 
 @njit(cache=True, parallel=True)
-def table_parallel(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t):
+def table_parallel(bits, dbits, scales, amaxes, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max,
+                   s_min, t):
     """``table_serial``, parallel over chunks of CHUNK blocks."""
-    _table_rows(bits, dbits, scales, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t)
+    _table_rows(bits, dbits, scales, amaxes, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t)
+
+
+@njit(inline="always")
+def _amax_blocks(bits, amaxes, part, C, tc, tiled):
+    """Each block's largest |x| bits into ``amaxes``; each task's largest finite |x| bits into ``part``."""
+    nb = amaxes.size
+    nbc = nb // (bits.size // C)
+    for ch in prange(part.size):
+        fin = U32(0)
+        for b in range(ch * AMAX_CHUNK, min(ch * AMAX_CHUNK + AMAX_CHUNK, nb)):
+            start, size = _row_range(b, nbc, tc, C, tiled)
+            m = _amax_bits(bits, start, min(size, bits.size - start))
+            amaxes[U64(b)] = m
+            if m >= INF_BITS:
+                m = U32(0)
+                for k in range(size):
+                    a = U32(bits[U64(start + k)] & ABS)
+                    m = max(m, a if a < INF_BITS else U32(0))
+            fin = max(fin, m)
+        part[U64(ch)] = fin
+
+
+@njit(inline="always")
+def _amax_rows(bits, amaxes, C, tc):
+    part = np.zeros(-(-amaxes.size // AMAX_CHUNK), U32)
+    if tc == 16 and C % 16 == 0:
+        _amax_blocks(bits, amaxes, part, C, 16, True)
+    elif C % tc == 0:
+        _amax_blocks(bits, amaxes, part, C, tc, True)
+    else:
+        _amax_blocks(bits, amaxes, part, C, tc, False)
+    return part.max() if part.size else U32(0)
+
+
+@njit(cache=True)
+def amax_serial(bits, amaxes, C, tc):
+    """Fills ``amaxes`` (uint32, one per block of rows of C in blocks of tc) with each block's largest |x| bits and
+    returns the bits of the largest finite |x| of all (0 if none) (module doc)."""
+    return _amax_rows(bits, amaxes, C, tc)
+
+
+@njit(cache=True, parallel=True)
+def amax_parallel(bits, amaxes, C, tc):
+    """``amax_serial``, parallel over tasks of AMAX_CHUNK blocks."""
+    return _amax_rows(bits, amaxes, C, tc)
 
 
 @functools.lru_cache(maxsize=64)

@@ -28,25 +28,48 @@ def reference(x: np.ndarray, fmt: BlockFormat, t: float):
     return dst.astype(np.float32).reshape(R, C), sc.reshape(R, -1)
 
 
-def fast(x: np.ndarray, fmt: BlockFormat, t: float, parallel: bool, path: str):
-    """The same through ``quantize_blocks`` (float32 in and out), asserting the fast path it takes."""
+def fast(x: np.ndarray, fmt: BlockFormat, t: float, parallel: bool, path: str, prepass: bool = False):
+    """The same through ``quantize_blocks`` (float32 in and out), asserting the fast path it takes; ``prepass``:
+    with the per-block maxima of ``block_amaxes`` (as emunum.quantize runs NVFP4)."""
     args = block_args(fmt, t)
     assert block_cpu.fast_path_of(args) == path
     R, C = x.shape
     tc = fmt.tile[1]
+    src = np.ascontiguousarray(x).reshape(1, R, C)
+    amaxes = block_cpu.block_amaxes(src, tc, parallel=parallel)[0] if prepass else None
     dst, sc = np.empty((1, R, C), np.float32), np.empty((1, R, -(-C // tc)))
-    block_cpu.quantize_blocks(np.ascontiguousarray(x).reshape(1, R, C), dst, sc, (1, tc), args, NEAREST, 0, 32,
-                              parallel=parallel)
+    block_cpu.quantize_blocks(src, dst, sc, (1, tc), args, NEAREST, 0, 32, parallel=parallel, amaxes=amaxes)
     return dst.reshape(R, C), sc.reshape(R, -1)
 
 
 def assert_same(x, fmt, t, path):
     want, wsc = reference(x, fmt, t)
-    for parallel in (False, True):
-        got, gsc = fast(x, fmt, t, parallel, path)
+    for parallel, prepass in [(False, False), (True, False)] + [(False, True), (True, True)] * (path == "table"):
+        got, gsc = fast(x, fmt, t, parallel, path, prepass)
         bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
-        assert bad.size == 0, (fmt.name, parallel, x.flat[bad[:5]], got.flat[bad[:5]], want.flat[bad[:5]])
-        assert np.array_equal(gsc.view(np.uint64), wsc.view(np.uint64)), (fmt.name, parallel)
+        assert bad.size == 0, (fmt.name, parallel, prepass, x.flat[bad[:5]], got.flat[bad[:5]], want.flat[bad[:5]])
+        assert np.array_equal(gsc.view(np.uint64), wsc.view(np.uint64)), (fmt.name, parallel, prepass)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("cols", [4096, 96, 37, 5])  # tiling the rows (tc = 16 and 32), and partial last blocks
+@pytest.mark.parametrize("tc", [16, 32])
+def test_block_amaxes_are_each_blocks_largest_magnitude_and_the_finite_max(tc, cols, parallel):
+    """``block_amaxes``: per block the largest |v| bits (NaN above inf above every finite value), and over the
+    whole array the largest finite |v| (inf and NaN skipped; 0.0 for none), from a numpy reading."""
+    x = special_rows(np.random.default_rng(cols + tc), cols)
+    x = np.concatenate([x] * (1 + 2**18 // x.size))  # past PARALLEL_MIN: the prange loop runs
+    R = x.shape[0]
+    src = x.reshape(1, R, cols)
+    amaxes, amax = block_cpu.block_amaxes(src, tc, parallel=parallel)
+    nbc = -(-cols // tc)
+    pad = np.zeros((R, nbc * tc), np.uint32)
+    pad[:, :cols] = x.view(np.uint32) & 0x7FFFFFFF
+    assert np.array_equal(amaxes, pad.reshape(R, nbc, tc).max(axis=2).reshape(-1))
+    finite = np.abs(x[np.isfinite(x)])
+    assert amax == float(finite.max())
+    only_special = np.array([[np.inf, np.nan, -np.inf] * 6], np.float32).reshape(1, 1, -1)
+    assert block_cpu.block_amaxes(only_special, tc, parallel=parallel)[1] == 0.0
 
 
 def neighbours(v: np.ndarray) -> np.ndarray:

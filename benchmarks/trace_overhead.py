@@ -10,8 +10,10 @@ interleaved round by round (so drifting machine load hits them alike). Per confi
 the minimum over rounds of a round's mean wall-clock step time, the median process CPU time per step
 (all threads), the median CPU time of the calling thread per step (``time.thread_time``: the least disturbed by
 other processes; the whole step with ``--threads 1``, which runs torch and numba on one thread) and its paired
-overhead (the median over rounds of a round's thread time over that of the same round's "off": with
-``--steps 1`` a step-by-step comparison, which drifting load hits least), the overhead of each against tracing off, and the time spent inside the counters per step
+overhead (the median over rounds of a round's thread time over that of the same round's "off"; with
+``--steps 1`` configurations alternate step by step, which makes every traced step the first after a switch
+of code path: see RESULTS.md, "trace counters", on the heap-trim page faults that this triggers), the overhead
+of each against tracing off, and the time spent inside the counters per step
 (timed around ``emunum.trace.accumulate`` and ``emunum.trace.round_observed``; the latter is the fused
 round-and-count pass, so its time includes the rounding that the untraced step pays too) with its share of
 the untraced step.
@@ -117,7 +119,8 @@ def bench(name: str, fmt: str, rounds: int, steps: int, every_k) -> dict:
     thr = {c: statistics.median(v) for c, v in thread.items()}
     return {"model": name, "median_s": med, "min_s": low, "inside_s": ins, "export_s": export, "cpu_s": cpus,
             "thread_s": thr, "overhead_thread": {c: thr[c] / thr["off"] - 1 for c in thr},
-            "paired_thread": {c: statistics.median(a / b - 1 for a, b in zip(v, thread["off"])) for c, v in thread.items()},
+            "paired_thread": {c: statistics.median(a / b - 1 for a, b in zip(v, thread["off"]))
+                              for c, v in thread.items()},
             "overhead_cpu": {c: cpus[c] / cpus["off"] - 1 for c in cpus},
             "overhead_median": {c: med[c] / med["off"] - 1 for c in med},
             "overhead_min": {c: low[c] / low["off"] - 1 for c in low},
@@ -146,7 +149,8 @@ def main(argv=None):
         r = bench(name, args.fmt, args.rounds, args.steps, args.every)
         print(f"\n{name} ({r['layers']} emulated layers); trace export (to_dict) {r['export_s'] * 1e3:.2f} ms")
         print(f"  {'config':<17}{'wall median':>12}{'overhead':>9}{'wall min':>9}{'overhead':>9}"
-              f"{'cpu median':>11}{'overhead':>9}{'thread cpu':>11}{'overhead':>9}{'paired':>8}{'counters':>9}{'share':>7}"
+              f"{'cpu median':>11}{'overhead':>9}{'thread cpu':>11}{'overhead':>9}{'paired':>8}"
+              f"{'counters':>9}{'share':>7}"
               "   (ms per step)")
         for c in r["median_s"]:
             print(f"  {c:<17}{r['median_s'][c] * 1e3:>12.2f}{r['overhead_median'][c] * 100:>8.1f}%"

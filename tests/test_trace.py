@@ -2,8 +2,8 @@
 
 All comparisons have zero tolerance. Signal and noise sums are compared on dyadic values (k/64, |k| <= 64)
 whose squares, differences and sums are exact in any summation order in float64 and in float32 (the CPU
-counters' lane sums: every partial sum of a chunk lies below 2**12 on the grid of 2**-12); the special values (inf, NaN, overflow,
-flushed tiny values) are compared in counts, and their exclusion from the sums on a hand-made case.
+counters' lane sums: every partial sum of a chunk lies below 2**12 on the grid of 2**-12); the special
+values (inf, NaN, overflow, flushed tiny values) are compared in counts, and their exclusion from the sums on a hand-made case.
 """
 import json
 import math

@@ -101,7 +101,8 @@ def sum_bound(dtype, chunks):
 
 def finite_values(n, dtype, seed):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, generator=g, dtype=torch.float64) * 2.0 ** torch.randint(-30, 30, (n,), generator=g)).to(dtype)
+    x = torch.randn(n, generator=g, dtype=torch.float64) * 2.0 ** torch.randint(-30, 30, (n,), generator=g)
+    return x.to(dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -1,13 +1,19 @@
 """Cost of emunum.trace's counters on a patched training step (small CNN and MLP, CPU).
 
     python benchmarks/trace_overhead.py [--models cnn mlp] [--rounds 7] [--steps 20] [--every 10 20] [--fmt e5m2]
+                                        [--threads N]
 
 Each model is patched with ``emunum.patch(model, fmt=...)`` (every role in fmt, nearest forward, stochastic
 backward). A step is forward + cross-entropy + backward + SGD. Configurations: tracing off, and tracing
 with every=1 (every rounding observed) with and without SQNR, and every=K. The configurations are
 interleaved round by round (so drifting machine load hits them alike). Per configuration: the median and
 the minimum over rounds of a round's mean wall-clock step time, the median process CPU time per step
-(all threads), the overhead of each against tracing off, and the time spent inside the counters per step
+(all threads), the median CPU time of the calling thread per step (``time.thread_time``: the least disturbed by
+other processes; the whole step with ``--threads 1``, which runs torch and numba on one thread) and its paired
+overhead (the median over rounds of a round's thread time over that of the same round's "off"; with
+``--steps 1`` configurations alternate step by step, which makes every traced step the first after a switch
+of code path: see RESULTS.md, "trace counters", on the heap-trim page faults that this triggers), the overhead
+of each against tracing off, and the time spent inside the counters per step
 (timed around ``emunum.trace.accumulate`` and ``emunum.trace.round_observed``; the latter is the fused
 round-and-count pass, so its time includes the rounding that the untraced step pays too) with its share of
 the untraced step.
@@ -67,6 +73,7 @@ def bench(name: str, fmt: str, rounds: int, steps: int, every_k) -> dict:
     times = {c: [] for c in configs}
     inside = {c: [] for c in configs}
     cpu = {c: [] for c in configs}
+    thread = {c: [] for c in configs}
     real_accumulate, real_round = trace.accumulate, trace.round_observed
     spent, depth = [0.0], [0]
 
@@ -88,11 +95,12 @@ def bench(name: str, fmt: str, rounds: int, steps: int, every_k) -> dict:
             for c, opts in configs.items():
                 tracer = None if opts is None else trace.enable(model, **opts)
                 spent[0] = 0.0
-                t0, c0 = time.perf_counter(), time.process_time()
+                t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
                 for _ in range(steps):
                     step()
                 times[c].append((time.perf_counter() - t0) / steps)
                 cpu[c].append((time.process_time() - c0) / steps)
+                thread[c].append((time.thread_time() - h0) / steps)
                 inside[c].append(spent[0] / steps)
                 if tracer is not None:
                     tracer.close()
@@ -108,7 +116,11 @@ def bench(name: str, fmt: str, rounds: int, steps: int, every_k) -> dict:
     low = {c: min(v) for c, v in times.items()}
     ins = {c: statistics.median(v) for c, v in inside.items()}
     cpus = {c: statistics.median(v) for c, v in cpu.items()}
+    thr = {c: statistics.median(v) for c, v in thread.items()}
     return {"model": name, "median_s": med, "min_s": low, "inside_s": ins, "export_s": export, "cpu_s": cpus,
+            "thread_s": thr, "overhead_thread": {c: thr[c] / thr["off"] - 1 for c in thr},
+            "paired_thread": {c: statistics.median(a / b - 1 for a, b in zip(v, thread["off"]))
+                              for c, v in thread.items()},
             "overhead_cpu": {c: cpus[c] / cpus["off"] - 1 for c in cpus},
             "overhead_median": {c: med[c] / med["off"] - 1 for c in med},
             "overhead_min": {c: low[c] / low["off"] - 1 for c in low},
@@ -120,20 +132,32 @@ def main(argv=None):
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--fmt", default="e5m2")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--steps", type=int, default=20, help="steps per round (a multiple of each --every)")
-    ap.add_argument("--every", type=int, nargs="+", default=[10, 20], help="K of the sampled configurations")
+    ap.add_argument("--steps", type=int, default=20, help="steps per round (a multiple of each --every; 1: "
+                    "configurations alternate step by step, for every=1 and off)")
+    ap.add_argument("--every", type=int, nargs="*", default=[10, 20], help="K of the sampled configurations (none: "
+                    "no sampled configuration)")
+    ap.add_argument("--threads", type=int, default=None, help="torch and numba threads (default: as found)")
     args = ap.parse_args(argv)
+    if args.threads is not None:
+        import numba
+
+        torch.set_num_threads(args.threads)
+        numba.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, fmt={args.fmt}, "
           f"{args.rounds} rounds x {args.steps} steps")
     for name in args.models:
         r = bench(name, args.fmt, args.rounds, args.steps, args.every)
         print(f"\n{name} ({r['layers']} emulated layers); trace export (to_dict) {r['export_s'] * 1e3:.2f} ms")
         print(f"  {'config':<17}{'wall median':>12}{'overhead':>9}{'wall min':>9}{'overhead':>9}"
-              f"{'cpu median':>11}{'overhead':>9}{'counters':>9}{'share':>7}   (ms per step)")
+              f"{'cpu median':>11}{'overhead':>9}{'thread cpu':>11}{'overhead':>9}{'paired':>8}"
+              f"{'counters':>9}{'share':>7}"
+              "   (ms per step)")
         for c in r["median_s"]:
             print(f"  {c:<17}{r['median_s'][c] * 1e3:>12.2f}{r['overhead_median'][c] * 100:>8.1f}%"
                   f"{r['min_s'][c] * 1e3:>9.2f}{r['overhead_min'][c] * 100:>8.1f}%"
                   f"{r['cpu_s'][c] * 1e3:>11.2f}{r['overhead_cpu'][c] * 100:>8.1f}%"
+                  f"{r['thread_s'][c] * 1e3:>11.2f}{r['overhead_thread'][c] * 100:>8.1f}%"
+                  f"{r['paired_thread'][c] * 100:>7.1f}%"
                   f"{r['inside_s'][c] * 1e3:>9.3f}{r['inside_share'][c] * 100:>6.1f}%")
 
 

@@ -4,15 +4,25 @@ Every entry point adds to ``out`` (float64[6]): (values, overflowed, underflowed
 noise power) of rounding x -> q, as ``emunum.trace`` defines them.
 
 One order of summation, on every path (so every path gives the same bits). The elements are cut into chunks of
-``CHUNK`` consecutive elements; ``count_chunk`` counts one chunk (a vectorised loop: within a chunk the float64
-sums run in the compiler's lane order, fixed for one build); the chunk results are added up in chunk order,
-starting from zero, and that total is added to ``out``. The standalone counters (``counters_serial`` /
-``counters_parallel``) and the fused rounding kernels (``*_counted_at``, serial or parallel over chunks) all go
-through ``count_chunk`` and ``_total``, so their counts and sums agree bit for bit whatever the thread count.
-The counts are exact; the sums' terms are nonnegative and exact in float64 for float32 inputs (a square or a
-difference of float32 values), rounded once for float64 inputs, so any order's relative error is at most
-gamma_n = n u / (1 - n u), u = 2**-53, n the number of terms (``tests/kernels/test_counters.py`` checks it
-against ``math.fsum``).
+``CHUNK`` consecutive elements; ``count_chunk`` counts one chunk; the chunk results (float64) are added up in
+chunk order, starting from zero, and that total is added to ``out``. The standalone counters
+(``counters_serial`` / ``counters_parallel``) and the fused rounding kernels (``*_counted_at``, serial or parallel
+over chunks) all go through ``count_chunk`` and ``_total``, so their counts and sums agree bit for bit whatever
+the thread count. The counts are exact.
+
+The sums of one chunk. Where x and q are finite throughout the chunk (the common case), they are computed in
+the tensor's dtype (``_count_finite``): for float32, the sum of the float32 terms x*x and (q - x)*(q - x), each
+difference and product rounded to float32 (or the product fused into its addition), added in float32 lanes in
+the compiler's lane order (vectorised; fixed for one build): the sum of float32 per-lane partial sums, converted
+to float64. That result stands unless a sum overflowed, or is below ``TINY_F32`` (2**-100) without every one of
+its terms being exactly zero (underflow may have lost terms). Such chunks, and any chunk with an inf or NaN in x
+or q, are summed by ``_count_masked`` in float64 over the elements where x and q are both finite (for float32
+values its terms are exact). Error bound, S the exact sum of a chunk's k terms, gamma_m = m u / (1 - m u):
+float32 lanes |S' - S| <= (gamma_(k+2) + 2**-37) S with u = 2**-24 (k <= CHUNK: below 2.5e-4 relative, 0.0011 dB
+of SQNR; typically ~1e-6); float64 (float64 tensors: ``TINY_F64`` = 2**-1000, likewise) gamma_(k+2) S with
+u = 2**-53; the float64 total over chunks adds gamma_(chunks) with u = 2**-53 (``tests/kernels/test_counters.py``
+checks both against ``math.fsum``). The float32 lanes cost half of the float64 ones (0.15 instead of 0.31
+ns/element in the fused pass, AVX-512 host).
 
 Fused rounding + counting (``f32_counted_at``, ``float_counted_at``, ``fixed_counted_at``): per chunk, the serial
 rounding loop of ``kernels/cpu.py`` (the same function, given the chunk's first index so that a stochastic
@@ -20,7 +30,7 @@ rounding draws the bits of element ``base + i``: the bits do not change), then `
 input and output while both are still in L1 cache. The separate pass re-read both tensors from memory and paid
 a second call; the fused one reads each element once. Parallel: chunks are spread over threads (``prange``),
 each chunk rounded and counted by one thread; ``dst`` must not be ``src`` (the counts need the input).
-fastmath (reassociation, no-signed-zeros, contraction) applies only inside ``count_chunk``, so that its float64
+fastmath (reassociation, no-signed-zeros, contraction) applies only inside the two chunk loops, so that their
 sums vectorise; NaN and inf tests keep their IEEE meaning, and the rounding loops are compiled without it.
 """
 import functools
@@ -37,14 +47,16 @@ from .cpu import _voidptr, f32_serial, fixed_serial, float_serial  # noqa: E402
 
 fm = {"reassoc", "nsz", "contract"}
 CHUNK = 4096  # elements per chunk: two float32 chunks (x and q) take 32 KiB, inside L1
+# the smallest fast-path chunk sum kept (float32, float64 chunks): at least 2**38 times the total error that
+# CHUNK terms rounded in the subnormal range (each by at most half the smallest subnormal) can make
+TINY_F32, TINY_F64 = 2.0**-100, 2.0**-1000
 
 
 @njit(cache=True, nogil=True, fastmath=fm)
-def count_chunk(x, q, lo, hi, sqnr, parts, c):
-    """parts[c] = (overflowed, underflowed, NaN, signal, noise) of x -> q (one chunk, at most CHUNK elements).
-
-    lo, hi: the range in x's dtype (``thresholds``). The counts add up in float32 (whole numbers below 2**24:
-    exact in any order, and twice the SIMD width of int64 counters)."""
+def _count_masked(x, q, lo, hi, sqnr, parts, c):
+    """parts[c] = (overflowed, underflowed, NaN, signal, noise) of x -> q, every element tested (the exact
+    definitions; the sums in float64, over the elements where x and q are both finite). The counts add up in
+    float32 (whole numbers below 2**24: exact in any order, and twice the SIMD width of int64 counters)."""
     one, zero = np.float32(1.0), np.float32(0.0)
     over = under = nan = zero
     sig = noise = 0.0
@@ -65,6 +77,52 @@ def count_chunk(x, q, lo, hi, sqnr, parts, c):
     parts[c, 2] = nan
     parts[c, 3] = sig
     parts[c, 4] = noise
+
+
+@njit(cache=True, nogil=True, fastmath=fm)
+def _count_finite(x, q, lo, hi):
+    """(outside [lo, hi], underflowed, signal, noise, nonzero x, nonzero q - x) of a chunk, nothing masked: the
+    sums in x's dtype (float32 lanes for float32 chunks, half the work of float64 ones)."""
+    one, zero = np.float32(1.0), np.float32(0.0)
+    over = under = nzx = nzd = sig = noise = zero  # the sums take x's dtype (numba unifies with a * a)
+    for i in range(x.size):
+        a, b = x[i], q[i]
+        d = b - a
+        over += one if (a > hi) | (a < lo) else zero
+        under += one if (b == 0) & (a != 0) else zero
+        nzx += one if a != 0 else zero
+        nzd += one if d != 0 else zero
+        sig += a * a
+        noise += d * d
+    return over, under, sig, noise, nzx, nzd
+
+
+@njit(cache=True, nogil=True)
+def _sum_stands(s, nonzero, tiny):
+    """A chunk sum is kept if finite and either at least ``tiny`` or zero with every term exactly zero."""
+    return np.isfinite(s) and (s >= tiny or (s == 0 and nonzero == 0))
+
+
+@njit(cache=True, nogil=True)
+def count_chunk(x, q, lo, hi, sqnr, parts, c):
+    """parts[c] = (overflowed, underflowed, NaN, signal, noise) of x -> q (one chunk, at most CHUNK elements).
+
+    lo, hi: the range in x's dtype (``thresholds``). Counts: exact. With sqnr, ``_count_finite`` first; its
+    result stands if both sums are finite (then every x and q of the chunk is finite: nothing to leave out of
+    the sums, no NaN, and "outside [lo, hi]" is "overflowed") and neither may have lost terms to underflow (see
+    ``_sum_stands``; ``TINY``); else (and without sqnr) ``_count_masked``. See the module doc for the sums'
+    error bound."""
+    if sqnr:
+        over, under, sig, noise, nzx, nzd = _count_finite(x, q, lo, hi)
+        tiny = TINY_F32 if x.itemsize == 4 else TINY_F64
+        if _sum_stands(sig, nzx, tiny) and _sum_stands(noise, nzd, tiny):
+            parts[c, 0] = over
+            parts[c, 1] = under
+            parts[c, 2] = 0.0
+            parts[c, 3] = sig
+            parts[c, 4] = noise
+            return
+    _count_masked(x, q, lo, hi, sqnr, parts, c)
 
 
 def thresholds(lo: float, hi: float, dtype):
@@ -275,12 +333,27 @@ _thresholds = functools.lru_cache(maxsize=1024)(thresholds)
 
 
 def _bind(fn, wit, pre, dt):
+    """``run(...)`` (see ``float_counted_runner``) calling ``fn`` with the witnesses ``wit`` and format arguments
+    ``pre``; as ``cpu._runner``, serial calls below ``PARALLEL_MIN`` go through fn's compiled entry point (no
+    lock, no thread-count check, no type dispatch), and the thresholds of the last (lo, hi) are kept."""
+    direct = [None]  # fn's entry point, after the first serial call
+    last = [(None, None)]  # ((lo, hi), thresholds(lo, hi, dt)), replaced as one tuple
+
     def run(src: int, dst: int, n: int, mode, key, nbits, lo, hi, sqnr, acc: int, parallel=None) -> None:
-        lo, hi = _thresholds(float(lo), float(hi), dt)
+        limits, th = last[0]
+        if limits != (lo, hi):
+            th = _thresholds(float(lo), float(hi), dt)
+            last[0] = ((lo, hi), th)
         if parallel is None and n < _cpu.PARALLEL_MIN:  # serial: no lock, no thread-count check
-            fn(src, dst, n, *wit, False, *pre, mode, np.uint64(key), nbits, lo, hi, bool(sqnr), acc)
+            args = (int(src), int(dst), int(n), *wit, False, *pre, int(mode), np.uint64(key), int(nbits), *th,
+                    bool(sqnr), int(acc))
+            if direct[0] is None:
+                fn(*args)
+                direct[0] = _cpu.entry_point(fn, args)
+            else:
+                direct[0](*args)
             return
         with _parallel.try_parallel(_cpu.use_parallel(n, parallel)) as par:
-            fn(src, dst, n, *wit, par, *pre, mode, np.uint64(key), nbits, lo, hi, bool(sqnr), acc)
+            fn(src, dst, n, *wit, par, *pre, mode, np.uint64(key), nbits, *th, bool(sqnr), acc)
 
     return run

@@ -88,22 +88,95 @@ def test_float32_thresholds_compare_as_the_exact_limits(limit):
     assert torch.equal((x > float(hi32)) | (x < float(lo32)), (xd > limit) | (xd < -limit))
 
 
+def gamma(m, u):
+    return m * u / (1 - m * u)
+
+
+def sum_bound(dtype, chunks):
+    """The module's relative bound on a sum: the chunk loop (float32 lanes or float64), then the float64 total."""
+    k = C.CHUNK
+    chunk = gamma(k + 2, 2.0**-24) + 2.0**-37 if dtype == torch.float32 else gamma(k + 2, 2.0**-53)
+    return (1 + chunk) * (1 + gamma(chunks, 2.0**-53)) - 1
+
+
+def finite_values(n, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g, dtype=torch.float64) * 2.0 ** torch.randint(-30, 30, (n,), generator=g)
+    return x.to(dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_counts_are_exact_and_sums_within_the_documented_bound(dtype):
-    fmt = FORMATS["e5m2"]
+@pytest.mark.parametrize("finite", [True, False], ids=["finite", "specials"])
+def test_counts_are_exact_and_sums_within_the_documented_bound(dtype, finite):
+    """Finite chunks take the lane sums of ``_count_finite`` (float32 for float32), the chunks with NaN and inf
+    ``_count_masked``'s float64 sums; both within the module's bound of the exact sums (``math.fsum``)."""
+    fmt = FORMATS["e5m2_sat" if finite else "e5m2"]
     lo, hi = _range(fmt)
-    x = values(5 * C.CHUNK + 17, dtype, fmt, seed=9)
+    n = 5 * C.CHUNK + 17
+    x = finite_values(n, dtype, seed=9) if finite else values(n, dtype, fmt, seed=9)
     q, acc = fused(x, fmt, RoundMode.STOCHASTIC, 5)
     xd, qd = x.double().numpy(), q.double().numpy()
     fin = np.isfinite(xd) & np.isfinite(qd)
     counts = [xd.size, int(np.sum(np.isfinite(xd) & ((xd > hi) | (xd < lo)))), int(np.sum((qd == 0) & (xd != 0))),
               int(np.sum(np.isnan(qd)))]
-    assert acc[:4].tolist() == counts and counts[1] > 0 and counts[2] > 0 and counts[3] > 0
-    n = int(fin.sum())
-    gamma = n * 2.0**-53 / (1 - n * 2.0**-53)
+    assert acc[:4].tolist() == counts and counts[1] > 0 and counts[2] > 0 and (counts[3] > 0) != finite
+    bound = sum_bound(dtype if finite else torch.float64, 6)
     for got, terms in ((acc[4].item(), xd[fin] ** 2), (acc[5].item(), (qd[fin] - xd[fin]) ** 2)):
         exact = math.fsum(terms.tolist())  # float32 inputs: every term is exact in float64
-        assert abs(got - exact) <= gamma * exact * (1 if dtype == torch.float32 else 2)
+        assert exact > 0 and abs(got - exact) <= bound * exact
+
+
+def chunk(fn, x, q, fmt, *args):
+    lo, hi = C.thresholds(*_range(fmt), x.dtype)
+    parts = np.zeros((1, 5))
+    if fn is C._count_finite:
+        over, under, sig, noise, _, _ = fn(x, q, lo, hi)
+        return [over, under, 0.0, float(sig), float(noise)]
+    fn(x, q, lo, hi, *args, parts, 0)
+    return parts[0].tolist()
+
+
+def chunk_cases():
+    """(name, x, fmt, which loop's result count_chunk must return) for float32 chunks of CHUNK elements."""
+    g = np.random.default_rng(4)
+    x = (g.standard_normal(C.CHUNK) * 100).astype(np.float32)
+    fixed = FORMATS["fixed8_3"]
+    on_grid = emunum.quantize(torch.from_numpy(x), fixed).numpy()
+    cases = [("finite", x, FORMATS["e5m2"], "finite"),
+             ("overflow_saturated", x * np.float32(1e3), FORMATS["e5m2_sat"], "finite"),
+             ("zero_noise", on_grid, fixed, "finite"),  # q == x: noise exactly 0, every term zero
+             ("zeros", np.zeros_like(x), fixed, "finite"),
+             ("tiny_terms_among_large", np.where(np.arange(x.size) % 2 == 0, x, x * np.float32(1e-30)), fixed,
+              "finite")]
+    for name, v in (("nan", np.float32(np.nan)), ("inf", np.float32(np.inf))):
+        y = x.copy()
+        y[77] = v
+        cases.append((name, y, FORMATS["e5m2"], "masked"))
+    cases.append(("q_inf", x * np.float32(1e3), FORMATS["e5m2"], "masked"))  # x finite, q = inf
+    cases.append(("square_overflows_float32", x * np.float32(2.0**62), FORMATS["e5m2_sat"], "masked"))
+    cases.append(("squares_underflow", x * np.float32(2.0**-80), FORMATS["e5m2"], "masked"))  # sums ~2**-140
+    cases.append(("noise_underflows", x * np.float32(2.0**-59), FloatFormat(8, 22), "masked"))  # sig ~2**-92
+    return cases
+
+
+@pytest.mark.parametrize("case", chunk_cases(), ids=[c[0] for c in chunk_cases()])
+def test_count_chunk_takes_the_float32_lanes_only_where_they_are_within_the_bound(case):
+    _, x, fmt, which = case
+    q = emunum.quantize(torch.from_numpy(x), fmt).numpy()
+    got = chunk(C.count_chunk, x, q, fmt, True)
+    fast, masked = chunk(C._count_finite, x, q, fmt), chunk(C._count_masked, x, q, fmt, True)
+    assert got == (fast if which == "finite" else masked)
+    assert got[:3] == masked[:3]  # the counts are exact either way
+    xd, qd = x.astype(np.float64), q.astype(np.float64)
+    fin = np.isfinite(xd) & np.isfinite(qd)
+    exact = [math.fsum((xd[fin] ** 2).tolist()), math.fsum(((qd[fin] - xd[fin]) ** 2).tolist())]
+
+    def within(sums, dtype):
+        return all(abs(s - e) <= sum_bound(dtype, 1) * e for s, e in zip(sums, exact))
+
+    assert within(got[3:], torch.float32 if which == "finite" else torch.float64)
+    if which == "masked" and np.isfinite(x).all() and np.isfinite(q).all():
+        assert not within(fast[3:], torch.float32)  # the float32 lanes overflowed or lost underflowed terms
 
 
 @pytest.mark.parametrize("fmt", ["e5m2", "fixed8_3", "posit8"])

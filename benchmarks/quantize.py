@@ -108,6 +108,12 @@ def throughput(n: int, device: str, repeats: int, fmt: str, blocks_only: bool = 
         rows.append(("qtorch float_quantize(x, 5, 2)", None, "not installed"))
     else:
         add("qtorch float_quantize(x, 5, 2)", lambda: float_quantize(x, 5, 2, rounding="nearest"))
+    if device == "cpu" and emunum.buffers.retain_freed_memory():  # last: it cannot be undone in this process
+        note = "new output, retain_freed_memory()"
+        add(f"quantize(x, {fmt!r})", lambda: emunum.quantize(x, fmt), note)
+        add(f"quantize(x, {fmt!r}, 'stochastic')", lambda: emunum.quantize(x, fmt, "stochastic", seed=1), note)
+        add("quantize(x, 'nvfp4')", lambda: emunum.quantize(x, "nvfp4"), note)
+        add("out.copy_(x) (again, after)", lambda: out.copy_(x), "the ceiling re-measured: load drift")
     report(rows, n, device, repeats)
 
 

@@ -137,7 +137,11 @@ def main(argv=None):
     ap.add_argument("--every", type=int, nargs="*", default=[10, 20], help="K of the sampled configurations (none: "
                     "no sampled configuration)")
     ap.add_argument("--threads", type=int, default=None, help="torch and numba threads (default: as found)")
+    ap.add_argument("--default-malloc", action="store_true", help="keep glibc's default (the training loop "
+                    "calls emunum.buffers.retain_freed_memory(), and so does this benchmark unless this is given)")
     args = ap.parse_args(argv)
+    retained = not args.default_malloc and emunum.buffers.retain_freed_memory()
+    print(f"# malloc: {'retain_freed_memory()' if retained else 'glibc default'}")
     if args.threads is not None:
         import numba
 

@@ -79,7 +79,13 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="torch and numba threads (train.py default: 1)")
     p.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated subset of {list(RECIPES)}")
+    p.add_argument("--default-malloc", action="store_true", help="keep glibc's default (the training loop "
+                    "calls emunum.buffers.retain_freed_memory(), and so does this benchmark unless this is given)")
     a = p.parse_args(argv)
+    from emunum import buffers
+
+    retained = not a.default_malloc and buffers.retain_freed_memory()
+    print(f"# malloc: {'retain_freed_memory()' if retained else 'glibc default'}")
     names = [n.strip() for n in a.recipes.split(",") if n.strip()]
     bad = [n for n in names if n not in RECIPES]
     if bad or not names:

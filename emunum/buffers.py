@@ -7,6 +7,10 @@ and, on Linux, for CPU tensors of at least ``HUGE_MIN_BYTES``, advises the kerne
 as torch's own allocator does under ``THP_MEM_ALLOC_ENABLE=1``) to back the 2 MiB-aligned inside of the buffer
 with huge pages: 512 times fewer faults. The advice changes no value and no other allocation; where
 ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``never``, or off Linux, it does nothing.
+
+``retain_freed_memory()`` is the allocator setting that removes most of those faults in a loop: by default glibc
+returns large freed blocks to the system (``munmap``, heap trimming), so the next tensor of that size faults
+all its pages in again. The training loop (experiments/loop.py) calls it; benchmarks/RESULTS.md measures both.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ HUGE_PAGE = 2 << 20
 HUGE_MIN_BYTES = 8 << 20
 _MADV_HUGEPAGE = 14
 _madvise = None  # resolved on first use: False where unavailable
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+RETAIN_BYTES = 1 << 30
 
 
 def _resolve_madvise():
@@ -56,3 +62,23 @@ def empty_like(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     advise_huge_pages(y)
     return y
+
+
+def retain_freed_memory(limit_bytes: int = RETAIN_BYTES) -> bool:
+    """Ask glibc's malloc to serve blocks below ``limit_bytes`` from its heap and to keep up to ``limit_bytes`` of
+    freed memory there (``mallopt(M_MMAP_THRESHOLD)`` and ``mallopt(M_TRIM_THRESHOLD)``, what the environment
+    variables ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` set at start-up), so that a tensor freed
+    and allocated again each step reuses pages already mapped instead of faulting them in. Process-wide; the
+    price is that up to ``limit_bytes`` of freed memory stays with the process. Returns whether glibc took both
+    settings (False off Linux/glibc: nothing changes)."""
+    if not isinstance(limit_bytes, int) or isinstance(limit_bytes, bool) or not 0 < limit_bytes < 2**31:
+        raise ValueError(f"limit_bytes={limit_bytes!r}: expected an int in [1, 2**31 - 1]")
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, limit_bytes)) & bool(mallopt(_M_TRIM_THRESHOLD, limit_bytes))

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from emunum import buffers
 from emunum.optim import derive_seed
 
 from . import data as data_mod
@@ -210,6 +211,7 @@ def train(cfg, run_dir: str | os.PathLike | None = None) -> Results:
 
 def _train_locked(cfg, run_dir: Path, device: torch.device) -> Results:
     set_threads(cfg.threads)
+    buffers.retain_freed_memory()  # each step's tensors reuse mapped pages (emunum/buffers.py)
     seed = int(cfg.seed)
     world = ddp.current().world_size
 

@@ -17,9 +17,9 @@ from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import _cache, parallel as _parallel, scalar
+from . import _cache, elementwise_f32 as _ew, parallel as _parallel, scalar
 
-_cache.guard(__file__, scalar.SOURCES)
+_cache.guard(__file__, [*scalar.SOURCES, _ew.__file__])
 
 # numba's OpenMP layer contends with torch's own OpenMP runtime (measured: half the throughput once torch is
 # loaded); the workqueue layer does not. A user's explicit NUMBA_THREADING_LAYER wins.
@@ -76,62 +76,54 @@ def _nearest_params(man, emin, sub, max_value, ovf):
 
 # The float32 and fixed-point loops are written once per rounding mode, with the mode a compile-time
 # constant: the other modes' branches vanish and the loop vectorises (5x faster than a runtime mode).
-@njit(cache=True)
-def f32_serial(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base=0):
-    if mode == NEAREST and man > 0:
+# Nearest-even and stochastic rounding take the uint32-lane cores of kernels/elementwise_f32.py where their
+# ``*_ok`` holds (the same bits, 16 lanes instead of 8).
+@njit(inline="always")
+def _f32_loops(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base):
+    inplace = src.ctypes.data == dst.ctypes.data  # one array: LLVM's overlap check would fail, scalar loop
+    if mode == NEAREST and _ew.nearest_ok(man, emin, sub, max_value) and inplace:
+        _ew.nearest_loop(dst, dst, man, emin, sub, max_bits, ovf, negzero)
+    elif mode == NEAREST and _ew.nearest_ok(man, emin, sub, max_value):
+        _ew.nearest_loop(src, dst, man, emin, sub, max_bits, ovf, negzero)
+    elif mode == STOCHASTIC and _ew.sr_ok(man, emin, sub, max_value) and inplace:
+        _ew.sr_loop(dst, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+    elif mode == STOCHASTIC and _ew.sr_ok(man, emin, sub, max_value):
+        _ew.sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+    elif mode == NEAREST and man > 0:
         split, magic, mn, ovfv = _nearest_params(man, emin, sub, max_value, ovf)
-        for i in range(src.size):
+        for i in prange(src.size):
             df[i] = round_nearest_value(np.float64(sf[i]), split, magic, mn, max_value, ovfv, negzero)
     elif mode == NEAREST:
-        for i in range(src.size):
+        for i in prange(src.size):
             dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, NEAREST, 0, nbits)
     elif mode == NEAREST_AWAY:
-        for i in range(src.size):
+        for i in prange(src.size):
             dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, NEAREST_AWAY, 0, nbits)
     elif mode == TOWARD_ZERO:
-        for i in range(src.size):
+        for i in prange(src.size):
             dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, TOWARD_ZERO, 0, nbits)
     elif mode == UP:
-        for i in range(src.size):
+        for i in prange(src.size):
             dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, UP, 0, nbits)
     elif mode == DOWN:
-        for i in range(src.size):
+        for i in prange(src.size):
             dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, DOWN, 0, nbits)
     elif mode == ODD:
-        for i in range(src.size):
+        for i in prange(src.size):
             dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, ODD, 0, nbits)
     else:
-        for i in range(src.size):
+        for i in prange(src.size):
             dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, STOCHASTIC, random_bits(key, base + i, nbits), nbits)
+
+
+@njit(cache=True)
+def f32_serial(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base=0):
+    _f32_loops(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base)
 
 
 @njit(cache=True, parallel=True)
 def f32_parallel(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits):
-    if mode == NEAREST and man > 0:
-        split, magic, mn, ovfv = _nearest_params(man, emin, sub, max_value, ovf)
-        for i in prange(src.size):
-            df[i] = round_nearest_value(np.float64(sf[i]), split, magic, mn, max_value, ovfv, negzero)
-    elif mode == NEAREST:
-        for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, NEAREST, 0, nbits)
-    elif mode == NEAREST_AWAY:
-        for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, NEAREST_AWAY, 0, nbits)
-    elif mode == TOWARD_ZERO:
-        for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, TOWARD_ZERO, 0, nbits)
-    elif mode == UP:
-        for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, UP, 0, nbits)
-    elif mode == DOWN:
-        for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, DOWN, 0, nbits)
-    elif mode == ODD:
-        for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, ODD, 0, nbits)
-    else:
-        for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, STOCHASTIC, random_bits(key, i, nbits), nbits)
+    _f32_loops(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, 0)
 
 
 @njit(cache=True)

@@ -62,10 +62,9 @@ def float_parallel(src, dst, sign_pos, in_man, in_bias, man, emin, sub, max_bits
                                   mode, rnd, nbits)
 
 
-# Round to nearest even with man >= 1 takes Veltkamp's split in binary64 arithmetic on the values (about 12
-# flops, 2x faster than the bit-level core; bit-identical to it, which the tests check on every code point).
-# The f32 loops therefore get the memory twice: as uint32 bits (src, dst) and as float32 values (sf, df);
-# the views are made by the callers, since a ``.view()`` inside a parallel function lost its writes here.
+# Round to nearest even with man >= 1, where elementwise_f32 does not apply, takes Veltkamp's split in binary64
+# on the values (bit-identical to the bit-level core): the f32 loops get the memory as uint32 bits (src, dst)
+# and float32 values (sf, df), views made by the callers (a ``.view()`` in a parallel function lost writes).
 @njit(inline="always")
 def _nearest_params(man, emin, sub, max_value, ovf):
     split = math.ldexp(1.0, 52 - man) + 1.0
@@ -75,20 +74,47 @@ def _nearest_params(man, emin, sub, max_value, ovf):
 
 
 # The float32 and fixed-point loops are written once per rounding mode, with the mode a compile-time
-# constant: the other modes' branches vanish and the loop vectorises (5x faster than a runtime mode).
-# Nearest-even and stochastic rounding take the uint32-lane cores of kernels/elementwise_f32.py where their
-# ``*_ok`` holds (the same bits, 16 lanes instead of 8).
-@njit(inline="always")
-def _f32_loops(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base):
-    inplace = src.ctypes.data == dst.ctypes.data  # one array: LLVM's overlap check would fail, scalar loop
-    if mode == NEAREST and _ew.nearest_ok(man, emin, sub, max_value) and inplace:
-        _ew.nearest_loop(dst, dst, man, emin, sub, max_bits, ovf, negzero)
-    elif mode == NEAREST and _ew.nearest_ok(man, emin, sub, max_value):
-        _ew.nearest_loop(src, dst, man, emin, sub, max_bits, ovf, negzero)
-    elif mode == STOCHASTIC and _ew.sr_ok(man, emin, sub, max_value) and inplace:
-        _ew.sr_loop(dst, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+# constant: the other modes' branches vanish and the loop vectorises (5x faster than a runtime mode). Nearest
+# and stochastic call the uint32-lane loops of kernels/elementwise_f32.py where their ``*_ok`` holds.
+@njit(cache=True)
+def f32_serial(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base=0):
+    if mode == NEAREST and _ew.nearest_ok(man, emin, sub, max_value):
+        _ew.nearest_serial(src, dst, man, emin, sub, max_bits, ovf, negzero)
     elif mode == STOCHASTIC and _ew.sr_ok(man, emin, sub, max_value):
-        _ew.sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+        _ew.sr_serial(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, np.int64(base))
+    elif mode == NEAREST and man > 0:
+        split, magic, mn, ovfv = _nearest_params(man, emin, sub, max_value, ovf)
+        for i in range(src.size):
+            df[i] = round_nearest_value(np.float64(sf[i]), split, magic, mn, max_value, ovfv, negzero)
+    elif mode == NEAREST:
+        for i in range(src.size):
+            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, NEAREST, 0, nbits)
+    elif mode == NEAREST_AWAY:
+        for i in range(src.size):
+            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, NEAREST_AWAY, 0, nbits)
+    elif mode == TOWARD_ZERO:
+        for i in range(src.size):
+            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, TOWARD_ZERO, 0, nbits)
+    elif mode == UP:
+        for i in range(src.size):
+            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, UP, 0, nbits)
+    elif mode == DOWN:
+        for i in range(src.size):
+            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, DOWN, 0, nbits)
+    elif mode == ODD:
+        for i in range(src.size):
+            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, ODD, 0, nbits)
+    else:
+        for i in range(src.size):
+            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, STOCHASTIC, random_bits(key, base + i, nbits), nbits)
+
+
+@njit(cache=True, parallel=True)
+def f32_parallel(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits):
+    if mode == NEAREST and _ew.nearest_ok(man, emin, sub, max_value):
+        _ew.nearest_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero)
+    elif mode == STOCHASTIC and _ew.sr_ok(man, emin, sub, max_value):
+        _ew.sr_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits)
     elif mode == NEAREST and man > 0:
         split, magic, mn, ovfv = _nearest_params(man, emin, sub, max_value, ovf)
         for i in prange(src.size):
@@ -113,17 +139,7 @@ def _f32_loops(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negze
             dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, ODD, 0, nbits)
     else:
         for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, STOCHASTIC, random_bits(key, base + i, nbits), nbits)
-
-
-@njit(cache=True)
-def f32_serial(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base=0):
-    _f32_loops(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base)
-
-
-@njit(cache=True, parallel=True)
-def f32_parallel(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits):
-    _f32_loops(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, 0)
+            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, STOCHASTIC, random_bits(key, i, nbits), nbits)
 
 
 @njit(cache=True)

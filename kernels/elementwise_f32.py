@@ -34,7 +34,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from . import _cache, scalar
 from .scalar import OVF_INF, OVF_NAN, random_bits
+
+_cache.guard(__file__, scalar.SOURCES)
 
 U32 = np.uint32
 U64 = np.uint64
@@ -130,11 +133,12 @@ def sr_f32(u, rnd, d, hm1_d, lsb_d, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, 
     return U32(u | QUIET) if a > INF_BITS else out
 
 
-# The loops, inlined into kernels/cpu.py's f32_serial (prange runs as range there) and f32_parallel. Indices are
-# unsigned: numba's negative-index wraparound otherwise turns the contiguous loads into gathers.
+# The loops. Indices are unsigned: numba's negative-index wraparound otherwise turns the contiguous loads into
+# gathers. Called on one array when src is dst: LLVM's overlap check between two arrays fails there and runs
+# the scalar loop (8x slower, measured). Compiled functions of their own, called from kernels/cpu.py's f32_*
+# loops (inlined there, each extra loop multiplied numba's compile time of those functions: 7 s -> 40 s).
 @njit(inline="always")
-def nearest_loop(src, dst, man, emin, sub, max_bits, ovf, negzero):
-    """dst[i] = ``nearest_f32``(src[i]): src, dst uint32 (float32 bits)."""
+def _nearest_loop(src, dst, man, emin, sub, max_bits, ovf, negzero):
     s, hm1, mask, magic, mn_bits, big, ovf_nan = nearest_params(man, emin, sub, max_bits, ovf)
     mb = U32(max_bits)
     for i in prange(src.size):
@@ -142,8 +146,7 @@ def nearest_loop(src, dst, man, emin, sub, max_bits, ovf, negzero):
 
 
 @njit(inline="always")
-def sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
-    """dst[i] = ``sr_f32``(src[i]) with element base + i's random bits (``scalar.random_bits``)."""
+def _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
     d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, big, ovf_nan = sr_params(man, emin, sub,
                                                                                            max_bits, ovf, nbits)
     mb = U32(max_bits)
@@ -151,3 +154,43 @@ def sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
         rnd = U32(random_bits(key, U64(base + i), nbits))
         dst[U64(i)] = sr_f32(src[U64(i)], rnd, d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, mb,
                              big, ovf_nan, negzero)
+
+
+@njit(inline="always")
+def _nearest(src, dst, man, emin, sub, max_bits, ovf, negzero):
+    if src.ctypes.data == dst.ctypes.data:
+        _nearest_loop(dst, dst, man, emin, sub, max_bits, ovf, negzero)
+    else:
+        _nearest_loop(src, dst, man, emin, sub, max_bits, ovf, negzero)
+
+
+@njit(inline="always")
+def _sr(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
+    if src.ctypes.data == dst.ctypes.data:
+        _sr_loop(dst, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+    else:
+        _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+
+
+@njit(cache=True, nogil=True)
+def nearest_serial(src, dst, man, emin, sub, max_bits, ovf, negzero):
+    """dst[i] = ``nearest_f32``(src[i]): src, dst uint32 (float32 bits; dst may be src)."""
+    _nearest(src, dst, man, emin, sub, max_bits, ovf, negzero)
+
+
+@njit(cache=True, parallel=True)
+def nearest_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero):
+    """``nearest_serial``, parallel."""
+    _nearest(src, dst, man, emin, sub, max_bits, ovf, negzero)
+
+
+@njit(cache=True, nogil=True)
+def sr_serial(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
+    """dst[i] = ``sr_f32``(src[i]) with element base + i's random bits (``scalar.random_bits``)."""
+    _sr(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+
+
+@njit(cache=True, parallel=True)
+def sr_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits):
+    """``sr_serial`` with base 0, parallel."""
+    _sr(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, 0)

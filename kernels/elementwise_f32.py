@@ -28,6 +28,12 @@ uint32 words with the carries of two additions (drnd = 2**nbits only as (2**nbit
 inf and NaN as ``round_f32_fast``: an overflowed result becomes max (saturating formats) or inf with x's sign,
 or the positive quiet NaN; an inf input becomes max or inf with its sign, or that NaN; a NaN comes back
 quietened.
+
+**Where they apply** (``nearest_ok``, ``sr_ok``; elsewhere kernels/cpu.py runs the previous cores): float32 input
+and emin >= -126 (as for every f32_* loop), 1 <= man <= 22 (man = 0 has its own tie rule, man = 23 rounds
+nothing), max a finite float32 value (its bits are the overflow threshold), and for nearest q <= 100 (magic
+finite), for stochastic q <= 0 (t exact). The float32 steps assume IEEE arithmetic on subnormals, as the float64
+cores do: a process that flushes them (``torch.set_flush_denormal(True)``) changes results below 2**-126.
 """
 import math
 
@@ -91,7 +97,7 @@ def nearest_f32(u, lsb, half_m1, mask, magic, mn_bits, max_bits, big, ovf_nan, n
 def sr_ok(man, emin, sub, max_value):
     """Whether ``sr_f32`` holds for this FloatFormat (float32 input, emin >= -126)."""
     q = emin - man if sub != 0 else emin
-    return 0 <= man <= 22 and -126 <= emin and q <= 0 and _fits_f32(max_value)
+    return 1 <= man <= 22 and -126 <= emin and q <= 0 and _fits_f32(max_value)
 
 
 @njit(inline="always")

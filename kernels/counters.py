@@ -39,9 +39,9 @@ import numpy as np
 from numba import carray, njit, prange
 
 from . import _cache, cpu as _cpu  # noqa: F401  (cpu sets numba's threading layer beside torch's)
-from . import parallel as _parallel, scalar
+from . import elementwise_f32 as _ew, parallel as _parallel, scalar
 
-_cache.guard(__file__, [_cpu.__file__, *scalar.SOURCES])
+_cache.guard(__file__, [_cpu.__file__, _ew.__file__, *scalar.SOURCES])
 
 from .cpu import _voidptr, f32_serial, fixed_serial, float_serial  # noqa: E402
 

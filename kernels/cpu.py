@@ -17,9 +17,9 @@ from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import _cache, parallel as _parallel, scalar
+from . import _cache, elementwise_f32 as _ew, parallel as _parallel, scalar
 
-_cache.guard(__file__, scalar.SOURCES)
+_cache.guard(__file__, [*scalar.SOURCES, _ew.__file__])
 
 # numba's OpenMP layer contends with torch's own OpenMP runtime (measured: half the throughput once torch is
 # loaded); the workqueue layer does not. A user's explicit NUMBA_THREADING_LAYER wins.
@@ -62,10 +62,9 @@ def float_parallel(src, dst, sign_pos, in_man, in_bias, man, emin, sub, max_bits
                                   mode, rnd, nbits)
 
 
-# Round to nearest even with man >= 1 takes Veltkamp's split in binary64 arithmetic on the values (about 12
-# flops, 2x faster than the bit-level core; bit-identical to it, which the tests check on every code point).
-# The f32 loops therefore get the memory twice: as uint32 bits (src, dst) and as float32 values (sf, df);
-# the views are made by the callers, since a ``.view()`` inside a parallel function lost its writes here.
+# Round to nearest even with man >= 1, where elementwise_f32 does not apply, takes Veltkamp's split in binary64
+# on the values (bit-identical to the bit-level core): the f32 loops get the memory as uint32 bits (src, dst)
+# and float32 values (sf, df), views made by the callers (a ``.view()`` in a parallel function lost writes).
 @njit(inline="always")
 def _nearest_params(man, emin, sub, max_value, ovf):
     split = math.ldexp(1.0, 52 - man) + 1.0
@@ -75,10 +74,15 @@ def _nearest_params(man, emin, sub, max_value, ovf):
 
 
 # The float32 and fixed-point loops are written once per rounding mode, with the mode a compile-time
-# constant: the other modes' branches vanish and the loop vectorises (5x faster than a runtime mode).
+# constant: the other modes' branches vanish and the loop vectorises (5x faster than a runtime mode). Nearest
+# and stochastic call the uint32-lane loops of kernels/elementwise_f32.py where their ``*_ok`` holds.
 @njit(cache=True)
 def f32_serial(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base=0):
-    if mode == NEAREST and man > 0:
+    if mode == NEAREST and _ew.nearest_ok(man, emin, sub, max_value):
+        _ew.nearest_serial(src, dst, man, emin, sub, max_bits, ovf, negzero)
+    elif mode == STOCHASTIC and _ew.sr_ok(man, emin, sub, max_value):
+        _ew.sr_serial(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, np.int64(base))
+    elif mode == NEAREST and man > 0:
         split, magic, mn, ovfv = _nearest_params(man, emin, sub, max_value, ovf)
         for i in range(src.size):
             df[i] = round_nearest_value(np.float64(sf[i]), split, magic, mn, max_value, ovfv, negzero)
@@ -107,7 +111,11 @@ def f32_serial(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negze
 
 @njit(cache=True, parallel=True)
 def f32_parallel(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits):
-    if mode == NEAREST and man > 0:
+    if mode == NEAREST and _ew.nearest_ok(man, emin, sub, max_value):
+        _ew.nearest_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero)
+    elif mode == STOCHASTIC and _ew.sr_ok(man, emin, sub, max_value):
+        _ew.sr_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits)
+    elif mode == NEAREST and man > 0:
         split, magic, mn, ovfv = _nearest_params(man, emin, sub, max_value, ovf)
         for i in prange(src.size):
             df[i] = round_nearest_value(np.float64(sf[i]), split, magic, mn, max_value, ovfv, negzero)

@@ -1,0 +1,202 @@
+"""32-bit-lane cores of the float32 element-wise loops (kernels/cpu.py ``f32_*``): round to nearest-even and
+stochastic rounding of float32 bits to a FloatFormat, on uint32 integers (16 lanes of AVX-512 where the old
+cores used 8 of float64 or int64). Each gives the bits of the core it stands in for, wherever its ``*_ok``
+holds (tests/kernels/test_elementwise_f32.py checks every float32 code point class; ``-m exhaustive`` all 2**32).
+
+**Nearest** (``nearest_f32``; stands in for ``round_nearest_value`` in float64 with its result rounded to
+float32, i.e. Veltkamp's split). For |x| >= 2**emin (x a float32 normal, since emin >= -126) Veltkamp's split is
+x rounded to man + 1 significant bits, ties to even; on x's bits a (sign cleared) that is
+``(a + 2**(s-1) - 1 + bit s of a) & ~(2**s - 1)``, s = 23 - man: the carry out of the significand is the next
+binade's encoding, and inf (a = 0x7F800000, low bits zero) stays inf. No float overflow can occur (a float32
+Veltkamp split would overflow c = x * split above 2**(104 + man), inside bf16's range). For |x| < 2**emin:
+(|x| + magic) - magic in float32, magic = 1.5 * 2**(23 + q) (q = emin - man, or emin without subnormals): |x| <
+2**(q + 22) so the sum lies in [2**(23+q), 2**(24+q)] where float32's step is 2**q, and magic is an even multiple
+of 2**q: |x| rounded to a multiple of 2**q, ties to even, exactly (the float64 magic does the same). Then on
+bits: a result above max's bits (max a float32 value) becomes the overflow value (inf or max with x's sign, or
+the positive quiet NaN); x's sign goes back on, except on a zero where the format has no -0; a NaN input comes
+back quietened (``u | 0x400000``, as the float64 round trip gives).
+
+**Stochastic** (``sr_f32``; stands in for ``round_f32_fast(..., STOCHASTIC, rnd, nbits)``, whose rules are
+``round_float_bits``'s: round away iff rem / 2**shift, rounded to nbits bits ties to even, plus rnd / 2**nbits
+reaches 1). Normal range (|x| >= 2**emin): the quantum is 2**s units of x's last place (s = 23 - man <= nbits), so
+rem * 2**(nbits - s) + rnd >= 2**nbits iff rem + (rnd >> (nbits - s)) >= 2**s: the result is
+``(a + (rnd >> (nbits - s))) & ~(2**s - 1)``, the carry again the right encoding. Below 2**emin the quantum 2**q
+is fixed: t = |x| * 2**-q is exact (a power of two; t < 2**man), and with k = floor(t) and the fraction f = t - k
+(exact), rem / 2**shift = f, so drnd = rint(f * 2**nbits) (f * 2**nbits exact; rint ties to even; drnd <=
+2**nbits) and the result is (k + up) * 2**q, up iff drnd + rnd >= 2**nbits, decided on 2**(32 - nbits)-scaled
+uint32 words with the carries of two additions (drnd = 2**nbits only as (2**nbits - 1) + 1). Overflow, zeros,
+inf and NaN as ``round_f32_fast``: an overflowed result becomes max (saturating formats) or inf with x's sign,
+or the positive quiet NaN; an inf input becomes max or inf with its sign, or that NaN; a NaN comes back
+quietened.
+
+**Where they apply** (``nearest_ok``, ``sr_ok``; elsewhere kernels/cpu.py runs the previous cores): float32 input
+and emin >= -126 (as for every f32_* loop), 1 <= man <= 22 (man = 0 has its own tie rule, man = 23 rounds
+nothing), max a finite float32 value (its bits are the overflow threshold), and for nearest q <= 100 (magic
+finite), for stochastic q <= 0 (t exact). The float32 steps assume IEEE arithmetic on subnormals, as the float64
+cores do: a process that flushes them (``torch.set_flush_denormal(True)``) changes results below 2**-126.
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from . import _cache, scalar
+from .scalar import OVF_INF, OVF_NAN, random_bits
+
+_cache.guard(__file__, scalar.SOURCES)
+
+U32 = np.uint32
+U64 = np.uint64
+F32 = np.float32
+ABS = U32(0x7FFFFFFF)
+SIGN = U32(0x80000000)
+INF_BITS = U32(0x7F800000)
+QUIET = U32(0x400000)
+NAN32 = U32(0x7FC00000)
+
+
+@njit(inline="always")
+def _fits_f32(max_value):
+    return 0.0 < max_value <= 3.4028234663852886e38 and np.float64(np.float32(max_value)) == max_value
+
+
+@njit(inline="always")
+def nearest_ok(man, emin, sub, max_value):
+    """Whether ``nearest_f32`` holds for this FloatFormat (float32 input, emin >= -126 as f32_* require)."""
+    q = emin - man if sub != 0 else emin
+    return 1 <= man <= 22 and -126 <= emin and q <= 100 and _fits_f32(max_value)
+
+
+@njit(inline="always")
+def nearest_params(man, emin, sub, max_bits, ovf):
+    """(2**s, half - 1, mask, magic, bits of 2**emin, overflow bits, overflow is NaN) for ``nearest_f32``."""
+    s = 23 - man
+    q = emin - man if sub != 0 else emin
+    magic = F32(1.5 * math.ldexp(1.0, 23 + q))
+    big = INF_BITS if ovf == OVF_INF else (NAN32 if ovf == OVF_NAN else U32(max_bits))
+    return (U32(1 << s), U32((1 << (s - 1)) - 1), U32(~((1 << s) - 1) & 0xFFFFFFFF), magic, U32((emin + 127) << 23),
+            big, ovf == OVF_NAN)
+
+
+@njit(inline="always")
+def nearest_f32(u, lsb, half_m1, mask, magic, mn_bits, max_bits, big, ovf_nan, negzero):
+    """Round-to-nearest-even of the float32 with bits ``u`` (uint32): the result's bits (module doc)."""
+    a = U32(u & ABS)
+    rn = U32(U32(U32(a + half_m1) + (U32(1) if U32(a & lsb) != U32(0) else U32(0))) & mask)  # each step on uint32
+    v = a.view(F32)
+    lo = F32((v + magic) - magic).view(U32)
+    r = lo if a < mn_bits else rn
+    over = r > max_bits
+    r = big if over else r
+    keep = ((r != U32(0)) | (negzero != 0)) & ~(over & ovf_nan)
+    out = U32(r | (U32(u & SIGN) if keep else U32(0)))
+    return U32(u | QUIET) if a > INF_BITS else out
+
+
+@njit(inline="always")
+def sr_ok(man, emin, sub, max_value):
+    """Whether ``sr_f32`` holds for this FloatFormat (float32 input, emin >= -126)."""
+    q = emin - man if sub != 0 else emin
+    return 1 <= man <= 22 and -126 <= emin and q <= 0 and _fits_f32(max_value)
+
+
+@njit(inline="always")
+def sr_params(man, emin, sub, max_bits, ovf, nbits):
+    """(d, half - 1 at bit d, lsb on/off, mask below d, k, mask below s, 2**-q in two factors, 2**q, 2**nbits mod
+    2**32, overflow bits, overflow is NaN) for ``sr_f32``."""
+    s = 23 - man
+    q = emin - man if sub != 0 else emin
+    d = max(s - nbits, 0)
+    k = max(nbits - s, 0)
+    c1 = min(-q, 100)
+    big = INF_BITS if ovf == OVF_INF else (NAN32 if ovf == OVF_NAN else U32(max_bits))
+    return (U32(d), U32(((1 << d) >> 1) - (1 if d > 0 else 0)), U32(1 if d > 0 else 0),
+            U32(~((1 << d) - 1) & 0xFFFFFFFF), U32(k), U32(~((1 << s) - 1) & 0xFFFFFFFF),
+            U32((emin + 127) << 23), F32(math.ldexp(1.0, c1)), F32(math.ldexp(1.0, -q - c1)),
+            F32(math.ldexp(1.0, q)), F32(math.ldexp(1.0, nbits)), U32((1 << nbits) & 0xFFFFFFFF), big, ovf == OVF_NAN)
+
+
+@njit(inline="always")
+def sr_f32(u, rnd, d, hm1_d, lsb_d, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, max_bits, big, ovf_nan,
+           negzero):
+    """Stochastic rounding of the float32 with bits ``u`` (uint32) with the random word ``rnd`` (< 2**nbits,
+    uint32): the result's bits (module doc)."""
+    a = U32(u & ABS)
+    a1 = U32(U32(U32(a + hm1_d) + U32(U32(a >> (d & U32(31))) & lsb_d)) & mask_d)  # each step on uint32
+    rn = U32(U32(a1 + U32(U32(rnd >> (k & U32(31))) << (d & U32(31)))) & mask_s)
+    t = (a.view(F32) * p1) * p2
+    kf = F32(U32(t))
+    big_f = F32(8388608.0)
+    f = (t - kf) * pn
+    dr = U32(f if f >= big_f else F32((f + big_f) - big_f))
+    up = (dr != U32(0)) & (rnd >= U32(two_n - dr))
+    lo = F32(F32(kf + F32(1.0 if up else 0.0)) * pq).view(U32)
+    r = lo if a < mn_bits else rn
+    over = r > max_bits
+    r = big if over else r
+    keep = ((r != U32(0)) | (negzero != 0)) & ~(over & ovf_nan)
+    out = U32(r | (U32(u & SIGN) if keep else U32(0)))
+    return U32(u | QUIET) if a > INF_BITS else out
+
+
+# The loops. Indices are unsigned: numba's negative-index wraparound otherwise turns the contiguous loads into
+# gathers. Called on one array when src is dst: LLVM's overlap check between two arrays fails there and runs
+# the scalar loop (8x slower, measured). Compiled functions of their own, called from kernels/cpu.py's f32_*
+# loops (inlined there, each extra loop multiplied numba's compile time of those functions: 7 s -> 40 s).
+@njit(inline="always")
+def _nearest_loop(src, dst, man, emin, sub, max_bits, ovf, negzero):
+    s, hm1, mask, magic, mn_bits, big, ovf_nan = nearest_params(man, emin, sub, max_bits, ovf)
+    mb = U32(max_bits)
+    for i in prange(src.size):
+        dst[U64(i)] = nearest_f32(src[U64(i)], s, hm1, mask, magic, mn_bits, mb, big, ovf_nan, negzero)
+
+
+@njit(inline="always")
+def _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
+    d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, big, ovf_nan = sr_params(man, emin, sub,
+                                                                                           max_bits, ovf, nbits)
+    mb = U32(max_bits)
+    for i in prange(src.size):
+        rnd = U32(random_bits(key, U64(base + i), nbits))
+        dst[U64(i)] = sr_f32(src[U64(i)], rnd, d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, mb,
+                             big, ovf_nan, negzero)
+
+
+@njit(inline="always")
+def _nearest(src, dst, man, emin, sub, max_bits, ovf, negzero):
+    if src.ctypes.data == dst.ctypes.data:
+        _nearest_loop(dst, dst, man, emin, sub, max_bits, ovf, negzero)
+    else:
+        _nearest_loop(src, dst, man, emin, sub, max_bits, ovf, negzero)
+
+
+@njit(inline="always")
+def _sr(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
+    if src.ctypes.data == dst.ctypes.data:
+        _sr_loop(dst, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+    else:
+        _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+
+
+@njit(cache=True, nogil=True)
+def nearest_serial(src, dst, man, emin, sub, max_bits, ovf, negzero):
+    """dst[i] = ``nearest_f32``(src[i]): src, dst uint32 (float32 bits; dst may be src)."""
+    _nearest(src, dst, man, emin, sub, max_bits, ovf, negzero)
+
+
+@njit(cache=True, parallel=True)
+def nearest_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero):
+    """``nearest_serial``, parallel."""
+    _nearest(src, dst, man, emin, sub, max_bits, ovf, negzero)
+
+
+@njit(cache=True, nogil=True)
+def sr_serial(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
+    """dst[i] = ``sr_f32``(src[i]) with element base + i's random bits (``scalar.random_bits``)."""
+    _sr(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+
+
+@njit(cache=True, parallel=True)
+def sr_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits):
+    """``sr_serial`` with base 0, parallel."""
+    _sr(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, 0)

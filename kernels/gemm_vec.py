@@ -1,7 +1,8 @@
 """The general MAD GEMM (any rounding mode, stochastic rounding, fused, chunk, lanes, fixed-point accumulator)
 with ``gemm_fast``'s structure: output tiles, the K loop outside a contiguous run of output columns whose
 accumulators advance together, and inner loops compiled per constant flag combination, branch-free, so that
-LLVM vectorises them across columns (int64/float64 lanes; AVX-512 where the CPU has it).
+LLVM vectorises them across columns (int64/float64 lanes; AVX-512 where the CPU has it). The host side (which
+units, constants, plan flags) is ``gemm_vec_plan``.
 
 Why the bits equal ``gemm_cpu.gemm_general``'s (the reference; tests compare every variant bit for bit):
 - The same operations in the same order per output element: product a*b (exact in binary64), the product's
@@ -10,22 +11,25 @@ Why the bits equal ``gemm_cpu.gemm_general``'s (the reference; tests compare eve
   scalar cores themselves, they are O(M N) work).
 - ``_sum_odd`` is ``gemm_scalar.two_sum`` + ``round_odd`` written with selects: the same float64 operations,
   and the same integer step on the bits of s (+1 / -1 toward e's side when s's last bit is 0, e != 0 and s
-  finite).
+  finite). EXACT (``gemm_vec_plan.exact_sums``: every sum provably exact) takes s = x + y alone: e would be 0.
 - ``_round_float`` is ``round_float_bits(bits, 63, 52, 1023, ...)`` for binary64 inputs in float arithmetic:
   the target's quantum q at |x| from x's exponent field, t = x / q (an exact power-of-two scaling: nonzero x
   lie on the 2**-298 grid and ``vec_applies`` bounds the quanta, so t stays normal), the mode rounds t to an
-  integer r (floor / ceil / floor(|t| + 1/2) / the 2**52 magic constant for ties-to-even; odd and stochastic
-  from floor(t) and the exact remainder; stochastic is ``stochastic_decision``: the remainder times 2**nbits
-  rounded to an integer, ties to even, plus rnd reaches 2**nbits), and r*q is the result, exact. With
-  man >= 1 the code's last bit is r's, so ties and odd see the code's parity; a carry to the next binade and
-  a magnitude below one quantum (0 or q) come out as in the bit core. Overflow, NaN, infinities and signed
-  zeros follow ``round_float_bits`` (CHK, dropped where ``needs_checks`` proves they cannot occur).
-  Round-to-nearest-even uses ``round_nearest_fast`` (Veltkamp), tested equal to the bit core.
+  integer r (trunc / ceil / floor of the signed t, trunc(t +- 1/2) for nearest-away, the 2**52 magic constant
+  for ties-to-even; odd and stochastic from floor(|t|) and the exact remainder; stochastic is
+  ``stochastic_decision``: the remainder times 2**nbits rounded to an integer, ties to even, plus rnd reaches
+  2**nbits), and r*q is the result, exact. With man >= 1 the code's last bit is r's, so ties and odd see the
+  code's parity; a carry to the next binade and a magnitude below one quantum (0 or q) come out as in the bit
+  core. Overflow, NaN, infinities and signed zeros follow ``round_float_bits`` (CHK, dropped where
+  ``needs_checks`` proves they cannot occur). Round-to-nearest-even uses ``round_nearest_fast`` (Veltkamp),
+  tested equal to the bit core.
 - ``_round_fixed`` is ``scalar.round_fixed_value`` with the mode chain replaced by one formula with loop-invariant
-  weights (``_mode_weights``; np.floor for ``_floor``: they differ only in the sign of a zero, which never reaches a result there).
-- Stochastic bits: ``random_bits(key, o*K + k, nbits)``, the generator itself; per row the counter is
-  base + j*K, which LLVM turns into an induction variable (no 64-bit multiply per element besides the
-  generator's own two; computing its input incrementally by hand measured no faster).
+  weights (``_mode_weights``; np.floor for ``_floor``: they differ only in the sign of a zero, which never
+  reaches a result there); x / period and v / span as products with their exact reciprocals (powers of two:
+  the same correctly rounded values), and the wrap or the saturation alone, by the format (a constant).
+- Stochastic bits: ``random_bits(key, o*K + k, nbits)``'s generator input key + (index + 1) * GOLDEN is
+  (key + (base + 1) * GOLDEN) + j * K * GOLDEN modulo 2**64 for column j of a row: the first term once per row
+  and k, the second a table per call (``_bits``), so the only 64-bit multiplies per element are splitmix64's two.
 Results do not depend on tiling or thread count (each output element's operations are fixed).
 """
 import functools

@@ -117,11 +117,11 @@ def _round_float(x, rnd, c, f, MODE, CHK):
     if MODE == STOCHASTIC:
         t = np.abs(x) * iq
         k = np.floor(t)
-        res = math.copysign((k + (1.0 if _up_stochastic(t - k, rnd, two_n, lim) else 0.0)) * q, x)
+        res = math.copysign((k + 1.0 if _up_stochastic(t - k, rnd, two_n, lim) else k) * q, x)
     elif MODE == ODD:
         t = np.abs(x) * iq
         k = np.floor(t)
-        res = math.copysign((k + (1.0 if (t != k) & ((np.int64(k) & 1) == 0) else 0.0)) * q, x)
+        res = math.copysign((k + 1.0 if (t != k) & ((np.int64(k) & 1) == 0) else k) * q, x)
     elif MODE == NEAREST_AWAY:
         t = x * iq
         res = np.trunc(t + math.copysign(0.5, t)) * q
@@ -176,7 +176,7 @@ def _round_fixed(x, rnd, c, f, w, STO, WRAP, CHK):
     k = np.floor(a)
     r = a - k  # a == 0 only where x == 0 (vec_applies: x * 2**frac cannot underflow)
     up = _up_stochastic(r, rnd, two_n, c[8]) if STO else _up(r, _is_odd(k), neg, w)
-    k = k + (1.0 if up else 0.0)
+    k = k + 1.0 if up else k
     v = (0.0 - k if neg else k) + 0.0
     if WRAP:
         ww = v - np.floor(v * inv_span) * span

@@ -20,8 +20,8 @@ from numba import njit
 
 import emunum
 from emunum import FixedFormat, FloatFormat, MADUnit
-from emunum.kernels import gemm_cpu
-from emunum.kernels.gemm_scalar import round_odd, two_sum
+from emunum.kernels import gemm_cpu, gemm_vec
+from emunum.kernels.gemm_scalar import P_CMIN, round_odd, two_sum
 from emunum.kernels.scalar import round_nearest_fast
 from emunum.mad.unit import stream_keys
 
@@ -37,6 +37,12 @@ def _two_sum_odd(a, b, out):
     for i in range(a.size):
         s, e = two_sum(a[i], b[i])
         out[i] = round_odd(s, e)
+
+
+@njit
+def _vec_sum_odd(a, b, out):
+    for i in range(a.size):
+        out[i] = gemm_vec._sum_odd(a[i], b[i])
 
 
 FAST_FORMATS = {
@@ -71,15 +77,18 @@ def test_round_nearest_fast_equals_quantize(name, dtype, oracles):
     oracles.assert_same_values(np.where(got == 0, 0.0, got), np.where(want == 0, 0.0, want), x, f"{name} {dtype}")
 
 
-def test_round_odd_of_two_sum_is_the_exact_round_to_odd():
+@pytest.mark.parametrize("impl", [_two_sum_odd, _vec_sum_odd], ids=["gemm_scalar", "gemm_vec"])
+def test_round_odd_of_two_sum_is_the_exact_round_to_odd(impl):
     rng = np.random.default_rng(1)
     n = 20000
     a = rng.standard_normal(n) * np.exp2(rng.integers(-300, 300, n))
     b = rng.standard_normal(n) * np.exp2(rng.integers(-300, 300, n))
     b[:2000] = -a[:2000] * (1 + np.exp2(-rng.integers(1, 60, 2000)))  # cancellation
     b[2000:4000] = np.ldexp(np.floor(np.ldexp(a[2000:4000], -30)), 30) - a[2000:4000]  # exact sums
+    b[4000:5000] = a[4000:5000] * np.exp2(-rng.integers(53, 60, 1000))  # e alone below s's last place
+    a[5000:5500] = np.where(rng.random(500) < 0.5, 5e-324, -5e-324) * rng.integers(1, 2**20, 500)  # subnormal
     got = np.empty(n)
-    _two_sum_odd(a, b, got)
+    impl(a, b, got)
     for i in range(n):
         x = Fraction(a[i]) + Fraction(b[i])
         if x == 0:
@@ -95,6 +104,18 @@ def test_round_odd_of_two_sum_is_the_exact_round_to_odd():
             k += 1
         want = float(k * Fraction(2) ** (e - 52)) * (1 if x > 0 else -1)
         assert got[i] == want, (a[i], b[i], got[i], want)
+
+
+def test_vec_sum_odd_keeps_the_scalar_cores_non_finite_and_zero_results():
+    """Invariant: gemm_vec's round-to-odd sum (bit tests on s and e) gives two_sum + round_odd's bits where
+    the exact reference above has none: infinities, NaN, overflow to inf, signed zeros."""
+    v = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.7976931348623157e308, -1.7976931348623157e308, 1.0, -3.5,
+                  5e-324, -5e-324, 2.0**-1022, 1e300])
+    a, b = np.repeat(v, v.size), np.tile(v, v.size)
+    want, got = np.empty_like(a), np.empty_like(a)
+    _two_sum_odd(a, b, want)
+    _vec_sum_odd(a, b, got)
+    assert np.array_equal(want.view(np.int64), got.view(np.int64))
 
 
 # ---- GEMM kernels ----------------------------------------------------------------------------------------
@@ -347,3 +368,121 @@ def test_vec_results_do_not_depend_on_thread_count():
     finally:
         numba.set_num_threads(n)
     np.testing.assert_array_equal(one, _run(A, B, None, unit, fast="vec", seed=3))
+
+
+def _vec_operands(name, operands):
+    """The grid's operands for one unit (test_vec_kernel_equals_general_kernel_bit_for_bit)."""
+    unit = VEC_UNITS[name]
+    rng = np.random.default_rng(abs(hash((name, operands))) % 2**32)
+    op = "bf16" if unit.mul_fmt is not None and unit.mul_fmt.man > 3 else "fp8_152"
+    make = _adversarial if operands == "adversarial" else (lambda r, s, f: _operands(r, s, f, operands == "special"))
+    return make(rng, (2, 17, 70), op), make(rng, (1, 70, 130), op)
+
+
+def test_exact_sums_plan():
+    """Invariant: gemm_vec drops TwoSum (EXACT) only where every sum is a multiple of 2**g below 2**(g + 53):
+    by the formats (e5m2 products, grid 2**-16, into fp16 / e6m9 / fixed24_8: any operands, any K), or by the
+    operands' bound (bf16 accumulator: small K and magnitudes), never for fused products or bf16 products."""
+    small = np.full((1, 4, 70), 3.0, np.float32)
+    huge = np.full((1, 4, 4096), 57344.0, np.float32)
+    special = small.copy()
+    special[0, 0, :3] = [np.inf, -np.inf, np.nan]
+    for acc in ("fp16", "fp16_169", "fixed24_8"):
+        mulp, accp = MADUnit("fp8_152", acc, acc_rounding="up").kernel_params()
+        for A in (small, huge, special):
+            assert gemm_vec.exact_sums(A, A.transpose(0, 2, 1), 0, mulp, accp), acc
+    mulp, accp = MADUnit("fp8_152", "bf16", acc_rounding="up").kernel_params()
+    assert gemm_vec.exact_sums(small, small.transpose(0, 2, 1), 0, mulp, accp)
+    assert gemm_vec.exact_sums(special, special.transpose(0, 2, 1), 0, mulp, accp)  # only finite values count
+    assert not gemm_vec.exact_sums(huge, huge.transpose(0, 2, 1), 0, mulp, accp)
+    fused = MADUnit(None, "fp16", fused=True).kernel_params()
+    assert not gemm_vec.exact_sums(small, small.transpose(0, 2, 1), 1, *fused)
+    assert not gemm_vec.exact_sums(small, small.transpose(0, 2, 1), 0, *MADUnit("bf16", "fp8_152").kernel_params())
+
+
+def test_vec_grid_takes_both_sum_paths():
+    """The bit-for-bit grid reaches gemm_vec with exact sums (no TwoSum) and with TwoSum + round-to-odd, the
+    latter with overflow checks on and off, in the default run (so a wrong plan or a wrong path would fail it;
+    exact sums without checks: test_vec_kernel_without_checks_equals_general_kernel)."""
+    seen = set()
+    for name in VEC_UNITS:
+        if name in _VEC_EXHAUSTIVE:
+            continue
+        unit = VEC_UNITS[name]
+        mulp, accp = unit.kernel_params()
+        for operands in ("random", "adversarial", "special"):
+            A, B = _vec_operands(name, operands)
+            seen.add((gemm_vec.exact_sums(A, B, int(unit.fused), mulp, accp), unit.fused,
+                      gemm_vec.needs_checks(A, B, int(unit.fused), mulp, accp)))
+    assert {(True, False, True), (False, False, True), (False, True, True), (False, True, False)} <= seen, seen
+
+
+def test_vec_declines_fixed_point_spans_that_are_not_powers_of_two():
+    """Invariant: gemm_vec's fixed-point rounding multiplies by 1/span and 1/period, exact only for powers of
+    two (every FixedFormat's span is 2**bits); a parameter vector with another span keeps gemm_general."""
+    unit = MADUnit("fp8_152", "fixed16_8", acc_rounding="stochastic")
+    mulp, accp = unit.kernel_params()
+    assert gemm_vec.vec_applies(0, mulp, accp)
+    odd_span = np.array(accp).copy()
+    odd_span[P_CMIN] += 1  # span 2**16 - 1
+    assert not gemm_vec.vec_applies(0, mulp, odd_span)
+
+
+# Operands whose products and sums provably stay finite and in range (needs_checks is False): the variants without
+# overflow checks, on the benchmark's kind of data. The grid's operands overflow every non-fused unit.
+VEC_TAME_UNITS = {
+    "e5m2_up-bf16_down": MADUnit("fp8_152", "bf16", mul_rounding="up", acc_rounding="down"),
+    "e5m2_odd-e6m9_away_chunk5": MADUnit("fp8_152", "fp16_169", mul_rounding="odd", acc_rounding="nearest_away",
+                                         chunk=5),
+    "e5m2_tz-fixed16_8_sr9_lanes2": MADUnit("fp8_152", "fixed16_8", mul_rounding="toward_zero",
+                                            acc_rounding="stochastic", sr_bits=9, lanes=2),
+    "e5m2_sr16-bf16_sr16_lanes4": MADUnit("fp8_152", "bf16", mul_rounding="stochastic", acc_rounding="stochastic",
+                                          lanes=4, sr_bits=16),
+    "e5m2_near-fixed12_4_wrap_up": MADUnit("fp8_152", FixedFormat(12, 4, saturate=False), acc_rounding="up"),
+    "bf16_tz-bf16_up_twosum": MADUnit("bf16", "bf16", mul_rounding="toward_zero", acc_rounding="up"),
+}
+_VEC_TAME_EXHAUSTIVE = {"e5m2_sr16-bf16_sr16_lanes4", "e5m2_near-fixed12_4_wrap_up", "bf16_tz-bf16_up_twosum"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.exhaustive) if n in _VEC_TAME_EXHAUSTIVE else n
+                                  for n in VEC_TAME_UNITS])
+def test_vec_kernel_without_checks_equals_general_kernel(name):
+    """Invariant: gemm_vec's variants without overflow checks (and, but for bf16 products, without TwoSum) give
+    gemm_general's bits: batched, bias, ragged tiles, sums with cancellation and zeros, K = 300."""
+    unit = VEC_TAME_UNITS[name]
+    mulp, accp = unit.kernel_params()
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    op = "bf16" if unit.mul_fmt.man > 3 else "fp8_152"
+    A = emunum.quantize(torch.from_numpy(rng.standard_normal((2, 17, 300)) * 2), op).float().numpy()
+    B = emunum.quantize(torch.from_numpy(rng.standard_normal((1, 300, 130))), op).float().numpy()
+    A[0, :, :40] = 0.0
+    B[0, 100:110] = -B[0, 90:100]
+    assert gemm_cpu.kernel_choice(A, B, 0, mulp, accp) == "vec"
+    assert not gemm_vec.needs_checks(A, B, 0, mulp, accp)
+    assert gemm_vec.exact_sums(A, B, 0, mulp, accp) == (unit.mul_fmt.man <= 3)
+    bias = rng.standard_normal((2, 17, 130))
+    for seed, b in ((0, bias), (7, None)):
+        _same_bits(_run(A, B, b, unit, fast=None, seed=seed), _run(A, B, b, unit, fast=False, seed=seed),
+                   f"{name} seed {seed}")
+
+
+@pytest.mark.exhaustive
+def test_vec_two_sum_matters_where_exact_sums_declines():
+    """The TwoSum path is not vacuous: where ``exact_sums`` declines (bf16 products, magnitudes 2**-60..2**60,
+    rounding up), forcing exact sums changes bits, so the comparisons with gemm_general would catch an
+    ``exact_sums`` that says yes too often."""
+    unit = VEC_TAME_UNITS["bf16_tz-bf16_up_twosum"]
+    mulp, accp = unit.kernel_params()
+    rng = np.random.default_rng(3)
+    def wide(shape):
+        x = rng.standard_normal(shape) * np.exp2(rng.integers(-30, 30, shape))
+        return emunum.quantize(torch.from_numpy(x), "bf16").float().numpy()
+
+    A, B = wide((1, 16, 64)), wide((1, 64, 64))
+    assert not gemm_vec.exact_sums(A, B, 0, mulp, accp) and not gemm_vec.needs_checks(A, B, 0, mulp, accp)
+    want = _run(A, B, None, unit, fast=False)
+    _same_bits(_run(A, B, None, unit, fast="vec"), want, "planned")
+    forced = np.empty_like(want)
+    gemm_vec.run(A, B, np.zeros((1, 1, 1)), False, forced, 0, mulp, accp, unit.lanes, unit.chunk or 0, stream_keys(0),
+                 unit.sr_bits, exact=True)
+    assert not np.array_equal(forced, want)

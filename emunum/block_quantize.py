@@ -88,10 +88,11 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
         dst.copy_(q)
         scales.copy_(s)
     elif x.numel():
-        amaxes, amax = None, None
-        if fmt.tensor_scale and x.device.type == "cpu" and work.dtype == torch.float32 and tile[0] == 1:
+        amax = None
+        scanned = fmt.tensor_scale and x.device.type == "cpu" and work.dtype == torch.float32 and tile[0] == 1
+        if scanned:
             from .kernels import block_cpu
-            amaxes, amax = block_cpu.block_amaxes(work.numpy(), tile[1])  # T's amax and each block's, one pass
+            amax = block_cpu.block_amaxes(work.numpy(), scales.numpy(), tile[1])  # T's amax and each block's
         t = tensor_scale(work, fmt, amax)
         args = block_args(fmt, t)
         if x.device.type == "cuda":
@@ -103,7 +104,7 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
         elif x.device.type == "cpu":
             from .kernels import block_cpu
             block_cpu.quantize_blocks(work.numpy(), dst.numpy(), scales.numpy(), tile, args, int(mode), key, nbits,
-                                      amaxes=amaxes)
+                                      scanned=scanned)
         else:
             raise ValueError(f"block formats have kernels for cpu and cuda tensors; x is on {x.device}")
     if direct:

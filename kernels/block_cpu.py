@@ -311,24 +311,21 @@ def _scale_table(args: tuple):
     return block_fast.scale_table(mids, ups, vals, args[15], args[10], args[14], args[13])
 
 
-_NO_AMAXES = np.zeros(0, np.uint32)
-
-
-def block_amaxes(src: np.ndarray, tc: int, parallel=None) -> tuple[np.ndarray, float]:
-    """(amaxes, amax) of a (P, R, C) C-contiguous float32 array in 1-D blocks of tc along C: each block's largest
-    |v| as float32 bits (NaN, inf included), for ``quantize_blocks(amaxes=)``, and the largest finite |v| of the
-    whole array (0.0 if none), for NVFP4's tensor scale. One pass, parallel over blocks (block_fast.amax_*)."""
-    P, R, C = src.shape
-    amaxes = np.empty(P * R * -(-C // tc), np.uint32)
+def block_amaxes(src: np.ndarray, scales: np.ndarray, tc: int, parallel=None) -> float:
+    """Each block's largest |v| (NaN where it holds one) into ``scales`` (float64, one per block), for
+    ``quantize_blocks(scanned=True)``, and the largest finite |v| of the whole array returned (0.0 if none), for
+    NVFP4's tensor scale; src: (P, R, C) C-contiguous float32 in 1-D blocks of tc along C. One pass, parallel
+    over blocks (block_fast.amax_*)."""
+    C = src.shape[2]
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     bits = src.reshape(-1).view(np.uint32)
     with _parallel.try_parallel(parallel) as par:
-        m = (block_fast.amax_parallel if par else block_fast.amax_serial)(bits, amaxes, C, tc)
-    return amaxes, float(np.array(m, dtype=np.uint32).view(np.float32))
+        m = (block_fast.amax_parallel if par else block_fast.amax_serial)(bits, scales.reshape(-1), C, tc)
+    return float(np.array(m, dtype=np.uint32).view(np.float32))
 
 
-def _fast_path(src, dst, scales, tc: int, args: tuple, par: bool, amaxes) -> bool:
+def _fast_path(src, dst, scales, tc: int, args: tuple, par: bool, scanned: bool) -> bool:
     """Run the ``block_fast`` kernel for these arguments, if one holds; whether one ran."""
     path = fast_path_of(args)
     if path is None:
@@ -343,22 +340,23 @@ def _fast_path(src, dst, scales, tc: int, args: tuple, par: bool, amaxes) -> boo
     else:
         thr, val, k0 = _scale_table(args)
         run = block_fast.table_parallel if par else block_fast.table_serial
-        run(bits, dbits, scales.reshape(-1), _NO_AMAXES if amaxes is None else amaxes, C, tc, thr, val, k0, negzero,
+        run(bits, dbits, scales.reshape(-1), scanned, C, tc, thr, val, k0, negzero,
             max_e, s_man, s_emin, s_sub, s_max, s_min, t)
     return True
 
 
 def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, args: tuple, mode: int, key: int,
-                    nbits: int, parallel=None, amaxes=None) -> None:
+                    nbits: int, parallel=None, scanned: bool = False) -> None:
     """src, dst: (P, R, C) C-contiguous float32/float64 (dst may be src); scales: (P, nbr, nbc) float64;
-    tile: (tr, tc); args: ``block_args`` of the format (emunum/block_quantize.py); amaxes: ``block_amaxes``'s
-    per-block maxima of src, which the amax-scaled fast path then reads instead of scanning (ignored elsewhere)."""
+    tile: (tr, tc); args: ``block_args`` of the format (emunum/block_quantize.py); scanned: ``scales`` holds
+    ``block_amaxes``'s per-block maxima of src, which the amax-scaled fast path then starts from instead of
+    scanning (every other path computes them itself)."""
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     kind, man, emin, sub = args[:4]
     fast = int(tile[0]) == 1 and src.dtype == np.float32 and dst.dtype == np.float32 and kind == 0 and mode == NEAREST
     with _parallel.try_parallel(parallel) as par:  # one parallel section per process (kernels/parallel.py)
-        if fast and _fast_path(src, dst, scales, int(tile[1]), args, par, amaxes):
+        if fast and _fast_path(src, dst, scales, int(tile[1]), args, par, scanned):
             return
         if fast:
             flat = src.reshape(-1)

@@ -40,10 +40,11 @@ V[i] * F underflows to a zero, as the float64 product's sign is; on a zero resul
 for every scale value, and a block looks its row up by S's bits.
 
 **The amax pass, ``amax_*``.** T needs the tensor's largest finite |x| before any block is rounded. One
-parallel pass over the bits finds it and keeps each block's largest |x| bits (NaN > inf > finite as unsigned
-ints: what the block loop would compute) in ``amaxes``, one uint32 per block; ``table_*`` then reads those
-instead of scanning each block again. A block whose max is inf or NaN has its finite max found by a second
-look at that block alone.
+parallel pass over the bits finds it and keeps each block's largest |x| (from the bits: NaN > inf > finite as
+unsigned ints, what the block loop would compute) in ``scales``, as float64; ``table_*`` with ``scanned`` then
+starts from those instead of scanning each block again (no buffer of its own: a 4 MB one per call measured a
+millisecond of page faults). A block whose max is inf or NaN has its finite max found by a second look at that
+block alone.
 
 Speed notes (measured, numba 0.68 / LLVM on AVX-512): array indices are unsigned (U64) so that LLVM sees no
 negative-index wraparound, which otherwise turns contiguous loads into gathers (4x slower); the amax loops run
@@ -231,12 +232,11 @@ def _table_block(bits, dbits, start, size, thr, val, o, negzero):
 
 
 @njit(inline="always")
-def _table_blocks(bits, dbits, scales, amaxes, C, tc, tiled, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
+def _table_blocks(bits, dbits, scales, scanned, C, tc, tiled, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
                   s_split, s_magic, s_min_normal):
-    """In chunks of CHUNK blocks: the amaxes (into ``scales``; from ``amaxes`` when the amax pass made them, else
-    scanned here), then the scales and table rows in one vectorised loop (``block_scale``'s expression with
-    Veltkamp's split, as the old fast path), then the elements."""
-    have = amaxes.size == scales.size
+    """In chunks of CHUNK blocks: the amaxes (into ``scales``, unless the amax pass put them there: ``scanned``),
+    then the scales and table rows in one vectorised loop (``block_scale``'s expression with Veltkamp's split, as
+    the old fast path), then the elements."""
     nb = scales.size
     nbc = nb // (bits.size // C)
     sh = 52 - s_man
@@ -244,14 +244,11 @@ def _table_blocks(bits, dbits, scales, amaxes, C, tc, tiled, thr, val, k0, negze
         b0 = ch * CHUNK
         b1 = min(b0 + CHUNK, nb)
         rows = np.empty(CHUNK, np.uint64)
-        if have:
-            for b in range(b0, b1):
-                scales[U64(b)] = np.float64(U32(amaxes[U64(b)]).view(np.float32))  # NaN where the block holds one
-        else:
+        if not scanned:
             for b in range(b0, b1):
                 start, size = _row_range(b, nbc, tc, C, tiled)
                 m = _amax_bits(bits, start, min(size, bits.size - start))  # (= size) not a constant: it vectorises
-                scales[U64(b)] = np.float64(U32(m).view(np.float32))
+                scales[U64(b)] = np.float64(U32(m).view(np.float32))  # NaN where the block holds one
         for b in range(b0, b1):
             amax = scales[U64(b)]
             want = min(amax / max_e / t, s_max)
@@ -269,40 +266,40 @@ def _table_blocks(bits, dbits, scales, amaxes, C, tc, tiled, thr, val, k0, negze
 
 
 @njit(inline="always")
-def _table_rows(bits, dbits, scales, amaxes, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min,
+def _table_rows(bits, dbits, scales, scanned, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min,
                 t):
     s_split = math.ldexp(1.0, 52 - s_man) + 1.0
     s_magic = 1.5 * math.ldexp(1.0, 52 + (s_emin - s_man if s_sub != 0 else s_emin))
     s_min_normal = math.ldexp(1.0, s_emin)
     if tc == 16 and C % 16 == 0:  # a constant trip count for the element loop (~12% faster, measured)
-        _table_blocks(bits, dbits, scales, amaxes, C, 16, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
+        _table_blocks(bits, dbits, scales, scanned, C, 16, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
                       s_split, s_magic, s_min_normal)
     elif C % tc == 0:
-        _table_blocks(bits, dbits, scales, amaxes, C, tc, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
+        _table_blocks(bits, dbits, scales, scanned, C, tc, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
                       s_split, s_magic, s_min_normal)
     else:
-        _table_blocks(bits, dbits, scales, amaxes, C, tc, False, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
+        _table_blocks(bits, dbits, scales, scanned, C, tc, False, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
                       s_split, s_magic, s_min_normal)
 
 
 @njit(cache=True)
-def table_serial(bits, dbits, scales, amaxes, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min,
+def table_serial(bits, dbits, scales, scanned, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min,
                  t):
     """Amax scales, an element of seven positive values (module doc); bits/dbits: src/dst as uint32; thr, val,
-    k0: ``scale_table``; amaxes: ``amax_*``'s per-block maxima, or an empty array to scan the blocks here."""
-    _table_rows(bits, dbits, scales, amaxes, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t)
+    k0: ``scale_table``; scanned: ``scales`` holds ``amax_*``'s per-block maxima (else the blocks are scanned here)."""
+    _table_rows(bits, dbits, scales, scanned, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t)
 
 
 @njit(cache=True, parallel=True)
-def table_parallel(bits, dbits, scales, amaxes, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max,
+def table_parallel(bits, dbits, scales, scanned, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max,
                    s_min, t):
     """``table_serial``, parallel over chunks of CHUNK blocks."""
-    _table_rows(bits, dbits, scales, amaxes, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t)
+    _table_rows(bits, dbits, scales, scanned, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t)
 
 
 @njit(inline="always")
 def _amax_blocks(bits, amaxes, part, C, tc, tiled):
-    """Each block's largest |x| bits into ``amaxes``; each task's largest finite |x| bits into ``part``."""
+    """Each block's largest |x| into ``amaxes`` (float64); each task's largest finite |x| bits into ``part``."""
     nb = amaxes.size
     nbc = nb // (bits.size // C)
     for ch in prange(part.size):
@@ -310,7 +307,7 @@ def _amax_blocks(bits, amaxes, part, C, tc, tiled):
         for b in range(ch * AMAX_CHUNK, min(ch * AMAX_CHUNK + AMAX_CHUNK, nb)):
             start, size = _row_range(b, nbc, tc, C, tiled)
             m = _amax_bits(bits, start, min(size, bits.size - start))
-            amaxes[U64(b)] = m
+            amaxes[U64(b)] = np.float64(U32(m).view(np.float32))
             if m >= INF_BITS:
                 m = U32(0)
                 for k in range(size):
@@ -334,8 +331,9 @@ def _amax_rows(bits, amaxes, C, tc):
 
 @njit(cache=True)
 def amax_serial(bits, amaxes, C, tc):
-    """Fills ``amaxes`` (uint32, one per block of rows of C in blocks of tc) with each block's largest |x| bits and
-    returns the bits of the largest finite |x| of all (0 if none) (module doc)."""
+    """Fills ``amaxes`` (float64, one per block of rows of C in blocks of tc: the scales array) with each block's
+    largest |x| (NaN where the block holds one) and returns the bits of the largest finite |x| of all (0 if none)
+    (module doc)."""
     return _amax_rows(bits, amaxes, C, tc)
 
 

@@ -36,9 +36,10 @@ def fast(x: np.ndarray, fmt: BlockFormat, t: float, parallel: bool, path: str, p
     R, C = x.shape
     tc = fmt.tile[1]
     src = np.ascontiguousarray(x).reshape(1, R, C)
-    amaxes = block_cpu.block_amaxes(src, tc, parallel=parallel)[0] if prepass else None
     dst, sc = np.empty((1, R, C), np.float32), np.empty((1, R, -(-C // tc)))
-    block_cpu.quantize_blocks(src, dst, sc, (1, tc), args, NEAREST, 0, 32, parallel=parallel, amaxes=amaxes)
+    if prepass:
+        block_cpu.block_amaxes(src, sc, tc, parallel=parallel)
+    block_cpu.quantize_blocks(src, dst, sc, (1, tc), args, NEAREST, 0, 32, parallel=parallel, scanned=prepass)
     return dst.reshape(R, C), sc.reshape(R, -1)
 
 
@@ -55,21 +56,24 @@ def assert_same(x, fmt, t, path):
 @pytest.mark.parametrize("cols", [4096, 96, 37, 5])  # tiling the rows (tc = 16 and 32), and partial last blocks
 @pytest.mark.parametrize("tc", [16, 32])
 def test_block_amaxes_are_each_blocks_largest_magnitude_and_the_finite_max(tc, cols, parallel):
-    """``block_amaxes``: per block the largest |v| bits (NaN above inf above every finite value), and over the
-    whole array the largest finite |v| (inf and NaN skipped; 0.0 for none), from a numpy reading."""
+    """``block_amaxes``: per block the largest |v| (from the bits: NaN above inf above every finite value), as
+    float64, and over the whole array the largest finite |v| (inf and NaN skipped; 0.0 for none), from a numpy
+    reading."""
     x = special_rows(np.random.default_rng(cols + tc), cols)
     x = np.concatenate([x] * (1 + 2**18 // x.size))  # past PARALLEL_MIN: the prange loop runs
     R = x.shape[0]
     src = x.reshape(1, R, cols)
-    amaxes, amax = block_cpu.block_amaxes(src, tc, parallel=parallel)
     nbc = -(-cols // tc)
+    amaxes = np.empty((1, R, nbc))
+    amax = block_cpu.block_amaxes(src, amaxes, tc, parallel=parallel)
     pad = np.zeros((R, nbc * tc), np.uint32)
     pad[:, :cols] = x.view(np.uint32) & 0x7FFFFFFF
-    assert np.array_equal(amaxes, pad.reshape(R, nbc, tc).max(axis=2).reshape(-1))
+    want = pad.reshape(R, nbc, tc).max(axis=2).view(np.float32).astype(np.float64)
+    assert np.array_equal(amaxes.reshape(R, nbc).view(np.uint64), want.view(np.uint64))
     finite = np.abs(x[np.isfinite(x)])
     assert amax == float(finite.max())
     only_special = np.array([[np.inf, np.nan, -np.inf] * 6], np.float32).reshape(1, 1, -1)
-    assert block_cpu.block_amaxes(only_special, tc, parallel=parallel)[1] == 0.0
+    assert block_cpu.block_amaxes(only_special, np.empty(-(-18 // tc)), tc, parallel=parallel) == 0.0
 
 
 def neighbours(v: np.ndarray) -> np.ndarray:
@@ -260,3 +264,21 @@ def test_table_path_on_every_float32_around_the_thresholds(s, t):
     full = s * t
     _sweep(BLOCK_PRESETS["nvfp4"], t, np.float32(6 * full), int(np.floor(np.log2(full / 4))) - 1,
            int(np.floor(np.log2(6 * full))), "table")
+
+
+def test_table_path_with_scanned_starts_from_the_amaxes_in_scales():
+    """With ``scanned`` the table path takes each block's amax from ``scales`` (the amax pass's output), not from
+    the data: amaxes of zero give every block the smallest scale, as all-zero blocks would."""
+    fmt = BLOCK_PRESETS["nvfp4"]
+    t = float(np.float32(0.0123))
+    x = np.random.default_rng(5).standard_normal((4, 64)).astype(np.float32).reshape(1, 4, 64)
+    args = block_args(fmt, t)
+    dst, sc = np.empty_like(x), np.zeros((1, 4, 4))
+    block_cpu.quantize_blocks(x, dst, sc, (1, 16), args, NEAREST, 0, 32, parallel=False, scanned=True)
+    assert np.all(sc == fmt.scale.min_subnormal)
+    want, wsc = reference(x.reshape(4, 64), fmt, t)
+    assert not np.array_equal(dst.reshape(4, 64), want)
+    block_cpu.block_amaxes(x, sc, 16, parallel=False)
+    block_cpu.quantize_blocks(x, dst, sc, (1, 16), args, NEAREST, 0, 32, parallel=False, scanned=True)
+    assert np.array_equal(dst.reshape(4, 64).view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(sc.reshape(4, 4), wsc)

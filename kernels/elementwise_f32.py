@@ -79,18 +79,24 @@ def nearest_params(man, emin, sub, max_bits, ovf):
 
 
 @njit(inline="always")
+def _finish(u, a, r, max_bits, big, ovf_nan, negzero):
+    """The result's bits from |result| bits r of input bits u (a = |u|): overflow past max_bits to ``big``, x's
+    sign (dropped from a zero without -0 and from an overflow NaN), an input NaN quietened."""
+    over = r > max_bits
+    r = big if over else r
+    keep = ((r != U32(0)) | (negzero != 0)) & ~(over & ovf_nan)
+    out = U32(r | (U32(u & SIGN) if keep else U32(0)))
+    return U32(u | QUIET) if a > INF_BITS else out
+
+
+@njit(inline="always")
 def nearest_f32(u, lsb, half_m1, mask, magic, mn_bits, max_bits, big, ovf_nan, negzero):
     """Round-to-nearest-even of the float32 with bits ``u`` (uint32): the result's bits (module doc)."""
     a = U32(u & ABS)
     rn = U32(U32(U32(a + half_m1) + (U32(1) if U32(a & lsb) != U32(0) else U32(0))) & mask)  # each step on uint32
     v = a.view(F32)
     lo = F32((v + magic) - magic).view(U32)
-    r = lo if a < mn_bits else rn
-    over = r > max_bits
-    r = big if over else r
-    keep = ((r != U32(0)) | (negzero != 0)) & ~(over & ovf_nan)
-    out = U32(r | (U32(u & SIGN) if keep else U32(0)))
-    return U32(u | QUIET) if a > INF_BITS else out
+    return _finish(u, a, lo if a < mn_bits else rn, max_bits, big, ovf_nan, negzero)
 
 
 @njit(inline="always")
@@ -131,12 +137,7 @@ def sr_f32(u, rnd, d, hm1_d, lsb_d, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, 
     dr = U32(f if f >= big_f else F32((f + big_f) - big_f))
     up = (dr != U32(0)) & (rnd >= U32(two_n - dr))
     lo = F32(F32(kf + F32(1.0 if up else 0.0)) * pq).view(U32)
-    r = lo if a < mn_bits else rn
-    over = r > max_bits
-    r = big if over else r
-    keep = ((r != U32(0)) | (negzero != 0)) & ~(over & ovf_nan)
-    out = U32(r | (U32(u & SIGN) if keep else U32(0)))
-    return U32(u | QUIET) if a > INF_BITS else out
+    return _finish(u, a, lo if a < mn_bits else rn, max_bits, big, ovf_nan, negzero)
 
 
 # The loops. Indices are unsigned: numba's negative-index wraparound otherwise turns the contiguous loads into

@@ -23,7 +23,7 @@ from .scalar.block import block_scale, round_element
 from .scalar.common import NEAREST, STOCHASTIC, random_bits
 from .scalar.float import round_nearest_value
 
-_cache.guard(__file__, scalar.SOURCES)
+_cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__])
 
 if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
     numba.config.THREADING_LAYER = "workqueue"  # as kernels/cpu.py: numba's OpenMP contends with torch's
@@ -257,39 +257,17 @@ def rows_f32_parallel(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max
               s_sub, s_max, s_min, t)
 
 
-@njit(inline="always")
-def _finite_max_bits(bits, start, end):
-    m = np.uint32(0)
-    for k in range(start, end):
-        a = np.uint32(bits[k] & np.uint32(0x7FFFFFFF))
-        m = max(m, a if a < np.uint32(0x7F800000) else np.uint32(0))
-    return m
-
-
 @njit(cache=True)
 def finite_amax_serial(bits):
     """The bits of the largest finite magnitude among float32 ``bits`` (0 if none)."""
-    return _finite_max_bits(bits, 0, bits.size)
+    return block_fast.finite_max_bits(bits, 0, bits.size)
 
 
-@njit(cache=True, parallel=True)
-def finite_amax_parallel(bits, chunks):
-    """``finite_amax_serial`` as the max of ``chunks`` partial maxima computed in parallel."""
-    n = bits.size
-    step = -(-n // chunks)
-    part = np.zeros(chunks, np.uint32)
-    for c in prange(chunks):
-        part[c] = _finite_max_bits(bits, c * step, min(n, (c + 1) * step))
-    return part.max()
-
-
-def finite_amax(src: np.ndarray, parallel: bool = False) -> float:
-    """The largest finite |v| of a C-contiguous float32 array (0.0 if it has none). Serial by default: the
-    pass only reads, and one thread already reads at copy_'s bandwidth on the 2-core VM of
-    benchmarks/RESULTS.md, where the parallel loop measured slower (10.4 ms vs 6.3 ms on 2**24 elements)."""
-    bits = src.reshape(-1).view(np.uint32)
-    with _parallel.try_parallel(parallel and bits.size >= PARALLEL_MIN and numba.get_num_threads() > 1) as par:
-        m = finite_amax_parallel(bits, 4 * numba.get_num_threads()) if par else finite_amax_serial(bits)
+def finite_amax(src: np.ndarray) -> float:
+    """The largest finite |v| of a C-contiguous float32 array (0.0 if it has none), in one serial pass: it only
+    reads, and one thread reads at about copy_'s bandwidth on the 2-core VM of benchmarks/RESULTS.md. (NVFP4
+    with 1-D blocks takes ``block_amaxes`` instead, which also keeps each block's amax.)"""
+    m = finite_amax_serial(src.reshape(-1).view(np.uint32))
     return float(np.array(m, dtype=np.uint32).view(np.float32))
 
 

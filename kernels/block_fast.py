@@ -90,6 +90,16 @@ def _amax_bits(bits, start, size):
     return m
 
 
+@njit(inline="always")
+def finite_max_bits(bits, start, size):
+    """The largest finite |x| bits among bits[start:start + size] (0 if none)."""
+    m = U32(0)
+    for k in range(size):
+        a = U32(bits[U64(start + k)] & ABS)
+        m = max(m, a if a < INF_BITS else U32(0))
+    return m
+
+
 # ---- OCP (power-of-two) scales -----------------------------------------------------------------------------
 
 @njit(inline="always")
@@ -308,12 +318,7 @@ def _amax_blocks(bits, amaxes, part, C, tc, tiled):
             start, size = _row_range(b, nbc, tc, C, tiled)
             m = _amax_bits(bits, start, min(size, bits.size - start))
             amaxes[U64(b)] = np.float64(U32(m).view(np.float32))
-            if m >= INF_BITS:
-                m = U32(0)
-                for k in range(size):
-                    a = U32(bits[U64(start + k)] & ABS)
-                    m = max(m, a if a < INF_BITS else U32(0))
-            fin = max(fin, m)
+            fin = max(fin, finite_max_bits(bits, start, size) if m >= INF_BITS else m)
         part[U64(ch)] = fin
 
 

@@ -335,23 +335,14 @@ _thresholds = functools.lru_cache(maxsize=1024)(thresholds)
 def _bind(fn, wit, pre, dt):
     """``run(...)`` (see ``float_counted_runner``) calling ``fn`` with the witnesses ``wit`` and format arguments
     ``pre``; as ``cpu._runner``, serial calls below ``PARALLEL_MIN`` go through fn's compiled entry point (no
-    lock, no thread-count check, no type dispatch), and the thresholds of the last (lo, hi) are kept."""
-    direct = [None]  # fn's entry point, after the first serial call
-    last = [(None, None)]  # ((lo, hi), thresholds(lo, hi, dt)), replaced as one tuple
+    lock, no thread-count check, no type dispatch)."""
+    serial = _cpu.direct_caller(fn)
 
     def run(src: int, dst: int, n: int, mode, key, nbits, lo, hi, sqnr, acc: int, parallel=None) -> None:
-        limits, th = last[0]
-        if limits != (lo, hi):
-            th = _thresholds(float(lo), float(hi), dt)
-            last[0] = ((lo, hi), th)
+        th = _thresholds(float(lo), float(hi), dt)
         if parallel is None and n < _cpu.PARALLEL_MIN:  # serial: no lock, no thread-count check
-            args = (int(src), int(dst), int(n), *wit, False, *pre, int(mode), np.uint64(key), int(nbits), *th,
-                    bool(sqnr), int(acc))
-            if direct[0] is None:
-                fn(*args)
-                direct[0] = _cpu.entry_point(fn, args)
-            else:
-                direct[0](*args)
+            serial(int(src), int(dst), int(n), *wit, False, *pre, int(mode), np.uint64(key), int(nbits), *th,
+                   bool(sqnr), int(acc))
             return
         with _parallel.try_parallel(_cpu.use_parallel(n, parallel)) as par:
             fn(src, dst, n, *wit, par, *pre, mode, np.uint64(key), nbits, *th, bool(sqnr), acc)

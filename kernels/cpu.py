@@ -308,20 +308,30 @@ def entry_point(fn, args):
         return fn
 
 
+def direct_caller(fn):
+    """``call(*args)``: fn(*args), through fn's compiled entry point (``entry_point``) from the second call on;
+    for callers that pass the same Python types every time."""
+    direct = [None]
+
+    def call(*args) -> None:
+        if direct[0] is None:
+            fn(*args)
+            direct[0] = entry_point(fn, args)
+        else:
+            direct[0](*args)
+
+    return call
+
+
 def _runner(fn, w, pre):
     """``run(src, dst, n, mode, key, nbits, parallel=None)`` calling the ``*_at`` kernel ``fn`` with the witness
     ``w`` and format arguments ``pre`` bound. Below ``PARALLEL_MIN`` (and parallel=None) the serial loop runs
     through fn's compiled entry point, without the lock and thread-count checks."""
-    direct = [None]  # fn's entry point, after the first serial call
+    serial = direct_caller(fn)
 
     def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
         if parallel is None and n < PARALLEL_MIN:
-            args = (int(src), int(dst), int(n), w, False, *pre, int(mode), np.uint64(key), int(nbits))
-            if direct[0] is None:
-                fn(*args)
-                direct[0] = entry_point(fn, args)
-            else:
-                direct[0](*args)
+            serial(int(src), int(dst), int(n), w, False, *pre, int(mode), np.uint64(key), int(nbits))
             return
         with _parallel.try_parallel(use_parallel(n, parallel)) as par:
             fn(src, dst, n, w, par, *pre, mode, np.uint64(key), nbits)

@@ -44,6 +44,7 @@ from . import elementwise_f32 as _ew, parallel as _parallel, scalar
 _cache.guard(__file__, [_cpu.__file__, _ew.__file__, *scalar.SOURCES])
 
 from .cpu import _voidptr, f32_serial, fixed_serial, float_serial  # noqa: E402
+from .direct import direct_caller  # noqa: E402
 
 fm = {"reassoc", "nsz", "contract"}
 CHUNK = 4096  # elements per chunk: two float32 chunks (x and q) take 32 KiB, inside L1
@@ -336,7 +337,7 @@ def _bind(fn, wit, pre, dt):
     """``run(...)`` (see ``float_counted_runner``) calling ``fn`` with the witnesses ``wit`` and format arguments
     ``pre``; as ``cpu._runner``, serial calls below ``PARALLEL_MIN`` go through fn's compiled entry point (no
     lock, no thread-count check, no type dispatch)."""
-    serial = _cpu.direct_caller(fn)
+    serial = direct_caller(fn)
 
     def run(src: int, dst: int, n: int, mode, key, nbits, lo, hi, sqnr, acc: int, parallel=None) -> None:
         th = _thresholds(float(lo), float(hi), dt)

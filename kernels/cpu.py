@@ -18,6 +18,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import _cache, elementwise_f32 as _ew, parallel as _parallel, scalar
+from .direct import direct_caller
 
 _cache.guard(__file__, [*scalar.SOURCES, _ew.__file__])
 
@@ -295,32 +296,6 @@ def _check_dtype(dtype) -> np.dtype:
     if dt not in LAYOUT:
         raise TypeError(f"dtype={dt} is not supported by the CPU kernels; allowed: float32, float64")
     return dt
-
-
-def entry_point(fn, args):
-    """The compiled entry point of dispatcher ``fn`` for the argument types of ``args`` (a call with those types
-    was made), or ``fn`` itself. Calling it skips numba's per-call type dispatch (~1 us of 15 arguments); the
-    runners below call it with the same Python types every time (int addresses, sizes and codes, a witness
-    array, a bool, numpy scalars), so every call has that signature."""
-    try:
-        return fn.overloads[tuple(fn.typeof_pyval(a) for a in args)].entry_point
-    except (KeyError, AttributeError, TypeError, ValueError):
-        return fn
-
-
-def direct_caller(fn):
-    """``call(*args)``: fn(*args), through fn's compiled entry point (``entry_point``) from the second call on;
-    for callers that pass the same Python types every time."""
-    direct = [None]
-
-    def call(*args) -> None:
-        if direct[0] is None:
-            fn(*args)
-            direct[0] = entry_point(fn, args)
-        else:
-            direct[0](*args)
-
-    return call
 
 
 def _runner(fn, w, pre):

@@ -11,6 +11,7 @@ from . import mad  # noqa: E402  (emunum.mad: the MAD-unit module, also callable
 from .mad import MADUnit, addmm, baddbmm, conv1d, conv2d, linear, matmul
 from .optim import LossScaler, OptimLP
 from .patch import patch, patched, register, unpatch
+from .gemm_coverage import Coverage, coverage
 from .policy import Policy, Role, RoleSpec, Scaling
 from . import distributed  # noqa: E402  (emunum.distributed: DDP hooks with a low-precision all-reduce)
 from . import trace  # noqa: E402  (emunum.trace.collect / enable: per-layer numerics counters)
@@ -22,7 +23,7 @@ __all__ = [
     "BlockFormat", "FloatFormat", "FixedFormat", "PositFormat", "RoundMode", "Special", "PRESETS", "get_format",
     "quantize", "TableFormat", "LogFormat", "CustomFormat",
     "OptimLP", "LossScaler",
-    "patch", "unpatch", "patched", "register", "Policy", "Role", "RoleSpec", "Scaling", "trace",
+    "patch", "unpatch", "patched", "register", "coverage", "Coverage", "Policy", "Role", "RoleSpec", "Scaling", "trace",
     "Quantizer", "quantize_ste", "arithmetic", "emulated", "approx", "distributed",
     "MADUnit", "mad", "matmul", "linear", "addmm", "baddbmm", "conv1d", "conv2d",
 ]

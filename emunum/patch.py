@@ -18,8 +18,18 @@ Rules:
 - If the model itself is a registered layer it cannot be swapped in a parent: ``patch`` returns the twin
   (use the returned value), and ``unpatch(twin)`` returns the original.
 - Block formats (MX, NVFP4) are GEMM-operand formats: Linear, Conv*d, ConvTranspose*d and MultiheadAttention take
-  them (``emunum.nn.block_gemm``); Embedding (a lookup, no GEMM) raises ValueError naming it;
-  norms and activations, which have no GEMM, are left unpatched unless the policy rounds something else there.
+  them (``emunum.nn.block_gemm``); Embedding (a lookup, no GEMM) is patched but left unrounded, and
+  ``print(model)`` says so; norms and activations, which have no GEMM, are left unpatched unless the policy
+  rounds something else there.
+- Functional GEMMs (``emunum.nn.gemm_mode``): while the model's forward runs, ``torch.matmul``/``@``, ``mm``,
+  ``bmm``, ``mv``, ``addmm``, ``baddbmm``, ``F.linear``, ``einsum``, ``F.conv*d`` and
+  ``F.scaled_dot_product_attention`` called by modules that were not swapped (attention products, foreign
+  layers such as transformers' ``Conv1D``) are emulated with the same policy (``emunum.nn.functional``), through
+  forward hooks on the model (removed by ``unpatch``). The filter and ``keep_first_last`` apply to them too: a
+  module they exclude runs its functional GEMMs unemulated. ``functional=False`` turns this off.
+- The first forward of a patched model counts its GEMM FLOPs (``emunum.coverage``) and warns once, naming each
+  GEMM that ran off the format and its module; ``strict=True`` raises ``ValueError`` instead, there and for
+  every unemulable functional GEMM later.
 - ``TransformerEncoderLayer`` and ``TransformerEncoder`` have fused inference fast paths that would bypass
   the emulated layers; while a layer inside them is patched those fast paths are switched off (their
   ``activation_relu_or_gelu`` / ``use_nested_tensor`` attributes, restored by ``unpatch``).
@@ -34,6 +44,7 @@ from typing import Callable, Iterator, Optional
 from torch import nn
 
 from . import nn as emu_nn
+from .functional_patch import FunctionalPatch
 from .policy import Policy, make_policy
 
 EmuFactory = Callable[[nn.Module, Policy], nn.Module]
@@ -210,7 +221,8 @@ def _fast_paths_off(module: nn.Module) -> None:
 DEFAULT_FMT = "fp8_152"
 
 
-def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, **kwargs) -> nn.Module:
+def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, strict: bool = False,
+          functional: bool = True, **kwargs) -> nn.Module:
     """Emulate ``model``'s layers in place and return the model (see the module doc).
 
     fmt / kwargs: the keyword form of ``emunum.Policy`` (``Policy.make``): ``fmt`` for every tensor role,
@@ -220,7 +232,12 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, **kwar
     Or a ``Policy`` as ``fmt`` or ``policy=``. With no format, policy or option at all, ``fmt`` is
     ``DEFAULT_FMT`` ("fp8_152", ARCHITECTURE.md's default). Raises ValueError if the filter accepts no layer,
     or if the model is already patched with another policy; warns if the model has no layer to emulate.
+    strict: raise instead of warning when a GEMM runs off the format (see the module doc). functional: emulate
+    the functional GEMMs of modules that are not swapped (default True).
     """
+    for name, v in (("strict", strict), ("functional", functional)):
+        if not isinstance(v, bool):
+            raise TypeError(f"{name}={v!r}: allowed: True or False")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if fmt is None and policy is None and not kwargs:
@@ -239,7 +256,15 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, **kwar
         where = "its instance's forward attribute" if t is base else f"{base.__name__}.forward"
         warnings.warn(f"emunum.patch: {name!r} ({t.__name__}) overrides {where} and is not emulated; "
                       f"emunum.register({t.__name__}, factory) to emulate it", RuntimeWarning, stacklevel=2)
+    if "_emunum_gemm" in model.__dict__:
+        if model.__dict__["_emunum_gemm"].policy != pol:
+            raise ValueError("the model is already patched with another policy; call emunum.unpatch(model) first")
+        if not any(not s.done for s in sites):
+            return model
     if not sites:
+        if functional and (pol.rounds_anything or pol.mad is not None):
+            _attach_functional(model, pol, strict, [], ())
+            return model
         warnings.warn(f"emunum.patch: {type(model).__name__} has no layer to emulate; registered types: "
                       f"{', '.join(sorted(t.__name__ for t in _REGISTRY))}", RuntimeWarning, stacklevel=2)
         return model
@@ -271,13 +296,40 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, **kwar
         for key, child in parent._modules.items():
             if child is not None and id(child) in reps:
                 parent._modules[key] = reps[id(child)]
+    if functional and "_emunum_gemm" not in model.__dict__:
+        excluded = [(s.module, "keep_first_last" if id(s.module) in keep else "excluded by the policy's filter")
+                    for s in sites if not s.done and id(s.module) not in reps and _applies(s, pol)]
+        _attach_functional(model, pol, strict, excluded, {id(s.module) for s in sites})
     return model
+
+
+def _attach_functional(model: nn.Module, pol: Policy, strict: bool, excluded: list, sites) -> None:
+    """Forward hooks that emulate the functional GEMMs of the model's unswapped modules (``gemm_mode``)."""
+    hooks = FunctionalPatch(pol, strict)
+    hooks.attach_root(model)
+    for module, reason in excluded:
+        hooks.attach_excluded(module, reason)
+    if pol.filter is not None:  # a module the filter rejects runs its functional GEMMs unemulated
+        def visit(m: nn.Module, name: str, on: bool):
+            if id(m) in sites:
+                return
+            here = bool(pol.filter(m, name))
+            if on and not here:
+                hooks.attach_excluded(m, "excluded by the policy's filter")
+            for key, child in m._modules.items():
+                if child is not None:
+                    visit(child, f"{name}.{key}" if name else key, on and here)
+        visit(model, "", True)
+    model.__dict__["_emunum_gemm"] = hooks
 
 
 def unpatch(model: nn.Module) -> nn.Module:
     """Put every original module back; returns the model (the original if ``model`` is itself a twin)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    hooks = model.__dict__.pop("_emunum_gemm", None)
+    if hooks is not None:
+        hooks.remove()
     restored = {}
     for parent in list(_parents(model)):
         for key, child in parent._modules.items():

@@ -20,8 +20,8 @@ class MultiheadAttentionEmu(EmuLayer):
     torch's MultiheadAttention hands its weights to a functional call (its ``out_proj`` module is never
     called), so it is emulated as a whole: query/key/value are rounded as inputs; ``in_proj_weight`` (or
     ``q/k/v_proj_weight``), the biases, ``bias_k/v`` and ``out_proj``'s weight and bias as weights; the
-    projections q, k, v, the scaled query, the scores q k^T, the softmax probabilities, the context
-    probs v and the final projection as outputs. Masks are added after rounding the scores (a mask is a
+    projections q, k, v, the scaled query, the scores q k^T, the softmax probabilities (after dropout, so
+    that the P of P v is on the grid), the context probs v and the final projection as outputs. Masks are added after rounding the scores (a mask is a
     select in hardware, and -inf has no code in finite formats). The attention always takes the explicit
     bmm/softmax path (torch takes it for ``need_weights=True``; for ``need_weights=False`` torch would use
     its fused SDPA kernel, whose summation order differs). ``out_proj`` is left as a plain child module.
@@ -196,10 +196,12 @@ class MultiheadAttentionEmu(EmuLayer):
         return scores if attn_mask is None else scores + attn_mask
 
     def _softmax(self, scores):
-        """Rounded softmax probabilities, then dropout (training only)."""
-        probs = self._emu_round(F.softmax(scores, dim=-1), Role.OUTPUT)
+        """Softmax probabilities, dropout (training only), then rounded: the P of P v is on the grid."""
+        probs = F.softmax(scores, dim=-1)
         dropout_p = self.dropout if self.training else 0.0
-        return F.dropout(probs, p=dropout_p) if dropout_p > 0.0 else probs
+        if dropout_p > 0.0:
+            probs = F.dropout(probs, p=dropout_p)
+        return self._emu_round(probs, Role.OUTPUT)
 
     def _output(self, probs, v, tgt_len: int, bsz: int):
         """Rounded context probs v, heads unfolded, then the rounded output projection."""

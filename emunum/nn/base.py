@@ -12,6 +12,8 @@ from ..autograd import Quantizer
 from ..policy import BLOCK_ROLES, FORWARD_ROLES, Policy, Role, Scaling, make_policy
 from ..formats import BlockFormat
 from .block_gemm import block_plan, no_block_path
+from .gemm_context import GemmContext, stack as ctx_stack
+from .gemm_suspend import suspended_modes
 from .scaling import ScaledGradQuantizer, ScaledQuantizer
 
 STATE_PREFIX = "_emunum_"  # every attribute an emulated layer adds to the original's state starts with it
@@ -60,12 +62,22 @@ def _merged_quantizer(policy: Policy, role: Role, block: bool = False):
                      backward_rounding=gspec.rounding, ste=policy.ste.value, sr_bits=policy.sr_bits)
 
 
+def rounding_state(policy: Policy, roles: tuple, block_gemm: bool) -> dict:
+    """The attributes an emulated layer (or ``GemmEmulator``) adds: policy, quantisers per role, block plan."""
+    plan = block_plan(policy) if block_gemm else None
+    return {"_emunum_policy": policy, "_emunum_trace": None,
+            "_emunum_q": {role: _make_quantizers(policy, role, plan is not None) for role in roles},
+            "_emunum_q1": {role: _merged_quantizer(policy, role, plan is not None) for role in roles},
+            "_emunum_block": plan}
+
+
 class EmuLayer:
     """Mixin of every emulated layer. ``ROLES``: the forward roles the layer rounds (gradients follow)."""
 
     ROLES: tuple = FORWARD_ROLES
     HAS_WEIGHT: bool = True  # a GEMM/lookup layer (counts for Policy.keep_first_last)
     BLOCK_GEMM: bool = False  # its GEMMs take block-format operands (``block_gemm``): Linear, Conv*d, MHA
+    LOOKUP: bool = False  # a weight layer without a GEMM (Embedding): block formats leave it unrounded
     _emunum_base: type = nn.Module  # the torch class this emulated class derives from
 
     @classmethod
@@ -82,19 +94,33 @@ class EmuLayer:
         if isinstance(module, EmuLayer):
             raise ValueError(f"module is already emulated ({type(module).__name__}); "
                              "call emunum.unpatch first")
-        if pol.uses_block and cls.HAS_WEIGHT and not cls.BLOCK_GEMM:
+        if pol.uses_block and cls.HAS_WEIGHT and not (cls.BLOCK_GEMM or cls.LOOKUP):
             raise no_block_path(module, pol)
         cls._emunum_check(module, pol)
         emu = cls.__new__(cls)
         emu.__dict__.update(module.__dict__)
-        d = emu.__dict__
-        plan = block_plan(pol) if cls.BLOCK_GEMM else None
-        d["_emunum_policy"] = pol
-        d["_emunum_trace"] = None
-        d["_emunum_q"] = {role: _make_quantizers(pol, role, plan is not None) for role in cls.ROLES}
-        d["_emunum_q1"] = {role: _merged_quantizer(pol, role, plan is not None) for role in cls.ROLES}
-        d["_emunum_block"] = plan
+        emu.__dict__.update(rounding_state(pol, cls.ROLES, cls.BLOCK_GEMM))
         return emu
+
+    def __call__(self, *args, **kwargs):
+        # The layer's GEMMs are its own: a functional-GEMM mode (``gemm_mode``) must not round them again, and
+        # leaving it lets the roundings take the eager fast path (``ops.eager_ok``).
+        ctx = self.__dict__.get("_emunum_ctx")
+        if ctx is None:
+            ctx = self.__dict__["_emunum_ctx"] = GemmContext(self._emunum_operands_rounded(), type(self).__name__,
+                                                             None if self._emunum_operands_rounded() else
+                                                             "the policy leaves its input or weight unrounded")
+        stack = ctx_stack()
+        stack.append(ctx)
+        try:
+            with suspended_modes():
+                return super().__call__(*args, **kwargs)
+        finally:
+            stack.pop()
+
+    def _emunum_operands_rounded(self) -> bool:
+        pol = self._emunum_policy
+        return pol.mad is not None or pol.uses_block or (pol.input is not None and pol.weight is not None)
 
     @classmethod
     def emunum_applies(cls, policy: Policy) -> bool:

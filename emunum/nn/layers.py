@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..formats import BlockFormat
 from ..policy import Role
 from .base import EmuLayer, _linear, _mad
 from .block_gemm import block_conv, block_conv_transpose, block_linear
@@ -95,7 +96,18 @@ class ConvTransposeEmu(EmuLayer):
 
 # ---- Embedding ------------------------------------------------------------------------------------------
 class EmbeddingEmu(EmuLayer):
+    """Under block formats (GEMM-operand formats) the lookup is left unrounded: a table row is not a GEMM
+    operand. A tied output projection (``lm_head``) is a Linear and is emulated as one."""
+
     ROLES = (Role.WEIGHT, Role.OUTPUT)
+    LOOKUP = True
+
+    def extra_repr(self) -> str:
+        base = super().extra_repr()
+        spec = self._emunum_policy.weight
+        if spec is not None and isinstance(spec.fmt, BlockFormat):
+            base += f", weight not rounded (a lookup; the block format {spec.fmt.name} applies to GEMM operands)"
+        return base
 
     @classmethod
     def _emunum_check(cls, module, policy):

@@ -1,0 +1,48 @@
+"""The functional half of ``emunum.patch``: a ``GemmMode`` entered around the model's forward, and the first
+forward's coverage check, which warns once (or raises, with ``strict=True``) naming every GEMM that ran off the
+format, its module and the reason."""
+from __future__ import annotations
+
+import warnings
+
+from .gemm_coverage import GemmCounter
+from .nn.functional import GemmEmulator
+from .nn.gemm_mode import GemmMode, GemmModeError, ModelHooks
+from .policy import Policy
+
+
+class FunctionalPatch(ModelHooks):
+    """Forward hooks of a patched model (see ``ModelHooks``) plus the first forward's check."""
+
+    def __init__(self, policy: Policy, strict: bool):
+        super().__init__(GemmMode(GemmEmulator(policy), strict))
+        self.policy, self.strict = policy, strict
+        self._counter = None
+        self.checked = False
+
+    def _enter(self, mod, args):
+        if not self.checked and self.mode.depth == 0:
+            self.checked = True
+            self._counter = GemmCounter(mod).__enter__()
+        super()._enter(mod, args)
+
+    def _exit(self, mod, args, out):
+        super()._exit(mod, args, out)
+        counter = self._counter
+        if counter is None or self.mode.depth:
+            return
+        self._counter = None
+        counter.__exit__(None, None, None)
+        missed = [r for r in counter.records() if not r.emulated and r.flops]
+        if not missed:
+            return
+        total = sum(f for f, _ in counter.totals.values())
+        off = sum(r.flops for r in missed)
+        lines = "; ".join(f"{r.module or '<model>'}: {r.op} ({r.flops:,} FLOPs, {r.reason})"
+                          for r in sorted(missed, key=lambda r: -r.flops)[:20])
+        msg = (f"{off / total:.1%} of the forward GEMM FLOPs ran off the format ({off:,} of {total:,}): {lines}"
+               f"{' ...' if len(missed) > 20 else ''}")
+        if self.strict:
+            raise GemmModeError(f"emunum.patch(strict=True): {msg}")
+        warnings.warn(f"emunum.patch: {msg}; emunum.coverage(model, *inputs) gives the details", RuntimeWarning,
+                      stacklevel=2)

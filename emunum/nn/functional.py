@@ -1,0 +1,312 @@
+"""Emulated functional GEMMs: ``matmul``/``@``, ``mm``, ``bmm``, ``mv``, ``addmm``, ``baddbmm``, ``F.linear``,
+``einsum``, ``F.conv1d/2d/3d`` and ``F.scaled_dot_product_attention``, rounded by a ``Policy`` as the emulated
+layers round theirs (``GemmEmulator``; ``emunum.nn.gemm_mode`` routes the calls of a patched model here).
+
+Roles: an operand that is a Parameter (or a view of one, such as ``weight.t()``) takes the ``weight`` role,
+any other operand the ``input`` role (so both operands of an attention product are inputs); the product
+takes the ``output`` role; in the backward pass the gradients take the matching gradient roles, exactly as
+in ``emunum.nn.layers``: ``output = Q_out(op(Q_a(a), Q_b(b)))``. The additive term of ``addmm``/``baddbmm``
+and a linear or convolution bias are rounded as ``weight`` when they are Parameters and left as they are
+otherwise (an additive attention mask, say, holds -inf, which finite formats cannot hold).
+
+How the product itself runs, per policy:
+- element formats: torch's GEMM on the rounded operands;
+- ``Policy.mad`` (element formats): ``emunum.mad.matmul``/``linear``/``conv1d``/``conv2d`` on the unit; an
+  ``addmm``/``baddbmm`` term is added after the GEMM in the tensor's dtype, ``alpha * (a @ b) + beta * c``;
+- block formats (MX, NVFP4): both operands quantised along the GEMM's reduction dimension K, per GEMM, forward
+  and backward (``BlockPlan``, as ``emunum.nn.block_gemm`` does for layers; the Hadamard transform of the
+  NVFP4 recipe applies to layers' weight gradients only).
+``einsum`` with two or more operands runs as a chain of batched products, left to right (each contraction one
+emulated GEMM, its result rounded as ``output``); an index summed within one operand is summed first.
+``scaled_dot_product_attention`` runs as its math: ``S = Q K^T`` (an emulated GEMM), ``S * scale``, the mask
+(boolean: -inf where False; float: added; ``is_causal``: lower-triangular), softmax (rows that are fully
+masked give zeros, as torch's math path), dropout with ``dropout_p``, then ``P V`` with P rounded as a GEMM
+operand, after the dropout. ``enable_gqa`` repeats K and V across the query heads first.
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..policy import Policy, Role
+from .base import EmuLayer, _mad, rounding_state
+from .block_gemm import BlockPlan, block_conv
+
+EMULATED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def operand_role(t: Tensor) -> Role:
+    """``weight`` for a Parameter or a view of one, else ``input``."""
+    return Role.WEIGHT if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) else Role.INPUT
+
+
+class Unsupported(Exception):
+    """A GEMM call that this policy cannot emulate; its message is the reason (``GemmMode`` passes it through)."""
+
+
+class _BlockMatmul(torch.autograd.Function):
+    """c = a @ b for a (..., M, K), b (..., K, N) with the same batch dims (or b 2-D with a 2-D): a quantised to
+    ``sa`` along K, b to ``sb`` along K; backward, the incoming gradient to grad_output along each backward
+    GEMM's own K (grad-a = g b^T along N, grad-b = a^T g along M)."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, plan: BlockPlan, sa, sb) -> Tensor:
+        ctx.plan, ctx.specs = plan, (sa, sb)
+        ctx.save_for_backward(a, b)
+        return plan.mm(a, b, sa, sb, -2, 0)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        a, b = ctx.saved_tensors
+        p, (sa, sb) = ctx.plan, ctx.specs
+        ga = gb = None
+        if ctx.needs_input_grad[0]:
+            ga = p.mm(g, b.transpose(-1, -2), p.grad_output, sb, -2, 1)
+        if ctx.needs_input_grad[1]:
+            gb = p.mm(a.transpose(-1, -2), g, sa, p.grad_output, -2, 2)
+        return ga, gb, None, None, None
+
+
+class GemmEmulator(EmuLayer):
+    """The rounding state of a patched model's functional GEMMs (the same roles and quantisers as an emulated
+    layer's) and the emulated ops. Each op raises ``Unsupported`` (before rounding anything) where the policy
+    cannot emulate the call."""
+
+    ROLES = (Role.INPUT, Role.WEIGHT, Role.OUTPUT)
+
+    def __init__(self, policy: Policy):
+        self.__dict__.update(rounding_state(policy, self.ROLES, block_gemm=True))
+        plan = self._emunum_block
+        self._pair_error = None
+        if plan is not None and plan.units is not None:
+            from ..mad.block import check_pair  # noqa: PLC0415  (MAD units only)
+
+            try:  # two activations, forward and both backward GEMMs
+                fin, fgo = plan.input.fmt, plan.grad_output.fmt
+                for x, y in ((fin, fin), (fgo, fin), (fin, fgo)):
+                    check_pair(x, y)
+            except (TypeError, ValueError) as e:
+                self._pair_error = str(e)
+
+    @property
+    def operands_rounded(self) -> bool:
+        """Whether GEMM operands land on a grid at all (input and weight roles hold formats, or a MAD unit)."""
+        pol = self._emunum_policy
+        return pol.mad is not None or (pol.input is not None and pol.weight is not None)
+
+    # ---- the product of rounded operands ------------------------------------------------------------------
+    def _check(self, *ts) -> None:
+        for t in ts:
+            if t is not None and t.dtype not in EMULATED_DTYPES:
+                raise Unsupported(f"dtype {t.dtype} (emulated: float32, float64, float16, bfloat16)")
+
+    def _spec(self, role: Role):
+        return getattr(self._emunum_block, role.value)
+
+    def _product(self, a: Tensor, b: Tensor, ra: Role, rb: Role) -> Tensor:
+        """a @ b (torch.matmul's shapes) of operands already rounded role by role."""
+        plan, pol = self._emunum_block, self._emunum_policy
+        if plan is not None:
+            return self._block_product(a, b, ra, rb)
+        if pol.mad is not None:
+            return _mad().matmul(a.float(), b.float(), unit=pol.mad, backward_units=pol.mad_backward).to(
+                torch.promote_types(a.dtype, b.dtype))
+        return torch.matmul(a, b)
+
+    def _block_product(self, a: Tensor, b: Tensor, ra: Role, rb: Role) -> Tensor:
+        plan = self._emunum_block
+        if plan.units is not None and Role.WEIGHT not in (ra, rb) and self._pair_error:
+            raise Unsupported(f"block formats on MAD units for two activations: {self._pair_error}")
+        sa, sb = self._spec(ra), self._spec(rb)
+        squeeze = []
+        if a.dim() == 1:
+            a, squeeze = a.unsqueeze(0), squeeze + [-2]
+        if b.dim() == 1:
+            b, squeeze = b.unsqueeze(-1), squeeze + [-1]
+        if b.dim() == 2:  # every row of a against one matrix: one GEMM over the flattened rows
+            y = _BlockMatmul.apply(a.reshape(-1, a.shape[-1]), b, plan, sa, sb).reshape(*a.shape[:-1], b.shape[-1])
+        else:
+            batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+            a3 = a.expand(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
+            b3 = b.expand(*batch, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+            y = _BlockMatmul.apply(a3, b3, plan, sa, sb).reshape(*batch, a.shape[-2], b.shape[-1])
+        for d in sorted(squeeze):
+            y = y.squeeze(d)
+        return y
+
+    def _bias(self, c: Optional[Tensor]) -> Optional[Tensor]:
+        return self._emu_round(c, Role.WEIGHT) if c is not None and operand_role(c) is Role.WEIGHT else c
+
+    # ---- ops ----------------------------------------------------------------------------------------------
+    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
+        """torch.matmul / mm / bmm / mv."""
+        self._check(a, b)
+        ra, rb = operand_role(a), operand_role(b)
+        R = self._emu_round
+        return R(self._product(R(a, ra), R(b, rb), ra, rb), Role.OUTPUT)
+
+    def addmm(self, c: Tensor, a: Tensor, b: Tensor, beta=1, alpha=1) -> Tensor:
+        """torch.addmm / baddbmm: ``beta * c + alpha * (a @ b)``."""
+        self._check(c, a, b)
+        ra, rb = operand_role(a), operand_role(b)
+        R = self._emu_round
+        a, b, c = R(a, ra), R(b, rb), self._bias(c)
+        pol = self._emunum_policy
+        if self._emunum_block is None and pol.mad is None:
+            fn = torch.addmm if a.dim() == 2 else torch.baddbmm
+            return R(fn(c, a, b, beta=beta, alpha=alpha), Role.OUTPUT)
+        y = self._product(a, b, ra, rb)
+        y = y if alpha == 1 else y * alpha
+        y = y + (c if beta == 1 else c * beta) if beta != 0 else y
+        return R(y, Role.OUTPUT)
+
+    def linear(self, x: Tensor, w: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+        """F.linear: ``x @ w^T + bias``."""
+        self._check(x, w, bias)
+        rx, rw = operand_role(x), operand_role(w)
+        R = self._emu_round
+        x, w, bias = R(x, rx), R(w, rw), self._bias(bias)
+        pol = self._emunum_policy
+        if self._emunum_block is not None:
+            y = self._product(x, w.t(), rx, rw)
+            y = y if bias is None else y + bias
+        elif pol.mad is not None:
+            y = _mad().linear(x, w, bias, unit=pol.mad, backward_units=pol.mad_backward)
+        else:
+            y = F.linear(x, w, bias)
+        return R(y, Role.OUTPUT)
+
+    def einsum(self, equation: str, *operands: Tensor) -> Tensor:
+        """torch.einsum as a chain of emulated products (module docstring)."""
+        if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+            operands = tuple(operands[0])
+        self._check(*operands)
+        ins, out = _parse_einsum(equation, operands)
+        if len(operands) < 2:
+            raise Unsupported("einsum of one operand (no product)")
+        ts = list(operands)
+        while len(ts) > 1:
+            rest = set("".join(ins[2:])) | set(out)
+            keep = "".join(dict.fromkeys(c for c in ins[0] + ins[1] if c in rest))
+            ts[:2] = [self._contract(ins[0], ins[1], keep, ts[0], ts[1])]
+            ins[:2] = [keep]
+        y, have = ts[0], ins[0]
+        return y.permute([have.index(c) for c in out]) if have != out else y
+
+    def _contract(self, sa: str, sb: str, out: str, a: Tensor, b: Tensor) -> Tensor:
+        """One two-operand contraction as a batched product: (batch, M, K) @ (batch, K, N)."""
+        for s, t in ((sa, a), (sb, b)):
+            if len(set(s)) != len(s):
+                raise Unsupported(f"einsum with a repeated index in one operand ({s!r})")
+        a, sa = _sum_out(a, sa, sb + out)
+        b, sb = _sum_out(b, sb, sa + out)
+        batch = [c for c in sa if c in sb and c in out]
+        red = [c for c in sa if c in sb and c not in out]
+        m = [c for c in sa if c not in sb]
+        n = [c for c in sb if c not in sa]
+        if not red:
+            raise Unsupported("einsum without a summed index (an outer or element-wise product, no GEMM)")
+        size = {}
+        for s, t in ((sa, a), (sb, b)):
+            for c, d in zip(s, t.shape):
+                size[c] = max(size.get(c, 1), d)
+        shp = lambda idx: [size[c] for c in idx]  # noqa: E731
+        a3 = a.permute([sa.index(c) for c in batch + m + red]).expand(*shp(batch + m + red))
+        b3 = b.permute([sb.index(c) for c in batch + red + n]).expand(*shp(batch + red + n))
+        B, M, K, N = (math.prod(shp(x)) for x in (batch, m, red, n))
+        ra, rb = operand_role(a), operand_role(b)
+        R = self._emu_round
+        y = self._product(R(a3.reshape(B, M, K), ra), R(b3.reshape(B, K, N), rb), ra, rb)
+        y = R(y, Role.OUTPUT).reshape(*shp(batch + m + n))
+        have = "".join(batch + m + n)
+        return y.permute([have.index(c) for c in out])
+
+    def conv(self, nd: int, x: Tensor, w: Tensor, bias=None, stride=1, padding=0, dilation=1, groups=1) -> Tensor:
+        """F.conv1d/2d/3d."""
+        self._check(x, w, bias)
+        rx, rw = operand_role(x), operand_role(w)
+        R = self._emu_round
+        x, w, bias = R(x, rx), R(w, rw), self._bias(bias)
+        pol, plan = self._emunum_policy, self._emunum_block
+        tup = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,) * nd  # noqa: E731
+        if plan is not None:
+            if isinstance(padding, str):
+                raise Unsupported(f"F.conv{nd}d(padding={padding!r}) with block formats (give padding as ints)")
+            if plan.units is not None:
+                raise Unsupported(f"F.conv{nd}d with block formats on a MAD unit")
+            geo = SimpleNamespace(kernel_size=tuple(w.shape[2:]), stride=tup(stride), padding=tup(padding),
+                                  dilation=tup(dilation), groups=groups, padding_mode="zeros")
+            y = block_conv(geo, x, w, bias, plan)
+        elif pol.mad is not None:
+            fn = getattr(_mad(), f"conv{nd}d", None)
+            if fn is None:
+                raise Unsupported(f"F.conv{nd}d on a MAD unit (emunum.mad has conv1d and conv2d)")
+            y = fn(x, w, bias, stride, padding, dilation, groups, unit=pol.mad, backward_units=pol.mad_backward)
+        else:
+            y = (F.conv1d, F.conv2d, F.conv3d)[nd - 1](x, w, bias, stride, padding, dilation, groups)
+        return R(y, Role.OUTPUT)
+
+    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
+             is_causal: bool = False, scale: Optional[float] = None, enable_gqa: bool = False) -> Tensor:
+        """F.scaled_dot_product_attention as its math (module docstring)."""
+        self._check(q, k, v)
+        if any(t.is_nested for t in (q, k, v)):
+            raise Unsupported("nested tensors in scaled_dot_product_attention")
+        L, S = q.shape[-2], k.shape[-2]
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        if enable_gqa and k.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+            rep = q.shape[-3] // k.shape[-3]
+            k, v = k.repeat_interleave(rep, -3), v.repeat_interleave(rep, -3)
+        s = self.matmul(q, k.transpose(-2, -1)) * scale
+        if is_causal:
+            if attn_mask is not None:
+                raise ValueError("scaled_dot_product_attention: attn_mask and is_causal=True cannot both be given")
+            keep = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
+            s = s.masked_fill(~keep, float("-inf"))
+        elif attn_mask is not None:
+            s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
+        p = torch._safe_softmax(s, -1) if hasattr(torch, "_safe_softmax") else torch.softmax(s, -1)
+        if dropout_p > 0.0:
+            p = F.dropout(p, dropout_p, training=True)
+        return self.matmul(p, v)
+
+
+def _sum_out(t: Tensor, s: str, others: str):
+    """t with the indices of s that appear nowhere else summed out."""
+    drop = [i for i, c in enumerate(s) if c not in others]
+    if not drop:
+        return t, s
+    return t.sum(dim=drop), "".join(c for c in s if c not in others)
+
+
+def _parse_einsum(equation: str, operands) -> tuple:
+    """(input subscripts per operand, output subscripts), with ``...`` spelled out as upper-case letters that the
+    equation does not use, and the implicit output (indices seen once, sorted) made explicit."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    ins = lhs.split(",")
+    if len(ins) != len(operands):
+        raise Unsupported(f"einsum equation {equation!r} names {len(ins)} operands, got {len(operands)}")
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
+    ranks = [t.dim() - (len(s) - 3) if "..." in s else 0 for s, t in zip(ins, operands)]
+    n_ell = max(ranks, default=0)
+    for i, k in enumerate(ranks):  # broadcast dims align on the right
+        ins[i] = ins[i].replace("...", "".join(free[n_ell - k:n_ell]))
+    ell = "".join(free[:n_ell])
+    if arrow:
+        out = rhs.replace("...", ell)
+    else:
+        counts = {}
+        for s in ins:
+            for c in s:
+                counts[c] = counts.get(c, 0) + 1
+        out = ell + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ell))
+    for s, t in zip(ins, operands):
+        if len(s) != t.dim() or not s.isalpha():
+            raise Unsupported(f"einsum subscripts {s!r} for an operand of {t.dim()} dims")
+    return ins, out

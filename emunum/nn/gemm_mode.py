@@ -1,0 +1,187 @@
+"""``GemmMode``: while a patched model's forward runs, torch's functional GEMMs are routed to ``GemmEmulator``.
+
+A ``torch.overrides.TorchFunctionMode`` sees every call of torch's Python API (``torch.*``, ``Tensor``
+methods and operators, ``torch.nn.functional``), so it catches the GEMMs of modules that ``patch`` did not
+swap: attention products (``q @ k.transpose(-1, -2)``, ``torch.matmul``, ``bmm``, ``baddbmm``, ``einsum``,
+``F.scaled_dot_product_attention``) and foreign layers that call ``F.linear``, ``torch.addmm`` or
+``F.conv*d`` themselves (transformers' ``Conv1D``, weight-standardised convolutions). Emulated layers switch it
+off while they run (their GEMMs are their own), and so do modules that the policy's ``filter`` or
+``keep_first_last`` excludes; a functional GEMM belongs to the innermost module that runs it.
+
+What it cannot see: GEMMs that torch runs below its Python API for a single call, such as the recurrent
+layers' ``torch.lstm``/``gru`` (named in ``UNSUPPORTED``), a C++/CUDA extension, or ``torch.ops.aten`` calls
+made from a compiled kernel. ``emunum.coverage`` counts those from the executed aten ops and names them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+
+from .functional import GemmEmulator, Unsupported
+from .gemm_context import GemmContext, stack as ctx_stack
+from .gemm_suspend import active
+
+
+def _no_out(out):
+    if out is not None:
+        raise Unsupported("out= (the emulated product is a new tensor)")
+
+
+def _matmul(emu, input, other, *, out=None):
+    _no_out(out)
+    return emu.matmul(input, other)
+
+
+def _rmatmul(emu, self, other):
+    return emu.matmul(other, self)
+
+
+def _addmm(emu, input, mat1, mat2, *, beta=1, alpha=1, out=None):
+    _no_out(out)
+    return emu.addmm(input, mat1, mat2, beta, alpha)
+
+
+def _linear(emu, input, weight, bias=None):
+    return emu.linear(input, weight, bias)
+
+
+def _einsum(emu, equation, *operands):
+    return emu.einsum(equation, *operands)
+
+
+def _sdpa(emu, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return emu.sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def _conv(nd):
+    def run(emu, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        return emu.conv(nd, input, weight, bias, stride, padding, dilation, groups)
+    return run
+
+
+# torch function -> (the name reports use, handler(emu, *args, **kwargs))
+HANDLERS: dict = {}
+for _name, _fns, _h in (
+        ("matmul", (torch.matmul, Tensor.matmul, Tensor.__matmul__, torch.linalg.matmul), _matmul),
+        ("matmul", (Tensor.__rmatmul__,), _rmatmul),
+        ("mm", (torch.mm, Tensor.mm), _matmul), ("bmm", (torch.bmm, Tensor.bmm), _matmul),
+        ("mv", (torch.mv, Tensor.mv), _matmul),
+        ("addmm", (torch.addmm, Tensor.addmm), _addmm), ("baddbmm", (torch.baddbmm, Tensor.baddbmm), _addmm),
+        ("linear", (F.linear,), _linear), ("einsum", (torch.einsum,), _einsum),
+        ("scaled_dot_product_attention", (F.scaled_dot_product_attention,), _sdpa),
+        ("conv1d", (F.conv1d,), _conv(1)), ("conv2d", (F.conv2d,), _conv(2)), ("conv3d", (F.conv3d,), _conv(3))):
+    for _f in _fns:
+        HANDLERS[_f] = (_name, _h)
+
+# GEMMs that the mode sees but does not emulate: they run as they are, and coverage names them
+UNSUPPORTED: dict = {}
+for _f in (torch.addbmm, Tensor.addbmm, torch.addmv, Tensor.addmv, torch.dot, Tensor.dot, torch.vdot, Tensor.vdot,
+           torch.inner, Tensor.inner, torch.tensordot, torch.chain_matmul, torch.linalg.multi_dot, torch.linalg.vecdot,
+           F.bilinear, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, torch.lstm, torch.gru,
+           torch.rnn_tanh, torch.rnn_relu, Tensor.addmm_, Tensor.baddbmm_, Tensor.addbmm_, Tensor.addmv_):
+    UNSUPPORTED[_f] = _f.__name__
+del _name, _fns, _h, _f
+
+
+class GemmModeError(ValueError):
+    """A GEMM that a ``strict=True`` patch cannot emulate."""
+
+
+class GemmMode(TorchFunctionMode):
+    """Routes the functional GEMMs in ``HANDLERS`` to ``emu`` while ``off`` is 0 (``suspended_modes`` and
+    excluded modules raise it). ``strict``: a GEMM it cannot emulate raises ``GemmModeError`` instead of
+    running unemulated."""
+
+    _emunum_gemm_mode = True
+
+    def __init__(self, emu: GemmEmulator, strict: bool = False):
+        super().__init__()
+        self.emu, self.strict, self.off, self.depth = emu, strict, 0, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        entry = HANDLERS.get(func)
+        if entry is None:
+            if func in UNSUPPORTED and not self.off:
+                return self._passed(func, UNSUPPORTED[func], "not emulated by emunum", args, kwargs)
+            return func(*args, **kwargs)
+        if self.off:
+            return func(*args, **kwargs)
+        name, handler = entry
+        if not self.emu.operands_rounded:
+            return self._passed(func, name, "the policy leaves its input or weight unrounded", args, kwargs)
+        stack = ctx_stack()
+        stack.append(GemmContext(True, name))
+        try:
+            return handler(self.emu, *args, **kwargs)
+        except Unsupported as e:
+            stack[-1] = GemmContext(False, name, str(e))
+            if self.strict:
+                raise GemmModeError(f"emunum.patch(strict=True): {name} cannot be emulated: {e}") from None
+            return func(*args, **kwargs)
+        finally:
+            stack.pop()
+
+    def _passed(self, func, name: str, reason: str, args, kwargs):
+        if self.strict:
+            raise GemmModeError(f"emunum.patch(strict=True): {name} cannot be emulated: {reason}")
+        stack = ctx_stack()
+        stack.append(GemmContext(False, name, reason))
+        try:
+            return func(*args, **kwargs)
+        finally:
+            stack.pop()
+
+    def __enter__(self):
+        active().append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        active().remove(self)
+        return super().__exit__(*exc)
+
+
+class ModelHooks:
+    """The forward hooks ``patch`` puts on a model: the root enters ``mode`` around its forward (re-entrant
+    calls nest), and each excluded module switches it off around its own (with the reason for coverage)."""
+
+    def __init__(self, mode: GemmMode):
+        self.mode, self.handles = mode, []
+
+    def attach_root(self, model) -> None:
+        self.handles.append(model.register_forward_pre_hook(self._enter))
+        self.handles.append(model.register_forward_hook(self._exit, always_call=True))
+
+    def attach_excluded(self, module, reason: str) -> None:
+        ctx = GemmContext(False, type(module).__name__, reason)
+        mode = self.mode
+
+        def pre(mod, args):
+            mode.off += 1
+            ctx_stack().append(ctx)
+
+        def post(mod, args, out):
+            ctx_stack().pop()
+            mode.off -= 1
+
+        self.handles.append(module.register_forward_pre_hook(pre))
+        self.handles.append(module.register_forward_hook(post, always_call=True))
+
+    def _enter(self, mod, args):
+        m = self.mode
+        if m.depth == 0:
+            m.__enter__()
+        m.depth += 1
+
+    def _exit(self, mod, args, out):
+        m = self.mode
+        m.depth -= 1
+        if m.depth == 0:
+            m.__exit__(None, None, None)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []

@@ -1,9 +1,11 @@
 """The functional half of ``emunum.patch``: a ``GemmMode`` entered around the model's forward, and the first
 forward's coverage check, which warns once (or raises, with ``strict=True``) naming every GEMM that ran off the
-format, its module and the reason."""
+format, its module and the reason. A forward traced by ``torch.compile`` is not checked (the next eager one is)."""
 from __future__ import annotations
 
 import warnings
+
+import torch
 
 from .gemm_coverage import GemmCounter
 from .nn.functional import GemmEmulator
@@ -21,7 +23,7 @@ class FunctionalPatch(ModelHooks):
         self.checked = False
 
     def _enter(self, mod, args):
-        if not self.checked and self.mode.depth == 0:
+        if not self.checked and self.mode.depth == 0 and not torch.compiler.is_compiling():
             self.checked = True
             self._counter = GemmCounter(mod).__enter__()
         super()._enter(mod, args)

@@ -121,6 +121,14 @@ def _sdpa_flops(args, out, backward=False) -> int:
     return 2 * n if backward else n
 
 
+def _rnn_flops(args, out, backward=False) -> int:
+    """A fused recurrent layer (``mkldnn_rnn_layer``): every step multiplies the input and the hidden state by
+    the gate weights (weight0 (gates, in), weight1 (gates, hidden))."""
+    x, w_ih, w_hh = args[:3]
+    steps = x.numel() // max(1, x.shape[-1])
+    return (2 if backward else 1) * 2 * steps * (w_ih.numel() + w_hh.numel())
+
+
 _A = torch.ops.aten
 _FLOPS = {_A.mm.default: _mm_flops, _A.bmm.default: _mm_flops, _A.addmm.default: _mm_flops,
           _A.baddbmm.default: _mm_flops, _A.mv.default: _mm_flops, _A.addmv.default: _mm_flops,
@@ -133,6 +141,9 @@ for _name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_produc
     if hasattr(_A, _name + "_backward"):
         _FLOPS[getattr(_A, _name + "_backward").default] = lambda a, o: _sdpa_flops(a, o, backward=True)
 del _name
+if hasattr(_A, "mkldnn_rnn_layer"):
+    _FLOPS[_A.mkldnn_rnn_layer.default] = _rnn_flops
+    _FLOPS[_A.mkldnn_rnn_layer_backward.default] = lambda a, o: _rnn_flops(a, o, backward=True)
 
 
 def _tensors(x):

@@ -254,7 +254,8 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, strict
                          "another policy; call emunum.unpatch(model) first")
     for name, t, base in skipped:
         where = "its instance's forward attribute" if t is base else f"{base.__name__}.forward"
-        warnings.warn(f"emunum.patch: {name!r} ({t.__name__}) overrides {where} and is not emulated; "
+        also = " (the functional GEMMs of its forward are)" if functional else ""
+        warnings.warn(f"emunum.patch: {name!r} ({t.__name__}) overrides {where} and is not emulated as a layer{also}; "
                       f"emunum.register({t.__name__}, factory) to emulate it", RuntimeWarning, stacklevel=2)
     if "_emunum_gemm" in model.__dict__:
         if model.__dict__["_emunum_gemm"].policy != pol:
@@ -263,7 +264,7 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, strict
             return model
     if not sites:
         if functional and (pol.rounds_anything or pol.mad is not None):
-            _attach_functional(model, pol, strict, [], ())
+            _attach_functional(model, pol, strict, [], ())  # its first forward says what ran off the format
             return model
         warnings.warn(f"emunum.patch: {type(model).__name__} has no layer to emulate; registered types: "
                       f"{', '.join(sorted(t.__name__ for t in _REGISTRY))}", RuntimeWarning, stacklevel=2)

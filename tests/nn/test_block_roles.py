@@ -38,16 +38,36 @@ def test_keyword_form_gives_a_block_format_to_the_operand_roles_only(fmt):
     assert all(pol.spec(r).fmt.name == "e5m2" for r in ("grad_output", "grad_input", "grad_weight"))
 
 
-@pytest.mark.parametrize("layer", [nn.Embedding(10, 4)], ids=lambda m: type(m).__name__)
 @pytest.mark.parametrize("policy", [{"fmt": "mxfp8"}, {"weight": "nvfp4"}, {"grad_output": "mxfp8_e5m2"}],
                          ids=["all", "weight", "grad_output"])
-def test_weight_layers_without_a_block_gemm_raise_at_patch_time(layer, policy):
-    name = type(layer).__name__
-    role = next(iter(policy)) if "fmt" not in policy else "input"
-    with pytest.raises(ValueError, match=rf"{name} has no block-GEMM path.*{role}=.*allowed for Linear, "
-                                         r"Conv\*d, ConvTranspose\*d and MultiheadAttention.*filter="):
-        emunum.patch(nn.Sequential(layer), **policy)
-    assert type(layer) is getattr(nn, name)  # nothing was swapped
+def test_an_embedding_under_block_formats_is_a_lookup_left_unrounded_and_says_so(policy):
+    torch.manual_seed(0)
+    emb = nn.Embedding(10, 4)
+    idx = torch.tensor([[1, 2, 9], [0, 0, 3]])
+    ref = emb(idx)
+    model = emunum.patch(nn.Sequential(emb), **policy)
+    assert isinstance(model[0], emunum.nn.EmuLayer)
+    assert torch.equal(model(idx), ref)
+    if "grad_output" not in policy:
+        assert "weight not rounded (a lookup" in repr(model)
+    assert type(emunum.unpatch(model)[0]) is nn.Embedding
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_a_tied_lm_head_is_a_block_gemm_and_the_embedding_a_lookup(fmt):
+    torch.manual_seed(0)
+    emb, head = nn.Embedding(16, 32), nn.Linear(32, 16, bias=False)
+    head.weight = emb.weight
+    model = nn.Sequential(emb, nn.LayerNorm(32), head)
+    idx = torch.randint(0, 16, (2, 8))
+    emunum.patch(model, fmt)
+    assert model[2].weight is model[0].weight
+    h = model[1](model[0](idx))
+    plan = model[2]._emunum_block
+    expect = plan.q(h, plan.input, -1) @ plan.q(model[2].weight, plan.weight, 1).t()
+    assert torch.equal(model(idx), expect)
+    cov = emunum.coverage(model, idx)
+    assert cov.total_flops > 0 and cov.fraction == 1.0
 
 
 def test_such_layers_are_patched_when_a_filter_excludes_them():

@@ -1,0 +1,309 @@
+"""Functional GEMMs inside a patched model: each op gives the bits of its reference composition of roundings
+(``Q_out(op(Q_a(a), Q_b(b)))``, forward and backward), for element formats, block formats and MAD units."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import emunum
+from emunum.autograd import Quantizer
+
+ELEMENT = ["e4m3fn", "e5m2"]
+
+
+def tame(*shape, seed=0):
+    """Values in +-[0.5, 8): their e4m3/e5m2 roundings have products whose fp32 sums are exact in any order."""
+    g = torch.Generator().manual_seed(seed)
+    mag = torch.rand(*shape, generator=g) * 7.5 + 0.5
+    sign = torch.where(torch.rand(*shape, generator=g) < 0.5, -1.0, 1.0)
+    return mag * sign
+
+
+class Fn(nn.Module):
+    """A module (not swappable) that runs ``fn(self, *inputs)`` in its forward; ``w`` is a Parameter."""
+
+    def __init__(self, fn, w=None, b=None):
+        super().__init__()
+        self.fn = fn
+        self.w = None if w is None else nn.Parameter(w.clone())
+        self.b = None if b is None else nn.Parameter(b.clone())
+
+    def forward(self, *xs):
+        return self.fn(self, *xs)
+
+
+def nearest_policy(fmt):
+    return emunum.Policy.make(fmt, grad_rounding="nearest")
+
+
+def refq(fmt):
+    """The reference rounding of one role: fmt forward, fmt backward, both to nearest."""
+    return Quantizer(forward=fmt, backward=fmt, forward_rounding="nearest", backward_rounding="nearest")
+
+
+def run(module, xs, policy):
+    """(output, input grads, parameter grads) of the patched module for a fixed output gradient."""
+    m = emunum.patch(copy.deepcopy(module), policy)
+    xs = [x.clone().requires_grad_(True) for x in xs]
+    y = m(*xs)
+    y.backward(tame(*y.shape, seed=9))
+    return y, [x.grad for x in xs], [p.grad for p in m.parameters()]
+
+
+def ref_grads(fn, xs, params):
+    xs = [x.clone().requires_grad_(True) for x in xs]
+    ps = [p.clone().requires_grad_(True) for p in params]
+    y = fn(xs, ps)
+    y.backward(tame(*y.shape, seed=9))
+    return y, [x.grad for x in xs], [p.grad for p in ps]
+
+
+def equal(a, b) -> None:
+    """Bit for bit, NaN where NaN (zero tolerance)."""
+    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+def assert_same(got, want):
+    (y, gx, gp), (ry, rgx, rgp) = got, want
+    equal(y, ry)
+    assert len(gx + gp) == len(rgx + rgp)
+    for a, b in zip(gx + gp, rgx + rgp):
+        equal(a, b)
+
+
+CASES = {  # name: (fn(module, *xs), input shapes, weight shape or None, reference(q, xs, ps) with q(t) rounding)
+    "matmul_acts": (lambda m, a, b: a @ b, [(2, 3, 5, 8), (2, 3, 8, 4)], None,
+                    lambda q, xs, ps: q(q(xs[0]) @ q(xs[1]))),
+    "matmul_broadcast": (lambda m, a, b: torch.matmul(a, b), [(2, 3, 5, 8), (8, 4)], None,
+                         lambda q, xs, ps: q(torch.matmul(q(xs[0]), q(xs[1])))),
+    "matmul_vector": (lambda m, a, b: torch.matmul(a, b), [(5, 8), (8,)], None,
+                      lambda q, xs, ps: q(torch.matmul(q(xs[0]), q(xs[1])))),
+    "x_at_weight": (lambda m, x: x @ m.w, [(4, 6, 8)], (8, 5), lambda q, xs, ps: q(q(xs[0]) @ q(ps[0]))),
+    "bmm": (lambda m, a, b: torch.bmm(a, b), [(3, 4, 8), (3, 8, 2)], None,
+            lambda q, xs, ps: q(torch.bmm(q(xs[0]), q(xs[1])))),
+    "mm_method": (lambda m, a: a.mm(m.w.t()), [(4, 8)], (5, 8), lambda q, xs, ps: q(q(xs[0]).mm(q(ps[0]).t()))),
+    "addmm_conv1d_style": (lambda m, x: torch.addmm(m.b, x, m.w), [(6, 8)], (8, 5),
+                           lambda q, xs, ps: q(torch.addmm(q(ps[1]), q(xs[0]), q(ps[0])))),
+    "addmm_scaled_activation_term": (lambda m, c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0),
+                                     [(4, 3), (4, 8), (8, 3)], None,
+                                     lambda q, xs, ps: q(torch.addmm(xs[0], q(xs[1]), q(xs[2]), beta=0.5,
+                                                                     alpha=2.0))),
+    "baddbmm": (lambda m, c, a, b: torch.baddbmm(c, a, b), [(2, 4, 3), (2, 4, 8), (2, 8, 3)], None,
+                lambda q, xs, ps: q(torch.baddbmm(xs[0], q(xs[1]), q(xs[2])))),
+    "linear": (lambda m, x: F.linear(x, m.w, m.b), [(2, 4, 8)], (5, 8),
+               lambda q, xs, ps: q(F.linear(q(xs[0]), q(ps[0]), q(ps[1])))),
+    "conv2d": (lambda m, x: F.conv2d(x, m.w, m.b, padding=1), [(2, 3, 6, 6)], (4, 3, 3, 3),
+               lambda q, xs, ps: q(F.conv2d(q(xs[0]), q(ps[0]), q(ps[1]), padding=1))),
+}
+
+
+@pytest.mark.parametrize("fmt", ELEMENT)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_functional_gemm_rounds_its_operands_output_and_gradients_like_a_layer(case, fmt):
+    fn, shapes, wshape, ref = CASES[case]
+    xs = [tame(*s, seed=i) for i, s in enumerate(shapes)]
+    params = []
+    if wshape is not None:
+        params = [tame(*wshape, seed=7)]
+        if case in ("addmm_conv1d_style", "linear", "conv2d"):
+            n = wshape[1] if case == "addmm_conv1d_style" else wshape[0]
+            params.append(tame(n, seed=8))
+    module = Fn(fn, *params)
+    got = run(module, xs, nearest_policy(fmt))
+    q = refq(fmt)
+    want = ref_grads(lambda xs_, ps_: ref(q, xs_, ps_), xs, params)
+    assert_same(got, want)
+    plain = module(*xs)
+    assert not torch.equal(got[0], plain)  # the emulation changed something (the values are off the grid)
+
+
+EINSUMS = {  # equation: (shapes, reference(q, ts) as rounded two-operand products, left to right)
+    "bij,bjk->bik": ([(2, 4, 8), (2, 8, 3)], lambda q, t: q(torch.bmm(q(t[0]), q(t[1])))),
+    "bhqd,bhkd->bhqk": ([(2, 2, 5, 8), (2, 2, 6, 8)], lambda q, t: q(q(t[0]) @ q(t[1]).transpose(-1, -2))),
+    "ij,jk": ([(4, 8), (8, 3)], lambda q, t: q(q(t[0]) @ q(t[1]))),
+    "...ij,jk->...ik": ([(2, 3, 4, 8), (8, 5)], lambda q, t: q(q(t[0]) @ q(t[1]))),
+    "bi,ij,jk->bk": ([(3, 8), (8, 4), (4, 5)], lambda q, t: q(q(q(q(t[0]) @ q(t[1]))) @ q(t[2]))),
+    "ijk,kj->i": ([(3, 4, 8), (8, 4)], lambda q, t: q(q(t[0]).reshape(3, 32) @ q(t[1]).t().reshape(32, 1))[:, 0]),
+}
+
+
+@pytest.mark.parametrize("fmt", ELEMENT)
+@pytest.mark.parametrize("eq", sorted(EINSUMS))
+def test_einsum_is_a_chain_of_rounded_products(eq, fmt):
+    shapes, ref = EINSUMS[eq]
+    xs = [tame(*s, seed=i) for i, s in enumerate(shapes)]
+    got = run(Fn(lambda m, *ts: torch.einsum(eq, *ts)), xs, nearest_policy(fmt))
+    q = refq(fmt)
+    assert_same(got, ref_grads(lambda ts, ps: ref(q, ts), xs, []))
+
+
+@pytest.mark.parametrize("fmt", ELEMENT)
+@pytest.mark.parametrize("mask", ["none", "causal", "bool", "float", "gqa"])
+def test_sdpa_runs_as_its_math_with_both_products_emulated(mask, fmt):
+    q_, k_, v_ = tame(2, 4, 5, 8, seed=1), tame(2, 4 if mask != "gqa" else 2, 6, 8, seed=2), \
+        tame(2, 4 if mask != "gqa" else 2, 6, 8, seed=3)
+    L, S = 5, 6
+    bool_mask = torch.rand(L, S, generator=torch.Generator().manual_seed(4)) < 0.7
+    bool_mask[:, 0] = True
+    kw = {"none": {}, "causal": {"is_causal": True}, "bool": {"attn_mask": bool_mask},
+          "float": {"attn_mask": torch.where(bool_mask, 0.0, -1e4)}, "gqa": {"enable_gqa": True}}[mask]
+    got = run(Fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v, **kw)), [q_, k_, v_],
+              nearest_policy(fmt))
+    Q = refq(fmt)
+
+    def ref(ts, ps):
+        q, k, v = ts
+        if mask == "gqa":
+            k, v = k.repeat_interleave(2, -3), v.repeat_interleave(2, -3)
+        s = Q(Q(q) @ Q(k).transpose(-2, -1)) * (1 / 8 ** 0.5)
+        if mask == "causal":
+            s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), float("-inf"))
+        elif mask == "bool":
+            s = s.masked_fill(~bool_mask, float("-inf"))
+        elif mask == "float":
+            s = s + torch.where(bool_mask, 0.0, -1e4)
+        return Q(Q(torch.softmax(s, -1)) @ Q(v))
+
+    want = ref_grads(ref, [q_, k_, v_], [])
+    assert torch.equal(got[0], want[0])
+    for a, b in zip(got[1], want[1]):  # the softmax backward sums in fp32: same ops, same order
+        assert torch.equal(a, b)
+
+
+def test_sdpa_dropout_comes_before_the_rounding_of_p():
+    q, k, v = (tame(1, 2, 4, 8, seed=s) for s in (1, 2, 3))
+    m = emunum.patch(Fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)), "e5m2")
+    torch.manual_seed(3)
+    y = m(q, k, v)
+    Q = lambda t: emunum.quantize(t, "e5m2")  # noqa: E731
+    torch.manual_seed(3)
+    s = Q(Q(q) @ Q(k).transpose(-2, -1)) * (1 / 8 ** 0.5)
+    p = F.dropout(torch.softmax(s, -1), 0.5, training=True)
+    assert torch.equal(y, Q(Q(p) @ Q(v)))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
+def test_block_formats_quantise_each_functional_gemm_along_its_own_k(fmt):
+    a, b, w = tame(2, 3, 5, 32, seed=1), tame(2, 3, 32, 4, seed=2), tame(32, 6, seed=3)
+    mod = Fn(lambda m, a, b: (a @ b).sum() + (a @ m.w).sum(), w)
+    pm = emunum.patch(copy.deepcopy(mod), fmt)
+    a_, b_ = a.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    y = pm(a_, b_)
+    plan = pm.__dict__["_emunum_gemm"].mode.emu._emunum_block
+    qa, qb, qw = plan.q(a, plan.input, -1), plan.q(b, plan.input, -2), plan.q(w, plan.weight, 0)
+    assert torch.equal(y, (qa @ qb).sum() + (qa.reshape(-1, 32) @ qw).reshape(2, 3, 5, 6).sum())
+    y.backward()
+    g = torch.ones(2, 3, 5, 4)  # grad of (a @ b): ones, quantised along each backward GEMM's K
+    ga_ab = plan.q(g, plan.grad_output, -1) @ plan.q(b.transpose(-1, -2), plan.input, -2)
+    g2 = torch.ones(30, 6)
+    ga_aw = (plan.q(g2, plan.grad_output, -1) @ plan.q(w.t(), plan.weight, -2)).reshape(2, 3, 5, 32)
+    assert torch.equal(a_.grad, ga_ab + ga_aw)
+    gb = plan.q(a.transpose(-1, -2), plan.input, -1) @ plan.q(g, plan.grad_output, -2)
+    assert torch.equal(b_.grad, gb)
+
+
+def test_mad_units_run_functional_gemms():
+    unit = emunum.MADUnit.preset("h100_fp8_e4m3")
+    a, b = tame(3, 5, 8, seed=1), tame(3, 8, 4, seed=2)
+    m = emunum.patch(Fn(lambda m, a, b: a @ b), "e4m3fn", mad=unit)
+    Q = lambda t: emunum.quantize(t, "e4m3fn")  # noqa: E731
+    assert torch.equal(m(a, b), Q(emunum.mad.matmul(Q(a), Q(b), unit=unit)))
+
+
+def test_functional_false_leaves_them_alone_and_unpatch_restores_bits():
+    a, b = torch.randn(4, 8), torch.randn(8, 3)
+    mod = Fn(lambda m, a, b: a @ b)
+    ref = mod(a, b)
+    off = emunum.patch(copy.deepcopy(mod), "e5m2", functional=False)
+    assert torch.equal(off(a, b), ref)
+    on = emunum.patch(copy.deepcopy(mod), "e5m2")
+    assert not torch.equal(on(a, b), ref)
+    back = emunum.unpatch(on)
+    assert torch.equal(back(a, b), ref)
+    assert not back._forward_hooks and not back._forward_pre_hooks
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.proj(x)
+        return h @ h.transpose(-1, -2) @ h
+
+
+def test_the_filter_decides_for_the_module_that_runs_a_functional_gemm():
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(), Block())
+    x = torch.randn(2, 4, 8)
+    emunum.patch(model, "e4m3fn", filter=lambda m, n: not n.startswith("1"))
+    cov = emunum.coverage(model, x)
+    off = {(r.module, r.reason) for r in cov.unemulated()}
+    assert off and all(mod.startswith("1") and "filter" in why for mod, why in off)
+    assert {r.module for r in cov.records if r.emulated} >= {"0", "0.proj"}
+
+
+def test_keep_first_last_leaves_those_layers_functional_gemms_unemulated():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), Block(), nn.Linear(8, 3))
+    emunum.patch(model, "e4m3fn", keep_first_last=True)
+    cov = emunum.coverage(model, torch.randn(8, 8))
+    reasons = {r.module: r.reason for r in cov.unemulated()}
+    assert reasons == {"0": "keep_first_last", "2": "keep_first_last"}
+
+
+class WithLSTM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(4, 4, batch_first=True)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+def test_a_gemm_emunum_cannot_emulate_warns_once_naming_it_or_raises_under_strict():
+    x = torch.randn(2, 3, 4)
+    model = emunum.patch(WithLSTM(), "e5m2")
+    with pytest.warns(RuntimeWarning, match=r"ran off the format.*rnn: lstm"):
+        model(x)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(x)  # once only
+    strict = emunum.patch(WithLSTM(), "e5m2", strict=True)
+    with pytest.raises(ValueError, match=r"strict=True.*lstm cannot be emulated"):
+        strict(x)
+
+
+def test_strict_raises_for_an_unsupported_op_and_for_a_gemm_no_mechanism_sees():
+    m = emunum.patch(Fn(lambda m, a, b, c: torch.addbmm(a, b, c)), "e5m2", strict=True)
+    with pytest.raises(ValueError, match="addbmm cannot be emulated: not emulated by emunum"):
+        m(torch.randn(3, 4), torch.randn(2, 3, 5), torch.randn(2, 5, 4))
+    def extension(m, a, b):  # a C++ extension's GEMM: no torch function call on the way
+        with torch._C.DisableTorchFunction():
+            return torch.bmm(a, b)
+
+    hidden = emunum.patch(Fn(extension), "e5m2", strict=True)
+    with pytest.raises(ValueError, match="ran off the format.*below torch's Python API"):
+        hidden(torch.randn(2, 3, 5), torch.randn(2, 5, 4))
+
+
+def test_strict_and_functional_must_be_bools():
+    for kw in ({"strict": "yes"}, {"functional": 1}):
+        with pytest.raises(TypeError, match=f"{next(iter(kw))}="):
+            emunum.patch(nn.Linear(2, 2), "e5m2", **kw)
+
+
+def test_compiled_fullgraph_gives_the_eager_bits():
+    torch.manual_seed(0)
+    mod = Fn(lambda m, x: torch.relu(x @ m.w) @ m.w.t(), torch.randn(8, 8))
+    x = torch.randn(4, 8)
+    eager = emunum.patch(copy.deepcopy(mod), "e4m3fn")
+    compiled = emunum.patch(copy.deepcopy(mod), "e4m3fn")
+    y = eager(x)
+    yc = torch.compile(compiled, fullgraph=True)(x)
+    assert torch.equal(y, yc) and not torch.equal(y, mod(x))

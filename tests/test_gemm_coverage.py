@@ -1,0 +1,123 @@
+"""``emunum.coverage`` on real third-party models, cross-checked by an independent counter that looks only at the
+operands of every GEMM torch executes (on the format's grid or not)."""
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import emunum
+
+from third_party_models import MODELS, loss_of
+
+pytest.importorskip("transformers")
+
+A = torch.ops.aten
+OPERANDS = {A.mm.default: (0, 1), A.bmm.default: (0, 1), A.addmm.default: (1, 2), A.baddbmm.default: (1, 2),
+            A.convolution.default: (0, 1), A.convolution_backward.default: (0, 1, 2)}
+FUSED = {A._scaled_dot_product_flash_attention_for_cpu.default,
+         A._scaled_dot_product_flash_attention_for_cpu_backward.default}
+
+
+class GridCounter(TorchDispatchMode):
+    """Counts GEMM outputs (elements) whose operands all lie on ``fmt``'s grid (``quantize(t) == t``) and those
+    whose operands do not; a fused attention kernel counts as off the grid. Knows nothing of emunum's internals."""
+
+    def __init__(self, fmt):
+        super().__init__()
+        self.fmt, self.on, self.off = fmt, 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in OPERANDS:
+            first = out[0] if isinstance(out, tuple) else out
+            n = max(1, first.numel() if first is not None else 1)
+            on = all(torch.equal(emunum.quantize(args[i], self.fmt), args[i]) for i in OPERANDS[func])
+            self.on, self.off = (self.on + n, self.off) if on else (self.on, self.off + n)
+        elif func in FUSED:
+            self.off += 1
+        return out
+
+    @property
+    def fraction(self):
+        return self.on / max(1, self.on + self.off)
+
+
+def grid_fraction(model, args, kwargs, fmt):
+    counter = GridCounter(fmt)
+    with counter:
+        loss_of(model(*args, **kwargs)).backward()
+    return counter.fraction
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)), (torch.randn(8, 16),), {}
+
+
+def test_the_independent_counter_sees_a_patched_mlp_on_the_grid_and_a_plain_one_off_it():
+    model, args, kw = mlp()
+    assert grid_fraction(copy.deepcopy(model), args, kw, "e4m3fn") < 0.01
+    patched = emunum.patch(copy.deepcopy(model), "e4m3fn")
+    assert grid_fraction(patched, args, kw, "e4m3fn") == 1.0
+    assert emunum.coverage(patched, *args).fraction == 1.0
+    assert emunum.coverage(model, *args).fraction == 0.0
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_coverage_agrees_with_the_grid_counter_on_real_models(name):
+    model, args, kw = MODELS[name]()
+    plain = emunum.coverage(copy.deepcopy(model), *args, loss_fn=loss_of, **kw)
+    assert plain.fraction == 0.0 and plain.total_flops > 0
+    assert grid_fraction(copy.deepcopy(model), args, kw, "e4m3fn") < 0.01
+    patched = emunum.patch(model, "e4m3fn", grad="e4m3fn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing runs off the format: the first forward does not warn
+        cov = emunum.coverage(patched, *args, loss_fn=loss_of, **kw)
+    assert cov.fraction >= 0.99, str(cov)
+    assert cov.total_flops == plain.total_flops  # the same GEMMs, now on the format
+    assert grid_fraction(patched, args, kw, "e4m3fn") >= 0.99
+
+
+@pytest.mark.parametrize("policy", [{"fmt": "e4m3fn", "grad": "e5m2"}, {"fmt": "mxfp8_e4m3"}, {"fmt": "nvfp4"}],
+                         ids=["e4m3fn/e5m2", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_real_models_reach_full_coverage_and_train(name, policy):
+    model, args, kw = MODELS[name]()
+    emunum.patch(model, **policy)
+    cov = emunum.coverage(model, *args, loss_fn=loss_of, **kw)
+    assert cov.fraction >= 0.99, str(cov)
+    model.zero_grad()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = loss_of(model(*args, **kw))
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss)
+    changed = sum(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert changed > len(before) // 2
+
+
+def test_coverage_names_module_op_and_reason_for_what_runs_off_the_format():
+    model, args, kw = MODELS["bert"]()
+    emunum.patch(model, "e4m3fn", filter=lambda m, n: "attention.self" not in n)
+    cov = emunum.coverage(model, *args, loss_fn=loss_of, **kw)
+    off = cov.unemulated()
+    assert 0.0 < cov.fraction < 1.0 and off
+    assert all("attention.self" in r.module and "filter" in r.reason for r in off)
+    assert {r.phase for r in off} == {"forward", "backward"}
+    assert "NOT emulated: excluded by the policy's filter" in str(cov)
+    d = cov.to_dict()
+    assert d["total_flops"] == cov.total_flops and len(d["records"]) == len(cov.records)
+
+
+def test_coverage_refuses_bad_arguments():
+    model, args, _ = mlp()
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        emunum.coverage("model")
+    with pytest.raises(TypeError, match="loss_fn must be callable"):
+        emunum.coverage(model, *args, loss_fn=3)
+    with pytest.raises(ValueError, match="one-element tensor"):
+        emunum.coverage(model, *args, loss_fn=lambda y: y)

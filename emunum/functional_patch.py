@@ -1,6 +1,7 @@
 """The functional half of ``emunum.patch``: a ``GemmMode`` entered around the model's forward, and the first
 forward's coverage check, which warns once (or raises, with ``strict=True``) naming every GEMM that ran off the
-format, its module and the reason. A forward traced by ``torch.compile`` is not checked (the next eager one is)."""
+format, its module and the reason (GEMMs that the policy itself leaves out, through its filter,
+``keep_first_last`` or an unrounded operand role, are reported by ``emunum.coverage`` only). A forward traced by ``torch.compile`` is not checked (the next eager one is)."""
 from __future__ import annotations
 
 import warnings
@@ -9,6 +10,7 @@ import torch
 
 from .gemm_coverage import GemmCounter
 from .nn.functional import GemmEmulator
+from .nn.gemm_context import CHOSEN
 from .nn.gemm_mode import GemmMode, GemmModeError, ModelHooks
 from .policy import Policy
 
@@ -35,7 +37,7 @@ class FunctionalPatch(ModelHooks):
             return
         self._counter = None
         counter.__exit__(None, None, None)
-        missed = [r for r in counter.records() if not r.emulated and r.flops]
+        missed = [r for r in counter.records() if not r.emulated and r.flops and r.reason not in CHOSEN]
         if not missed:
             return
         total = sum(f for f, _ in counter.totals.values())

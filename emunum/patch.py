@@ -45,6 +45,7 @@ from torch import nn
 
 from . import nn as emu_nn
 from .functional_patch import FunctionalPatch
+from .nn import gemm_context
 from .policy import Policy, make_policy
 
 EmuFactory = Callable[[nn.Module, Policy], nn.Module]
@@ -298,7 +299,7 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, strict
             if child is not None and id(child) in reps:
                 parent._modules[key] = reps[id(child)]
     if functional and "_emunum_gemm" not in model.__dict__:
-        excluded = [(s.module, "keep_first_last" if id(s.module) in keep else "excluded by the policy's filter")
+        excluded = [(s.module, gemm_context.KEPT if id(s.module) in keep else gemm_context.FILTERED)
                     for s in sites if not s.done and id(s.module) not in reps and _applies(s, pol)]
         _attach_functional(model, pol, strict, excluded, {id(s.module) for s in sites})
     return model
@@ -316,7 +317,7 @@ def _attach_functional(model: nn.Module, pol: Policy, strict: bool, excluded: li
                 return
             here = bool(pol.filter(m, name))
             if on and not here:
-                hooks.attach_excluded(m, "excluded by the policy's filter")
+                hooks.attach_excluded(m, gemm_context.FILTERED)
             for key, child in m._modules.items():
                 if child is not None:
                     visit(child, f"{name}.{key}" if name else key, on and here)

@@ -12,7 +12,7 @@ from ..autograd import Quantizer
 from ..policy import BLOCK_ROLES, FORWARD_ROLES, Policy, Role, Scaling, make_policy
 from ..formats import BlockFormat
 from .block_gemm import block_plan, no_block_path
-from .gemm_context import GemmContext, stack as ctx_stack
+from .gemm_context import UNROUNDED, GemmContext, stack as ctx_stack
 from .gemm_suspend import suspended_modes
 from .scaling import ScaledGradQuantizer, ScaledQuantizer
 
@@ -109,7 +109,7 @@ class EmuLayer:
         if ctx is None:
             ctx = self.__dict__["_emunum_ctx"] = GemmContext(self._emunum_operands_rounded(), type(self).__name__,
                                                              None if self._emunum_operands_rounded() else
-                                                             "the policy leaves its input or weight unrounded")
+                                                             UNROUNDED)
         stack = ctx_stack()
         stack.append(ctx)
         try:

@@ -19,6 +19,13 @@ class GemmContext(NamedTuple):
     reason: Optional[str] = None
 
 
+# reasons that the policy chose (a filter, keep_first_last, a role left unrounded): coverage reports them, and
+# the first forward's warning (and strict=True) leaves them out
+FILTERED = "excluded by the policy's filter"
+KEPT = "keep_first_last"
+UNROUNDED = "the policy leaves its input or weight unrounded"
+CHOSEN = frozenset({FILTERED, KEPT, UNROUNDED})
+
 _LOCAL = threading.local()
 
 

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from .functional import GemmEmulator, Unsupported
-from .gemm_context import GemmContext, stack as ctx_stack
+from .gemm_context import UNROUNDED, GemmContext, stack as ctx_stack
 from .gemm_suspend import active
 
 
@@ -111,7 +111,7 @@ class GemmMode(TorchFunctionMode):
             return func(*args, **kwargs)
         name, handler = entry
         if not self.emu.operands_rounded:
-            return self._passed(func, name, "the policy leaves its input or weight unrounded", args, kwargs)
+            return self._passed(func, name, UNROUNDED, args, kwargs, chosen=True)
         stack = ctx_stack()
         stack.append(GemmContext(True, name))
         try:
@@ -124,8 +124,8 @@ class GemmMode(TorchFunctionMode):
         finally:
             stack.pop()
 
-    def _passed(self, func, name: str, reason: str, args, kwargs):
-        if self.strict:
+    def _passed(self, func, name: str, reason: str, args, kwargs, chosen: bool = False):
+        if self.strict and not chosen:
             raise GemmModeError(f"emunum.patch(strict=True): {name} cannot be emulated: {reason}")
         stack = ctx_stack()
         stack.append(GemmContext(False, name, reason))

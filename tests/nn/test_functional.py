@@ -216,7 +216,8 @@ def test_functional_false_leaves_them_alone_and_unpatch_restores_bits():
     a, b = torch.randn(4, 8), torch.randn(8, 3)
     mod = Fn(lambda m, a, b: a @ b)
     ref = mod(a, b)
-    off = emunum.patch(copy.deepcopy(mod), "e5m2", functional=False)
+    with pytest.warns(RuntimeWarning, match="has no layer to emulate"):
+        off = emunum.patch(copy.deepcopy(mod), "e5m2", functional=False)
     assert torch.equal(off(a, b), ref)
     on = emunum.patch(copy.deepcopy(mod), "e5m2")
     assert not torch.equal(on(a, b), ref)
@@ -307,3 +308,16 @@ def test_compiled_fullgraph_gives_the_eager_bits():
     y = eager(x)
     yc = torch.compile(compiled, fullgraph=True)(x)
     assert torch.equal(y, yc) and not torch.equal(y, mod(x))
+
+
+@pytest.mark.parametrize("how", [{"keep_first_last": True}, {"filter": lambda m, n: n != "1"}, {"input": None}],
+                         ids=["keep_first_last", "filter", "weight_only"])
+def test_what_the_policy_leaves_out_is_reported_by_coverage_not_warned(how):
+    import warnings
+    torch.manual_seed(0)
+    kw = {"fmt": "e5m2", **how} if "input" not in how else {"weight": "e5m2"}
+    model = emunum.patch(nn.Sequential(nn.Linear(8, 8), Block(), nn.Linear(8, 3)), strict=True, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.randn(4, 8))
+    assert emunum.coverage(model, torch.randn(4, 8)).unemulated()

@@ -230,9 +230,8 @@ class GemmCounter:
         s.enter_context(hooks.register_module_forward_hook(self._post, always_call=True))
         s.enter_context(_Tagger(self))
         s.enter_context(_Dispatch(self))
-        prev = gemm_listener.LISTENER
-        gemm_listener.LISTENER = self
-        s.callback(setattr, gemm_listener, "LISTENER", prev)
+        gemm_listener.LISTENERS.append(self)
+        s.callback(gemm_listener.LISTENERS.remove, self)
         return self
 
     def __exit__(self, *exc):

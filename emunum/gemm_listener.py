@@ -1,13 +1,17 @@
 """A hook for ``emunum.coverage``: GEMMs that run in emunum's own kernels (MAD units), which torch's dispatcher
-never sees, report their FLOPs here while a listener is set. Imports nothing; costs one global read."""
+never sees, report their FLOPs to every active listener. Imports nothing but contextlib; costs one list read."""
 from __future__ import annotations
 
 import contextlib
 
-LISTENER = None  # an object with .native(op: str, flops: int) -> context manager, or None
+LISTENERS: list = []  # objects with .native(op: str, flops: int) -> context manager
 
 
 def native(op: str, flops: int):
-    """``with native(op, flops):`` around a GEMM computed outside torch's GEMM ops (a no-op without listener)."""
-    lst = LISTENER
-    return contextlib.nullcontext() if lst is None else lst.native(op, flops)
+    """``with native(op, flops):`` around a GEMM computed outside torch's GEMM ops (a no-op without listeners)."""
+    if not LISTENERS:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    for listener in list(LISTENERS):
+        stack.enter_context(listener.native(op, flops))
+    return stack

@@ -121,3 +121,15 @@ def test_coverage_refuses_bad_arguments():
         emunum.coverage(model, *args, loss_fn=3)
     with pytest.raises(ValueError, match="one-element tensor"):
         emunum.coverage(model, *args, loss_fn=lambda y: y)
+
+
+def test_mad_unit_gemms_run_in_emunums_kernels_and_are_counted():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    x = torch.randn(2, 3, 8, 8)
+    plain = emunum.coverage(copy.deepcopy(model), x)
+    emunum.patch(model, "e4m3fn", mad="h100_fp8_e4m3")
+    cov = emunum.coverage(model, x)
+    assert cov.fraction == 1.0, str(cov)
+    fwd = lambda c: sum(r.flops for r in c.records if r.phase == "forward")  # noqa: E731
+    assert fwd(cov) == fwd(plain)  # backward differs: the unit computes the bias gradient as a GEMM too

@@ -21,8 +21,15 @@ DEFAULT_SR_BITS = 32
 
 _warned_devices: set[str] = set()
 
-# torch.compile calls this at trace time and bakes the id in as a constant (its lock cannot be traced)
-intern = torch.compiler.assume_constant_result(_intern)
+def intern(fmt) -> int:
+    """``formats.interned.intern``; torch.compile calls it at trace time and bakes the id in as a constant (its
+    lock cannot be traced)."""
+    return _intern(fmt)
+
+
+# the mark that torch.compiler.assume_constant_result sets; set here directly, because calling that function
+# imports torch._dynamo, which made ``import emunum`` cost about 2 s
+intern._dynamo_marked_constant = True
 
 _STOCHASTIC = RoundMode.STOCHASTIC
 _KEY0 = seed_key(0)  # the key of seed 0, which every non-stochastic rounding passes

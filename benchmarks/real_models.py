@@ -99,11 +99,6 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def _lm_batch(vocab: int, batch: int, seq: int, g: torch.Generator):
-    ids = torch.randint(0, vocab, (batch, seq), generator=g)
-    return ids
-
-
 def build(name: str, batch: int, seq: int, image: int):
     """(model, make_loss) with make_loss(model) -> scalar loss on a fixed random batch."""
     g = torch.Generator().manual_seed(0)
@@ -116,7 +111,7 @@ def build(name: str, batch: int, seq: int, image: int):
     import transformers as tf
 
     vocab = 1000
-    ids = _lm_batch(vocab, batch, seq, g)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
     if name == "bert":
         cfg = tf.BertConfig(vocab_size=vocab, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
                             intermediate_size=512, max_position_embeddings=seq, hidden_dropout_prob=0.0,
@@ -129,14 +124,12 @@ def build(name: str, batch: int, seq: int, image: int):
         model = tf.LlamaForCausalLM(cfg)
     elif name == "gpt2":
         cfg = tf.GPT2Config(vocab_size=vocab, n_embd=128, n_layer=2, n_head=2, n_positions=seq, resid_pdrop=0.0,
-                            embd_pdrop=0.0, attn_pdrop=0.0)
+                            embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
         model = tf.GPT2LMHeadModel(cfg)
     else:
         raise ValueError(f"model {name!r}")
-    if name != "bert":
-        attn = getattr(model.config, "_attn_implementation", None)
-        if name == "llama" and attn != "sdpa":
-            raise RuntimeError(f"llama built with attention {attn!r}, wanted 'sdpa'")
+    if name == "llama" and model.config._attn_implementation != "sdpa":
+        raise RuntimeError(f"llama built with attention {model.config._attn_implementation!r}, wanted 'sdpa'")
     return model, (lambda m: m(input_ids=ids, labels=ids).loss), f"seq {seq}, batch {batch}"
 
 

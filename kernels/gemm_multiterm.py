@@ -22,10 +22,12 @@ from .multiterm_scalar import (  # noqa: E402
     kul_add_int, kul_clear, product, promote, decompose, fast_step, T_AMODE, T_P, T_FUSED, T_FLOOR, T_C_EMIN,
     T_CARRY, NO_FLOOR, round_int_scaled,
 )
-from .gemm_scalar import f64_bits, round_value  # noqa: E402
+from .gemm_scalar import P_MODE, f64_bits, round_value  # noqa: E402
+from .scalar import STOCHASTIC  # noqa: E402
 
 TN = 32  # output columns advanced together by ``gemm_int_tiled``
-N_F64 = 4  # below this many output columns the integer kernel beats gemm_multiterm_f64's 64-column tiles
+N_F64 = 4  # below this many output columns the integer kernel beats gemm_multiterm_f64's padded column tiles
+INT_COST = 16  # one product of gemm_int costs about this many column slots of gemm_multiterm_f64 (measured ~38)
 
 
 @njit(cache=True, parallel=True)
@@ -252,6 +254,8 @@ def _gemm_auto(A, BT, C, bias, has_bias, out, prm, mulp, accp, outerp, keys, nbi
     exact = prm[T_KIND] == 1
     f64 = (fast and not exact and A.shape[2] > 0 and gemm_multiterm_f64.applies(prm, accp, C)
            and np.isfinite(A).all() and np.isfinite(BT).all())  # K = 0: gemm's one step of c alone
+    if f64 and _transposed_pays(A.shape[1], BT.shape[1]) and _index_free(prm, accp, outerp, has_bias):
+        return _run_f64_transposed(A, BT, C, bias, has_bias, out, prm, accp, outerp, keys, nbits)
     if f64 and BT.shape[1] >= N_F64:
         return _run_f64(A, BT, C, bias, has_bias, out, prm, accp, outerp, keys, nbits)
     if fast and exact and prm[T_FUSED] == 1:
@@ -291,3 +295,30 @@ def _run_f64(A, BT, C, bias, has_bias, out, prm, accp, outerp, keys, nbits):
     gemm_multiterm_f64.gemm(A64, PA, B64, PB, A.shape[0], BT.shape[0], C, bias, has_bias, out, prm, accp, outerp,
                             keys, nbits, gemm_multiterm_f64.fast_rounding(accp))
     return "multiterm_f64"
+
+
+def _transposed_pays(M, N) -> bool:
+    """Whether ``gemm_multiterm_f64`` on out^T (M columns, padded to whole tiles of ``gemm_pack.TN``) does less
+    work than the kernel that runs on out (N columns: the f64 kernel's padded tiles, or below N_F64 columns the
+    integer kernel at INT_COST slots per product). A conv's GEMM on a small feature map has a few columns."""
+    tn = gemm_pack.TN
+    now = M * (-(-N // tn) * tn) if N >= N_F64 else INT_COST * M * N
+    return N * (-(-M // tn) * tn) < now
+
+
+def _index_free(prm, accp, outerp, has_bias) -> bool:
+    """Whether no rounding of the float64 kernel draws a stochastic counter (the output's index, which a
+    transposed run would change): only the bias's ``add_round`` can, in its format's mode."""
+    return not has_bias or (outerp if prm[T_PROMOTE] > 0 else accp)[P_MODE] != STOCHASTIC
+
+
+def _run_f64_transposed(A, BT, C, bias, has_bias, out, prm, accp, outerp, keys, nbits):
+    """``_run_f64`` on out^T[b] = B[b % bB]^T A[b % bA]^T: each element is the same dot product of the same
+    finite operands (exact binary64 products, which commute) with the same c and bias, so the same bits."""
+    nb, M, N = out.shape
+    CT = np.ascontiguousarray(C.transpose(0, 2, 1))
+    biasT = np.ascontiguousarray(bias.transpose(0, 2, 1)) if has_bias else bias
+    outT = np.empty((nb, N, M))
+    _run_f64(BT, A, CT, biasT, has_bias, outT, prm, accp, outerp, keys, nbits)
+    out[...] = outT.transpose(0, 2, 1)
+    return "multiterm_f64_transposed"

@@ -20,6 +20,7 @@ from .gemm_scalar import bits_f64, f64_bits  # noqa: E402
 EXP = np.uint64(0x7FF0000000000000)
 
 TN = 128  # output columns per tile (16 AVX-512 registers of float64)
+KB = 32   # rows of K per block of pack_b's transpose (a 32 x TN float64 block: 32 KiB)
 
 
 @njit(inline="always")
@@ -51,14 +52,20 @@ def pack_b(BT, emin, with_pow, X, PX):
     nb, N, K = BT.shape
     tj = X.shape[1]
     eminb = np.uint64(max(emin, -1022) + 1023) << np.uint64(52)
-    for t in prange(nb * tj):
-        b, jt = t // tj, t % tj
-        for jj in range(TN):
+    kbs = (K + KB - 1) // KB
+    for t in prange(nb * tj * kbs):
+        b, jt, k0 = t // (tj * kbs), (t // kbs) % tj, (t % kbs) * KB
+        k1 = min(K, k0 + KB)
+        for jj in range(TN):  # a KB x TN block at a time: the transpose stays in L1/L2
             j = jt * TN + jj
-            for k in range(K):
-                X[b, jt, k, jj] = np.float64(BT[b, j, k]) if j < N else 0.0
+            if j < N:
+                for k in range(k0, k1):
+                    X[b, jt, k, jj] = np.float64(BT[b, j, k])
+            else:
+                for k in range(k0, k1):
+                    X[b, jt, k, jj] = 0.0
         if with_pow:
-            for k in range(K):
+            for k in range(k0, k1):
                 for jj in range(TN):
                     PX[b, jt, k, jj] = pow_of(X[b, jt, k, jj], eminb)
 

@@ -554,6 +554,42 @@ def test_f64_multiterm_kernel_is_skipped_outside_its_proven_range(case):
     assert same_bits(got, general) and same_bits(got, slow)
 
 
+@pytest.mark.parametrize("unit", _F64_UNITS, ids=str)
+@pytest.mark.parametrize("bA,bB,N", [(1, 2, 1), (1, 2, 9), (2, 1, 3), (2, 2, 16)])
+def test_f64_kernel_on_narrow_outputs_runs_transposed_with_the_general_kernels_bits(unit, bA, bB, N):
+    """A conv's GEMM on a small feature map (many rows, a few columns): gemm_auto computes out^T = B^T A^T on the
+    float64 kernel (fewer padded column slots); every element is the same dot product, c and bias included,
+    so the bits are the general kernel's, across both batch broadcasts."""
+    rng = np.random.default_rng(N + 10 * bA)
+    K, M = 2 * unit.terms + 7, 150
+    A = operands(rng, (bA, M, K), "fp16", spread=4, subnormal_share=0.05).numpy()
+    B = operands(rng, (bB, K, N), "fp16", spread=4, subnormal_share=0.05).numpy()
+    A[0, 3, :] = 0.0
+    C = operands(rng, (2, M, N), "fp16", spread=3).double().numpy()
+    bias = rng.standard_normal((2, M, N))
+    for b in (None, bias):
+        kern, got, general, slow = kernel_outputs(unit, A, B, C, b)
+        assert kern == "multiterm_f64_transposed"
+        assert same_bits(got, general) and same_bits(got, slow)
+        if b is None:
+            rows = [0, 3, M - 1]
+            assert same_bits(got[:, rows], ref_subset(unit, A, B, C, rows, range(N)))
+
+
+@pytest.mark.parametrize("mode,has_bias,free", [("nearest", True, True), ("stochastic", False, True),
+                                                 ("stochastic", True, False)])
+def test_transposing_is_refused_when_the_bias_rounding_draws_output_indexed_counters(mode, has_bias, free):
+    """MADUnit keeps multi-term units deterministic; should a caller hand the kernels a stochastic bias rounding,
+    its counters (the output's flat index) would move under a transpose, so gemm_auto keeps the layout."""
+    from emunum.kernels import gemm_multiterm
+    from emunum.kernels.gemm_scalar import P_MODE
+    from emunum.kernels.scalar import NEAREST, STOCHASTIC
+
+    prm, _, accp, outerp = (np.array(p) for p in MADUnit.preset("h100_fp8_e4m3").multiterm_params(torch.float32))
+    accp[P_MODE] = STOCHASTIC if mode == "stochastic" else NEAREST
+    assert gemm_multiterm._index_free(prm, accp, outerp, has_bias) == free
+
+
 def _exact_operands(rng, shape, fmt, spread, subnormal_share=0.0):
     return operands(rng, shape, fmt, spread=spread, subnormal_share=subnormal_share).numpy()
 

@@ -1,0 +1,239 @@
+"""Training-step time of small real architectures, fp32 against an emulation policy, in one process.
+
+    python benchmarks/real_models.py                        # every model, fp32 and the e4m3fn/e5m2 policy
+    python benchmarks/real_models.py --policy mad           # ResNet-18 on mad="h100_fp8_e4m3" (32x32, batch 2)
+    python benchmarks/real_models.py --models bert,llama --rounds 9 --profile llama
+
+Models (random weights, built from configs; nothing is downloaded):
+- ``resnet18``: torchvision's ``resnet18`` architecture written out here (torchvision does not import in this
+  environment): 7x7/2 stem conv, BN, ReLU(inplace=True), 3x3/2 max-pool, four stages of two BasicBlocks
+  (conv3x3-BN-ReLU-conv3x3-BN, ``out += identity``, ReLU(inplace=True); a 1x1/2 conv + BN downsample where the
+  shape changes), average pool, fc; full widths 64-512, 10 classes, 32x32 inputs, batch 2;
+- ``bert``: transformers ``BertForMaskedLM`` (hidden 128, 2 layers, 2 heads, ffn 512, vocab 1000), seq 64, batch 2;
+- ``llama``: transformers ``LlamaForCausalLM`` with SDPA attention (hidden 128, 2 layers, 4 heads, 2 KV heads,
+  ffn 352, vocab 1000), seq 64, batch 2;
+- ``gpt2``: transformers ``GPT2LMHeadModel`` (its Linear layers are ``Conv1D`` modules: what ``patch`` does
+  not see runs in fp32), n_embd 128, 2 layers, 2 heads, vocab 1000, seq 64, batch 2.
+
+Policies (``--policy``): ``elementwise`` = ``emunum.patch(model, fmt="e4m3fn", grad="e5m2")``; ``mad`` = the
+same plus ``mad="h100_fp8_e4m3"`` (GEMMs on the emulated H100 FP8 tensor core; run on ResNet-18 only unless
+``--models`` says otherwise). One step = zero_grad, forward, loss, backward, SGD step (lr 1e-3). One torch and
+numba thread unless ``--threads``. Each round times ``--steps`` steps of every (model, fp32/policy) pair in turn,
+after a warm-up round that compiles the kernels; the figure is the median over rounds of the mean step time, and
+the ratio is against that model's fp32 median from the same run. Only public API is used
+(``emunum.patch``), so the script measures whatever the patch emulates today.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+POLICIES = {
+    "elementwise": dict(fmt="e4m3fn", grad="e5m2"),
+    "mad": dict(fmt="e4m3fn", grad="e5m2", mad="h100_fp8_e4m3"),
+}
+DEFAULT_MODELS = {"elementwise": "resnet18,bert,llama,gpt2", "mad": "resnet18"}
+
+
+# ----------------------------------------------------------------------------------------------- models
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class ResNet18(nn.Module):
+    """torchvision.models.resnet18's layers, in its order and with its names."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.inplanes = 64
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.layer1 = self._make_layer(64, 1)
+        self.layer2 = self._make_layer(128, 2)
+        self.layer3 = self._make_layer(256, 2)
+        self.layer4 = self._make_layer(512, 2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(512, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def _make_layer(self, planes: int, stride: int) -> nn.Sequential:
+        down = None
+        if stride != 1 or self.inplanes != planes:
+            down = nn.Sequential(nn.Conv2d(self.inplanes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
+        layers = [BasicBlock(self.inplanes, planes, stride, down)]
+        self.inplanes = planes
+        layers.append(BasicBlock(planes, planes))
+        return nn.Sequential(*layers)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def build(name: str, batch: int, seq: int, image: int):
+    """(model, make_loss) with make_loss(model) -> scalar loss on a fixed random batch."""
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    if name == "resnet18":
+        model = ResNet18()
+        x = torch.randn(batch, 3, image, image, generator=g)
+        y = torch.randint(0, 10, (batch,), generator=g)
+        return model, lambda m: nn.functional.cross_entropy(m(x), y), f"{image}x{image}, batch {batch}"
+    import transformers as tf
+
+    vocab = 1000
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    if name == "bert":
+        cfg = tf.BertConfig(vocab_size=vocab, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=512, max_position_embeddings=seq, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0)
+        model = tf.BertForMaskedLM(cfg)
+    elif name == "llama":
+        cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, intermediate_size=352, max_position_embeddings=seq)
+        cfg._attn_implementation = "sdpa"
+        model = tf.LlamaForCausalLM(cfg)
+    elif name == "gpt2":
+        cfg = tf.GPT2Config(vocab_size=vocab, n_embd=128, n_layer=2, n_head=2, n_positions=seq, resid_pdrop=0.0,
+                            embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+        model = tf.GPT2LMHeadModel(cfg)
+    else:
+        raise ValueError(f"model {name!r}")
+    if name == "llama" and model.config._attn_implementation != "sdpa":
+        raise RuntimeError(f"llama built with attention {model.config._attn_implementation!r}, wanted 'sdpa'")
+    return model, (lambda m: m(input_ids=ids, labels=ids).loss), f"seq {seq}, batch {batch}"
+
+
+def make_step(model: nn.Module, make_loss):
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = make_loss(model)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+# ------------------------------------------------------------------------------------------------- main
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--policy", default="elementwise", choices=sorted(POLICIES))
+    p.add_argument("--models", default=None, help="comma-separated subset of resnet18,bert,llama,gpt2 "
+                   "(default: all for elementwise, resnet18 for mad)")
+    p.add_argument("--steps", type=int, default=None, help="steps per pair per round (default 10; mad 1)")
+    p.add_argument("--rounds", type=int, default=None, help="timed rounds (default 7; mad 3)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--image", type=int, default=32)
+    p.add_argument("--profile", default=None, metavar="MODEL",
+                   help="after timing, cProfile 5 steps of MODEL under the policy and print the top functions")
+    a = p.parse_args(argv)
+    mad = a.policy == "mad"
+    steps = a.steps if a.steps is not None else (1 if mad else 10)
+    rounds = a.rounds if a.rounds is not None else (3 if mad else 7)
+    for k, v in (("steps", steps), ("rounds", rounds), ("threads", a.threads), ("batch", a.batch),
+                 ("seq", a.seq), ("image", a.image)):
+        if v < 1:
+            p.error(f"--{k}={v} must be >= 1")
+    names = [n.strip() for n in (a.models or DEFAULT_MODELS[a.policy]).split(",") if n.strip()]
+    bad = [n for n in names if n not in ("resnet18", "bert", "llama", "gpt2")]
+    if bad or not names:
+        p.error(f"--models: unknown {bad}; allowed: resnet18, bert, llama, gpt2")
+
+    import emunum
+    from emunum import buffers
+
+    torch.set_num_threads(a.threads)
+    try:
+        import numba
+
+        numba.set_num_threads(min(a.threads, numba.config.NUMBA_NUM_THREADS))
+    except ImportError:
+        pass
+    retained = buffers.retain_freed_memory()
+    print(f"# torch {torch.__version__}, threads {a.threads}, malloc "
+          f"{'retain_freed_memory()' if retained else 'glibc default'}, load average "
+          + " ".join(f"{v:.2f}" for v in os.getloadavg()))
+    policy = POLICIES[a.policy]
+    print(f"# policy {a.policy}: emunum.patch(model, " + ", ".join(f"{k}={v!r}" for k, v in policy.items()) + ")")
+
+    runs = {}
+    for n in names:
+        m32, loss32, desc = build(n, a.batch, a.seq, a.image)
+        me, losse, _ = build(n, a.batch, a.seq, a.image)
+        emunum.patch(me, **policy)
+        runs[(n, "fp32")] = make_step(m32, loss32)
+        runs[(n, a.policy)] = make_step(me, losse)
+        runs[(n, "desc")] = desc
+    pairs = [(n, k) for n in names for k in ("fp32", a.policy)]
+    t_warm = time.perf_counter()
+    for key in pairs:  # warm-up: compile kernels, allocate
+        for _ in range(2 if mad and key[1] != "fp32" else 3):
+            runs[key]()
+    t_warm = time.perf_counter() - t_warm
+    times = {key: [] for key in pairs}
+    for _ in range(rounds):
+        for key in pairs:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                runs[key]()
+            times[key].append((time.perf_counter() - t0) / steps)
+    print(f"# {steps} steps x {rounds} rounds, interleaved; warm-up {t_warm:.1f} s")
+    print(f"{'model':<9} {'shape':<20} {'config':<12} {'ms/step (median)':>17} {'min':>9} {'max':>9} {'x fp32':>7}")
+    for n in names:
+        base = statistics.median(times[(n, "fp32")])
+        for k in ("fp32", a.policy):
+            v = times[(n, k)]
+            med = statistics.median(v)
+            print(f"{n:<9} {runs[(n, 'desc')]:<20} {k:<12} {1e3 * med:17.2f} {1e3 * min(v):9.2f} "
+                  f"{1e3 * max(v):9.2f} {med / base:7.2f}")
+    print("# load average at the end " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
+    if a.profile:
+        import cProfile
+        import pstats
+
+        key = (a.profile, a.policy)
+        if key not in runs:
+            p.error(f"--profile {a.profile}: not among --models")
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(5):
+            runs[key]()
+        pr.disable()
+        pstats.Stats(pr, stream=sys.stdout).sort_stats("tottime").print_stats(30)
+
+
+if __name__ == "__main__":
+    main()

@@ -47,3 +47,25 @@ def test_cpu_kernels_import_without_numba_cuda():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
+
+
+TIMING = """
+import sys, time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+import emunum
+t2 = time.perf_counter()
+print(t2 - t1, int("torch._dynamo" in sys.modules), int("transformers" in sys.modules))
+"""
+
+
+def test_import_emunum_costs_at_most_0_15_s_beyond_torch_and_pulls_no_dynamo():
+    # each probe is a fresh interpreter; the least of five is the cost without the machine's noise
+    runs = []
+    for _ in range(5):
+        r = subprocess.run([sys.executable, "-c", TIMING], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert r.returncode == 0, r.stderr
+        runs.append(r.stdout.split())
+    assert all(dyn == "0" and tf == "0" for _, dyn, tf in runs)  # torch._dynamo alone costs about 2 s
+    assert min(float(t) for t, _, _ in runs) <= 0.15, runs

@@ -142,6 +142,12 @@ class LayerTrace:
         self.acc: dict = {}
         self.calls = self.sampled = 0  # forward calls of the layer, and those observed
         self.active = False
+        self.watch = None  # called as watch(name, role, x, q) after each observed rounding (``emunum.nan_origin``)
+
+    def _watched(self, role: Role, x: Tensor, q: Tensor) -> Tensor:
+        if self.watch is not None:
+            self.watch(self.name, role, x, q)
+        return q
 
     def begin(self) -> None:
         """A forward call starts: observe it (all its roundings, forward and backward) if it is sampled."""
@@ -160,15 +166,16 @@ class LayerTrace:
         lo, hi = self.range[role]
         with torch.no_grad():
             accumulate(self._acc(role, x.device), x, q, lo, hi, self.sqnr)
+        self._watched(role, x, q)
 
     def round_counted(self, x: Tensor, role: Role, fmt, mode, seed, nbits: int) -> Tensor:
         """x rounded (``quantize_checked``) and observed in ``role``, in one pass where a fused kernel exists."""
         lo, hi = self.range[role]
         acc = self._acc(role, x.device)
         if not torch.is_grad_enabled():  # inside _TracedSTE's forward or backward: no context to enter
-            return round_observed(x, fmt, mode, seed, nbits, acc, lo, hi, self.sqnr)
+            return self._watched(role, x, round_observed(x, fmt, mode, seed, nbits, acc, lo, hi, self.sqnr))
         with torch.no_grad():
-            return round_observed(x, fmt, mode, seed, nbits, acc, lo, hi, self.sqnr)
+            return self._watched(role, x, round_observed(x, fmt, mode, seed, nbits, acc, lo, hi, self.sqnr))
 
     def round_forward(self, x: Tensor, role: Role, fplan) -> Tensor:
         """The forward value of plan ``fplan`` (``_Plan.forward_value``), observed in ``role``."""
@@ -203,9 +210,11 @@ class LayerTrace:
         acc = self._acc(role, t.device)
         with torch.no_grad():
             if isinstance(spec.fmt, BlockFormat):
-                return round_block_observed(t, spec.fmt, spec.rounding, nbits, axis, acc, self.sqnr)
-            lo, hi = self.range[role]
-            return round_observed(t, spec.fmt, spec.rounding, None, nbits, acc, lo, hi, self.sqnr)
+                q = round_block_observed(t, spec.fmt, spec.rounding, nbits, axis, acc, self.sqnr)
+            else:
+                lo, hi = self.range[role]
+                q = round_observed(t, spec.fmt, spec.rounding, None, nbits, acc, lo, hi, self.sqnr)
+        return self._watched(role, t, q)
 
     def block_matmul_seed(self, a: Tensor, b: Tensor, ra: Role, sa, rb: Role, sb, unit, sr_bits) -> Optional[int]:
         """The seed ``emunum.mad.block_matmul(a, b, sa.fmt, sb.fmt, unit, ...)`` would draw (drawn here the same
@@ -219,8 +228,9 @@ class LayerTrace:
         for t, role, spec, axis, off in ((a, ra, sa, -1, _SEED_A), (b, rb, sb, -2, _SEED_B)):
             key = seed_key(_derived(seed, off)) if spec.rounding == RoundMode.STOCHASTIC else seed_key(0)
             with torch.no_grad():  # block_matmul rounds its operands in float64
-                round_block_observed(t.detach().to(torch.float64), spec.fmt, spec.rounding, nbits, axis,
-                                     self._acc(role, t.device), self.sqnr, key=key)
+                t64 = t.detach().to(torch.float64)
+                self._watched(role, t64, round_block_observed(t64, spec.fmt, spec.rounding, nbits, axis,
+                                                              self._acc(role, t.device), self.sqnr, key=key))
         return seed
 
     def reset(self) -> None:

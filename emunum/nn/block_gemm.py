@@ -55,7 +55,10 @@ from ..hadamard import rht
 from ..mad.block import block_matmul, check_pair, check_unit
 from ..mad.functional import parse_backward_units
 from ..policy import BLOCK_ROLES, Policy, Role, RoleSpec
-from ..quantize import quantize
+from ..quantize import check_sr_bits, quantize
+from .. import block_ops  # noqa: F401  (registers emunum::quantize_block)
+from ..formats.interned import intern
+from ..ops import eager_ok
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,11 @@ class BlockPlan:
     hadamard_seed: int = 0
     units: Optional[tuple] = None  # (forward, grad-input, grad-weight) MAD units: emunum.mad.block_matmul
     trace: Optional[object] = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        for spec in (self.input, self.weight, self.grad_output):
+            if is_block(spec):
+                intern(spec.fmt)  # now, not while torch.compile traces ``q`` (intern takes a lock on first sight)
 
     def observer(self):
         """The layer's trace if this call is sampled, else None (taken when a GEMM's forward runs)."""
@@ -101,6 +109,9 @@ class BlockPlan:
         if trace is not None:
             return trace.round_operand(t, role, spec, axis, self.sr_bits)
         if isinstance(spec.fmt, BlockFormat):
+            if not eager_ok(t):  # torch.compile, export and other tracers see the custom op
+                return torch.ops.emunum.quantize_block(t, intern(spec.fmt), int(spec.rounding), None,
+                                                       check_sr_bits(self.sr_bits), axis)
             return quantize(t, spec.fmt, spec.rounding, axis=axis, sr_bits=self.sr_bits)
         return quantize(t, spec.fmt, spec.rounding, sr_bits=self.sr_bits)
 

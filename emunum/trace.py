@@ -22,6 +22,13 @@ every role it rounds, each sampled rounding of a tensor ``x`` to ``q`` adds up:
   (relative error below 2.5e-4, 0.0011 dB), other chunks and other devices in float64;
   ``sqnr_db = 10 log10(signal / noise)`` (inf when nothing was lost).
 
+Block-format GEMM operands (the ``input``, ``weight`` and ``grad_output`` roles of a block-GEMM layer,
+``emunum.nn.block_gemm``) are rounded inside each GEMM, once per GEMM that takes them (input: forward and
+grad-weight; weight: forward and grad-input; grad_output: grad-input and grad-weight), each along that GEMM's
+K; every such rounding is counted under its role, in the forward and backward passes of sampled calls, on MAD
+units too. ``overflow`` there counts the finite elements whose block-scaled value x / (S*T) lay beyond the
+element format's range (``trace_count.round_block_observed``); the other counters are as above.
+
 Forward roles are observed in the forward pass, gradient roles in the backward pass (a traced gradient
 rounding, which calls the same ``emunum::quantize`` op as ``quantize_ste``'s backward, sees the gradient
 before and after it). Counters accumulate in float64 tensors on the layer's device (the CPU kernels add into
@@ -45,6 +52,7 @@ compiled model is not traced).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 from typing import Optional
@@ -56,8 +64,11 @@ from .autograd import Quantizer, _unwrap_if_dead
 from .ops import eager_ok, format_to_args, in_range_mask
 from .patch import emulated_modules
 from .policy import Role
-from .quantize import check_sr_bits
-from .trace_count import STATS, _range, accumulate, round_observed, stats_torch  # noqa: F401  (public here)
+from .formats import BlockFormat, RoundMode
+from .quantize import check_sr_bits, resolve_seed
+from .rng import seed_key
+from .trace_count import (STATS, _range, accumulate, block_stats, round_block_observed,  # noqa: F401  (public here)
+                          round_observed, stats_torch)
 
 
 # ---- traced rounding nodes ------------------------------------------------------------------------------
@@ -126,10 +137,17 @@ class LayerTrace:
         self.roles = tuple(module.emunum_roles)
         self.range = {r: _range(pol.spec(r).fmt) for r in self.roles if pol.spec(r) is not None}
         self.grad_args = {r: (format_to_args(pol.spec(r).fmt), int(pol.spec(r).rounding), check_sr_bits(pol.sr_bits))
-                          for r in self.roles if r.is_gradient and pol.spec(r) is not None}
+                          for r in self.roles if r.is_gradient and pol.spec(r) is not None
+                          and not isinstance(pol.spec(r).fmt, BlockFormat)}
         self.acc: dict = {}
         self.calls = self.sampled = 0  # forward calls of the layer, and those observed
         self.active = False
+        self.watch = None  # called as watch(name, role, x, q) after each observed rounding (``emunum.nan_origin``)
+
+    def _watched(self, role: Role, x: Tensor, q: Tensor) -> Tensor:
+        if self.watch is not None:
+            self.watch(self.name, role, x, q)
+        return q
 
     def begin(self) -> None:
         """A forward call starts: observe it (all its roundings, forward and backward) if it is sampled."""
@@ -148,15 +166,16 @@ class LayerTrace:
         lo, hi = self.range[role]
         with torch.no_grad():
             accumulate(self._acc(role, x.device), x, q, lo, hi, self.sqnr)
+        self._watched(role, x, q)
 
     def round_counted(self, x: Tensor, role: Role, fmt, mode, seed, nbits: int) -> Tensor:
         """x rounded (``quantize_checked``) and observed in ``role``, in one pass where a fused kernel exists."""
         lo, hi = self.range[role]
         acc = self._acc(role, x.device)
         if not torch.is_grad_enabled():  # inside _TracedSTE's forward or backward: no context to enter
-            return round_observed(x, fmt, mode, seed, nbits, acc, lo, hi, self.sqnr)
+            return self._watched(role, x, round_observed(x, fmt, mode, seed, nbits, acc, lo, hi, self.sqnr))
         with torch.no_grad():
-            return round_observed(x, fmt, mode, seed, nbits, acc, lo, hi, self.sqnr)
+            return self._watched(role, x, round_observed(x, fmt, mode, seed, nbits, acc, lo, hi, self.sqnr))
 
     def round_forward(self, x: Tensor, role: Role, fplan) -> Tensor:
         """The forward value of plan ``fplan`` (``_Plan.forward_value``), observed in ``role``."""
@@ -183,6 +202,36 @@ class LayerTrace:
         if not (self.active and torch.is_grad_enabled() and y.requires_grad):
             return bq(y)
         return _TracedGradRound.apply(y, self, grole, *self.grad_args[grole])
+
+    def round_operand(self, t: Tensor, role: Role, spec, axis: int, sr_bits) -> Tensor:
+        """A block GEMM's operand t rounded as ``BlockPlan.q`` rounds it (a BlockFormat along ``axis``, an
+        element format element-wise; the same bits and seed draw), and counted under ``role``."""
+        nbits = check_sr_bits(sr_bits)
+        acc = self._acc(role, t.device)
+        with torch.no_grad():
+            if isinstance(spec.fmt, BlockFormat):
+                q = round_block_observed(t, spec.fmt, spec.rounding, nbits, axis, acc, self.sqnr)
+            else:
+                lo, hi = self.range[role]
+                q = round_observed(t, spec.fmt, spec.rounding, None, nbits, acc, lo, hi, self.sqnr)
+        return self._watched(role, t, q)
+
+    def block_matmul_seed(self, a: Tensor, b: Tensor, ra: Role, sa, rb: Role, sb, unit, sr_bits) -> Optional[int]:
+        """The seed ``emunum.mad.block_matmul(a, b, sa.fmt, sb.fmt, unit, ...)`` would draw (drawn here the same
+        way, once, only if anything rounds stochastically; None otherwise), after counting the roundings of a
+        (along its last axis, role ``ra``) and b (along its first, role ``rb``) that it makes with that seed."""
+        from .mad.block import _SEED_A, _SEED_B, _derived  # the operand keys block_matmul derives from its seed
+
+        stochastic = RoundMode.STOCHASTIC in (sa.rounding, sb.rounding, unit.acc_rounding)
+        seed = resolve_seed(None) if stochastic else None
+        nbits = check_sr_bits(sr_bits)
+        for t, role, spec, axis, off in ((a, ra, sa, -1, _SEED_A), (b, rb, sb, -2, _SEED_B)):
+            key = seed_key(_derived(seed, off)) if spec.rounding == RoundMode.STOCHASTIC else seed_key(0)
+            with torch.no_grad():  # block_matmul rounds its operands in float64
+                t64 = t.detach().to(torch.float64)
+                self._watched(role, t64, round_block_observed(t64, spec.fmt, spec.rounding, nbits, axis,
+                                                              self._acc(role, t.device), self.sqnr, key=key))
+        return seed
 
     def reset(self) -> None:
         for acc in self.acc.values():
@@ -233,6 +282,7 @@ class Tracer:
             self.layers[name] = lt
             self._modules.append(m)
             m.__dict__["_emunum_trace"] = lt
+            _set_plan_trace(m, lt)
 
     def close(self) -> None:
         """Detach from the model (counters stay readable)."""
@@ -240,6 +290,7 @@ class Tracer:
         for m in self._modules:
             if id(m.__dict__.get("_emunum_trace")) in mine:
                 m.__dict__["_emunum_trace"] = None
+                _set_plan_trace(m, None)
         self._modules = []
 
     def __enter__(self) -> "Tracer":
@@ -300,6 +351,14 @@ def disable(model: nn.Module) -> None:
     """Stop every tracer attached to ``model``'s layers."""
     for _, m in emulated_modules(model):
         m.__dict__["_emunum_trace"] = None
+        _set_plan_trace(m, None)
+
+
+def _set_plan_trace(module: nn.Module, lt: Optional[LayerTrace]) -> None:
+    """Hand ``lt`` to the layer's block-GEMM plan (a copy of it holding ``lt``; None: the plain plan again)."""
+    plan = module.__dict__.get("_emunum_block")
+    if plan is not None:
+        module.__dict__["_emunum_block"] = dataclasses.replace(plan, trace=lt)
 
 
 @contextlib.contextmanager

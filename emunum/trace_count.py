@@ -111,3 +111,41 @@ def round_observed(x: Tensor, fmt, mode: RoundMode, seed, nbits: int, acc: Tenso
     q = buffers.empty_like(src) if n * src.element_size() >= buffers.HUGE_MIN_BYTES else torch.empty_like(src)
     runner(src.data_ptr(), q.data_ptr(), n, int(mode), key, nbits, lo, hi, sqnr, acc.data_ptr())
     return q
+
+
+# ---- block-format operands (the GEMM operands of ``emunum.nn.block_gemm``) --------------------------------
+def round_block_observed(x: Tensor, fmt, mode: RoundMode, nbits: int, axis: int, acc: Tensor, sqnr: bool,
+                         key: int | None = None) -> Tensor:
+    """``emunum.quantize(x, fmt, mode, axis=axis, sr_bits=nbits)`` for a BlockFormat (the same seed draw: one,
+    for stochastic rounding; ``key`` given: that key instead), and its counters added to acc: as
+    ``accumulate``'s, except that ``overflow`` counts the finite elements whose block-scaled value x / (S*T)
+    lay beyond the element format's range (they saturated to its limits times S*T), or that became +-inf (the
+    rounded value times S*T beyond x's dtype)."""
+    from .block_quantize import quantize_block_checked
+
+    if key is None:
+        key = seed_key(resolve_seed(None)) if mode == RoundMode.STOCHASTIC else _KEY0
+    q, scales = quantize_block_checked(x, fmt, mode, key, nbits, axis, return_scales=True)
+    with torch.no_grad():
+        acc += block_stats(x, q, scales, fmt, axis, sqnr)
+    return q
+
+
+def block_stats(x: Tensor, q: Tensor, scales: Tensor, fmt, axis: int, sqnr: bool = True) -> Tensor:
+    """float64 [values, overflow, underflow, nan, signal, noise] of the block rounding x -> q whose block scales
+    (``quantize_block_checked(..., return_scales=True)``) are ``scales`` (see ``round_block_observed``)."""
+    from .block_quantize import tensor_scale, working_layout
+
+    out = stats_torch(x, q, -float("inf"), float("inf"), sqnr)  # every counter but overflow
+    if x.numel() == 0:
+        return out
+    work, tile, restore = working_layout(x, fmt, axis)
+    P, R, C = work.shape
+    full = scales.repeat_interleave(tile[0], 1)[:, :R].repeat_interleave(tile[1], 2)[:, :, :C]
+    full = restore(full * tensor_scale(work, fmt))  # S * T per element, exact in float64, in x's layout
+    lo, hi = _range(fmt.element)
+    xd = x.detach().to(torch.float64)
+    # S*T is a power of two (or an e4m3 scale times an fp32 T), so lo*S*T and hi*S*T are exact in float64
+    over = torch.isfinite(xd) & ((xd > hi * full) | (xd < lo * full) | torch.isinf(q))
+    out[1] = torch.count_nonzero(over)
+    return out

@@ -86,6 +86,8 @@ class Results:
     final_bits_per_byte: float | None = None
     data_sha256: str | None = None
     world_size: int | None = None  # torchrun runs only (experiments/ddp.py); absent from a single process's file
+    # a diverged run's first non-finite event (emunum.nan_origin.NanOrigin.to_json), else None
+    nan_origin: dict | None = None
 
     def to_json(self) -> dict:
         def clean(v):
@@ -267,7 +269,7 @@ def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, stat
     d = ddp.current()
     mode = resolve_log_mode(cfg.log) if d.main else LogMode.quiet
     progress = Progress(mode, int(cfg.max_iters), state.iteration, cfg.format.name)
-    status, reason = None, ""
+    status, reason, origin = None, "", None
     last_loss = float("nan")
     with contextlib.ExitStack() as stack:
         if progress.bar is not None:  # console log lines go through the bar instead of breaking it
@@ -294,14 +296,18 @@ def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, stat
             if not math.isfinite(last_loss):
                 status, reason = "diverged", f"training loss {last_loss} at iteration {it + 1}"
                 writer.add_scalar("train/loss", last_loss, it + 1)
+                origin = _replay_for_origin(model, lambda: criterion(model(xb).float(), yb), seed, it, device, False)
                 break
             if scaler is not None:
+                scale = scaler.scale
                 scaler.scale_loss(loss).backward()
                 stepped = scaler.step(opt)
                 at_floor = scaler.scale <= scaler.min_scale
                 scaler.update()
                 if not stepped and at_floor:
                     status, reason = "diverged", f"non-finite gradients at the minimum loss scale (iteration {it + 1})"
+                    origin = _replay_for_origin(model, lambda: criterion(model(xb).float(), yb) * scale, seed, it,
+                                                device, True)
                     break
             else:
                 loss.backward()
@@ -341,7 +347,11 @@ def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, stat
             _evaluate_and_log(model, xva, yva, ds, cfg, state, writer, progress, state.iteration, last_loss, tracer)
         if status is None:
             status = "reached" if state.reached_at is not None else "not_reached"
+    if origin is not None:
+        reason = f"{reason}; first non-finite: {origin.describe()}"
+        log.warning("%s diverged; first non-finite: %s", cfg.format.name, origin.describe())
     results = _results(cfg, ds, state, status, reason, scaler)
+    results.nan_origin = origin.to_json() if origin is not None else None
     if d.active:
         results.world_size = d.world_size
     if status != "interrupted" and d.main:
@@ -357,6 +367,15 @@ def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, stat
         log.info("%s: %s, iterations_to_accuracy=%s, %s, %.3g ms/iteration", cfg.format.name, status,
                  results.iterations_to_accuracy, best, 1e3 * (results.seconds_per_iteration or float("nan")))
     return results
+
+
+def _replay_for_origin(model, forward, seed: int, it: int, device, backward: bool):
+    """Replay step ``it`` (0-based; the weights are still those it started from: the step was not taken) with
+    its own seeds under ``emunum.nan_origin``'s detector; the first non-finite event, or None."""
+    from emunum.nan_origin import find_nan_origin
+
+    seed_step(ddp.step_seed(seed, STREAM_STEP, it), device)
+    return find_nan_origin(getattr(model, "module", model), forward, backward=backward)
 
 
 def objective(results: Results, max_iters: int) -> int:

@@ -296,3 +296,117 @@ def test_fused_traced_rounding_changes_no_value_gradient_or_count(opts, monkeypa
     former, t0 = run(True)
     assert all(torch.equal(a, b) for a, b in zip(want, former))
     assert json.dumps(t0.summary()) == json.dumps(t.summary())
+
+
+# ---- block-format GEMM operands --------------------------------------------------------------------------
+def block_oracle(x, fmt, axis):
+    """Counters of rounding x to the BlockFormat ``fmt`` along ``axis``, from the format's numpy encode/decode
+    (the spec, not the kernels): overflow where |x| / (S*T) lay beyond the element range."""
+    v = x.detach().double().numpy()
+    codes, scodes, t = fmt.encode(v, axis=axis)
+    q = fmt.decode(codes, scodes, axis=axis, tensor_scale=t).astype(np.float32)  # the result has x's dtype
+    ones = np.ones_like(codes)
+    full = fmt.decode(ones, scodes, axis=axis, tensor_scale=t) / fmt.element.decode(ones)  # S*T per element
+    el = fmt.element
+    lo = el.min if isinstance(el, emunum.FixedFormat) else -el.max
+    counts = oracle(v, q, -np.inf, np.inf)
+    counts[1] = int(np.sum(np.isfinite(v) & ((v > el.max * full) | (v < lo * full))))
+    return np.array(counts)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4_e2m1", "nvfp4", "mxint8"])
+def test_block_operand_roles_count_each_gemm_rounding_exactly(fmt):
+    """input, weight and grad_output count the rounding of their operand in every GEMM that quantises it
+    (forward and backward, each along that GEMM's K), against the format's numpy encoder; output and the
+    element-format gradient roles count as before."""
+    f = emunum.get_format(fmt)
+
+    def data(n, seed):
+        v = dyadic(n, seed)
+        if f.tensor_scale:  # amax 42/64 = 6 * 448 * 2**-12 makes NVFP4's T a power of two: exact sums
+            v = v.clamp(-42 / 64, 42 / 64)
+            v[:16] = 40 / 64  # S = 40/64 / 6 / T = 426.7 rounds down to 416 in e4m3: x / (S*T) = 6.15 overflows
+        return v
+
+    lin = nn.Linear(64, 48, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(data(48 * 64, 1).reshape(48, 64))
+    m = emunum.patch(nn.Sequential(lin), fmt, grad_rounding="nearest", grad_input="e5m2")
+    x = data(32 * 64, 2).reshape(32, 64).requires_grad_()
+    g = data(32 * 48, 3).reshape(32, 48) * 4
+    with trace.collect(m, every=1) as t:
+        m(x).backward(g)
+    d = t.to_dict()["0"]
+    w = lin.weight
+    for role, cases in (("input", [(x, -1), (x, 0)]), ("weight", [(w, 1), (w, 0)]),
+                        ("grad_output", [(g, -1), (g, 0)])):
+        want = sum(block_oracle(v, f, ax) for v, ax in cases)
+        got = [d[role][k] for k in trace.STATS]
+        assert got == want.tolist(), role
+    if fmt != "mxint8":  # (6-bit dyadic values never exceed MXINT8's 127/64 after scaling)
+        assert sum(d[r]["overflow"] for r in ("input", "weight", "grad_output")) > 0  # the case is there
+    gx = x.grad  # grad_input: e5m2 of the block GEMM's grad-input
+    assert d["grad_input"]["values"] == gx.numel()
+
+
+@pytest.mark.parametrize("policy", [
+    {"fmt": "mxfp8_e4m3"},
+    {"fmt": "nvfp4", "weight": "nvfp4_2d", "hadamard": 16},
+    {"fmt": "mxfp8_e4m3", "weight": "e4m3fn"},  # an element-format operand in the block GEMMs
+    {"fmt": "nvfp4", "mad": "bf16"},
+    {"fmt": "mxfp8_e4m3", "mad": emunum.MADUnit("fp32", "fp32", acc_rounding="stochastic")},
+], ids=["mxfp8", "nvfp4_2d_rht", "element_weight", "mad", "mad_stochastic_acc"])
+def test_tracing_block_layers_changes_no_value_or_gradient(policy):
+    """Tracing a block-GEMM model draws no extra random numbers and rounds the same bits (stochastic gradients
+    included), on torch's GEMMs and on MAD units; every operand role is counted, on MAD units as off them."""
+    policy = dict(policy)
+    if policy.get("mad") == "bf16":
+        policy["mad"] = emunum.MADUnit("bf16", "bf16")
+
+    def run(traced):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16))
+        mha = nn.MultiheadAttention(16, 2, batch_first=True)
+        emunum.patch(m, **policy)
+        mha = emunum.patch(mha, **policy)
+        x = torch.randn(2, 16, 32, requires_grad=True)
+        with (trace.collect(m, every=1) if traced else contextlib_null()) as t1, \
+                (trace.collect(mha, every=1) if traced else contextlib_null()) as t2:
+            for _ in range(2):
+                h = m(x)
+                y, _ = mha(h, h, h)
+                y.square().sum().backward()
+        out = [y.detach(), x.grad] + [p.grad for p in (*m.parameters(), *mha.parameters())]
+        return out, (t1.to_dict(), t2.to_dict()) if traced else None
+
+    plain, _ = run(False)
+    traced, dicts = run(True)
+    for a, b in zip(plain, traced, strict=True):
+        assert torch.equal(a, b)
+    for d in dicts:
+        for layer in d.values():
+            for role in ("input", "weight", "grad_output"):
+                assert layer[role]["values"] > 0, (layer, role)
+
+
+def contextlib_null():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_block_counts_on_mad_units_equal_those_on_torch_gemms():
+    """block_matmul rounds the same operands along the same K: with nearest rounding the counters agree
+    (dyadic data: the sums are exact in any order, and the two paths lay the operands out differently)."""
+    def counts(mad):
+        lin = nn.Linear(64, 32, bias=False)
+        with torch.no_grad():
+            lin.weight.copy_(dyadic(32 * 64, 1).reshape(32, 64))
+        m = emunum.patch(nn.Sequential(lin), "mxfp8_e4m3", grad_rounding="nearest",
+                         **({"mad": emunum.MADUnit("fp32", "fp32")} if mad else {}))
+        x = dyadic(16 * 64, 2).reshape(16, 64).requires_grad_()
+        with trace.collect(m, every=1) as t:
+            m(x).backward(dyadic(16 * 32, 3).reshape(16, 32))
+        return t.to_dict()
+
+    assert counts(True) == counts(False)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -54,13 +54,22 @@ from ..formats import BlockFormat
 from ..hadamard import rht
 from ..mad.block import block_matmul, check_pair, check_unit
 from ..mad.functional import parse_backward_units
-from ..policy import BLOCK_ROLES, Policy, RoleSpec
-from ..quantize import quantize
+from ..policy import BLOCK_ROLES, Policy, Role, RoleSpec
+from ..quantize import check_sr_bits, quantize
+from .. import block_ops  # noqa: F401  (registers emunum::quantize_block)
+from ..formats.interned import intern
+from ..ops import eager_ok
 
 
 @dataclass(frozen=True)
 class BlockPlan:
-    """The formats (as RoleSpecs, or None) of a layer's three GEMM operands, and sr_bits."""
+    """The formats (as RoleSpecs, or None) of a layer's three GEMM operands, and sr_bits.
+
+    ``trace``: the layer's ``emunum.trace`` observer while a tracer is attached (``Tracer`` swaps in a copy of
+    the plan holding it), else None. A GEMM run in a sampled call (``trace.active`` when its forward ran)
+    hands each operand's rounding to it, for both its forward and backward GEMMs: ``trace.round_operand``
+    rounds as ``q`` does (the same bits and seed draws) and counts it under the operand's role, and
+    ``trace.block_matmul_seed`` draws the seed ``block_matmul`` would draw and counts its operands."""
 
     input: Optional[RoleSpec]
     weight: Optional[RoleSpec]
@@ -69,22 +78,45 @@ class BlockPlan:
     hadamard: Optional[int] = None
     hadamard_seed: int = 0
     units: Optional[tuple] = None  # (forward, grad-input, grad-weight) MAD units: emunum.mad.block_matmul
+    trace: Optional[object] = field(default=None, compare=False, repr=False)
 
-    def mm(self, a: Tensor, b: Tensor, sa: RoleSpec, sb: RoleSpec, axis_b: int, i: int) -> Tensor:
-        """a @ b: on MAD unit i (``block_matmul``, a along its last axis, b along its first), else torch's
-        product of a quantised along its last axis and b along ``axis_b``."""
+    def __post_init__(self):
+        for spec in (self.input, self.weight, self.grad_output):
+            if is_block(spec):
+                intern(spec.fmt)  # now, not while torch.compile traces ``q`` (intern takes a lock on first sight)
+
+    def observer(self):
+        """The layer's trace if this call is sampled, else None (taken when a GEMM's forward runs)."""
+        t = self.trace
+        return t if t is not None and t.active else None
+
+    def mm(self, a: Tensor, b: Tensor, ra: Role, rb: Role, axis_b: int, i: int, trace=None) -> Tensor:
+        """a @ b, a in role ``ra``'s format and b in ``rb``'s: on MAD unit i (``block_matmul``, a along its last
+        axis, b along its first), else torch's product of a quantised along its last axis and b along
+        ``axis_b``."""
         if self.units is None:
-            return self.q(a, sa, -1) @ self.q(b, sb, axis_b)
+            return self.q(a, ra, -1, trace) @ self.q(b, rb, axis_b, trace)
+        sa, sb = getattr(self, ra.value), getattr(self, rb.value)
+        seed = None if trace is None else trace.block_matmul_seed(a, b, ra, sa, rb, sb, self.units[i], self.sr_bits)
         return block_matmul(a, b, sa.fmt, sb.fmt, self.units[i], rounding=sa.rounding, rounding_b=sb.rounding,
-                            sr_bits=self.sr_bits or 32).to(a.dtype)
+                            seed=seed, sr_bits=self.sr_bits or 32).to(a.dtype)
 
-    def q(self, t: Tensor, spec: Optional[RoleSpec], axis: int) -> Tensor:
-        """t quantised to spec's format: a block format along ``axis``, an element format element-wise."""
+    def q(self, t: Tensor, role: Role, axis: int, trace=None) -> Tensor:
+        """t quantised to role's format: a block format along ``axis``, an element format element-wise."""
+        spec = getattr(self, role.value)
         if spec is None:
             return t
+        if trace is not None:
+            return trace.round_operand(t, role, spec, axis, self.sr_bits)
         if isinstance(spec.fmt, BlockFormat):
+            if not eager_ok(t):  # torch.compile, export and other tracers see the custom op
+                return torch.ops.emunum.quantize_block(t, intern(spec.fmt), int(spec.rounding), None,
+                                                       check_sr_bits(self.sr_bits), axis)
             return quantize(t, spec.fmt, spec.rounding, axis=axis, sr_bits=self.sr_bits)
         return quantize(t, spec.fmt, spec.rounding, sr_bits=self.sr_bits)
+
+
+_I, _W, _G = Role.INPUT, Role.WEIGHT, Role.GRAD_OUTPUT
 
 
 def is_block(spec: Optional[RoleSpec]) -> bool:
@@ -138,26 +170,26 @@ class _BlockGemm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x2: Tensor, w: Tensor, plan: BlockPlan) -> Tensor:
-        ctx.plan = plan
+        ctx.plan, ctx.trace = plan, plan.observer()
         ctx.save_for_backward(x2, w)
         if plan.units is not None:
-            return plan.mm(x2, w.t(), plan.input, plan.weight, 0, 0)
-        return plan.q(x2, plan.input, -1) @ plan.q(w, plan.weight, 1).t()
+            return plan.mm(x2, w.t(), _I, _W, 0, 0, ctx.trace)
+        return plan.q(x2, _I, -1, ctx.trace) @ plan.q(w, _W, 1, ctx.trace).t()
 
     @staticmethod
     def backward(ctx, gy: Tensor):
         x2, w = ctx.saved_tensors
-        p = ctx.plan
+        p, tr = ctx.plan, ctx.trace
         gx = gw = None
         if ctx.needs_input_grad[0]:
-            gx = p.mm(gy, w, p.grad_output, p.weight, 0, 1)  # K = out_features
+            gx = p.mm(gy, w, _G, _W, 0, 1, tr)  # K = out_features
         if ctx.needs_input_grad[1]:
             if p.hadamard is not None:  # the NVFP4 recipe's RHT on both Wgrad operands, along K = tokens
                 gy, x2 = (rht(t, p.hadamard, p.hadamard_seed, 0) for t in (gy, x2))
             if p.units is None:
-                gw = p.q(gy, p.grad_output, 0).t() @ p.q(x2, p.input, 0)  # K = tokens
+                gw = p.q(gy, _G, 0, tr).t() @ p.q(x2, _I, 0, tr)  # K = tokens
             else:
-                gw = p.mm(gy.t(), x2, p.grad_output, p.input, 0, 2)
+                gw = p.mm(gy.t(), x2, _G, _I, 0, 2, tr)
         return gx, gw, None
 
 
@@ -167,19 +199,19 @@ class _BlockBmm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a: Tensor, b: Tensor, plan: BlockPlan) -> Tensor:
-        ctx.plan = plan
+        ctx.plan, ctx.trace = plan, plan.observer()
         ctx.save_for_backward(a, b)
-        return plan.mm(a, b, plan.input, plan.input, -2, 0)
+        return plan.mm(a, b, _I, _I, -2, 0, ctx.trace)
 
     @staticmethod
     def backward(ctx, g: Tensor):
         a, b = ctx.saved_tensors
-        p = ctx.plan
+        p, tr = ctx.plan, ctx.trace
         ga = gb = None
         if ctx.needs_input_grad[0]:  # K = N
-            ga = p.mm(g, b.transpose(-1, -2), p.grad_output, p.input, -2, 1)
+            ga = p.mm(g, b.transpose(-1, -2), _G, _I, -2, 1, tr)
         if ctx.needs_input_grad[1]:  # K = M
-            gb = p.mm(a.transpose(-1, -2), g, p.input, p.grad_output, -2, 2)
+            gb = p.mm(a.transpose(-1, -2), g, _I, _G, -2, 2, tr)
         return ga, gb, None
 
 

@@ -51,24 +51,24 @@ class Unsupported(Exception):
 
 class _BlockMatmul(torch.autograd.Function):
     """c = a @ b for a (..., M, K), b (..., K, N) with the same batch dims (or b 2-D with a 2-D): a quantised to
-    ``sa`` along K, b to ``sb`` along K; backward, the incoming gradient to grad_output along each backward
-    GEMM's own K (grad-a = g b^T along N, grad-b = a^T g along M)."""
+    role ``ra``'s format along K, b to ``rb``'s; backward, the incoming gradient to grad_output's along each
+    backward GEMM's own K (grad-a = g b^T along N, grad-b = a^T g along M)."""
 
     @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor, plan: BlockPlan, sa, sb) -> Tensor:
-        ctx.plan, ctx.specs = plan, (sa, sb)
+    def forward(ctx, a: Tensor, b: Tensor, plan: BlockPlan, ra: Role, rb: Role) -> Tensor:
+        ctx.plan, ctx.roles = plan, (ra, rb)
         ctx.save_for_backward(a, b)
-        return plan.mm(a, b, sa, sb, -2, 0)
+        return plan.mm(a, b, ra, rb, -2, 0)
 
     @staticmethod
     def backward(ctx, g: Tensor):
         a, b = ctx.saved_tensors
-        p, (sa, sb) = ctx.plan, ctx.specs
+        p, (ra, rb) = ctx.plan, ctx.roles
         ga = gb = None
         if ctx.needs_input_grad[0]:
-            ga = p.mm(g, b.transpose(-1, -2), p.grad_output, sb, -2, 1)
+            ga = p.mm(g, b.transpose(-1, -2), Role.GRAD_OUTPUT, rb, -2, 1)
         if ctx.needs_input_grad[1]:
-            gb = p.mm(a.transpose(-1, -2), g, sa, p.grad_output, -2, 2)
+            gb = p.mm(a.transpose(-1, -2), g, ra, Role.GRAD_OUTPUT, -2, 2)
         return ga, gb, None, None, None
 
 
@@ -105,9 +105,6 @@ class GemmEmulator(EmuLayer):
             if t is not None and t.dtype not in EMULATED_DTYPES:
                 raise Unsupported(f"dtype {t.dtype} (emulated: float32, float64, float16, bfloat16)")
 
-    def _spec(self, role: Role):
-        return getattr(self._emunum_block, role.value)
-
     def _product(self, a: Tensor, b: Tensor, ra: Role, rb: Role) -> Tensor:
         """a @ b (torch.matmul's shapes) of operands already rounded role by role."""
         plan, pol = self._emunum_block, self._emunum_policy
@@ -122,19 +119,18 @@ class GemmEmulator(EmuLayer):
         plan = self._emunum_block
         if plan.units is not None and Role.WEIGHT not in (ra, rb) and self._pair_error:
             raise Unsupported(f"block formats on MAD units for two activations: {self._pair_error}")
-        sa, sb = self._spec(ra), self._spec(rb)
         squeeze = []
         if a.dim() == 1:
             a, squeeze = a.unsqueeze(0), squeeze + [-2]
         if b.dim() == 1:
             b, squeeze = b.unsqueeze(-1), squeeze + [-1]
         if b.dim() == 2:  # every row of a against one matrix: one GEMM over the flattened rows
-            y = _BlockMatmul.apply(a.reshape(-1, a.shape[-1]), b, plan, sa, sb).reshape(*a.shape[:-1], b.shape[-1])
+            y = _BlockMatmul.apply(a.reshape(-1, a.shape[-1]), b, plan, ra, rb).reshape(*a.shape[:-1], b.shape[-1])
         else:
             batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
             a3 = a.expand(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
             b3 = b.expand(*batch, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
-            y = _BlockMatmul.apply(a3, b3, plan, sa, sb).reshape(*batch, a.shape[-2], b.shape[-1])
+            y = _BlockMatmul.apply(a3, b3, plan, ra, rb).reshape(*batch, a.shape[-2], b.shape[-1])
         for d in sorted(squeeze):
             y = y.squeeze(d)
         return y

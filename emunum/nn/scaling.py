@@ -74,13 +74,15 @@ class ScaledQuantizer:
 
 
 class _ScaledGradRound(torch.autograd.Function):
-    """Forward: x unchanged. Backward: the gradient g rounded as ``quantize(g * s) / s``,
-    ``s = per_tensor_scale(g)``, through the ``emunum::quantize`` op with a fresh seed."""
+    """Forward: a copy of x (a fresh tensor, as the unscaled gradient quantiser returns: a view returned from
+    a Function could not be modified in place, as in ``out += identity`` or ``ReLU(inplace=True)``).
+    Backward: the gradient g rounded as ``quantize(g * s) / s``, ``s = per_tensor_scale(g)``, through the
+    ``emunum::quantize`` op with a fresh seed."""
 
     @staticmethod
     def forward(ctx, x, max_value, fmt_args, mode, sr_bits):
         ctx.max_value, ctx.fmt_args, ctx.mode, ctx.sr_bits = max_value, fmt_args, mode, sr_bits
-        return x.view_as(x)
+        return x.clone(memory_format=torch.contiguous_format)
 
     @staticmethod
     def backward(ctx, g):

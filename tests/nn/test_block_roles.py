@@ -64,7 +64,7 @@ def test_a_tied_lm_head_is_a_block_gemm_and_the_embedding_a_lookup(fmt):
     assert model[2].weight is model[0].weight
     h = model[1](model[0](idx))
     plan = model[2]._emunum_block
-    expect = plan.q(h, plan.input, -1) @ plan.q(model[2].weight, plan.weight, 1).t()
+    expect = plan.q(h, emunum.Role.INPUT, -1) @ plan.q(model[2].weight, emunum.Role.WEIGHT, 1).t()
     assert torch.equal(model(idx), expect)
     cov = emunum.coverage(model, idx)
     assert cov.total_flops > 0 and cov.fraction == 1.0

@@ -192,15 +192,16 @@ def test_block_formats_quantise_each_functional_gemm_along_its_own_k(fmt):
     a_, b_ = a.clone().requires_grad_(True), b.clone().requires_grad_(True)
     y = pm(a_, b_)
     plan = pm.__dict__["_emunum_gemm"].mode.emu._emunum_block
-    qa, qb, qw = plan.q(a, plan.input, -1), plan.q(b, plan.input, -2), plan.q(w, plan.weight, 0)
+    R = emunum.Role
+    qa, qb, qw = plan.q(a, R.INPUT, -1), plan.q(b, R.INPUT, -2), plan.q(w, R.WEIGHT, 0)
     assert torch.equal(y, (qa @ qb).sum() + (qa.reshape(-1, 32) @ qw).reshape(2, 3, 5, 6).sum())
     y.backward()
     g = torch.ones(2, 3, 5, 4)  # grad of (a @ b): ones, quantised along each backward GEMM's K
-    ga_ab = plan.q(g, plan.grad_output, -1) @ plan.q(b.transpose(-1, -2), plan.input, -2)
+    ga_ab = plan.q(g, R.GRAD_OUTPUT, -1) @ plan.q(b.transpose(-1, -2), R.INPUT, -2)
     g2 = torch.ones(30, 6)
-    ga_aw = (plan.q(g2, plan.grad_output, -1) @ plan.q(w.t(), plan.weight, -2)).reshape(2, 3, 5, 32)
+    ga_aw = (plan.q(g2, R.GRAD_OUTPUT, -1) @ plan.q(w.t(), R.WEIGHT, -2)).reshape(2, 3, 5, 32)
     assert torch.equal(a_.grad, ga_ab + ga_aw)
-    gb = plan.q(a.transpose(-1, -2), plan.input, -1) @ plan.q(g, plan.grad_output, -2)
+    gb = plan.q(a.transpose(-1, -2), R.INPUT, -1) @ plan.q(g, R.GRAD_OUTPUT, -2)
     assert torch.equal(b_.grad, gb)
 
 

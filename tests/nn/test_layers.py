@@ -581,3 +581,41 @@ def test_merged_value_and_gradient_node_gives_the_same_bits_as_the_pair(fmt, kw)
 
     merged, pair = run(True), run(False)
     assert all(torch.equal(a, b) for a, b in zip(merged, pair))
+
+
+class _ResidualBlock(nn.Module):
+    """A ResNet basic block; ``inplace`` selects ``out += identity`` and ReLU(inplace=True) or their
+    out-of-place forms (the same arithmetic)."""
+
+    def __init__(self, inplace: bool):
+        super().__init__()
+        self.inplace = inplace
+        self.c1 = nn.Conv2d(4, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.relu = nn.ReLU(inplace=inplace)
+        self.c2 = nn.Conv2d(4, 4, 3, padding=1, bias=False)
+
+    def forward(self, x):
+        out = self.c2(self.relu(self.bn(self.c1(x))))
+        if self.inplace:
+            out += x
+        else:
+            out = out + x
+        return self.relu(out)
+
+
+@pytest.mark.parametrize("kw", [{"scaling": "per_tensor"}, {"grad_scaling": "per_tensor"},
+                                {"scaling": "per_tensor", "grad": "e5m2", "grad_rounding": "nearest"}])
+def test_in_place_ops_after_a_scaled_layer_give_the_out_of_place_bits(kw):
+    """A per-tensor-scaled layer returns a tensor that later in-place ops may modify, with the values and
+    gradients of the out-of-place model (stochastic seeds drawn in the same order)."""
+    def run(inplace):
+        torch.manual_seed(0)
+        m = emunum.patch(_ResidualBlock(inplace), fmt="e4m3fn", **kw)
+        x = torch.randn(2, 4, 5, 5, requires_grad=True)
+        y = m(x)
+        y.square().sum().backward()
+        return [y.detach(), x.grad] + [p.grad for p in m.parameters()]
+
+    for a, b in zip(run(True), run(False), strict=True):
+        assert torch.equal(a, b)

@@ -1,0 +1,56 @@
+"""Block-GEMM layers under torch.compile: no graph break (the block rounding is the custom op
+``emunum::quantize_block``), and the compiled step's values and gradients are eager's, bit for bit."""
+import copy
+
+import pytest
+import torch
+
+import emunum
+
+transformers = pytest.importorskip("transformers")
+
+
+def _tiny_bert():
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                  vocab_size=100, attn_implementation="eager", hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0)  # no dropout: inductor draws its own bits
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(cfg)
+
+
+def _step(model, ids, labels):
+    out = model(input_ids=ids, labels=labels)
+    out.loss.backward()  # the compiled model's backward is AOT autograd's compiled graph
+    return out.logits.detach()
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
+def test_a_block_format_bert_compiles_fullgraph_with_eagers_bits(fmt):
+    base = _tiny_bert()
+    g = torch.Generator().manual_seed(1)
+    ids, labels = torch.randint(0, 100, (4, 32), generator=g), torch.randint(0, 2, (4,), generator=g)
+    only_linear = lambda m, name: isinstance(m, torch.nn.Linear)  # noqa: E731
+    eager = emunum.patch(copy.deepcopy(base), fmt, grad_rounding="nearest", filter=only_linear)
+    comp = emunum.patch(copy.deepcopy(base), fmt, grad_rounding="nearest", filter=only_linear)
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(copy.deepcopy(comp))(input_ids=ids, labels=labels).graph_break_count == 0
+    want = _step(eager, ids, labels)
+    # aot_eager: the traced graph's fp32 ops are eager's (inductor's fusions may reassociate the unemulated
+    # LayerNorm/GELU arithmetic), so every difference would be the block op's
+    got = _step(torch.compile(comp, fullgraph=True, backend="aot_eager"), ids, labels)
+    assert torch.equal(want, got)
+    for (name, a), b in zip(eager.named_parameters(), comp.parameters(), strict=True):
+        assert (a.grad is None) == (b.grad is None), name
+        if a.grad is not None:
+            assert torch.equal(a.grad, b.grad), name
+
+
+def test_the_block_op_is_quantize_contiguous_and_passes_opcheck():
+    from emunum.formats.interned import intern
+
+    fmt = emunum.get_format("nvfp4")
+    x = torch.randn(48, 40)
+    for axis in (-1, 0):
+        y = torch.ops.emunum.quantize_block(x, intern(fmt), 0, None, 32, axis)
+        assert y.is_contiguous() and torch.equal(y, emunum.quantize(x, fmt, axis=axis))
+        torch.library.opcheck(torch.ops.emunum.quantize_block.default, (x, intern(fmt), 0, 7, 32, axis))

@@ -50,7 +50,8 @@ def main(argv=None) -> None:
     ap.add_argument("--target", type=float, default=0.88)
     ap.add_argument("--baseline", default="fp32")
     args = ap.parse_args(argv)
-    runs = [dataclasses.replace(r, format=r.format.split(" [")[0]) for r in report.load_sweep(args.runs)]
+    runs = [dataclasses.replace(r, format=r.format.split(" [")[0]) for r in report.load_sweep(args.runs)
+            if r.status != report.Status.FAILED]  # a run still in progress has no results.json yet
     acc = {r.path: curves.load_curve(r.path, curves.ACCURACY_TAG) for r in runs}
     loss = {r.path: curves.load_curve(r.path, curves.VAL_LOSS_TAG) for r in runs}
     fmts = report.formats_in_order(runs, args.baseline)
@@ -99,9 +100,13 @@ def main(argv=None) -> None:
     for name, per_seed in table.items():
         for f in fmts:
             vals = list(per_seed[f].values())
+            missing = sum(r.format == f for r in runs) - len(vals)
+            if len(vals) < 2 or missing:
+                print(f"{name:<24} {f:<6} {len(vals):>3} runs cross; {missing} never do: not scored")
+                continue
             line = (f"{name:<24} {f:<6} {len(vals):>3} {statistics.fmean(vals):>7.1f} {statistics.stdev(vals):>6.1f} "
                     f"{statistics.stdev(vals) / statistics.fmean(vals):>6.3f}")
-            if f in other:
+            if f in other and len(_pairs(per_seed, args.baseline, f)[0]) >= 2:
                 seeds, y, x = _pairs(per_seed, args.baseline, f)
                 iv = stats.ratio_interval(y, x, num_keys=seeds, den_keys=seeds)
                 half = max(iv.high - iv.estimate, iv.estimate - iv.low) / iv.estimate

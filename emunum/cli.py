@@ -118,6 +118,16 @@ def _cmd_report(args) -> int:
     if how == report.OutputFormat.CSV:
         for n in rep.notes:
             print(f"note: {n}", file=sys.stderr)
+    if args.until_ci is not None:
+        from .analysis import sequential
+
+        try:
+            rule = sequential.Rule(rel=args.until_ci, cap=args.seed_cap, start=min(sequential.Rule.start, args.seed_cap))
+            decisions = sequential.check_sweep(runs, args.baseline, rule)
+        except ValueError as e:
+            return _fail("report", e)
+        for name, d in decisions:
+            print(f"seeds: {d.seeds} per format ({name}); {d.message}")
     if not args.no_plot:
         path = Path(args.plot) if args.plot else Path(args.sweep) / "convergence.png"
         loss_path = path.with_name("loss.png" if not args.plot else f"{path.stem}_loss{path.suffix or '.png'}")
@@ -189,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--plot", default=None, help="where to write the accuracy plot (default <sweep>/convergence.png); the loss plot goes "
                    "beside it (<sweep>/loss.png, or <stem>_loss.png)")
     r.add_argument("--no-plot", action="store_true", help="skip the plots")
+    r.add_argument("--until-ci", type=float, default=None, metavar="REL",
+                   help="say whether each ratio's interval is within ±REL of the ratio (0.1: ±10%%) at the "
+                   "seeds-until-precise rule's level, and how many seeds the rule would run next "
+                   "(experiments/until_precise.py adds them)")
+    r.add_argument("--seed-cap", type=int, default=20, help="with --until-ci: the most seeds per format (default 20)")
     r.set_defaults(func=_cmd_report)
 
     t = sub.add_parser("tta", help="time to accuracy: iterations (emulation) x seconds per iteration (simulation)",

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from emunum import buffers
+from emunum.analysis import crossing
 from emunum.optim import derive_seed
 
 from . import data as data_mod
@@ -60,6 +61,9 @@ RESULT_KEYS = ("format", "status", "iterations_to_accuracy", "target_accuracy", 
 # at DIVERGENCE_EVALS evaluations in a row.
 DIVERGENCE_FACTOR = 1e3
 DIVERGENCE_EVALS = 3
+# The iterations-to-accuracy estimator results.json's iterations_estimate holds (chosen by measurement:
+# benchmarks/RESULTS.md, "Issue 33"); iterations_to_accuracy stays the first evaluation at the target.
+TTA_ESTIMATOR = crossing.Estimator.INTERPOLATED
 
 
 @dataclass
@@ -88,6 +92,9 @@ class Results:
     world_size: int | None = None  # torchrun runs only (experiments/ddp.py); absent from a single process's file
     # a diverged run's first non-finite event (emunum.nan_origin.NanOrigin.to_json), else None
     nan_origin: dict | None = None
+    # iterations-to-accuracy by TTA_ESTIMATOR (named in ``estimator``): what emunum report averages
+    iterations_estimate: float | None = None
+    estimator: str = ""
 
     def to_json(self) -> dict:
         def clean(v):
@@ -279,7 +286,7 @@ def _run(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, tensors, stat
         stack.callback(progress.close)
         it = state.iteration
         model.train()
-        while it < cfg.max_iters and not (state.reached_at is not None and cfg.stop_at_target):
+        while it < cfg.max_iters and not (cfg.stop_at_target and _settled(cfg, ds.task, state)):
             t0 = time.perf_counter()
             seed_step(ddp.step_seed(seed, STREAM_STEP, it), device)
             idx = sampler.indices(it)
@@ -413,6 +420,18 @@ def _evaluate_and_log(model, xva, yva, ds, cfg, state, writer, progress, it, tra
     writer.flush()
 
 
+def _settled(cfg, task: str, state: LoopState) -> bool:
+    """Reached, and no later evaluation can change TTA_ESTIMATOR's estimate (crossing.settled)."""
+    if state.reached_at is None:
+        return False
+    pts, target, above = _curve(cfg, task, state)
+    return crossing.settled(TTA_ESTIMATOR, pts, target, above=above)
+
+
+def _curve(cfg, task: str, state: LoopState):
+    return tasks.target_curve(task, state.evals, cfg.target_accuracy, cfg.target_loss)
+
+
 def _results(cfg, ds, state: LoopState, status, reason, scaler) -> Results:
     # an evaluation whose validation loss is not finite is of a model that outputs NaN/inf: never the best
     accs = [e["accuracy"] for e in state.evals if e["accuracy"] is not None and math.isfinite(e["loss"])]
@@ -430,7 +449,14 @@ def _results(cfg, ds, state: LoopState, status, reason, scaler) -> Results:
         model=cfg.model.name, data=cfg.data.name, optim=cfg.optim.name, seed=int(cfg.seed),
         skipped_steps=scaler.skipped_steps if scaler is not None else 0, reason=reason,
         best_bits_per_byte=tasks.bits_per_byte(ds.task, min(losses) if losses else None),
-        final_bits_per_byte=tasks.bits_per_byte(ds.task, final["loss"]), data_sha256=ds.sha256)
+        final_bits_per_byte=tasks.bits_per_byte(ds.task, final["loss"]), data_sha256=ds.sha256,
+        iterations_estimate=_estimate(cfg, ds.task, state) if state.reached_at is not None else None,
+        estimator=TTA_ESTIMATOR.value)
+
+
+def _estimate(cfg, task: str, state: LoopState) -> float | None:
+    pts, target, above = _curve(cfg, task, state)
+    return crossing.estimate(TTA_ESTIMATOR, pts, target, above=above)
 
 
 def _make_tracer(model, cfg):

@@ -43,3 +43,13 @@ def bits_per_byte(task: str, loss: float | None) -> float | None:
     if _check(task) != "language_model" or loss is None or not math.isfinite(loss):
         return None
     return loss / math.log(2.0)
+
+
+def target_curve(task: str, evals: list[dict], target_accuracy: float | None, target_loss: float | None):
+    """The (iteration, value) points the target is set on, the target, and whether values cross it from below
+    (accuracy) or above (a loss): what ``emunum.analysis.crossing`` estimators read. Evaluations with a
+    non-finite validation loss (a model that outputs NaN/inf) are left out, as the loop's own rule does."""
+    ok = [e for e in evals if e["loss"] is not None and math.isfinite(e["loss"])]
+    if target_is_accuracy(task):
+        return [(e["iteration"], e["accuracy"]) for e in ok], target_accuracy, True
+    return [(e["iteration"], e["loss"]) for e in ok], target_loss, False

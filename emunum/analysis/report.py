@@ -113,12 +113,12 @@ class _Measured:
 
 
 def measured(rs: list[Run]) -> _Measured:
-    """Reached runs at their iterations-to-accuracy; not_reached/diverged runs censored at iterations_run
+    """Reached runs at their iterations-to-accuracy (``iterations_estimate`` where present); not_reached/diverged runs censored at iterations_run
     (``max_iters`` from the config when results.json lacks it); failed runs and runs without either left out."""
     vals, cens, seeds = [], [], []
     for r in rs:
-        if r.status == Status.REACHED:
-            v, c = r.iterations_to_accuracy, False
+        if r.status == Status.REACHED:  # the estimator's figure where results.json has one
+            v, c = r.iterations_estimate if r.iterations_estimate is not None else r.iterations_to_accuracy, False
         elif r.status in (Status.NOT_REACHED, Status.DIVERGED):
             v, c = (r.iterations_run if r.iterations_run is not None else r.max_iters), True
         else:
@@ -187,6 +187,13 @@ def summarize(runs: list[Run], baseline: str = "fp32") -> Report:
     for r in runs:
         if r.status == Status.FAILED:
             notes.append(f"failed run {r.path} (format {r.format}, seed {r.seed}): {r.error or 'no message'}")
+    ests = sorted({r.estimator or "first" for r in runs if r.status == Status.REACHED})
+    if len(ests) > 1:
+        notes.append(f"reached runs measured iterations to accuracy with different estimators ({', '.join(ests)}): "
+                     "iterations are not comparable")
+    elif ests and ests != ["first"]:
+        notes.append(f"iterations to accuracy: the {ests[0]} crossing of the validation curve "
+                     "(results.json iterations_estimate; emunum/analysis/crossing.py)")
     targets = sorted({r.target_accuracy for r in runs if r.target_accuracy is not None})
     if len(targets) > 1:
         notes.append(f"runs have different target accuracies {targets}: iterations are not comparable")

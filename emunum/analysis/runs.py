@@ -42,6 +42,8 @@ class Run:
     error: str | None = None
     stop_at_target: bool | None = None  # from the config; False: a fixed-budget run (trained to max_iters)
     max_iters: int | None = None
+    iterations_estimate: float | None = None  # results.json's estimator-based iterations-to-accuracy, if any
+    estimator: str | None = None  # the name of the estimator behind iterations_estimate
 
 
 
@@ -132,8 +134,18 @@ def load_run(run_dir: Path) -> Run:
         target_accuracy=_opt_float(d, "target_accuracy", res), best_accuracy=_opt_float(d, "best_accuracy", res),
         final_accuracy=_opt_float(d, "final_accuracy", res), iterations_run=_opt_int(d, "iterations_run", res),
         seconds_per_iteration=_opt_float(d, "seconds_per_iteration", res),
-        error=str(err) if err is not None else None, **_budget(cfg),
+        error=str(err) if err is not None else None, **_budget(cfg), **_estimate(d, res, status),
     )
+
+
+def _estimate(d: dict, where: Path, status: Status) -> dict:
+    """iterations_estimate (a finite number >= 0, reached runs only) and its estimator's name."""
+    v, name = _opt_float(d, "iterations_estimate", where), d.get("estimator")
+    if v is not None and not (math.isfinite(v) and v >= 0):
+        raise ValueError(f"{where}: iterations_estimate={v!r} is not a finite number >= 0")
+    if v is None or status != Status.REACHED:
+        return {}
+    return {"iterations_estimate": v, "estimator": name if isinstance(name, str) and name else None}
 
 
 def _budget(cfg: dict | None) -> dict:

@@ -19,15 +19,19 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # The main job on the embedded default (MNIST-1D, the paper's CNN): the fp32 baseline and the Wang et al. fp8
-# recipe, SEEDS seeds each, as one Hydra sweep run JOBS at a time, then the report: iterations-to-accuracy per
-# format with 95% CIs, the fp8/fp32 ratio with its CI and the verdict (about 4-5 minutes on 2 quiet cores).
-SEEDS ?= 0,1,2,3,4
+# recipe on the same seeds, SEED_START of each, then two more at a time until the fp8/fp32 ratio's interval is
+# within +-UNTIL_CI of the ratio or SEED_CAP seeds (experiments/until_precise.py; each round one Hydra sweep,
+# JOBS runs at a time), then the report: iterations-to-accuracy per format with 95% CIs, the ratio with its CI
+# and verdict, the seeds it took and whether the answer is precise. At the cap it says NOT YET PRECISE and
+# make fails (exit 3). The measured wall time is in benchmarks/RESULTS.md ("Issue 33").
+UNTIL_CI   ?= 0.1
+SEED_START ?= 6
+SEED_CAP   ?= 20
 JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 train: $(STAMP)
-	d=outputs/make_train/$$(date +%Y-%m-%d_%H-%M-%S); \
-	$(PY) experiments/train.py -m format=fp32,fp8 seed=$(SEEDS) log=quiet checkpoint_every=0 \
-	    hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) hydra.sweep.dir=$$d && \
-	$(PY) -m emunum.cli report $$d --baseline fp32
+	$(PY) experiments/until_precise.py --dir outputs/make_train/$$(date +%Y-%m-%d_%H-%M-%S) --formats fp32,fp8 \
+	    --baseline fp32 --rel $(UNTIL_CI) --start $(SEED_START) --cap $(SEED_CAP) --jobs $(JOBS) \
+	    -- log=quiet checkpoint_every=0
 
 test: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=$(CUDASIM) $(PY) -m pytest -q tests

@@ -122,7 +122,8 @@ def _cmd_report(args) -> int:
         from .analysis import sequential
 
         try:
-            rule = sequential.Rule(rel=args.until_ci, cap=args.seed_cap, start=min(sequential.Rule.start, args.seed_cap))
+            start = min(sequential.Rule.start, max(2, args.seed_cap))
+            rule = sequential.Rule(rel=args.until_ci, cap=args.seed_cap, start=start)
             decisions = sequential.check_sweep(runs, args.baseline, rule)
         except ValueError as e:
             return _fail("report", e)

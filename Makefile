@@ -22,8 +22,8 @@ $(STAMP): pyproject.toml constraints.txt
 # recipe on the same seeds, SEED_START of each, then two more at a time until the fp8/fp32 ratio's interval is
 # within +-UNTIL_CI of the ratio or SEED_CAP seeds (experiments/until_precise.py; each round one Hydra sweep,
 # JOBS runs at a time), then the report: iterations-to-accuracy per format with 95% CIs, the ratio with its CI
-# and verdict, the seeds it took and whether the answer is precise. At the cap it says NOT YET PRECISE and
-# make fails (exit 3). The measured wall time is in benchmarks/RESULTS.md ("Issue 33").
+# and verdict, the seeds it took and whether the answer is precise. At the cap it prints NOT YET PRECISE (the
+# script's exit status 3, which make lets pass). Measured wall time: benchmarks/RESULTS.md ("Issue 33").
 UNTIL_CI   ?= 0.1
 SEED_START ?= 6
 SEED_CAP   ?= 20
@@ -31,7 +31,7 @@ JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 train: $(STAMP)
 	$(PY) experiments/until_precise.py --dir outputs/make_train/$$(date +%Y-%m-%d_%H-%M-%S) --formats fp32,fp8 \
 	    --baseline fp32 --rel $(UNTIL_CI) --start $(SEED_START) --cap $(SEED_CAP) --jobs $(JOBS) \
-	    -- log=quiet checkpoint_every=0
+	    -- log=quiet checkpoint_every=0 || test $$? -eq 3
 
 test: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=$(CUDASIM) $(PY) -m pytest -q tests

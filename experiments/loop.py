@@ -3,8 +3,11 @@
 Measurement. Iterations are counted from 1 (``iteration`` = optimizer steps taken). Every ``eval_every``
 iterations (and at ``max_iters``) the whole validation set is evaluated; iterations-to-accuracy is the first
 such iteration whose validation accuracy is >= ``target_accuracy`` (regression and language-model data:
-whose validation loss is <= ``target_loss``; see ``experiments/tasks.py``). With ``stop_at_target`` the
-run ends there.
+whose validation loss is <= ``target_loss``; see ``experiments/tasks.py``). ``iterations_estimate`` is
+``TTA_ESTIMATOR``'s reading of the same evaluations (``emunum.analysis.crossing``; "interpolated": the straight
+line between the evaluation before that one and it, solved for the target), named in ``estimator``; it is what
+``emunum report`` averages. With ``stop_at_target`` the run ends once that estimate is settled (for
+"interpolated", at the first evaluation at the target).
 
 Outcomes (``status``): "reached"; "not_reached" (max_iters without reaching the target); "diverged" (a
 NaN/inf training loss; a training loss above ``DIVERGENCE_FACTOR`` (1e3) times the first iteration's at

@@ -4,7 +4,8 @@ Each run logs its validation accuracy and loss at every evaluation (TensorBoard)
 every candidate. Per candidate: per format the mean, standard deviation and coefficient of variation over
 seeds; the paired ratio to the baseline with its 95% CI (emunum.analysis.stats) and that CI's half-width as a
 fraction of the ratio; the seeds a ±10% half-width would need (normal approximation, from the per-seed
-spread); and the bias against the plain first crossing: the candidate's ratio minus first's, with a paired
+spread); rho, the correlation of a seed's log iterations in the two formats; and the bias against the plain
+first crossing: the candidate's ratio minus first's, with a paired
 bootstrap 95% interval over seeds.
 
     python experiments/train.py -m format=fp32 seed=0,1,2,3 stop_at_target=false max_iters=1000 eval_every=20 \\
@@ -96,7 +97,7 @@ def main(argv=None) -> None:
     rng = np.random.default_rng(stats.RNG_SEED)
     print()
     print(f"{'estimator':<24} {'format':<6} {'n':>3} {'mean':>7} {'sd':>6} {'cv':>6}   {'ratio [95% CI]':<24} "
-          f"{'±%':>5} {'sd(r_i)':>7} {'seeds for ±10%':>14}   bias vs first [95% CI]")
+          f"{'±%':>5} {'sd(r_i)':>7} {'rho':>5} {'seeds for ±10%':>14}   bias vs first [95% CI]")
     for name, per_seed in table.items():
         for f in fmts:
             vals = list(per_seed[f].values())
@@ -110,8 +111,8 @@ def main(argv=None) -> None:
                 seeds, y, x = _pairs(per_seed, args.baseline, f)
                 iv = stats.ratio_interval(y, x, num_keys=seeds, den_keys=seeds)
                 half = max(iv.high - iv.estimate, iv.estimate - iv.low) / iv.estimate
-                d = y - iv.estimate * x  # the ratio of means' influence values
-                need = math.ceil((1.96 * d.std(ddof=1) / (0.1 * x.mean())) ** 2)
+                d = (y - iv.estimate * x) / (iv.estimate * x.mean())  # relative influence values of the ratio
+                need = math.ceil((1.96 * d.std(ddof=1) / 0.1) ** 2)
                 ri = y / x
                 fs, fy, fx = _pairs(table["first"], args.baseline, f)
                 common = sorted(set(seeds) & set(fs))
@@ -121,8 +122,9 @@ def main(argv=None) -> None:
                 idx = rng.integers(0, len(common), size=(stats.RESAMPLES, len(common)))
                 bs = cy[idx].mean(1) / cx[idx].mean(1) - py[idx].mean(1) / px[idx].mean(1)
                 lo, hi = np.quantile(bs, [0.025, 0.975])
+                rho = float(np.corrcoef(np.log(x), np.log(y))[0, 1])  # of the pair's logs, over seeds
                 line += (f"   {iv.estimate:.3f} [{iv.low:.3f}, {iv.high:.3f}] n={len(seeds):<3} {100 * half:>5.1f} "
-                         f"{ri.std(ddof=1):>7.3f} {need:>14}   {diff:+.4f} [{lo:+.4f}, {hi:+.4f}]")
+                         f"{ri.std(ddof=1):>7.3f} {rho:>5.2f} {need:>14}   {diff:+.4f} [{lo:+.4f}, {hi:+.4f}]")
             print(line)
 
 

@@ -22,12 +22,21 @@ def test_results_name_the_estimator_and_hold_its_figure(compose, tmp_path):
     res = train(compose("max_iters=200", "eval_every=5", "target_accuracy=0.3", "batch_size=100"), tmp_path)
     data = json.loads((tmp_path / "results.json").read_text())
     assert list(data)[: len(RESULT_KEYS)] == list(RESULT_KEYS)  # the contract keys stay, first
-    assert "nan_origin" in data and data["estimator"] == loop.TTA_ESTIMATOR.value == "interpolated"
+    assert "nan_origin" in data and data["estimator"] == loop.TTA_ESTIMATOR.value == "first"
+    assert data["iterations_estimate"] == data["iterations_to_accuracy"] == res.iterations_estimate
+    assert data["iterations_estimate"] == crossing.first_crossing(_curve(tmp_path), 0.3)
+
+
+@pytest.mark.parametrize("estimator", [crossing.Estimator.INTERPOLATED, crossing.Estimator.SMOOTHED])
+def test_other_estimators_read_the_same_evaluations(compose, tmp_path, monkeypatch, estimator):
+    monkeypatch.setattr(loop, "TTA_ESTIMATOR", estimator)
+    res = train(compose("max_iters=400", "eval_every=5", "target_accuracy=0.3", "batch_size=100"), tmp_path)
     # TensorBoard stores float32 accuracies; the loop's are the exact fractions, equal after rounding
-    expected = crossing.estimate(loop.TTA_ESTIMATOR, _curve(tmp_path), 0.3)
-    assert data["iterations_estimate"] == pytest.approx(expected, rel=1e-5)
-    assert data["iterations_to_accuracy"] - 5 < data["iterations_estimate"] <= data["iterations_to_accuracy"]
-    assert res.iterations_estimate == data["iterations_estimate"]
+    expected = crossing.estimate(estimator, _curve(tmp_path), 0.3)
+    assert res.estimator == estimator.value
+    assert res.iterations_estimate == pytest.approx(expected, rel=1e-5)
+    if estimator is crossing.Estimator.INTERPOLATED:
+        assert res.iterations_to_accuracy - 5 < res.iterations_estimate <= res.iterations_to_accuracy
 
 
 def test_a_run_that_never_reaches_has_no_estimate(compose, tmp_path):

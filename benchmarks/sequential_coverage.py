@@ -37,7 +37,8 @@ def main(argv=None) -> None:
                 y = 520 * 1.6 * np.exp(s * (rho * z1 + math.sqrt(1 - rho * rho) * z2) - s * s / 2)
                 n = rule.start
                 while True:
-                    iv = sequential.paired_ratio(y[:n], x[:n], range(n), range(n), rule, resamples=args.resamples, seed=t)
+                    iv = sequential.paired_ratio(y[:n], x[:n], range(n), range(n), rule, resamples=args.resamples,
+                                                 seed=t)
                     d = sequential.decide(iv, n, rule)
                     if d.stop:
                         break

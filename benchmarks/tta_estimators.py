@@ -114,10 +114,9 @@ def main(argv=None) -> None:
                 d = (y - iv.estimate * x) / (iv.estimate * x.mean())  # relative influence values of the ratio
                 need = math.ceil((1.96 * d.std(ddof=1) / 0.1) ** 2)
                 ri = y / x
-                fs, fy, fx = _pairs(table["first"], args.baseline, f)
-                common = sorted(set(seeds) & set(fs))
-                cy = np.array([per_seed[f][s] for s in common]); cx = np.array([per_seed[args.baseline][s] for s in common])
-                py = np.array([table["first"][f][s] for s in common]); px = np.array([table["first"][args.baseline][s] for s in common])
+                common = sorted(set(seeds) & set(_pairs(table["first"], args.baseline, f)[0]))
+                cy, cx = (np.array([per_seed[g][s] for s in common]) for g in (f, args.baseline))
+                py, px = (np.array([table["first"][g][s] for s in common]) for g in (f, args.baseline))
                 diff = cy.mean() / cx.mean() - py.mean() / px.mean()
                 idx = rng.integers(0, len(common), size=(stats.RESAMPLES, len(common)))
                 bs = cy[idx].mean(1) / cx[idx].mean(1) - py[idx].mean(1) / px[idx].mean(1)

@@ -113,8 +113,9 @@ class _Measured:
 
 
 def measured(rs: list[Run]) -> _Measured:
-    """Reached runs at their iterations-to-accuracy (``iterations_estimate`` where present); not_reached/diverged runs censored at iterations_run
-    (``max_iters`` from the config when results.json lacks it); failed runs and runs without either left out."""
+    """Reached runs at their iterations-to-accuracy (``iterations_estimate`` where present); not_reached/diverged
+    runs censored at iterations_run (``max_iters`` from the config when results.json lacks it); failed runs and
+    runs without either left out."""
     vals, cens, seeds = [], [], []
     for r in rs:
         if r.status == Status.REACHED:  # the estimator's figure where results.json has one
@@ -187,7 +188,8 @@ def summarize(runs: list[Run], baseline: str = "fp32") -> Report:
     for r in runs:
         if r.status == Status.FAILED:
             notes.append(f"failed run {r.path} (format {r.format}, seed {r.seed}): {r.error or 'no message'}")
-    ests = sorted({r.estimator or "first" for r in runs if r.status == Status.REACHED})
+    ests = sorted({r.estimator or ("first" if r.iterations_estimate is None else "unnamed") for r in runs
+                   if r.status == Status.REACHED})
     if len(ests) > 1:
         notes.append(f"reached runs measured iterations to accuracy with different estimators ({', '.join(ests)}): "
                      "iterations are not comparable")

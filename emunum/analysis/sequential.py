@@ -88,7 +88,7 @@ def decide(iv: stats.Interval | None, seeds: int, rule: Rule, name: str = "ratio
     precise = hw is not None and hw <= rule.rel
     capped = seeds >= rule.cap
     nxt = seeds if (precise or capped) else rule.next_count(seeds)
-    what = f"{name} {iv.estimate:.3f} [{iv.low:.3f}, {iv.high:.3f}] ({pct})" if hw is not None else f"{name}: no interval"
+    what = f"{name}: no interval" if hw is None else f"{name} {iv.estimate:.3f} [{iv.low:.3f}, {iv.high:.3f}] ({pct})"
     want = f"±{100 * rule.rel:g}%"
     if precise:
         msg = f"precise: {what}, ±{100 * hw:.1f}% <= {want} after {seeds} seeds per format"

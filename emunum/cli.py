@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="say whether each ratio's interval is within ±REL of the ratio (0.1: ±10%%) at the "
                    "seeds-until-precise rule's level, and how many seeds the rule would run next "
                    "(experiments/until_precise.py adds them)")
-    r.add_argument("--seed-cap", type=int, default=20, help="with --until-ci: the most seeds per format (default 20)")
+    r.add_argument("--seed-cap", type=int, default=24, help="with --until-ci: the most seeds per format (default 24)")
     r.set_defaults(func=_cmd_report)
 
     t = sub.add_parser("tta", help="time to accuracy: iterations (emulation) x seconds per iteration (simulation)",

@@ -1,7 +1,7 @@
 """Seeds until precise: run every format on the same seeds, adding seeds until each format's ratio to the
 baseline is known to within ±``--rel`` (``emunum.analysis.sequential``), or ``--cap`` seeds; then the report.
 
-    python experiments/until_precise.py --dir outputs/precise --formats fp32,fp8 --rel 0.1 --cap 20 -- log=quiet
+    python experiments/until_precise.py --dir outputs/precise --formats fp32,fp8 --rel 0.1 --cap 24 -- log=quiet
 
 Each round is one Hydra sweep (``experiments/train.py -m format=... seed=...``, joblib, ``--jobs`` at a time)
 into ``<dir>/seeds_<first>-<last>``; everything after ``--`` is passed to it. The rule looks at every run under

@@ -29,7 +29,7 @@ class Rule:
     rel: float = 0.10
     start: int = 6
     step: int = 2
-    cap: int = 20
+    cap: int = 24
     level: float = LEVEL
 
     def __post_init__(self):

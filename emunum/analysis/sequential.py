@@ -7,8 +7,8 @@ holds on both sides of a skewed bootstrap interval.
 
 Stopping when the interval is narrow selects samples whose spread happens to look small, and the expanded
 percentile bootstrap already covers a little less than its level at five seeds: measured over synthetic
-experiments (tests/analysis/test_sequential.py), a 95% interval covers the true ratio only about 91% of the
-time when this rule picks the sample size (0.92-0.93 starting at six seeds). The rule therefore computes its
+experiments (benchmarks/sequential_coverage.py), a 95% interval that this rule stops on covers the true ratio
+in 0.91-0.93 of them (starting at five or six seeds), below 0.93 in most scenarios. The rule therefore computes its
 interval at ``LEVEL`` (0.97), which brings the coverage of the interval it stops on, and reports, to 0.944-0.961
 in those simulations (benchmarks/RESULTS.md, "Issue 33"). The table's own intervals stay 95%.
 """

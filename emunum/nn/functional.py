@@ -266,7 +266,9 @@ class GemmEmulator(EmuLayer):
             s = s.masked_fill(~keep, float("-inf"))
         elif attn_mask is not None:
             s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
-        p = torch._safe_softmax(s, -1) if hasattr(torch, "_safe_softmax") else torch.softmax(s, -1)
+        p = torch.softmax(s, -1)
+        if is_causal or attn_mask is not None:  # a row masked whole gives zeros, as torch's math path does
+            p = p.masked_fill(torch.isneginf(s).all(-1, keepdim=True), 0.0)
         if dropout_p > 0.0:
             p = F.dropout(p, dropout_p, training=True)
         return self.matmul(p, v)

@@ -62,7 +62,7 @@ from torch import Tensor, nn
 
 from .autograd import Quantizer, _unwrap_if_dead
 from .ops import eager_ok, format_to_args, in_range_mask
-from .patch import emulated_modules
+from .patch import emulation_sites
 from .policy import Role
 from .formats import BlockFormat, RoundMode
 from .quantize import check_sr_bits, resolve_seed
@@ -267,7 +267,7 @@ class Tracer:
             raise ValueError(f"every={every!r} must be an int >= 1 (observe one call in every)")
         if not isinstance(sqnr, bool):
             raise TypeError(f"sqnr must be a bool, got {sqnr!r}")
-        mods = emulated_modules(model)
+        mods = emulation_sites(model)
         if not mods:
             raise ValueError("emunum.trace: the model has no emulated layer; call emunum.patch(model, ...) first")
         busy = [n for n, m in mods if m._emunum_trace is not None]
@@ -349,7 +349,7 @@ def enable(model: nn.Module, *, every: int = 10, sqnr: bool = True) -> Tracer:
 
 def disable(model: nn.Module) -> None:
     """Stop every tracer attached to ``model``'s layers."""
-    for _, m in emulated_modules(model):
+    for _, m in emulation_sites(model):
         m.__dict__["_emunum_trace"] = None
         _set_plan_trace(m, None)
 

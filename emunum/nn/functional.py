@@ -56,19 +56,19 @@ class _BlockMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a: Tensor, b: Tensor, plan: BlockPlan, ra: Role, rb: Role) -> Tensor:
-        ctx.plan, ctx.roles = plan, (ra, rb)
+        ctx.plan, ctx.roles, ctx.trace = plan, (ra, rb), plan.observer()
         ctx.save_for_backward(a, b)
-        return plan.mm(a, b, ra, rb, -2, 0)
+        return plan.mm(a, b, ra, rb, -2, 0, ctx.trace)
 
     @staticmethod
     def backward(ctx, g: Tensor):
         a, b = ctx.saved_tensors
-        p, (ra, rb) = ctx.plan, ctx.roles
+        p, (ra, rb), tr = ctx.plan, ctx.roles, ctx.trace
         ga = gb = None
         if ctx.needs_input_grad[0]:
-            ga = p.mm(g, b.transpose(-1, -2), Role.GRAD_OUTPUT, rb, -2, 1)
+            ga = p.mm(g, b.transpose(-1, -2), Role.GRAD_OUTPUT, rb, -2, 1, tr)
         if ctx.needs_input_grad[1]:
-            gb = p.mm(a.transpose(-1, -2), g, ra, Role.GRAD_OUTPUT, -2, 2)
+            gb = p.mm(a.transpose(-1, -2), g, ra, Role.GRAD_OUTPUT, -2, 2, tr)
         return ga, gb, None, None, None
 
 

@@ -62,7 +62,7 @@ from torch import Tensor, nn
 
 from .autograd import Quantizer, _unwrap_if_dead
 from .ops import eager_ok, format_to_args, in_range_mask
-from .patch import emulation_sites
+from .patch import FUNCTIONAL_SITE, emulation_sites
 from .policy import Role
 from .formats import BlockFormat, RoundMode
 from .quantize import check_sr_bits, resolve_seed
@@ -305,8 +305,10 @@ class Tracer:
             lt.reset()
 
     def to_dict(self) -> dict:
-        """``{layer: {role: {values, overflow, underflow, nan, signal, noise, sqnr_db, calls}}}``."""
-        return {name: lt.to_dict() for name, lt in self.layers.items()}
+        """``{layer: {role: {values, overflow, underflow, nan, signal, noise, sqnr_db, calls}}}``; the model's
+        functional GEMMs (``patch.FUNCTIONAL_SITE``) appear once one has run."""
+        return {name: lt.to_dict() for name, lt in self.layers.items()
+                if lt.calls or name != FUNCTIONAL_SITE}
 
     summary = to_dict
 

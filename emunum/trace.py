@@ -9,7 +9,8 @@ Usage::
                 t.to_tensorboard(writer, step)  # rates since the last export, then cleared
     print(t.to_json())
 
-Off by default; a patched model without a tracer pays nothing. For every emulated layer (``emunum.patch``) and
+Off by default; a patched model without a tracer pays nothing. For every emulated layer (``emunum.patch``; the
+model's functional GEMMs count as one more, ``"functional GEMMs"``, sampled per GEMM call) and
 every role it rounds, each sampled rounding of a tensor ``x`` to ``q`` adds up:
 
 - ``values``: elements seen (in sampled calls, see below);

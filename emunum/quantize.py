@@ -21,14 +21,10 @@ DEFAULT_SR_BITS = 32
 
 _warned_devices: set[str] = set()
 
-def intern(fmt) -> int:
-    """``formats.interned.intern``; torch.compile calls it at trace time and bakes the id in as a constant (its
-    lock cannot be traced)."""
-    return _intern(fmt)
-
-
-# the mark that torch.compiler.assume_constant_result sets; set here directly, because calling that function
-# imports torch._dynamo, which made ``import emunum`` cost about 2 s
+# torch.compile calls this at trace time and bakes the id in as a constant (its lock cannot be traced). The mark
+# is what torch.compiler.assume_constant_result sets on the function itself; set here directly, because calling
+# that function imports torch._dynamo, which made ``import emunum`` cost about 2 s
+intern = _intern
 intern._dynamo_marked_constant = True
 
 _STOCHASTIC = RoundMode.STOCHASTIC

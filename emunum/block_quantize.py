@@ -142,7 +142,7 @@ def table_blocks(work: torch.Tensor, fmt: BlockFormat, tile, mode: RoundMode, ke
     full = (s * t).repeat_interleave(tr, dim=1).repeat_interleave(tc, dim=2)[:, :R, :C]
     scaled = (w / full).contiguous().view(-1)
     q = torch.empty_like(scaled)
-    _, n, tab = el.to_kernel_args()
+    n, tab = el.to_kernel_args()  # kernels.abi.TableArgs
     if work.device.type == "cuda":
         from .kernels import cuda as kc, table_cuda
         with kc.device_of(work):

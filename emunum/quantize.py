@@ -13,6 +13,7 @@ from .block_quantize import quantize_block_checked
 from .formats import (BlockFormat, CustomFormat, FixedFormat, FloatFormat, Format, LogFormat, PositFormat, RoundMode,
                       TableFormat, get_format)
 from .formats.interned import intern as _intern
+from .kernels.abi import Kind
 from .rng import seed_key
 from .reference import quantize_reference, quantize_torch
 
@@ -122,7 +123,7 @@ def _cpu_runner(fmt: Format, dtype: torch.dtype):
     if isinstance(fmt, CustomFormat):
         return custom_runner(fmt, dtype)
     backend = _cpu()
-    args = fmt.to_kernel_args()[1:]
+    args = fmt.to_kernel_args()  # a kernels.abi record: its fields in the runners' parameter order
     if isinstance(fmt, TableFormat):
         from .kernels import table_cpu
         return table_cpu.table_runner(_NUMPY_DTYPES[dtype], *args)
@@ -201,13 +202,13 @@ def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: Ro
         s, d = backend.as_device_array(src), backend.as_device_array(dst)
         stream = backend.torch_stream(src.device)
         if isinstance(fmt, FloatFormat):
-            _, man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()
-            backend.quantize_float(s, d, man, emin, sub, mx, ovf, negzero, int(mode), key, nbits,
-                                   layout=layout, stream=stream)
+            a = fmt.to_kernel_args()
+            backend.quantize_float(s, d, a.man, a.emin, a.subnormals, a.max, a.overflow, a.negzero, int(mode), key,
+                                   nbits, layout=layout, stream=stream)
         else:
-            _, frac, cmin, cmax, sat = fmt.to_kernel_args()
-            backend.quantize_fixed(s, d, frac, cmin, cmax, sat, int(mode), key, nbits, layout=layout,
-                                   stream=stream)
+            a = fmt.to_kernel_args()
+            backend.quantize_fixed(s, d, a.frac, a.code_min, a.code_max, a.saturate, int(mode), key, nbits,
+                                   layout=layout, stream=stream)
 
 
 def _run_cuda_lookup(src: torch.Tensor, dst: torch.Tensor, fmt, mode: RoundMode, key: int, nbits: int):
@@ -230,16 +231,16 @@ def _run_cuda_lookup(src: torch.Tensor, dst: torch.Tensor, fmt, mode: RoundMode,
         stream = backend.torch_stream(src.device)
         if isinstance(fmt, TableFormat):
             from .kernels import table_cuda
-            table_cuda.quantize_table(s, d, fmt.n, table_cuda.device_table(fmt.to_kernel_args()[2]), int(mode),
+            table_cuda.quantize_table(s, d, fmt.n, table_cuda.device_table(fmt.to_kernel_args().table), int(mode),
                                       key, nbits, stream=stream)
         elif isinstance(fmt, CustomFormat):
             from .kernels import custom_cuda
             custom_cuda.quantize_custom(s, d, fmt, int(mode), key, nbits, stream=stream)
         else:
             from .kernels import log_cuda
-            _, frac, kmin, kmax, signed, tab = fmt.to_kernel_args()
-            log_cuda.quantize_log(s, d, frac, kmin, kmax, signed, log_cuda.device_table(tab), int(mode), key,
-                                  nbits, stream=stream)
+            a = fmt.to_kernel_args()
+            log_cuda.quantize_log(s, d, a.frac, a.kmin, a.kmax, a.signed, log_cuda.device_table(a.table), int(mode),
+                                  key, nbits, stream=stream)
 
 
 _warned_custom: set = set()
@@ -283,15 +284,15 @@ def format_to_args(fmt) -> list[int]:
         return []
     fmt = get_format(fmt)
     if isinstance(fmt, PositFormat):
-        return [2, fmt.nbits, fmt.es]
+        return [Kind.POSIT, fmt.nbits, fmt.es]
     if isinstance(fmt, (TableFormat, LogFormat, CustomFormat)):
-        return [3, intern(fmt)]
+        return [Kind.INTERNED, intern(fmt)]
     if not isinstance(fmt, (FloatFormat, FixedFormat)):
         raise TypeError(f"{fmt.name} is not an element format (FloatFormat/FixedFormat); block formats apply to "
                         "GEMM operands (emunum.patch) or through emunum.quantize(x, fmt, axis=...)")
     if isinstance(fmt, FloatFormat):
-        return [0, fmt.exp, fmt.man, fmt.bias, int(fmt.subnormals), int(fmt.special), int(fmt.saturate)]
-    return [1, fmt.bits, fmt.frac_bits, int(fmt.signed), int(fmt.saturate)]
+        return [Kind.FLOAT, fmt.exp, fmt.man, fmt.bias, int(fmt.subnormals), int(fmt.special), int(fmt.saturate)]
+    return [Kind.FIXED, fmt.bits, fmt.frac_bits, int(fmt.signed), int(fmt.saturate)]
 
 
 def _traced(x: torch.Tensor) -> bool:

@@ -88,7 +88,7 @@ def custom_runner(dtype, fmt):
             return
         fmt.check_mode(mode)
         table, ninf, pinf, negzero = fmt.derived()
-        n, tab = table.to_kernel_args()[1:]
+        n, tab = table.to_kernel_args()  # abi.TableArgs
         with _parallel.try_parallel(use_parallel(size, parallel)) as par:
             derived_at(src, dst, size, w, par, tab, np.int64(n), snap32, np.int64(ninf), np.int64(pinf),
                        np.int64(negzero), mode, np.uint64(key), nbits)

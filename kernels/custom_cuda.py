@@ -97,7 +97,7 @@ def quantize_custom(src, dst, fmt, mode, key, nbits, *, stream=None):
     else:
         fmt.check_mode(mode)
         table, ninf, pinf, negzero = fmt.derived()
-        n, tab = table.to_kernel_args()[1:]
+        n, tab = table.to_kernel_args()  # abi.TableArgs
         _launch(derived_kernel, d_src.size, stream, d_src, d_dst, device_table(tab), np.int64(n),
                 np.int64(src.dtype == np.float32), np.int64(ninf), np.int64(pinf), np.int64(negzero), int(mode),
                 np.uint64(key), nbits)

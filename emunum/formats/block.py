@@ -23,6 +23,7 @@ import numpy as np
 from .base import NumberFormat, as_codes, check_bool, check_int, parse_enum
 from .fixed import FixedFormat
 from .float import FloatFormat
+from ..kernels.abi import ScaleArgs
 from .presets import ALIASES, PRESETS
 from .table import TABLE_PRESETS, TableFormat
 
@@ -66,9 +67,9 @@ class E8M0Format(NumberFormat):
     def values(self) -> np.ndarray:
         return np.ldexp(1.0, np.arange(-127, 128))
 
-    def to_kernel_args(self) -> tuple:
-        """(kind=2, emin, emax): a power-of-two scale."""
-        return (2, -127, 127)
+    def to_kernel_args(self) -> ScaleArgs:
+        """``kernels.abi.ScaleArgs``: a power-of-two scale 2**e, e in [-127, 127]."""
+        return ScaleArgs(emin=-127, emax=127)
 
 
 E8M0 = E8M0Format()

@@ -17,6 +17,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from ..kernels.abi import TableArgs
 from .base import NumberFormat, RoundMode, as_codes
 
 MAX_VALUES = 1 << 16
@@ -91,10 +92,10 @@ class TableFormat(NumberFormat):
     def values(self) -> np.ndarray:
         return np.array(self.values_, dtype=np.float64)
 
-    def to_kernel_args(self) -> tuple:
-        """(kind=3, n, table): table = float64 [values (n), midpoint high parts (n-1), low parts (n-1)], each
-        midpoint (values[i] + values[i+1]) / 2 being exactly high + low."""
-        return (3, self.n, kernel_table(self))
+    def to_kernel_args(self) -> TableArgs:
+        """``kernels.abi.TableArgs``: table = float64 [values (n), midpoint high parts (n-1), low parts (n-1)],
+        each midpoint (values[i] + values[i+1]) / 2 being exactly high + low."""
+        return TableArgs(n=self.n, table=kernel_table(self))
 
     def decode(self, codes) -> np.ndarray:
         return self.values()[as_codes(codes, self.n, self.name)]

@@ -368,13 +368,12 @@ class MADUnit:
 def format_params(fmt: Format, mode: RoundMode) -> np.ndarray:
     """The int64 parameter vector of ``kernels.gemm_scalar`` (layout P_KIND..P_MODE) for fmt and mode."""
     p = np.zeros(NPARAM, np.int64)
+    a = fmt.to_kernel_args()
     if isinstance(fmt, FloatFormat):
-        _, man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()
-        maxbits = int(np.array(mx, dtype=np.float64).view(np.int64))
-        p[:7] = (0, man, emin, sub, maxbits, ovf, negzero)
+        maxbits = int(np.array(a.max, dtype=np.float64).view(np.int64))
+        p[:7] = (a.KIND, a.man, a.emin, a.subnormals, maxbits, a.overflow, a.negzero)
     else:
-        _, frac, cmin, cmax, sat = fmt.to_kernel_args()
-        p[0], p[7:11] = 1, (frac, cmin, cmax, sat)
+        p[0], p[7:11] = a.KIND, (a.frac, a.code_min, a.code_max, a.saturate)
     p[11] = int(mode)
     return p
 

@@ -21,57 +21,52 @@ from .scalar import NEAREST, STOCHASTIC, finish_derived, random_bits, round_tabl
 
 
 # ---- nearest: the user's functions (no cache: their types are per function) ---------------------------
-# Every code is checked before from_code sees it, and an exception in either function is caught per element
-# (numba's parallel loops drop exceptions): a loop stops at its first failing element and returns its index;
-# ``raise_for`` then calls the functions again on that element's value, so that the caller gets the user's
-# own exception, or a ValueError naming the format, the value and the code.
-@njit
-def checked_value(to_code, from_code, x, limit):
-    """(from_code(to_code(x)), True), or (0.0, False) where to_code or from_code raised, or the code is
-    outside 0 .. limit-1 (a negative code wraps to a large unsigned one)."""
-    try:
-        c = np.int64(to_code(x))
-    except Exception:
-        return 0.0, False
-    if np.uint64(c) >= limit:
-        return 0.0, False
-    try:
-        return np.float64(from_code(c)), True
-    except Exception:
-        return 0.0, False
-
-
+# Every code is checked before from_code sees it: a loop stops at its first out-of-range code, returns its
+# index, and ``raise_for`` names the format, the value and the code. An exception raised by to_code/from_code
+# propagates out of the serial loop; numba's parallel loop drops it (the worker's remaining iterations are
+# abandoned), so each parallel run records that it finished, and the runner reruns the first unfinished run
+# serially, which raises the user's exception. The checks cost one compare per element and one store per run.
 @njit
 def nearest_serial(to_code, from_code, src, dst, limit):
-    """Index of the first failing element (dst written up to it), or -1."""
+    """Index of the first element whose code is outside 0 .. limit-1 (dst written up to it), or -1."""
     for i in range(src.size):
-        v, ok = checked_value(to_code, from_code, np.float64(src[i]), limit)
-        if not ok:
+        c = np.int64(to_code(np.float64(src[i])))
+        if np.uint64(c) >= limit:  # a negative code wraps to a large unsigned one
             return i
-        dst[i] = v
+        dst[i] = from_code(c)
     return -1
 
 
 @njit(parallel=True)
 def nearest_parallel(to_code, from_code, src, dst, limit, chunks):
-    """As nearest_serial over ``chunks`` contiguous runs in parallel; each run stops at its first failing
-    element, so the smallest index over the runs is the first failing element of the array."""
+    """(first bad index or -1, start of the first run that did not finish or -1) over ``chunks`` contiguous
+    runs in parallel, each as nearest_serial."""
     n = src.size
     per = (n + chunks - 1) // chunks
-    first = np.full(chunks, n, np.int64)
+    first = np.full(chunks, n + 1, np.int64)  # n + 1 stays where a user function raised
     for c in prange(chunks):
+        j = n
         for i in range(c * per, min(n, (c + 1) * per)):
-            v, ok = checked_value(to_code, from_code, np.float64(src[i]), limit)
-            if not ok:
-                first[c] = i
+            k = np.int64(to_code(np.float64(src[i])))
+            if np.uint64(k) >= limit:
+                j = i
                 break
-            dst[i] = v
-    i = first.min()
-    return i if i < n else -1
+            dst[i] = from_code(k)
+        first[c] = j
+    bad, restart = -1, -1
+    for c in range(chunks):
+        if first[c] == n + 1:
+            restart = c * per
+            break
+        if first[c] < n:
+            bad = first[c]
+            break
+    return bad, restart
 
 
-# one entry per loop, so that a format compiles only the loop it runs; each returns (failing index or -1,
-# the value there): a failing element's dst is never written, so its value is read back even in place
+# one entry per loop, so that a format compiles only the loop it runs; they return (index of the first bad
+# code or -1, the value there, and for the parallel loop the restart index): a failing element's dst is
+# never written, so its value is read back even in place
 @njit
 def nearest_serial_at(to_code, from_code, src, dst, size, w, limit):
     s = carray(_voidptr(src), size, w.dtype)
@@ -82,8 +77,8 @@ def nearest_serial_at(to_code, from_code, src, dst, size, w, limit):
 @njit
 def nearest_parallel_at(to_code, from_code, src, dst, size, w, limit, chunks):
     s = carray(_voidptr(src), size, w.dtype)
-    i = nearest_parallel(to_code, from_code, s, carray(_voidptr(dst), size, w.dtype), limit, chunks)
-    return i, np.float64(s[i]) if i >= 0 else 0.0
+    i, restart = nearest_parallel(to_code, from_code, s, carray(_voidptr(dst), size, w.dtype), limit, chunks)
+    return i, np.float64(s[i]) if i >= 0 else 0.0, restart
 
 
 def check_code(fmt, code: int, what: str) -> int:
@@ -95,15 +90,9 @@ def check_code(fmt, code: int, what: str) -> int:
 
 
 def raise_for(fmt, x: float) -> None:
-    """Raise what ``from_code(to_code(x))`` does, called from Python on the value a kernel stopped at: the
-    user's exception (with a note naming fmt and x), or ValueError for a code out of range."""
-    try:
-        code = check_code(fmt, int(fmt.to_code_jit(x)), f"to_code({x!r})")
-        fmt.from_code_jit(code)
-    except Exception as e:
-        if not isinstance(e, ValueError) or not str(e).startswith(f"{fmt.name}: to_code("):
-            e.add_note(f"raised by {fmt.name}'s to_code/from_code on the input value {x!r}")
-        raise
+    """Raise what ``from_code(to_code(x))`` does, called from Python on the value a kernel stopped at:
+    ValueError for a code out of range, or the user's exception."""
+    fmt.from_code_jit(check_code(fmt, int(fmt.to_code_jit(x)), f"to_code({x!r})"))
     raise RuntimeError(f"{fmt.name}: to_code/from_code failed on {x!r} in the kernel but not when called again "
                        "(they must be deterministic functions of their argument)")
 
@@ -149,12 +138,11 @@ def custom_runner(dtype, fmt):
 
     def run(src: int, dst: int, size: int, mode, key, nbits, parallel=None) -> None:
         if int(mode) == NEAREST:
-            with _parallel.try_parallel(use_parallel(size, parallel)) as par:
-                if par:
-                    bad, x = nearest_parallel_at(to_code, from_code, src, dst, size, w, limit,
-                                                 np.int64(max(1, min(size, 8 * numba.get_num_threads()))))
-                else:
-                    bad, x = nearest_serial_at(to_code, from_code, src, dst, size, w, limit)
+            try:
+                bad, x = _nearest(src, dst, size, parallel)
+            except Exception as e:
+                e.add_note(f"raised by {fmt.name}'s to_code/from_code (CustomFormat), rounding {size} values")
+                raise
             if bad >= 0:
                 raise_for(fmt, x)
             return
@@ -164,6 +152,24 @@ def custom_runner(dtype, fmt):
         with _parallel.try_parallel(use_parallel(size, parallel)) as par:
             derived_at(src, dst, size, w, par, tab, np.int64(n), snap32, np.int64(ninf), np.int64(pinf),
                        np.int64(negzero), mode, np.uint64(key), nbits)
+
+    def _nearest(src, dst, size, parallel):
+        with _parallel.try_parallel(use_parallel(size, parallel)) as par:
+            if par:
+                bad, x, restart = nearest_parallel_at(to_code, from_code, src, dst, size, w, limit,
+                                                      np.int64(max(1, min(size, 8 * numba.get_num_threads()))))
+                if restart >= 0:  # a user function raised there: the serial loop raises it again
+                    step = restart * w.dtype.itemsize
+                    bad, x = nearest_serial_at(to_code, from_code, src + step, dst + step, size - restart, w,
+                                               limit)
+                    if bad < 0:
+                        raise RuntimeError(
+                            f"{fmt.name}: to_code/from_code raised in the parallel loop at or after element "
+                            f"{restart} but not when called again (they must be deterministic functions of "
+                            "their argument)")
+            else:
+                bad, x = nearest_serial_at(to_code, from_code, src, dst, size, w, limit)
+        return bad, x
 
     return run
 

@@ -6,6 +6,8 @@ Stochastic rounding draws element i's bits from (seed, i), i the flat C-order in
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -62,12 +64,13 @@ def working_layout(x: torch.Tensor, fmt: BlockFormat, axis: int):
             ax = 0
         moved = w.movedim(ax, -1)
         mshape = moved.shape
-        work = moved.reshape(1, -1, mshape[-1]).contiguous()
+        # explicit sizes: reshape cannot infer a -1 beside a zero-size axis (an empty tensor is valid input)
+        work = moved.reshape(1, math.prod(mshape[:-1]), mshape[-1]).contiguous()
         return work, (1, c), lambda t: t.reshape(mshape).movedim(-1, ax).reshape(x.shape)
     if x.dim() < 2:
         raise ValueError(f"block_size={fmt.block_size}: 2-D tiles need a tensor of at least 2 dimensions, "
                          f"got shape {tuple(x.shape)}")
-    work = w.reshape(-1, x.shape[-2], x.shape[-1]).contiguous()
+    work = w.reshape(math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1]).contiguous()
     return work, (r, c), lambda t: t.reshape(x.shape)
 
 

@@ -55,6 +55,8 @@ def working_layout(x: torch.Tensor, fmt: BlockFormat, axis: int):
     shape, restore(w) maps a (P, R, C) result back to x's shape."""
     r, c = fmt.tile
     w = x.detach()
+    if w.is_neg():  # a lazily negated view is read by value (the kernels read memory)
+        w = w.resolve_neg()
     if w.dtype not in _NUMPY:
         w = w.float()
     if r == 0:
@@ -84,7 +86,9 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
     direct = (out is not None and out.dtype == work.dtype and out.is_contiguous()
               and (fmt.tile[0] != 0 or x.dim() == 0 or _axis(axis, x.dim()) == x.dim() - 1))
     dst = out.view(work.shape) if direct else buffers.empty_like(work)  # the layout of x, and of a contiguous out
-    if x.numel() and isinstance(fmt.element, TableFormat):
+    if x.is_meta:  # shape propagation, as for element formats: a meta tensor has no values to round
+        pass
+    elif x.numel() and isinstance(fmt.element, TableFormat):
         if x.device.type not in ("cpu", "cuda"):
             raise ValueError(f"block formats have kernels for cpu and cuda tensors; x is on {x.device}")
         q, s = table_blocks(work, fmt, tile, mode, key, nbits)

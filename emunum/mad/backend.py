@@ -21,7 +21,7 @@ _warned_devices: set[str] = set()
 def check_operand(x, name: str) -> None:
     """x must be a float tensor whose values are float32-representable (all FloatFormat values are)."""
     check_tensor(x, name)
-    if x.dtype == torch.float64:
+    if x.dtype == torch.float64 and not x.is_meta:  # a meta tensor has no values to check
         with torch.no_grad():
             back = x.to(torch.float32).to(torch.float64)
             same = (back == x) | torch.isnan(x)
@@ -98,6 +98,8 @@ def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias: torch
         raise ValueError(f"inner dimensions differ: A is {tuple(A.shape)}, B is {tuple(B.shape)}")
     nb = max(bA, bB) if nb is None else nb
     device = A.device
+    if device.type == "meta":  # shape propagation: meta tensors have no values to compute with
+        return torch.empty((nb, M, N), dtype=torch.float64, device=device)
     if unit.multiplier is not None:
         if device.type not in ("cpu", "cuda"):
             _host_fallback(device)
@@ -195,6 +197,8 @@ def elementwise(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, unit: MADUnit
                          "use matmul, addmm or baddbmm")
     shape = torch.broadcast_shapes(a.shape, b.shape, c.shape)
     device = a.device
+    if device.type == "meta":  # shape propagation, as gemm
+        return torch.empty(shape, dtype=torch.float64, device=device)
     with torch.no_grad():
         if device.type not in ("cpu", "cuda"):
             _host_fallback(device)

@@ -210,3 +210,32 @@ def test_cuda_kernel_checks_codes_and_passes_on_exceptions(fmt, bad, exc, words)
     x[41] = bad
     with pytest.raises(exc, match=words):
         custom_cuda.quantize_custom(x, x.copy(), fmt, 0, 0, 32)
+
+
+# ---- Multiplier.function: a user product inside the parallel GEMM and MAD kernels ------------------------------
+@njit
+def product_raises(a, b):
+    if a > 1000.0:
+        raise ArithmeticError("operand outside this multiplier's range")
+    return a * b
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("M", [1, 40, 300])
+def test_a_multiplier_functions_exception_reaches_the_caller_from_the_gemm(threads, M):
+    from emunum.mad import MADUnit, Multiplier
+    unit = MADUnit(None, "fp32", fused=True, multiplier=Multiplier.function(product_raises))
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        A, B = torch.ones(M, 16), torch.ones(16, 24)
+        assert torch.equal(emunum.mad.matmul(A, B, unit), A @ B)  # the function works where it does not raise
+        A[M - 1, 3] = 2048.0
+        with pytest.raises(ArithmeticError, match="outside this multiplier's range"):
+            emunum.mad.matmul(A, B, unit)
+        a = torch.ones(M * 1000)
+        a[-1] = 4096.0
+        with pytest.raises(ArithmeticError, match="outside this multiplier's range"):
+            emunum.mad.mad(a, torch.ones_like(a), torch.zeros_like(a), unit)
+    finally:
+        numba.set_num_threads(old)

@@ -368,7 +368,7 @@ def quantize_checked(x: torch.Tensor, fmt: Format, mode: RoundMode, seed: int | 
         if out is not None:  # written behind autograd's back: let it see the in-place change
             torch.autograd.graph.increment_version(out)
         return result
-    if x.numel() == 0:
+    if x.numel() == 0 or x.is_meta:  # a meta tensor: shape propagation (it has no values to round)
         return result
 
     with torch.no_grad():

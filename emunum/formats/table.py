@@ -161,6 +161,11 @@ def _checked_values(values) -> tuple:
         raise TypeError(f"TableFormat.values must be a sequence of floats, got {type(values).__name__}")
     try:
         a = np.asarray(values, dtype=np.float64)
+    except OverflowError:  # a Python int beyond float64 (2**1024): name it rather than numpy's bare message
+        big = next((i for i, v in enumerate(values) if isinstance(v, int) and abs(v) >= 2**1024), None)
+        where = f"values[{big}]=2**{abs(values[big]).bit_length() - 1}..." if big is not None else "a value"
+        raise ValueError(f"TableFormat: {where} is beyond the float64 range (max {float(np.finfo(np.float64).max)!r}); "
+                         "all values must be finite float64 numbers") from None
     except (TypeError, ValueError):
         raise TypeError(f"TableFormat.values must be a sequence of real numbers, got {values!r}") from None
     if a.ndim != 1:

@@ -154,6 +154,10 @@ class Multiplier:
         """lut[i, j]: the product value (float64) of the operands with codes i and j of ``operand_fmt`` (a
         format of k <= 8 bits, or its name); shape (2**k, 2**k). The table is copied."""
         fmt = format_or_none(operand_fmt, "Multiplier.table: operand_fmt")
+        from ..formats import BlockFormat
+        if isinstance(fmt, BlockFormat):  # its codes are not values without their block's scale
+            raise ValueError(f"Multiplier.table: operand_fmt={fmt.name} is a block format; allowed: an element "
+                             f"format of at most {MAX_TABLE_BITS} bits (e.g. its element, {fmt.element.name})")
         if fmt is None or not isinstance(fmt, NumberFormat) or not hasattr(fmt, "bits"):
             raise ValueError(f"Multiplier.table: operand_fmt={operand_fmt!r}; allowed: a number format of at most "
                              f"{MAX_TABLE_BITS} bits")

@@ -108,3 +108,19 @@ class ScaleArgs(NamedTuple):
     emin: int
     emax: int
     KIND = Kind.SCALE
+
+
+# ---- the MAD datapaths' int64 parameter vectors (slots named once, here) -----------------------------------
+# one rounding step (``kernels/gemm_scalar.py``; ``emunum.mad.unit.format_params`` fills it)
+P_KIND, P_MAN, P_EMIN, P_SUB, P_MAXBITS, P_OVF, P_NEGZERO, P_FRAC, P_CMIN, P_CMAX, P_SAT, P_MODE = range(12)
+NPARAM = 12
+# a multi-term unit (``kernels/multiterm_scalar.py``; ``MADUnit.multiterm_params`` fills it)
+T_KIND, T_TERMS, T_P, T_AMODE, T_FLOOR, T_CARRY, T_PROMOTE, T_FUSED, T_IN_EMIN, T_C_EMIN, T_MUL_EMIN = range(11)
+NTPARAM = 11
+NO_FLOOR = -100000  # T_FLOOR when the alignment has no floor
+# an approximate multiplier (``kernels/multiplier_scalar.py``; ``Multiplier.kernel_args`` fills it)
+M_KIND, M_BITS, M_OKIND, M_MAN, M_EMIN, M_FRAC, M_UNUSED, M_WIDTH = range(8)
+NPRM = 8
+# the widest units the CUDA kernels hold in registers / shared memory (``MADUnit`` refuses wider ones)
+MAX_LANES = 64
+MAX_TERMS = 256

@@ -82,16 +82,15 @@ from typing import Union
 import numpy as np
 
 from ..formats import FixedFormat, FloatFormat, Format, RoundMode, format_or_none, parse_enum
+from ..kernels import abi
+from ..kernels.abi import MAX_LANES, MAX_TERMS, NPARAM
 from ..rng import mix64_int, seed_key
 from .multiplier import Multiplier
 from .presets import preset_kwargs
 
-MAX_LANES = 64
-MAX_TERMS = 256
 MAX_ALIGN_BITS = 40
 MAX_CARRY_BITS = 10
 EXACT = "exact"
-NPARAM = 12  # mirrors kernels.gemm_scalar.NPARAM (this layer compiles nothing)
 NSTREAMS = 5
 
 
@@ -304,19 +303,19 @@ class MADUnit:
         format for exact units, from ``dtype``). Also used for one-product-per-step units (terms=1, lossless)
         with lanes=1 and chunk=None, whose bits it reproduces (addmm on such units)."""
         exact = self.is_exact
-        prm = np.zeros(11, np.int64)
-        prm[0] = 1 if exact else 0
-        prm[1] = self.terms
-        prm[2] = -1 if self.align_bits is None else self.align_bits
-        prm[3] = int(self.align_rounding)
-        prm[4] = -100000 if self.align_floor is None else self.align_floor
-        prm[5] = -1 if self.carry_bits is None else self.carry_bits
-        prm[6] = self.promote_every or 0
-        prm[7] = int(self.fused)
-        prm[8] = (self.in_fmt or FloatFormat(8, 23)).emin
+        prm = np.zeros(abi.NTPARAM, np.int64)
+        prm[abi.T_KIND] = 1 if exact else 0
+        prm[abi.T_TERMS] = self.terms
+        prm[abi.T_P] = -1 if self.align_bits is None else self.align_bits
+        prm[abi.T_AMODE] = int(self.align_rounding)
+        prm[abi.T_FLOOR] = abi.NO_FLOOR if self.align_floor is None else self.align_floor
+        prm[abi.T_CARRY] = -1 if self.carry_bits is None else self.carry_bits
+        prm[abi.T_PROMOTE] = self.promote_every or 0
+        prm[abi.T_FUSED] = int(self.fused)
+        prm[abi.T_IN_EMIN] = (self.in_fmt or FloatFormat(8, 23)).emin
         acc = self.exact_out_format(dtype) if exact else self.acc_fmt
-        prm[9] = acc.emin if isinstance(acc, FloatFormat) else 0
-        prm[10] = self.mul_fmt.emin if isinstance(self.mul_fmt, FloatFormat) else 0
+        prm[abi.T_C_EMIN] = acc.emin if isinstance(acc, FloatFormat) else 0
+        prm[abi.T_MUL_EMIN] = self.mul_fmt.emin if isinstance(self.mul_fmt, FloatFormat) else 0
         mul = np.zeros(NPARAM, np.int64) if self.fused else format_params(self.mul_fmt, self.mul_rounding)
         return prm, mul, format_params(acc, self.acc_rounding), format_params(self.outer_fmt, self.outer_rounding)
 
@@ -369,12 +368,14 @@ def format_params(fmt: Format, mode: RoundMode) -> np.ndarray:
     """The int64 parameter vector of ``kernels.gemm_scalar`` (layout P_KIND..P_MODE) for fmt and mode."""
     p = np.zeros(NPARAM, np.int64)
     a = fmt.to_kernel_args()
+    p[abi.P_KIND] = a.KIND
     if isinstance(fmt, FloatFormat):
-        maxbits = int(np.array(a.max, dtype=np.float64).view(np.int64))
-        p[:7] = (a.KIND, a.man, a.emin, a.subnormals, maxbits, a.overflow, a.negzero)
+        p[abi.P_MAN], p[abi.P_EMIN], p[abi.P_SUB], p[abi.P_OVF], p[abi.P_NEGZERO] = (
+            a.man, a.emin, a.subnormals, a.overflow, a.negzero)
+        p[abi.P_MAXBITS] = int(np.array(a.max, dtype=np.float64).view(np.int64))
     else:
-        p[0], p[7:11] = a.KIND, (a.frac, a.code_min, a.code_max, a.saturate)
-    p[11] = int(mode)
+        p[abi.P_FRAC], p[abi.P_CMIN], p[abi.P_CMAX], p[abi.P_SAT] = a.frac, a.code_min, a.code_max, a.saturate
+    p[abi.P_MODE] = int(mode)
     return p
 
 

@@ -12,6 +12,7 @@ from emunum.kernels import abi
 from emunum.kernels.scalar import common
 from emunum.mad import unit as mad_unit
 from emunum.kernels import gemm_scalar
+from emunum.mad.multiplier import Multiplier, MultiplierKind
 
 SPECS = {"e5m2": abi.FloatArgs, "int8": abi.FixedArgs, "posit8": abi.PositArgs, "nf4": abi.TableArgs,
          "e4m3fn": abi.FloatArgs}
@@ -58,6 +59,33 @@ def test_the_custom_op_encoding_uses_the_same_tags():
     from emunum.ops import format_to_args
     assert format_to_args("e5m2")[0] == abi.Kind.FLOAT and format_to_args("int8")[0] == abi.Kind.FIXED
     assert format_to_args("posit8")[0] == abi.Kind.POSIT and format_to_args("nf4")[0] == abi.Kind.INTERNED
+
+
+def _module_ints(path: str) -> dict:
+    """Module-level ``NAME = <int>`` assignments of a kernels/ file, read without importing it (no numba.cuda)."""
+    tree = ast.parse((Path(abi.__file__).parent / path).read_text())
+    out = {}
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, int):
+            out.update({t.id: n.value.value for t in n.targets if isinstance(t, ast.Name)})
+    return out
+
+
+@pytest.mark.parametrize("path", ["gemm_scalar.py", "multiterm_scalar.py", "multiplier_scalar.py", "gemm_cuda.py",
+                                  "gemm_approx_cuda.py", "gemm_multiterm_cuda.py"])
+def test_no_kernel_module_redefines_a_layout_constant_of_the_abi(path):
+    shared = {"NPARAM", "NTPARAM", "NPRM", "NO_FLOOR", "MAX_LANES", "MAX_TERMS"} | {
+        n for n in dir(abi) if n[:2] in ("P_", "T_", "M_") and n[2:].isupper()}
+    assert not shared & set(_module_ints(path))
+
+
+def test_the_multiterm_and_multiplier_vectors_are_filled_by_slot_name():
+    u = emunum.MADUnit.preset("h100_fp8_e4m3")
+    prm = u.multiterm_params()[0]
+    assert len(prm) == abi.NTPARAM and prm[abi.T_TERMS] == u.terms
+    prm, _ = Multiplier.drum(4, "e5m2").kernel_args()
+    assert len(prm) == abi.NPRM and prm[abi.M_KIND] == MultiplierKind.DRUM and prm[abi.M_BITS] == 4
+    assert prm[abi.M_MAN] == 2 and prm[abi.M_EMIN] == -14 and prm[abi.M_WIDTH] == 1
 
 
 def test_the_mad_parameter_vector_is_tagged_and_sized_as_the_kernel_reads_it():

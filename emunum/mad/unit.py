@@ -108,7 +108,7 @@ class Order(enum.IntEnum):
 
 
 
-def _positive_int(field: str, value, lo: int, hi: int) -> int:
+def _int_in_range(field: str, value, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"MADUnit.{field} must be an int in [{lo}, {hi}], got {value!r}")
     if not lo <= int(value) <= hi:
@@ -200,9 +200,9 @@ class MADUnit:
             raise ValueError("MADUnit.mul_fmt=None with fused=False: give the product format "
                              "(e.g. the accumulator's) or set fused=True")
         if self.chunk is not None:
-            object.__setattr__(self, "chunk", _positive_int("chunk", self.chunk, 1, 2**31 - 1))
-        object.__setattr__(self, "lanes", _positive_int("lanes", self.lanes, 1, MAX_LANES))
-        object.__setattr__(self, "sr_bits", _positive_int("sr_bits", self.sr_bits, 1, 32))
+            object.__setattr__(self, "chunk", _int_in_range("chunk", self.chunk, 1, 2**31 - 1))
+        object.__setattr__(self, "lanes", _int_in_range("lanes", self.lanes, 1, MAX_LANES))
+        object.__setattr__(self, "sr_bits", _int_in_range("sr_bits", self.sr_bits, 1, 32))
         object.__setattr__(self, "order", Order.parse(self.order))
         self._check_multiterm()
         object.__setattr__(self, "multiplier", Multiplier.parse(self.multiplier))
@@ -218,15 +218,15 @@ class MADUnit:
                                  f"round-to-nearest, chunk=None, lanes=1); got {self}")
 
     def _check_multiterm(self):
-        object.__setattr__(self, "terms", _positive_int("terms", self.terms, 1, MAX_TERMS))
+        object.__setattr__(self, "terms", _int_in_range("terms", self.terms, 1, MAX_TERMS))
         for field, hi in (("align_bits", MAX_ALIGN_BITS), ("carry_bits", MAX_CARRY_BITS)):
             v = getattr(self, field)
             if v is not None:
-                object.__setattr__(self, field, _positive_int(field, v, 0, hi))
+                object.__setattr__(self, field, _int_in_range(field, v, 0, hi))
         if self.align_floor is not None:
-            object.__setattr__(self, "align_floor", _positive_int("align_floor", self.align_floor, -1100, 1100))
+            object.__setattr__(self, "align_floor", _int_in_range("align_floor", self.align_floor, -1100, 1100))
         if self.promote_every is not None:
-            object.__setattr__(self, "promote_every", _positive_int("promote_every", self.promote_every, 1,
+            object.__setattr__(self, "promote_every", _int_in_range("promote_every", self.promote_every, 1,
                                                                     2**31 - 1))
         object.__setattr__(self, "align_rounding", RoundMode.parse(self.align_rounding, "MADUnit.align_rounding"))
         object.__setattr__(self, "outer_rounding", RoundMode.parse(self.outer_rounding, "MADUnit.outer_rounding"))

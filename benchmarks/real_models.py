@@ -12,14 +12,15 @@ Models (random weights, built from configs; nothing is downloaded):
 - ``bert``: transformers ``BertForMaskedLM`` (hidden 128, 2 layers, 2 heads, ffn 512, vocab 1000), seq 64, batch 2;
 - ``llama``: transformers ``LlamaForCausalLM`` with SDPA attention (hidden 128, 2 layers, 4 heads, 2 KV heads,
   ffn 352, vocab 1000), seq 64, batch 2;
-- ``gpt2``: transformers ``GPT2LMHeadModel`` (its Linear layers are ``Conv1D`` modules: what ``patch`` does
-  not see runs in fp32), n_embd 128, 2 layers, 2 heads, vocab 1000, seq 64, batch 2.
+- ``gpt2``: transformers ``GPT2LMHeadModel`` (its Linear layers are ``Conv1D`` modules, which call
+  ``torch.addmm``: ``patch`` emulates them as functional GEMMs), n_embd 128, 2 layers, 2 heads, vocab 1000,
+  seq 64, batch 2.
 
 Policies (``--policy``): ``elementwise`` = ``emunum.patch(model, fmt="e4m3fn", grad="e5m2")``; ``mad`` = the
 same plus ``mad="h100_fp8_e4m3"`` (GEMMs on the emulated H100 FP8 tensor core; run on ResNet-18 only unless
 ``--models`` says otherwise). One step = zero_grad, forward, loss, backward, SGD step (lr 1e-3). One torch and
 numba thread unless ``--threads``. Each round times ``--steps`` steps of every (model, fp32/policy) pair in turn,
-after a warm-up round that compiles the kernels; the figure is the median over rounds of the mean step time, and
+after a warm-up round that compiles the kernels (and runs the patched model's first-forward coverage check); the figure is the median over rounds of the mean step time, and
 the ratio is against that model's fp32 median from the same run. Only public API is used
 (``emunum.patch``), so the script measures whatever the patch emulates today.
 """
@@ -157,6 +158,8 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--image", type=int, default=32)
+    p.add_argument("--layers-only", action="store_true",
+                   help="also time the policy with functional=False (swapped layers only, no functional GEMMs)")
     p.add_argument("--profile", default=None, metavar="MODEL",
                    help="after timing, cProfile 5 steps of MODEL under the policy and print the top functions")
     a = p.parse_args(argv)
@@ -197,7 +200,12 @@ def main(argv=None) -> None:
         runs[(n, "fp32")] = make_step(m32, loss32)
         runs[(n, a.policy)] = make_step(me, losse)
         runs[(n, "desc")] = desc
-    pairs = [(n, k) for n in names for k in ("fp32", a.policy)]
+        if a.layers_only:
+            ml, lossl, _ = build(n, a.batch, a.seq, a.image)
+            emunum.patch(ml, functional=False, **policy)
+            runs[(n, "layers-only")] = make_step(ml, lossl)
+    configs = ("fp32", a.policy) + (("layers-only",) if a.layers_only else ())
+    pairs = [(n, k) for n in names for k in configs]
     t_warm = time.perf_counter()
     for key in pairs:  # warm-up: compile kernels, allocate
         for _ in range(2 if mad and key[1] != "fp32" else 3):
@@ -214,7 +222,7 @@ def main(argv=None) -> None:
     print(f"{'model':<9} {'shape':<20} {'config':<12} {'ms/step (median)':>17} {'min':>9} {'max':>9} {'x fp32':>7}")
     for n in names:
         base = statistics.median(times[(n, "fp32")])
-        for k in ("fp32", a.policy):
+        for k in configs:
             v = times[(n, k)]
             med = statistics.median(v)
             print(f"{n:<9} {runs[(n, 'desc')]:<20} {k:<12} {1e3 * med:17.2f} {1e3 * min(v):9.2f} "

@@ -6,6 +6,8 @@ Stochastic rounding draws element i's bits from (seed, i), i the flat C-order in
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -53,6 +55,8 @@ def working_layout(x: torch.Tensor, fmt: BlockFormat, axis: int):
     shape, restore(w) maps a (P, R, C) result back to x's shape."""
     r, c = fmt.tile
     w = x.detach()
+    if w.is_neg():  # a lazily negated view is read by value (the kernels read memory)
+        w = w.resolve_neg()
     if w.dtype not in _NUMPY:
         w = w.float()
     if r == 0:
@@ -62,12 +66,13 @@ def working_layout(x: torch.Tensor, fmt: BlockFormat, axis: int):
             ax = 0
         moved = w.movedim(ax, -1)
         mshape = moved.shape
-        work = moved.reshape(1, -1, mshape[-1]).contiguous()
+        # explicit sizes: reshape cannot infer a -1 beside a zero-size axis (an empty tensor is valid input)
+        work = moved.reshape(1, math.prod(mshape[:-1]), mshape[-1]).contiguous()
         return work, (1, c), lambda t: t.reshape(mshape).movedim(-1, ax).reshape(x.shape)
     if x.dim() < 2:
         raise ValueError(f"block_size={fmt.block_size}: 2-D tiles need a tensor of at least 2 dimensions, "
                          f"got shape {tuple(x.shape)}")
-    work = w.reshape(-1, x.shape[-2], x.shape[-1]).contiguous()
+    work = w.reshape(math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1]).contiguous()
     return work, (r, c), lambda t: t.reshape(x.shape)
 
 
@@ -81,7 +86,9 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
     direct = (out is not None and out.dtype == work.dtype and out.is_contiguous()
               and (fmt.tile[0] != 0 or x.dim() == 0 or _axis(axis, x.dim()) == x.dim() - 1))
     dst = out.view(work.shape) if direct else buffers.empty_like(work)  # the layout of x, and of a contiguous out
-    if x.numel() and isinstance(fmt.element, TableFormat):
+    if x.is_meta:  # shape propagation, as for element formats: a meta tensor has no values to round
+        pass
+    elif x.numel() and isinstance(fmt.element, TableFormat):
         if x.device.type not in ("cpu", "cuda"):
             raise ValueError(f"block formats have kernels for cpu and cuda tensors; x is on {x.device}")
         q, s = table_blocks(work, fmt, tile, mode, key, nbits)
@@ -142,7 +149,7 @@ def table_blocks(work: torch.Tensor, fmt: BlockFormat, tile, mode: RoundMode, ke
     full = (s * t).repeat_interleave(tr, dim=1).repeat_interleave(tc, dim=2)[:, :R, :C]
     scaled = (w / full).contiguous().view(-1)
     q = torch.empty_like(scaled)
-    _, n, tab = el.to_kernel_args()
+    n, tab = el.to_kernel_args()  # kernels.abi.TableArgs
     if work.device.type == "cuda":
         from .kernels import cuda as kc, table_cuda
         with kc.device_of(work):

@@ -88,13 +88,14 @@ def _cmd_units(args) -> int:
 
 
 def _write(text: str, out) -> None:
+    """The table to stdout, or to the file ``out`` (analysis.files: a new regular file, never through a
+    link; RefusedWrite otherwise)."""
     if out is None:
         sys.stdout.write(text)
     else:
-        from pathlib import Path
+        from .analysis import files
 
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(text)
+        files.write_bytes(out, text.encode("utf-8"))
         print(f"wrote {out}", file=sys.stderr)
 
 
@@ -103,18 +104,25 @@ def _fail(command: str, err: Exception) -> int:
     return 2
 
 
+def _notes(notes) -> None:
+    for n in dict.fromkeys(notes):
+        print(f"note: {n}", file=sys.stderr)
+
+
 def _cmd_report(args) -> int:
     from pathlib import Path
 
-    from .analysis import curves, report
+    from .analysis import curves, files, report
 
+    notes: list[str] = []
     try:
         how = report.OutputFormat.parse(args.format, "--format")
-        runs = report.load_sweep(args.sweep)
+        runs = report.load_sweep(args.sweep, notes)
         rep = report.summarize(runs, args.baseline)
+        _write(report.render(rep, how), args.out)
     except ValueError as e:
+        _notes(notes)
         return _fail("report", e)
-    _write(report.render(rep, how), args.out)
     if how == report.OutputFormat.CSV:
         for n in rep.notes:
             print(f"note: {n}", file=sys.stderr)
@@ -129,16 +137,21 @@ def _cmd_report(args) -> int:
             return _fail("report", e)
         for name, d in decisions:
             print(f"seeds: {d.seeds} per format ({name}); {d.message}")
+    code = 0
     if not args.no_plot:
         path = Path(args.plot) if args.plot else Path(args.sweep) / "convergence.png"
         loss_path = path.with_name("loss.png" if not args.plot else f"{path.stem}_loss{path.suffix or '.png'}")
         for plot, where in ((curves.convergence_plot, path), (curves.loss_plot, loss_path)):
             try:
-                plot(runs, where, args.baseline)
+                plot(runs, where, args.baseline, notes)
                 print(f"wrote {where}", file=sys.stderr)
+            except files.RefusedWrite as e:  # a link or special file planted where the plot goes
+                print(f"emunum report: error: {e}", file=sys.stderr)
+                code = 2
             except (ValueError, OSError) as e:  # no curves, or a read-only sweep folder: the table stands
                 print(f"note: no plot: {e}", file=sys.stderr)
-    return 0
+    _notes(notes)
+    return code
 
 
 def _cmd_tta(args) -> int:
@@ -148,9 +161,10 @@ def _cmd_tta(args) -> int:
         return _fail("tta", ValueError(
             "no sweep directory given; put it before --seconds-per-iteration, which takes every NAME=SECONDS "
             "that follows it (emunum tta SWEEP --seconds-per-iteration fp32=0.031 fp8=0.012)"))
+    notes: list[str] = []
     try:
         how = report.OutputFormat.parse(args.format, "--format")
-        runs = report.load_sweep(args.sweep)
+        runs = report.load_sweep(args.sweep, notes)
         rep = report.summarize(runs, args.baseline)
         formats = [s.format for s in rep.summaries]
         sources, extra = {}, []
@@ -170,9 +184,11 @@ def _cmd_tta(args) -> int:
                          + f"; memory {hw.memory_bandwidth:.4g} B/s" + (f" ({hw.source})" if hw.source else ""))
         out = tta.combine(rep.summaries, times, args.baseline, sources)
         out = tta.TTAReport(out.rows, out.baseline, out.notes + tuple(extra) + rep.notes)
+        _write(tta.render(out, how), args.out)
     except ValueError as e:
+        _notes(notes)
         return _fail("tta", e)
-    _write(tta.render(out, how), args.out)
+    _notes(notes)
     if how == report.OutputFormat.CSV:
         for n in out.notes:
             print(f"note: {n}", file=sys.stderr)

@@ -100,7 +100,7 @@ def _dot_flops(args, out) -> int:
 
 
 def _conv_flops(args, out) -> int:
-    x, w, transposed, groups = args[0], args[1], args[6], args[8]
+    x, w, transposed = args[0], args[1], args[6]
     k = math.prod(w.shape[2:])
     if transposed:  # w (C_in, C_out/groups, *k): every input element meets C_out/groups * k weights
         return 2 * x.numel() * w.shape[1] * k
@@ -108,8 +108,8 @@ def _conv_flops(args, out) -> int:
 
 
 def _conv_backward_flops(args, out) -> int:
-    gy, x, w, transposed, groups, mask = args[0], args[1], args[2], args[7], args[9], args[10]
-    fwd = _conv_flops((x, w, None, None, None, None, transposed, None, groups), gy)
+    gy, x, w, transposed, mask = args[0], args[1], args[2], args[7], args[10]
+    fwd = _conv_flops((x, w, None, None, None, None, transposed), gy)
     return fwd * (int(bool(mask[0])) + int(bool(mask[1])))
 
 

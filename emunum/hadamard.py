@@ -59,7 +59,13 @@ def rht_matrix(n: int, seed: int) -> np.ndarray:
 
 
 def rht(x: torch.Tensor, n: int, seed: int, dim: int) -> torch.Tensor:
-    """x with ``dim`` zero-padded to a multiple of n and each run u of n along it replaced by u @ M."""
+    """x with ``dim`` zero-padded to a multiple of n and each run u of n along it replaced by u @ M. x needs at
+    least one dimension, and dim must be one of them (-x.dim() .. x.dim()-1); ValueError otherwise."""
+    if x.dim() == 0:
+        raise ValueError("rht: x is a 0-dim tensor; the transform runs along a dimension (x needs at least one)")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"rht: dim={dim!r} is out of range for a {x.dim()}-dim tensor; allowed: "
+                         f"{-x.dim()}..{x.dim() - 1}")
     d = dim % x.dim()
     length = x.shape[d]
     pad = -length % n

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from .patch import emulated_modules
+from .patch import emulation_sites
 from .trace import Tracer
 
 
@@ -99,7 +99,7 @@ def find_nan_origin(model: nn.Module, forward: Callable[[], Tensor], *, backward
             found.append(NanOrigin("module", names[mod], None, "forward", n, sum(t.numel() for t in _tensors(out))))
 
     names = {m: (n or "model") for n, m in model.named_modules()}
-    emulated = [m for _, m in emulated_modules(model)]
+    emulated = [m for _, m in emulation_sites(model)]
     saved = [(m, m.__dict__.get("_emunum_trace"), m.__dict__.get("_emunum_block")) for m in emulated]
     for m in emulated:  # set the run's own tracer aside (its counts stay as they were)
         m.__dict__["_emunum_trace"] = None

@@ -360,3 +360,14 @@ def patched(model: nn.Module, fmt=None, **kwargs):
 def emulated_modules(model: nn.Module) -> list:
     """(qualified name, module) of every emulated layer (``emunum.nn.EmuLayer``) in the model."""
     return [(n, m) for n, m in model.named_modules() if isinstance(m, emu_nn.EmuLayer)]
+
+
+FUNCTIONAL_SITE = "functional GEMMs"
+
+
+def emulation_sites(model: nn.Module) -> list:
+    """``emulated_modules``, then ``(FUNCTIONAL_SITE, emulator)`` for the rounding state of the model's functional
+    GEMMs (``emunum.nn.functional.GemmEmulator``; one for the whole model) if it has one: what a tracer counts."""
+    sites = emulated_modules(model)
+    hooks = model.__dict__.get("_emunum_gemm")
+    return sites + [(FUNCTIONAL_SITE, hooks.mode.emu)] if hooks is not None else sites

@@ -26,8 +26,7 @@ from typing import Any, Callable, Optional, Union
 from torch import nn
 
 from .autograd import STE
-from .formats import (BlockFormat, CustomFormat, FixedFormat, FloatFormat, Format, LogFormat, PositFormat, RoundMode,
-                      TableFormat, format_or_none, get_format, parse_enum)
+from .formats import BlockFormat, Format, NumberFormat, RoundMode, format_or_none, get_format, parse_enum
 from .hadamard import check_size
 from .quantize import check_sr_bits
 
@@ -119,8 +118,7 @@ def _role_spec(value, role: Role, default_rounding, default_scaling=Scaling.NONE
             if len(value) not in (2, 3):
                 raise ValueError(f"a (format, rounding[, scaling]) tuple has 2 or 3 items, got {len(value)}")
             return RoleSpec(value[0], value[1], value[2] if len(value) == 3 else default_scaling)
-        if isinstance(value, (str, FloatFormat, FixedFormat, BlockFormat, PositFormat, TableFormat, LogFormat,
-                              CustomFormat)):
+        if isinstance(value, (str, NumberFormat)):  # every number system's spec
             return RoleSpec(value, default_rounding, default_scaling)
         raise TypeError(
             f"expected a format, a format name, a RoleSpec, a (format, rounding[, scaling]) tuple or None, "

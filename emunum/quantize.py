@@ -1,18 +1,17 @@
 """``quantize()``: validate once, then hand flat memory to the kernel for the tensor's device."""
 from __future__ import annotations
 
-import functools
 import threading
 import warnings
 
-import numpy as np
 import torch
 
-from . import buffers
+from . import backends, buffers, kernel_backends
 from .block_quantize import quantize_block_checked
 from .formats import (BlockFormat, CustomFormat, FixedFormat, FloatFormat, Format, LogFormat, PositFormat, RoundMode,
                       TableFormat, get_format)
 from .formats.interned import intern as _intern
+from .kernels.abi import Kind
 from .rng import seed_key
 from .reference import quantize_reference, quantize_torch
 
@@ -21,20 +20,19 @@ DEFAULT_SR_BITS = 32
 
 _warned_devices: set[str] = set()
 
-def intern(fmt) -> int:
-    """``formats.interned.intern``; torch.compile calls it at trace time and bakes the id in as a constant (its
-    lock cannot be traced)."""
-    return _intern(fmt)
-
-
-# the mark that torch.compiler.assume_constant_result sets; set here directly, because calling that function
-# imports torch._dynamo, which made ``import emunum`` cost about 2 s
+# torch.compile calls this at trace time and bakes the id in as a constant (its lock cannot be traced). The mark
+# is what torch.compiler.assume_constant_result sets on the function itself; set here directly, because calling
+# that function imports torch._dynamo, which made ``import emunum`` cost about 2 s
+intern = _intern
 intern._dynamo_marked_constant = True
 
 _STOCHASTIC = RoundMode.STOCHASTIC
 _KEY0 = seed_key(0)  # the key of seed 0, which every non-stochastic rounding passes
 # dtypes the CPU kernels read in place, and their numpy twins
-_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
+_NUMPY_DTYPES = kernel_backends.NUMPY_DTYPES
+_cpu_runner = backends.cpu_runner  # the registered CPU kernel of (fmt, dtype), cached
+_cpu = kernel_backends.cpu_module
+custom_runner = kernel_backends.custom_runner
 
 
 def check_tensor(x, name: str = "x") -> None:
@@ -117,46 +115,6 @@ def _check_out(out, x: torch.Tensor) -> None:
         )
 
 
-@functools.lru_cache(maxsize=512)
-def _cpu_runner(fmt: Format, dtype: torch.dtype):
-    """The CPU kernel for (fmt, dtype) with its arguments bound, ``run(src, dst, n, mode, key, nbits)``."""
-    if isinstance(fmt, PositFormat):
-        from .kernels import posit_cpu  # lazy, as _cpu()
-        return posit_cpu.posit_runner(_NUMPY_DTYPES[dtype], fmt.nbits, fmt.es)
-    if isinstance(fmt, CustomFormat):
-        return custom_runner(fmt, dtype)
-    backend = _cpu()
-    args = fmt.to_kernel_args()[1:]
-    if isinstance(fmt, TableFormat):
-        from .kernels import table_cpu
-        return table_cpu.table_runner(_NUMPY_DTYPES[dtype], *args)
-    if isinstance(fmt, LogFormat):
-        from .kernels import log_cpu
-        return log_cpu.log_runner(_NUMPY_DTYPES[dtype], *args)
-    if isinstance(fmt, FloatFormat):
-        return backend.float_runner(_NUMPY_DTYPES[dtype], *args)
-    return backend.fixed_runner(_NUMPY_DTYPES[dtype], *args)
-
-
-def custom_runner(fmt: CustomFormat, dtype: torch.dtype = torch.float32):
-    """The CPU kernel of a CustomFormat for a float32/float64 dtype, ``run(src, dst, n, mode, key, nbits)`` on
-    raw addresses (for timing: ``run(x.data_ptr(), y.data_ptr(), x.numel(), 0, 0, 32)`` rounds to nearest)."""
-    from .kernels import custom_cpu
-    return custom_cpu.custom_runner(_NUMPY_DTYPES[dtype], fmt)
-
-
-_cpu_backend = None
-
-
-def _cpu():
-    """The CPU kernel module, imported (and its cache checked) on first use, not at ``import emunum``."""
-    global _cpu_backend
-    if _cpu_backend is None:
-        from .kernels import cpu
-        _cpu_backend = cpu
-    return _cpu_backend
-
-
 def _run_cpu(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: int, key: int, nbits: int) -> None:
     """src, dst: contiguous CPU float32/float64 tensors of one dtype and numel (dst may be src), any shape.
 
@@ -165,7 +123,10 @@ def _run_cpu(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: int, key: 
     _cpu_runner(fmt, src.dtype)(src.data_ptr(), dst.data_ptr(), src.numel(), int(mode), key, nbits)
 
 
-# ---- CUDA ------------------------------------------------------------------------------------------------
+def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: RoundMode, key: int, nbits: int):
+    """src, dst: flat contiguous CUDA tensors of one dtype (dst may be src): the registered CUDA kernel."""
+    backends.runner(fmt, "cuda", src.dtype)(src, dst, mode, key, nbits)
+
 
 # CUDA tensors with at most this many elements take the pure-torch path (``reference.quantize_torch``: the
 # same bits, from ~40 small elementwise torch ops on the device) instead of one numba-cuda launch.
@@ -176,96 +137,11 @@ def _run_cpu(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: int, key: 
 # this set to 0 and to 2**62, and move it.
 CUDA_TORCH_PATH_MAX_NUMEL = 256
 
-_LAYOUT16 = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
-
-def _cuda_backend():
-    """The CUDA kernel module; a clear ImportError naming the package when numba-cuda is missing."""
-    from .kernels import cuda as backend  # lazy: numba.cuda is imported on the first CUDA tensor only
-    return backend
-
-
-def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: RoundMode, key: int, nbits: int):
-    """src, dst: flat contiguous CUDA tensors of one dtype (float32/float64/float16/bfloat16; dst may be src).
-
-    Zero-copy views, launched on torch's current stream of src's device; 16-bit dtypes round in-kernel.
-    """
-    backend = _cuda_backend()
-    if isinstance(fmt, (TableFormat, LogFormat, CustomFormat)):
-        _run_cuda_lookup(src, dst, fmt, mode, key, nbits)
-        return
-    layout = _LAYOUT16.get(src.dtype)
-    if isinstance(fmt, PositFormat):
-        from .kernels import posit_cuda
-        with backend.device_of(src):
-            posit_cuda.quantize_posit(backend.as_device_array(src), backend.as_device_array(dst), fmt.nbits, fmt.es,
-                                      int(mode), key, nbits, layout=layout, stream=backend.torch_stream(src.device))
-        return
-    with backend.device_of(src):
-        s, d = backend.as_device_array(src), backend.as_device_array(dst)
-        stream = backend.torch_stream(src.device)
-        if isinstance(fmt, FloatFormat):
-            _, man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()
-            backend.quantize_float(s, d, man, emin, sub, mx, ovf, negzero, int(mode), key, nbits,
-                                   layout=layout, stream=stream)
-        else:
-            _, frac, cmin, cmax, sat = fmt.to_kernel_args()
-            backend.quantize_fixed(s, d, frac, cmin, cmax, sat, int(mode), key, nbits, layout=layout,
-                                   stream=stream)
-
-
-def _run_cuda_lookup(src: torch.Tensor, dst: torch.Tensor, fmt, mode: RoundMode, key: int, nbits: int):
-    """TableFormat / LogFormat / CustomFormat on CUDA: float32/float64 in place of the kernel's arrays; 16-bit
-    dtypes are rounded through float32 and cast back (nearest-even), as on the CPU. A CustomFormat whose
-    functions do not compile for CUDA rounds on the host (a copy there and back), after one warning."""
-    if src.dtype in _LAYOUT16:
-        work = src.float()
-        _run_cuda_lookup(work, work, fmt, mode, key, nbits)
-        dst.copy_(work)
-        return
-    if isinstance(fmt, CustomFormat) and _custom_on_host(fmt, mode, _NUMPY_DTYPES[src.dtype]):
-        host = src.cpu()
-        _run_cpu(host, host, fmt, mode, key, nbits)
-        dst.copy_(host)
-        return
-    from .kernels import cuda as backend
-    with backend.device_of(src):
-        s, d = backend.as_device_array(src), backend.as_device_array(dst)
-        stream = backend.torch_stream(src.device)
-        if isinstance(fmt, TableFormat):
-            from .kernels import table_cuda
-            table_cuda.quantize_table(s, d, fmt.n, table_cuda.device_table(fmt.to_kernel_args()[2]), int(mode),
-                                      key, nbits, stream=stream)
-        elif isinstance(fmt, CustomFormat):
-            from .kernels import custom_cuda
-            custom_cuda.quantize_custom(s, d, fmt, int(mode), key, nbits, stream=stream)
-        else:
-            from .kernels import log_cuda
-            _, frac, kmin, kmax, signed, tab = fmt.to_kernel_args()
-            log_cuda.quantize_log(s, d, frac, kmin, kmax, signed, log_cuda.device_table(tab), int(mode), key,
-                                  nbits, stream=stream)
-
-
-_warned_custom: set = set()
-
-
-def _custom_on_host(fmt: CustomFormat, mode: RoundMode, dtype) -> bool:
-    """Whether fmt must round on the host: nearest, with functions that do not compile for CUDA (warns once)."""
-    from .kernels import custom_cuda
-    if int(mode) != RoundMode.NEAREST or custom_cuda.compiles(fmt, dtype):
-        return False
-    if fmt not in _warned_custom:
-        _warned_custom.add(fmt)
-        warnings.warn(f"{fmt.name}: to_code/from_code do not compile for CUDA ({custom_cuda.failure(fmt, dtype)}); "
-                      "rounding on the host instead (a device -> host -> device copy per call)", RuntimeWarning,
-                      stacklevel=5)
-    return True
-
 
 def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: RoundMode, seed: int, key: int,
                    nbits: int) -> None:
     """Round CUDA tensor x into result (x's shape, dtype and device); tiny tensors take the torch path."""
-    _cuda_backend()  # the same error for every size when numba-cuda is missing
+    kernel_backends.cuda_module()  # the same error for every size when numba-cuda is missing
     if x.numel() <= CUDA_TORCH_PATH_MAX_NUMEL and isinstance(fmt, (FloatFormat, FixedFormat)):  # no torch path for the others
         result.copy_(quantize_torch(x, fmt, mode, seed=seed, sr_bits=nbits))
         return
@@ -287,15 +163,15 @@ def format_to_args(fmt) -> list[int]:
         return []
     fmt = get_format(fmt)
     if isinstance(fmt, PositFormat):
-        return [2, fmt.nbits, fmt.es]
+        return [Kind.POSIT, fmt.nbits, fmt.es]
     if isinstance(fmt, (TableFormat, LogFormat, CustomFormat)):
-        return [3, intern(fmt)]
+        return [Kind.INTERNED, intern(fmt)]
     if not isinstance(fmt, (FloatFormat, FixedFormat)):
         raise TypeError(f"{fmt.name} is not an element format (FloatFormat/FixedFormat); block formats apply to "
                         "GEMM operands (emunum.patch) or through emunum.quantize(x, fmt, axis=...)")
     if isinstance(fmt, FloatFormat):
-        return [0, fmt.exp, fmt.man, fmt.bias, int(fmt.subnormals), int(fmt.special), int(fmt.saturate)]
-    return [1, fmt.bits, fmt.frac_bits, int(fmt.signed), int(fmt.saturate)]
+        return [Kind.FLOAT, fmt.exp, fmt.man, fmt.bias, int(fmt.subnormals), int(fmt.special), int(fmt.saturate)]
+    return [Kind.FIXED, fmt.bits, fmt.frac_bits, int(fmt.signed), int(fmt.saturate)]
 
 
 def _traced(x: torch.Tensor) -> bool:
@@ -371,7 +247,7 @@ def quantize_checked(x: torch.Tensor, fmt: Format, mode: RoundMode, seed: int | 
         if out is not None:  # written behind autograd's back: let it see the in-place change
             torch.autograd.graph.increment_version(out)
         return result
-    if x.numel() == 0:
+    if x.numel() == 0 or x.is_meta:  # a meta tensor: shape propagation (it has no values to round)
         return result
 
     with torch.no_grad():

@@ -9,7 +9,8 @@ Usage::
                 t.to_tensorboard(writer, step)  # rates since the last export, then cleared
     print(t.to_json())
 
-Off by default; a patched model without a tracer pays nothing. For every emulated layer (``emunum.patch``) and
+Off by default; a patched model without a tracer pays nothing. For every emulated layer (``emunum.patch``; the
+model's functional GEMMs count as one more, ``"functional GEMMs"``, sampled per GEMM call) and
 every role it rounds, each sampled rounding of a tensor ``x`` to ``q`` adds up:
 
 - ``values``: elements seen (in sampled calls, see below);
@@ -62,7 +63,7 @@ from torch import Tensor, nn
 
 from .autograd import Quantizer, _unwrap_if_dead
 from .ops import eager_ok, format_to_args, in_range_mask
-from .patch import emulated_modules
+from .patch import FUNCTIONAL_SITE, emulation_sites
 from .policy import Role
 from .formats import BlockFormat, RoundMode
 from .quantize import check_sr_bits, resolve_seed
@@ -267,7 +268,7 @@ class Tracer:
             raise ValueError(f"every={every!r} must be an int >= 1 (observe one call in every)")
         if not isinstance(sqnr, bool):
             raise TypeError(f"sqnr must be a bool, got {sqnr!r}")
-        mods = emulated_modules(model)
+        mods = emulation_sites(model)
         if not mods:
             raise ValueError("emunum.trace: the model has no emulated layer; call emunum.patch(model, ...) first")
         busy = [n for n, m in mods if m._emunum_trace is not None]
@@ -305,8 +306,10 @@ class Tracer:
             lt.reset()
 
     def to_dict(self) -> dict:
-        """``{layer: {role: {values, overflow, underflow, nan, signal, noise, sqnr_db, calls}}}``."""
-        return {name: lt.to_dict() for name, lt in self.layers.items()}
+        """``{layer: {role: {values, overflow, underflow, nan, signal, noise, sqnr_db, calls}}}``; the model's
+        functional GEMMs (``patch.FUNCTIONAL_SITE``) appear once one has run."""
+        return {name: lt.to_dict() for name, lt in self.layers.items()
+                if lt.calls or name != FUNCTIONAL_SITE}
 
     summary = to_dict
 
@@ -349,7 +352,7 @@ def enable(model: nn.Module, *, every: int = 10, sqnr: bool = True) -> Tracer:
 
 def disable(model: nn.Module) -> None:
     """Stop every tracer attached to ``model``'s layers."""
-    for _, m in emulated_modules(model):
+    for _, m in emulation_sites(model):
         m.__dict__["_emunum_trace"] = None
         _set_plan_trace(m, None)
 

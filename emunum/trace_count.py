@@ -86,7 +86,7 @@ def _counted_runner(fmt, dtype: torch.dtype):
     """The fused round-and-count CPU kernel of (fmt, dtype) with its arguments bound, or None (other formats)."""
     if dtype not in _NUMPY_DTYPES or not isinstance(fmt, (FloatFormat, FixedFormat)):
         return None
-    args = fmt.to_kernel_args()[1:]
+    args = fmt.to_kernel_args()  # a kernels.abi record, fields in the runners' parameter order
     c = _counters()
     make = c.float_counted_runner if isinstance(fmt, FloatFormat) else c.fixed_counted_runner
     return make(_NUMPY_DTYPES[dtype], *args)

@@ -95,7 +95,30 @@ def save_checkpoint(path: Path, model, opt, scaler, state: LoopState, cfg, hook=
                 "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]]},
     }
     with atomic_target(path) as tmp:
-        torch.save(ckpt, tmp)
+        try:
+            torch.save(ckpt, tmp)
+        except (RuntimeError, OSError) as e:
+            raise OSError(f"could not write the checkpoint {path}: {_write_cause(tmp, e)}") from e
+
+
+def _write_cause(tmp: Path, e: BaseException) -> str:
+    """Why writing ``tmp`` failed, in words: the file-size limit or a full disk where that is what happened,
+    else the error's first line without torch's internal ``[enforce fail at ...]`` prefix."""
+    import re
+    import resource
+    import shutil
+
+    try:
+        size = tmp.stat().st_size
+    except OSError:
+        size = None
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if soft != resource.RLIM_INFINITY and size is not None and size >= soft:
+        return f"the process's file-size limit (RLIMIT_FSIZE, `ulimit -f`) of {soft} bytes was reached"
+    if getattr(e, "errno", None) == 28 or shutil.disk_usage(tmp.parent).free < (1 << 20):
+        return f"the disk holding {tmp.parent} is full"
+    line = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    return re.sub(r"\[enforce fail at [^\]]*\]\s*\.?\s*", "", line).strip() or type(e).__name__
 
 
 def _py_state_to_list(st):

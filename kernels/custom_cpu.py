@@ -8,6 +8,7 @@
 Serial and ``prange`` loops visit element i with the same arguments, so the bits never depend on the thread
 count. ``custom_runner`` binds a format for ``emunum.quantize`` (raw addresses), like ``table_runner``.
 """
+import numba
 import numpy as np
 from numba import carray, njit, prange
 
@@ -20,27 +21,80 @@ from .scalar import NEAREST, STOCHASTIC, finish_derived, random_bits, round_tabl
 
 
 # ---- nearest: the user's functions (no cache: their types are per function) ---------------------------
+# Every code is checked before from_code sees it: a loop stops at its first out-of-range code, returns its
+# index, and ``raise_for`` names the format, the value and the code. An exception raised by to_code/from_code
+# propagates out of the serial loop; numba's parallel loop drops it (the worker's remaining iterations are
+# abandoned), so each parallel run records that it finished, and the runner reruns the first unfinished run
+# serially, which raises the user's exception. The checks cost one compare per element and one store per run.
 @njit
-def nearest_serial(to_code, from_code, src, dst):
+def nearest_serial(to_code, from_code, src, dst, limit):
+    """Index of the first element whose code is outside 0 .. limit-1 (dst written up to it), or -1."""
     for i in range(src.size):
-        dst[i] = from_code(to_code(np.float64(src[i])))
+        c = np.int64(to_code(np.float64(src[i])))
+        if np.uint64(c) >= limit:  # a negative code wraps to a large unsigned one
+            return i
+        dst[i] = from_code(c)
+    return -1
 
 
 @njit(parallel=True)
-def nearest_parallel(to_code, from_code, src, dst):
-    for i in prange(src.size):
-        dst[i] = from_code(to_code(np.float64(src[i])))
+def nearest_parallel(to_code, from_code, src, dst, limit, chunks):
+    """(first bad index or -1, start of the first run that did not finish or -1) over ``chunks`` contiguous
+    runs in parallel, each as nearest_serial."""
+    n = src.size
+    per = (n + chunks - 1) // chunks
+    first = np.full(chunks, n + 1, np.int64)  # n + 1 stays where a user function raised
+    for c in prange(chunks):
+        j = n
+        for i in range(c * per, min(n, (c + 1) * per)):
+            k = np.int64(to_code(np.float64(src[i])))
+            if np.uint64(k) >= limit:
+                j = i
+                break
+            dst[i] = from_code(k)
+        first[c] = j
+    bad, restart = -1, -1
+    for c in range(chunks):
+        if first[c] == n + 1:
+            restart = c * per
+            break
+        if first[c] < n:
+            bad = first[c]
+            break
+    return bad, restart
 
 
-# one entry per loop, so that a format compiles only the loop it runs
+# one entry per loop, so that a format compiles only the loop it runs; they return (index of the first bad
+# code or -1, the value there, and for the parallel loop the restart index): a failing element's dst is
+# never written, so its value is read back even in place
 @njit
-def nearest_serial_at(to_code, from_code, src, dst, size, w):
-    nearest_serial(to_code, from_code, carray(_voidptr(src), size, w.dtype), carray(_voidptr(dst), size, w.dtype))
+def nearest_serial_at(to_code, from_code, src, dst, size, w, limit):
+    s = carray(_voidptr(src), size, w.dtype)
+    i = nearest_serial(to_code, from_code, s, carray(_voidptr(dst), size, w.dtype), limit)
+    return i, np.float64(s[i]) if i >= 0 else 0.0
 
 
 @njit
-def nearest_parallel_at(to_code, from_code, src, dst, size, w):
-    nearest_parallel(to_code, from_code, carray(_voidptr(src), size, w.dtype), carray(_voidptr(dst), size, w.dtype))
+def nearest_parallel_at(to_code, from_code, src, dst, size, w, limit, chunks):
+    s = carray(_voidptr(src), size, w.dtype)
+    i, restart = nearest_parallel(to_code, from_code, s, carray(_voidptr(dst), size, w.dtype), limit, chunks)
+    return i, np.float64(s[i]) if i >= 0 else 0.0, restart
+
+
+def check_code(fmt, code: int, what: str) -> int:
+    """``code`` if it is one of fmt's codes 0 .. 2**nbits-1, else ValueError naming fmt, ``what`` (the call
+    that returned it) and the code."""
+    if not 0 <= code < (1 << fmt.nbits):
+        raise ValueError(f"{fmt.name}: {what} returned code {code}, outside the codes 0..{(1 << fmt.nbits) - 1}")
+    return code
+
+
+def raise_for(fmt, x: float) -> None:
+    """Raise what ``from_code(to_code(x))`` does, called from Python on the value a kernel stopped at:
+    ValueError for a code out of range, or the user's exception."""
+    fmt.from_code_jit(check_code(fmt, int(fmt.to_code_jit(x)), f"to_code({x!r})"))
+    raise RuntimeError(f"{fmt.name}: to_code/from_code failed on {x!r} in the kernel but not when called again "
+                       "(they must be deterministic functions of their argument)")
 
 
 # ---- derived modes ---------------------------------------------------------------------------------------
@@ -80,18 +134,42 @@ def custom_runner(dtype, fmt):
     w = _VALUE_WITNESS[dt]
     to_code, from_code = fmt.to_code_jit, fmt.from_code_jit
     snap32 = np.int64(dt == np.float32)
+    limit = np.uint64(1 << fmt.nbits)
 
     def run(src: int, dst: int, size: int, mode, key, nbits, parallel=None) -> None:
         if int(mode) == NEAREST:
-            with _parallel.try_parallel(use_parallel(size, parallel)) as par:
-                (nearest_parallel_at if par else nearest_serial_at)(to_code, from_code, src, dst, size, w)
+            try:
+                bad, x = _nearest(src, dst, size, parallel)
+            except Exception as e:
+                e.add_note(f"raised by {fmt.name}'s to_code/from_code (CustomFormat), rounding {size} values")
+                raise
+            if bad >= 0:
+                raise_for(fmt, x)
             return
         fmt.check_mode(mode)
         table, ninf, pinf, negzero = fmt.derived()
-        n, tab = table.to_kernel_args()[1:]
+        n, tab = table.to_kernel_args()  # abi.TableArgs
         with _parallel.try_parallel(use_parallel(size, parallel)) as par:
             derived_at(src, dst, size, w, par, tab, np.int64(n), snap32, np.int64(ninf), np.int64(pinf),
                        np.int64(negzero), mode, np.uint64(key), nbits)
+
+    def _nearest(src, dst, size, parallel):
+        with _parallel.try_parallel(use_parallel(size, parallel)) as par:
+            if par:
+                bad, x, restart = nearest_parallel_at(to_code, from_code, src, dst, size, w, limit,
+                                                      np.int64(max(1, min(size, 8 * numba.get_num_threads()))))
+                if restart >= 0:  # a user function raised there: the serial loop raises it again
+                    step = restart * w.dtype.itemsize
+                    bad, x = nearest_serial_at(to_code, from_code, src + step, dst + step, size - restart, w,
+                                               limit)
+                    if bad < 0:
+                        raise RuntimeError(
+                            f"{fmt.name}: to_code/from_code raised in the parallel loop at or after element "
+                            f"{restart} but not when called again (they must be deterministic functions of "
+                            "their argument)")
+            else:
+                bad, x = nearest_serial_at(to_code, from_code, src, dst, size, w, limit)
+        return bad, x
 
     return run
 
@@ -104,18 +182,51 @@ def quantize_custom(src: np.ndarray, dst: np.ndarray, fmt, mode, key, nbits, par
 
 
 # ---- GEMM on codes (emunum.mad.custom_matmul) -----------------------------------------------------------
+@njit
+def checked_op(f, a, b, limit):
+    """(f(a, b), True) for a code in 0 .. limit-1, else (0, False) (out of range, or f raised)."""
+    try:
+        c = np.int64(f(a, b))
+    except Exception:
+        return np.int64(0), False
+    return c, np.uint64(c) < limit
+
+
+@njit
+def checked_decode(from_code, c):
+    try:
+        return np.float64(from_code(c)), True
+    except Exception:
+        return 0.0, False
+
+
 @njit(parallel=True)
-def matmul_codes(zero, from_code, add, mul, ca, cb, out):
+def matmul_codes(zero, from_code, add, mul, ca, cb, out, limit):
     """out[i, j] = from_code(acc) with acc = add(... add(add(zero, mul(ca[i,0], cb[0,j])), mul(ca[i,1], ...)),
-    k in order 0..K-1; ca (m, K), cb (K, n) int64 codes. Rows run in parallel, each dot product serially."""
+    k in order 0..K-1; ca (m, K), cb (K, n) int64 codes. Rows run in parallel, each dot product serially.
+    Returns per row the first column whose dot product failed (a function raised or returned a code outside
+    0 .. limit-1; the row stops there), or n."""
     m, k = ca.shape
     n = cb.shape[1]
+    failed = np.full(m, n, np.int64)
     for i in prange(m):
         for j in range(n):
             acc = zero
+            ok = True
             for kk in range(k):
-                acc = np.int64(add(acc, np.int64(mul(ca[i, kk], cb[kk, j]))))
-            out[i, j] = from_code(acc)
+                p, ok = checked_op(mul, ca[i, kk], cb[kk, j], limit)
+                if not ok:
+                    break
+                acc, ok = checked_op(add, acc, p, limit)
+                if not ok:
+                    break
+            if ok:
+                v, ok = checked_decode(from_code, acc)
+            if not ok:
+                failed[i] = j
+                break
+            out[i, j] = v
+    return failed
 
 
 @njit
@@ -124,13 +235,36 @@ def encode_values(to_code, x, out):
         out[i] = to_code(np.float64(x[i]))
 
 
+def _encode(fmt, x: np.ndarray) -> np.ndarray:
+    codes = np.empty(x.shape, np.int64)
+    encode_values(fmt.to_code_jit, x.reshape(-1), codes.reshape(-1))
+    bad = np.flatnonzero((codes < 0) | (codes >= (1 << fmt.nbits)))
+    if bad.size:
+        raise_for(fmt, float(x.reshape(-1)[bad[0]]))
+    return codes
+
+
+def _replay(fmt, ca: np.ndarray, cb: np.ndarray, zero: int, i: int, j: int) -> None:
+    """Run out[i, j]'s dot product from Python, raising what its first failing call does."""
+    acc = zero
+    for kk in range(ca.shape[1]):
+        a, b = int(ca[i, kk]), int(cb[kk, j])
+        p = check_code(fmt, int(fmt.mul_jit(a, b)), f"mul({a}, {b})")
+        acc = check_code(fmt, int(fmt.add_jit(acc, p)), f"add({acc}, {p})")
+    fmt.from_code_jit(acc)
+    raise RuntimeError(f"{fmt.name}: add/mul/from_code failed on out[{i}, {j}] in the kernel but not when called "
+                       "again (they must be deterministic functions of their arguments)")
+
+
 def custom_matmul_codes(fmt, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``out`` (m, n float32/float64) = the code-level GEMM of float arrays a (m, K) and b (K, n), rounded to
-    ``fmt`` by its ``to_code`` first (see ``emunum.mad.custom_matmul``)."""
-    to_code = fmt.to_code_jit
-    ca, cb = np.empty(a.shape, np.int64), np.empty(b.shape, np.int64)
-    encode_values(to_code, a.reshape(-1), ca.reshape(-1))
-    encode_values(to_code, b.reshape(-1), cb.reshape(-1))
-    zero = np.int64(to_code(0.0))
+    ``fmt`` by its ``to_code`` first (see ``emunum.mad.custom_matmul``). Every code that to_code, mul and add
+    return is checked (ValueError naming the call and the code), and their exceptions reach the caller."""
+    ca, cb = _encode(fmt, a), _encode(fmt, b)
+    zero = check_code(fmt, int(fmt.to_code_jit(0.0)), "to_code(0.0)")
     with _parallel.exclusive():
-        matmul_codes(zero, fmt.from_code_jit, fmt.add_jit, fmt.mul_jit, ca, cb, out)
+        failed = matmul_codes(np.int64(zero), fmt.from_code_jit, fmt.add_jit, fmt.mul_jit, ca, cb, out,
+                              np.uint64(1 << fmt.nbits))
+    rows = np.flatnonzero(failed < out.shape[1])
+    if rows.size:
+        _replay(fmt, ca, cb, zero, int(rows[0]), int(failed[rows[0]]))

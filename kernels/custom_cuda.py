@@ -4,6 +4,10 @@
   numba-cuda compiles as device functions) and per dtype. Functions that use what CUDA lacks (numpy array
   allocation, Python objects, ...) do not compile: ``compiles`` then says False and keeps numba's message
   (``failure``), and ``emunum.quantize`` rounds such a format on the host, after a one-time warning.
+  Every code is checked before from_code sees it: the first element whose code is outside 0 .. 2**nbits-1
+  raises ValueError naming the format, the value and the code (``custom_cpu.raise_for``), after the kernel.
+  An exception raised inside to_code/from_code reaches the caller under numba's simulator; on a GPU,
+  numba-cuda drops exceptions raised in device code (unless compiled with debug=True).
 - derived modes: ``scalar.round_table_value`` over the finite values (``TableFormat`` layout, copied to the
   device once per table), finished by ``scalar.finish_derived``; no user code runs.
 Arrays: float32 or float64 device arrays (or numpy arrays, copied to the device and back).
@@ -36,22 +40,29 @@ _KERNELS: dict = {}  # (format, dtype name) -> compiled kernel, or the failure m
 _NUMBA_TYPES = {"float32": types.float32, "float64": types.float64}
 
 
-def _build(to_code, from_code, dtype: str):
+def _build(to_code, from_code, dtype: str, nbits: int):
     """The nearest kernel for one format and dtype, compiled now (so that failures show here); other array
-    layouts compile lazily, as for any numba-cuda kernel."""
+    layouts compile lazily, as for any numba-cuda kernel. ``bad[0]`` (initially the size) becomes the
+    smallest index whose code is outside 0 .. 2**nbits-1; such an element's dst is not written and from_code
+    never sees its code."""
     arr = _NUMBA_TYPES[dtype][::1]
+    limit = np.uint64(1 << nbits)
 
-    def nearest_kernel(src, dst):
+    def nearest_kernel(src, dst, bad):
         i = cuda.grid(1)
         stride = cuda.gridsize(1)
         size = src.size
         while i < size:
-            dst[i] = from_code(to_code(np.float64(src[i])))
+            c = np.int64(to_code(np.float64(src[i])))
+            if np.uint64(c) >= limit:
+                cuda.atomic.min(bad, 0, i)
+            else:
+                dst[i] = from_code(c)
             i += stride
 
     kernel = cuda.jit(nearest_kernel)
     if hasattr(kernel, "compile"):  # numba-cuda: compile now for contiguous arrays (the simulator has no compile)
-        kernel.compile(types.void(arr, arr))
+        kernel.compile(types.void(arr, arr, types.int64[::1]))
     return kernel
 
 
@@ -60,7 +71,7 @@ def _kernel(fmt, dtype: str):
     got = _KERNELS.get(key)
     if got is None:
         try:
-            got = _build(fmt.to_code_jit, fmt.from_code_jit, dtype)
+            got = _build(fmt.to_code_jit, fmt.from_code_jit, dtype, fmt.nbits)
         except Exception as e:  # numba's TypingError, LoweringError, NVVM errors ...
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("Failed in ")]
             got = f"{type(e).__name__}: {lines[0] if lines else ''}"
@@ -93,11 +104,16 @@ def quantize_custom(src, dst, fmt, mode, key, nbits, *, stream=None):
         k = _kernel(fmt, np.dtype(src.dtype).name)
         if isinstance(k, str):
             raise RuntimeError(f"{fmt.name}: to_code/from_code do not compile for CUDA: {k}")
-        _launch(k, d_src.size, stream, d_src, d_dst)
+        bad = cuda.to_device(np.array([d_src.size], np.int64), stream=stream or 0)
+        _launch(k, d_src.size, stream, d_src, d_dst, bad)
+        first = int(bad.copy_to_host(stream=stream or 0)[0])  # waits for the kernel: a code error raises here
+        if first < d_src.size:
+            from .custom_cpu import raise_for
+            raise_for(fmt, float(d_src[first:first + 1].copy_to_host(stream=stream or 0)[0]))
     else:
         fmt.check_mode(mode)
         table, ninf, pinf, negzero = fmt.derived()
-        n, tab = table.to_kernel_args()[1:]
+        n, tab = table.to_kernel_args()  # abi.TableArgs
         _launch(derived_kernel, d_src.size, stream, d_src, d_dst, device_table(tab), np.int64(n),
                 np.int64(src.dtype == np.float32), np.int64(ninf), np.int64(pinf), np.int64(negzero), int(mode),
                 np.uint64(key), nbits)

@@ -7,6 +7,7 @@ multipliers run ``gemm_builtin`` / ``mad_builtin`` (``cache=True``); user functi
 (numba cannot cache code specialised on a function). ``c`` (addmm's accumulator input) starts lane 0's
 accumulator (callers allow it only with lanes=1 and no chunk).
 """
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -78,11 +79,24 @@ def gemm_builtin(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, 
         _tile(t, A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, lut, None)
 
 
+# A user function that raises inside a prange loop: numba drops the exception and abandons the rest of that
+# worker's iterations. Each tile (chunk) records that it finished; the host reruns the first unfinished one
+# serially, where the exception propagates to the caller.
 @njit(parallel=True)
 def gemm_function(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, lut,
                   ntiles, fn):
+    """Returns done[t] = 1 for every tile that finished."""
+    done = np.zeros(ntiles, np.uint8)
     for t in prange(ntiles):
         _tile(t, A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, lut, fn)
+        done[t] = 1
+    return done
+
+
+@njit
+def gemm_function_tile(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm,
+                       lut, t, fn):
+    _tile(t, A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chunk, keys, nbits, prm, lut, fn)
 
 
 @njit
@@ -98,8 +112,24 @@ def mad_builtin(a, b, c, out, fused, mulp, accp, keys, nbits, prm, lut):
 
 
 @njit(parallel=True)
-def mad_function(a, b, c, out, fused, mulp, accp, keys, nbits, prm, lut, fn):
-    for i in prange(out.size):
+def mad_function(a, b, c, out, fused, mulp, accp, keys, nbits, prm, lut, fn, chunks):
+    """Over ``chunks`` contiguous runs; returns the start of the first run that did not finish, or -1."""
+    n = out.size
+    per = (n + chunks - 1) // chunks
+    done = np.zeros(chunks, np.uint8)
+    for r in prange(chunks):
+        for i in range(r * per, min(n, (r + 1) * per)):
+            _mad_one(i, a, b, c, out, fused, mulp, accp, keys, nbits, prm, lut, fn)
+        done[r] = 1
+    for r in range(chunks):
+        if done[r] == 0:
+            return r * per
+    return -1
+
+
+@njit
+def mad_function_from(a, b, c, out, fused, mulp, accp, keys, nbits, prm, lut, fn, start):
+    for i in range(start, out.size):
         _mad_one(i, a, b, c, out, fused, mulp, accp, keys, nbits, prm, lut, fn)
 
 
@@ -118,7 +148,11 @@ def gemm(A, B, bias, c, out, fused, mulp, accp, lanes, chunk, keys, nbits, margs
             _ntiles(out))
     with _parallel.exclusive():
         if prm[0] == K_FUNCTION:
-            gemm_function(*args, fn)
+            done = gemm_function(*args, fn)
+            if not done.all():  # fn raised there: the serial run of that tile raises it again
+                gemm_function_tile(*args[:-1], int(np.flatnonzero(done == 0)[0]), fn)
+                raise RuntimeError(f"Multiplier.function {getattr(fn, '__name__', fn)} raised in the parallel GEMM "
+                                   "but not when called again (it must be a deterministic function)")
         else:
             gemm_builtin(*args)
 
@@ -130,6 +164,10 @@ def mad(a, b, c, out, fused, mulp, accp, keys, nbits, margs, fn=None):
             tuple(int(v) for v in prm), lut)
     with _parallel.exclusive():
         if prm[0] == K_FUNCTION:
-            mad_function(*args, fn)
+            start = mad_function(*args, fn, max(1, min(out.size, 8 * numba.get_num_threads())))
+            if start >= 0:  # as in gemm
+                mad_function_from(*args, fn, start)
+                raise RuntimeError(f"Multiplier.function {getattr(fn, '__name__', fn)} raised in the parallel MAD "
+                                   "but not when called again (it must be a deterministic function)")
         else:
             mad_builtin(*args)

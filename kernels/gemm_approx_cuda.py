@@ -16,7 +16,7 @@ from .gemm_scalar import S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, red
 from .multiplier_scalar import K_FUNCTION, approx_product, mac_product
 
 TILE = 16
-MAX_LANES = 64
+from .abi import MAX_LANES  # noqa: E402
 MAX_GRID_Z = 65535
 MAD_THREADS = 256
 _KERNELS: dict = {}

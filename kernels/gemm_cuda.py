@@ -20,7 +20,7 @@ from .gemm_cpu import as_keys, as_params
 from .gemm_scalar import S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, mac, reduce_lanes
 
 TILE = 16
-MAX_LANES = 64  # mirrors emunum.mad.unit.MAX_LANES
+from .abi import MAX_LANES  # noqa: E402
 MAX_GRID_Z = 65535
 MAD_THREADS = 256
 

@@ -17,7 +17,7 @@ from .multiterm_scalar import (
 )
 
 TILE = 16
-MAX_TERMS = 256  # mirrors emunum.mad.unit.MAX_TERMS
+from .abi import MAX_TERMS  # noqa: E402
 MAX_GRID_Z = 65535
 
 

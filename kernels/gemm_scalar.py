@@ -24,8 +24,8 @@ from numba import njit
 
 from .scalar import STOCHASTIC, random_bits, round_fixed_value, round_float_bits
 
-P_KIND, P_MAN, P_EMIN, P_SUB, P_MAXBITS, P_OVF, P_NEGZERO, P_FRAC, P_CMIN, P_CMAX, P_SAT, P_MODE = range(12)
-NPARAM = 12
+from .abi import (NPARAM, P_CMAX, P_CMIN, P_EMIN, P_FRAC, P_KIND, P_MAN, P_MAXBITS, P_MODE, P_NEGZERO,  # noqa: F401
+                  P_OVF, P_SAT, P_SUB)
 
 # stochastic-rounding streams: index into the keys array
 S_MUL, S_ACC, S_CHUNK, S_REDUCE, S_BIAS = 0, 1, 2, 3, 4

@@ -3,7 +3,7 @@ k order with an exact-rounded or a Mitchell LNS addition. CPU only (``prange`` o
 element is one serial loop over k, so the bits never depend on the thread count).
 
 Operands come as (cls, k) pairs: cls 0 zero, 1 positive, 2 negative, 3 NaN; k the exponent code (used when
-cls is 1 or 2). ``vtab`` is ``LogFormat.to_kernel_args()[5]``; ``mtab[d]`` the Mitchell term
+cls is 1 or 2). ``vtab`` is ``LogFormat.to_kernel_args().table``; ``mtab[d]`` the Mitchell term
 round(F * 2**(-d/F)) for d < dtie = F*(frac_bits+1) (d = dtie is the one tie, F*2**-d/F = 1/2)."""
 import math
 

@@ -16,7 +16,7 @@ from numba import njit
 
 from .gemm_scalar import add_round, round_draw
 
-M_KIND, M_BITS, M_OKIND, M_MAN, M_EMIN, M_FRAC, M_UNUSED, M_WIDTH = range(8)
+from .abi import M_BITS, M_EMIN, M_FRAC, M_KIND, M_MAN, M_OKIND, M_UNUSED, M_WIDTH  # noqa: F401
 K_EXACT, K_TABLE, K_MITCHELL, K_TRUNCATED, K_DRUM, K_FUNCTION = range(6)
 FRAC_MASK = np.int64((1 << 52) - 1)
 HIDDEN = np.int64(1 << 52)

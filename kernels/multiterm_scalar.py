@@ -22,9 +22,8 @@ from numba import njit
 
 from .gemm_scalar import P_EMIN, P_MAN, P_MAXBITS, P_MODE, P_SUB, bits_f64, f64_bits, round_draw, round_odd, round_value, two_sum
 
-T_KIND, T_TERMS, T_P, T_AMODE, T_FLOOR, T_CARRY, T_PROMOTE, T_FUSED, T_IN_EMIN, T_C_EMIN, T_MUL_EMIN = range(11)
-NTPARAM = 11
-NO_FLOOR = -100000
+from .abi import (NO_FLOOR, NTPARAM, T_AMODE, T_C_EMIN, T_CARRY, T_FLOOR, T_FUSED, T_IN_EMIN, T_KIND,  # noqa: F401
+                  T_MUL_EMIN, T_P, T_PROMOTE, T_TERMS)
 
 LIMB = 32
 LOW = -1152  # weight of limb 0's least significant bit

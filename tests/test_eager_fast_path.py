@@ -153,7 +153,7 @@ def test_address_entry_points_equal_array_entry_points(name, dtype, mode, parall
     src = _input(torch.float64, seed=3).numpy().ravel().astype(dtype)
     via_array, via_addr = np.empty_like(src), np.empty_like(src)
     key, n = seed_key(123), src.size
-    args = fmt.to_kernel_args()[1:]
+    args = fmt.to_kernel_args()
     if isinstance(fmt, FloatFormat):
         cpu.quantize_float(src, via_array, *args, int(mode), key, 32, parallel=parallel)
         cpu.quantize_float_at(src.ctypes.data, via_addr.ctypes.data, n, src.dtype, *args, int(mode), key, 32,
@@ -179,7 +179,7 @@ def test_quantize_on_any_layout_equals_the_array_kernel_on_a_contiguous_copy(lay
          "expanded": base[:1].expand(7, -1)}[layout]
     fmt = emunum.get_format("e5m2")
     want = np.empty(x.numel(), dtype=x.numpy().dtype)
-    cpu.quantize_float(x.contiguous().numpy().ravel(), want, *fmt.to_kernel_args()[1:], int(RoundMode.STOCHASTIC),
+    cpu.quantize_float(x.contiguous().numpy().ravel(), want, *fmt.to_kernel_args(), int(RoundMode.STOCHASTIC),
                        seed_key(11), 32)
     got = emunum.quantize(x, fmt, "stochastic", seed=11)
     assert got.is_contiguous() and got.shape == x.shape

@@ -133,3 +133,15 @@ def test_mad_unit_gemms_run_in_emunums_kernels_and_are_counted():
     assert cov.fraction == 1.0, str(cov)
     fwd = lambda c: sum(r.flops for r in c.records if r.phase == "forward")  # noqa: E731
     assert fwd(cov) == fwd(plain)  # backward differs: the unit computes the bias gradient as a GEMM too
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_multihead_attention_rounds_p_after_its_dropout_so_every_gemm_operand_is_on_the_grid(batch_first):
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 2, dropout=0.3, batch_first=batch_first)
+    x = torch.randn(5, 3, 16)
+    patched = emunum.patch(nn.Sequential(mha), "e4m3fn").train()
+    counter = GridCounter("e4m3fn")
+    with counter:
+        patched[0](x, x, x)[0].square().sum().backward()
+    assert counter.fraction == 1.0

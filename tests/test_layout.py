@@ -102,7 +102,7 @@ def test_cycle_finder_finds_a_planted_cycle():
 @pytest.mark.parametrize("low", ["emunum.formats", "emunum.rng"])
 def test_lower_layers_import_nothing_above_them(low):
     graph = _graph()
-    allowed = ("emunum.formats", "emunum.rng")
+    allowed = ("emunum.formats", "emunum.rng", "emunum.kernels.abi")  # the ABI imports nothing from emunum
     for mod, deps in graph.items():
         if mod == low or mod.startswith(low + "."):
             assert all(d.startswith(allowed) for d in deps), (mod, sorted(deps))

@@ -5,6 +5,7 @@ whose squares, differences and sums are exact in any summation order in float64 
 counters' lane sums: every partial sum of a chunk lies below 2**12 on the grid of 2**-12); the special
 values (inf, NaN, overflow, flushed tiny values) are compared in counts, and their exclusion from the sums on a hand-made case.
 """
+import copy
 import json
 import math
 
@@ -410,3 +411,35 @@ def test_block_counts_on_mad_units_equal_those_on_torch_gemms():
         return t.to_dict()
 
     assert counts(True) == counts(False)
+
+
+class _Functional(torch.nn.Module):
+    """x @ W with W a Parameter: one functional GEMM, no layer to swap."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(32, 5))
+
+    def forward(self, x):
+        return x @ self.w
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "mxfp8_e4m3"])
+def test_functional_gemms_are_traced_per_role_without_changing_bits(fmt):
+    torch.manual_seed(0)
+    x = torch.randn(4, 32, requires_grad=True)
+    plain = emunum.patch(_Functional(), fmt, grad_rounding="nearest")
+    traced = copy.deepcopy(plain)
+    y = plain(x)
+    y.backward(torch.ones_like(y))
+    with emunum.trace.collect(traced, every=1) as t:
+        yt = traced(x)
+        yt.backward(torch.ones_like(yt))
+    assert torch.equal(y, yt) and torch.equal(plain.w.grad, traced.w.grad)
+    got = {r: v["values"] for r, v in json.loads(t.to_json())["functional GEMMs"].items()}
+    expect = {"input": 4 * 32, "weight": 32 * 5, "grad_output": 4 * 5}  # the operands of all three GEMMs...
+    if fmt == "e4m3fn":  # ...rounded once each, element-wise; and the element roles around them
+        expect.update({"output": 4 * 5, "grad_input": 4 * 32, "grad_weight": 32 * 5})
+    else:  # block operands are quantised per GEMM: x and W in two GEMMs each, gy in both backward GEMMs
+        expect = {"input": 2 * 4 * 32, "weight": 2 * 32 * 5, "grad_output": 2 * 4 * 5}
+    assert got == expect

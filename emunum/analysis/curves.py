@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import stats
+from . import files, stats
 from .report import Run, formats_in_order
 
 ACCURACY_TAG = "val/accuracy"
@@ -21,21 +21,35 @@ TRAIN_LOSS_TAG = "train/loss"
 VAL_LOSS_TAG = "val/loss"
 
 
-def load_curve(run_dir: Path, tag: str = ACCURACY_TAG) -> list[tuple[int, float]]:
+def load_curve(run_dir: Path, tag: str = ACCURACY_TAG, notes: list | None = None) -> list[tuple[int, float]]:
     """(iteration, value) pairs of a TensorBoard scalar from ``<run_dir>/tensorboard``, sorted by
-    iteration; the last event wins where a step was logged twice (a resumed run). [] when absent."""
+    iteration; the last event wins where a step was logged twice (a resumed run). [] when absent. Only
+    regular event files are read (``files``): a FIFO, socket or device is skipped with a note in ``notes``,
+    and a file TensorBoard cannot parse is skipped with a note too."""
     tb = Path(run_dir) / "tensorboard"
-    if not tb.is_dir():
+    if not tb.is_dir() or tb.is_symlink():
         return []
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     points: dict[int, float] = {}
-    for events_dir in sorted({p.parent for p in tb.rglob("events.out.tfevents.*")}):
-        acc = EventAccumulator(str(events_dir), size_guidance={"scalars": 0})
-        acc.Reload()
-        if tag in acc.Tags().get("scalars", []):
-            for e in acc.Scalars(tag):
-                points[int(e.step)] = float(e.value)
+    found = sorted(tb.rglob("events.out.tfevents.*"), key=lambda p: (str(p.parent), p.name))
+    for path in found:
+        if not files.is_regular(path) or path.is_symlink():
+            if notes is not None:
+                what = "a symbolic link" if path.is_symlink() else "not a regular file"
+                notes.append(f"skipped {path}: {what} (only regular event files are read)")
+            continue
+        try:
+            acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
+            acc.Reload()
+            scalars = acc.Scalars(tag) if tag in acc.Tags().get("scalars", []) else []
+            got = [(int(e.step), float(e.value)) for e in scalars]
+        except Exception as e:  # a corrupt or truncated file: TensorBoard's own errors
+            if notes is not None:
+                notes.append(f"skipped {path}: not a readable event file ({type(e).__name__})")
+            continue
+        for step, value in got:
+            points[step] = value
     return sorted(points.items())
 
 
@@ -98,11 +112,15 @@ def _draw(ax, bands: list[Band]) -> None:
 
 
 def _save(fig, path) -> Path:
+    """The figure as PNG bytes, written by ``files.write_bytes`` (a new regular file; RefusedWrite where a
+    link or special file is in its place)."""
+    import io
+
+    files.check_writable(path)  # before drawing: a refusal costs nothing
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return files.write_bytes(path, buf.getvalue())
 
 
 def plot_convergence(bands: list[Band], path, target: float | None = None, title: str | None = None) -> Path:
@@ -120,20 +138,22 @@ def plot_convergence(bands: list[Band], path, target: float | None = None, title
     return _save(fig, path)
 
 
-def convergence_plot(runs: list[Run], path, baseline: str | None = None) -> Path:
+def convergence_plot(runs: list[Run], path, baseline: str | None = None, notes: list | None = None) -> Path:
     """Load every run's validation-accuracy curve and write the convergence plot to ``path``."""
-    curves = {r.path: load_curve(r.path) for r in runs}
+    files.check_writable(path)
+    curves = {r.path: load_curve(r.path, notes=notes) for r in runs}
     targets = {r.target_accuracy for r in runs if r.target_accuracy is not None}
     return plot_convergence(curve_bands(runs, curves, baseline), path,
                             target=targets.pop() if len(targets) == 1 else None)
 
 
-def loss_plot(runs: list[Run], path, baseline: str | None = None) -> Path:
+def loss_plot(runs: list[Run], path, baseline: str | None = None, notes: list | None = None) -> Path:
     """Training loss (left) and validation loss (right) vs iterations, log scale, mean and 95% CI band over
     seeds per format, as one PNG. ValueError when no run logged either."""
+    files.check_writable(path)
     panels = []
     for tag, label in ((TRAIN_LOSS_TAG, "training loss"), (VAL_LOSS_TAG, "validation loss")):
-        bands = curve_bands(runs, {r.path: load_curve(r.path, tag) for r in runs}, baseline)
+        bands = curve_bands(runs, {r.path: load_curve(r.path, tag, notes) for r in runs}, baseline)
         if bands:
             panels.append((label, bands))
     if not panels:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,11 +186,18 @@ class Hardware:
                 known = sorted({f.stem for d in dirs if d.is_dir() for f in d.glob("*.yaml")})
                 raise ValueError(f"hardware={name_or_path!r} is not a file nor a known description; known: "
                                  f"{', '.join(known) or '(none)'} (searched {', '.join(str(d) for d in dirs)})")
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise ValueError(f"hardware={str(name_or_path)!r}: no such file {path}")
-        with open(path) as f:
-            d = yaml.safe_load(f)
-        return cls.from_dict(d, where=str(path))
+        from . import files
+
+        try:
+            d = yaml.safe_load(files.read_text(path))
+            return cls.from_dict(d, where=str(path))
+        except (ValueError, RecursionError, OverflowError, MemoryError, OSError, yaml.YAMLError) as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if str(path) in msg:
+                raise ValueError(msg) from None
+            raise ValueError(f"hardware {str(path)!r}: {type(e).__name__}: {msg[:200]}") from None
 
     def width_class(self, bits: int) -> int:
         """The smallest listed width >= ``bits``; ValueError if ``bits`` exceeds every listed width."""

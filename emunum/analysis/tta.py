@@ -23,10 +23,13 @@ make TTA a lower bound and its interval open above, as for the iterations.
 from __future__ import annotations
 
 import csv
+import io
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import files
 from .report import FormatSummary, OutputFormat, Run, fmt_num, render_table
 
 
@@ -65,8 +68,8 @@ def _seconds(value, what: str) -> float:
         raise ValueError(f"{what}: {value!r} is not a number of seconds")
     try:
         s = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what}: {value!r} is not a number of seconds") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{what}: {str(value)[:60]!r} is not a number of seconds") from None
     if not math.isfinite(s) or s <= 0:
         raise ValueError(f"{what}: {value!r} must be a positive finite number of seconds")
     return s
@@ -95,6 +98,18 @@ def parse_pairs(pairs: list[str]) -> dict[str, float]:
 
 
 def load_sim(path) -> dict[str, float]:
+    """Seconds per iteration per format from a simulator results file (``_load_sim``); every error, absurd
+    content included (deep nesting, huge numbers, a FIFO), is a ValueError naming the file."""
+    try:
+        return _load_sim(path)
+    except (ValueError, RecursionError, OverflowError, MemoryError, OSError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if str(path) in msg:
+            raise ValueError(msg) from None
+        raise ValueError(f"--sim {str(path)!r}: {type(e).__name__}: {msg[:200]}") from None
+
+
+def _load_sim(path) -> dict[str, float]:
     """Seconds per iteration per format from a simulator results file.
 
     - ``.yaml``/``.yml``: a mapping ``{fp32: 0.031, fp8: 0.012}``, the same under a top-level
@@ -102,18 +117,18 @@ def load_sim(path) -> dict[str, float]:
     - ``.csv``: a header row with ``format`` and ``seconds_per_iteration`` columns (others are ignored).
     """
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ValueError(f"--sim {str(path)!r}: no such file")
+    text = files.read_text(path)
     times: dict[str, float] = {}
     suffix = path.suffix.lower()
     if suffix in (".yaml", ".yml"):
         import yaml
 
-        with open(path) as f:
-            try:
-                d = yaml.safe_load(f)
-            except yaml.YAMLError as e:
-                raise ValueError(f"--sim {str(path)!r} is not valid YAML: {e}") from None
+        try:
+            d = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"--sim {str(path)!r} is not valid YAML: {e}") from None
         if isinstance(d, dict) and set(d) == {"seconds_per_iteration"}:
             d = d["seconds_per_iteration"]
         if isinstance(d, dict):
@@ -127,7 +142,7 @@ def load_sim(path) -> dict[str, float]:
         else:
             raise ValueError(f"--sim {path}: expected a mapping format -> seconds or a list of records, got {d!r}")
     elif suffix == ".csv":
-        with open(path, newline="") as f:
+        with io.StringIO(text, newline="") as f:
             reader = csv.DictReader(f)
             cols = reader.fieldnames or []
             for c in ("format", "seconds_per_iteration"):

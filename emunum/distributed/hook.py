@@ -75,6 +75,7 @@ class QuantizedAllreduce:
         self.step = 0
         self.residuals: dict[int, torch.Tensor] = {}
         self.layouts: dict[int, tuple] = {}  # the parameter shapes of the bucket each residual belongs to
+        self.agreed = False  # the ranks' settings were compared (at the first bucket)
 
     def __repr__(self) -> str:
         s = self.spec
@@ -119,6 +120,8 @@ class QuantizedAllreduce:
         """The all-reduced mean of ``buf`` over ``group`` for bucket ``index`` at ``self.step``; ``layout``
         (the bucket's parameter shapes) keeps a residual from being added to a rebuilt bucket."""
         spec, world, rank = self.spec, dist.get_world_size(group), dist.get_rank(group)
+        if not self.agreed:
+            self._check_agreement(group, buf.device, world)
         if spec.plain:
             out = buf.div_(world)
             dist.all_reduce(out, group=group)
@@ -145,6 +148,34 @@ class QuantizedAllreduce:
             dist.all_reduce(total, group=group)
             total = total.float()
         return self._round_result(total.div_(world), index, group)
+
+    def settings(self) -> str:
+        """The settings every rank must share (a seed of None is drawn by rank 0, so it agrees)."""
+        s = self.spec
+        return (f"fmt={getattr(s.fmt, 'name', None)}, rounding={s.rounding.name.lower()}, seed={s.seed}, "
+                f"scaling={s.scaling.value}, ring={s.ring}, error_feedback={s.error_feedback}, "
+                f"result_fmt={getattr(s.result_fmt, 'name', None)}")
+
+    def _check_agreement(self, group, device, world: int) -> None:
+        """Once, at the first bucket: the ranks compare a digest of ``settings()`` (one all-reduce of two
+        int64); where they differ, every rank raises ValueError naming each rank's settings (replicas that
+        round differently would drift apart silently)."""
+        import hashlib
+
+        mine = self.settings()
+        d = int.from_bytes(hashlib.sha256(mine.encode()).digest()[:7], "big")
+        t = torch.tensor([d, -d], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        if int(t[0]) != d or int(t[1]) != -d:
+            every = [None] * world
+            try:
+                dist.all_gather_object(every, mine, group=group)
+                which = "; ".join(f"rank {r}: {v}" for r, v in enumerate(every))
+            except Exception:  # a backend without object collectives: this rank's settings only
+                which = f"this rank (rank {dist.get_rank(group)}): {mine}"
+            raise ValueError(f"quantized_allreduce_hook: the ranks' settings differ; every rank must register the "
+                             f"hook with the same settings ({which})")
+        self.agreed = True
 
     def _scale(self, x: torch.Tensor, world: int, group) -> float:
         spec = self.spec

@@ -20,9 +20,10 @@ from typing import Union
 
 import numpy as np
 
-from .base import NumberFormat, as_codes, check_bool, check_int, parse_enum
+from .base import NumberFormat, RoundMode, as_codes, check_bool, check_int, parse_enum
 from .fixed import FixedFormat
 from .float import FloatFormat
+from ..kernels.abi import ScaleArgs
 from .presets import ALIASES, PRESETS
 from .table import TABLE_PRESETS, TableFormat
 
@@ -54,21 +55,29 @@ class E8M0Format(NumberFormat):
         return np.where(c == 255, np.nan, np.ldexp(1.0, np.minimum(c, 254) - 127))
 
     def encode(self, values, rounding: str = "down") -> np.ndarray:
+        """Positive values -> codes 0..254 (2**(code - 127)), NaN -> 255, inf -> 254; a value between two powers
+        of two rounds ``down`` (= ``toward_zero``: the OCP rule) or ``up``; beyond the range it clamps."""
+        mode = RoundMode.parse(rounding)
+        if mode not in (RoundMode.DOWN, RoundMode.TOWARD_ZERO, RoundMode.UP):
+            raise ValueError(f"e8m0 encode rounding={rounding!r}: allowed: 'down' (= 'toward_zero') or 'up'")
         v = np.asarray(values, dtype=np.float64)
         if np.any(v <= 0):
             raise ValueError("e8m0 holds positive powers of two only; got a value <= 0")
         with np.errstate(divide="ignore", invalid="ignore"):
-            _, e = np.frexp(np.where(np.isfinite(v), v, 1.0))
-        code = np.clip(e.astype(np.int64) - 1 + 127, 0, 254)
+            m, e = np.frexp(np.where(np.isfinite(v), v, 1.0))
+        e = e.astype(np.int64) - 1  # v = 2**e * (2m), 2m in [1, 2)
+        if mode is RoundMode.UP:
+            e = e + (m != 0.5)
+        code = np.clip(e + 127, 0, 254)
         code = np.where(np.isinf(v), 254, code)
         return np.where(np.isnan(v), 255, code).astype(np.int64)
 
     def values(self) -> np.ndarray:
         return np.ldexp(1.0, np.arange(-127, 128))
 
-    def to_kernel_args(self) -> tuple:
-        """(kind=2, emin, emax): a power-of-two scale."""
-        return (2, -127, 127)
+    def to_kernel_args(self) -> ScaleArgs:
+        """``kernels.abi.ScaleArgs``: a power-of-two scale 2**e, e in [-127, 127]."""
+        return ScaleArgs(emin=-127, emax=127)
 
 
 E8M0 = E8M0Format()

@@ -31,6 +31,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..kernels.abi import CustomArgs
 from .base import NumberFormat, RoundMode, check_int
 
 MAX_NBITS = 32
@@ -247,10 +248,10 @@ class CustomFormat(NumberFormat):
             q = np.where(q == 0.0, np.copysign(0.0, x), q)
         return q
 
-    def to_kernel_args(self) -> tuple:
-        """(kind=5, to_code, from_code): the compiled functions themselves (the kernels take them as
-        first-class function arguments)."""
-        return (5, self.to_code_jit, self.from_code_jit)
+    def to_kernel_args(self) -> CustomArgs:
+        """``kernels.abi.CustomArgs``: the compiled functions themselves (the kernels take them as first-class
+        function arguments) and the number of codes."""
+        return CustomArgs(to_code=self.to_code_jit, from_code=self.from_code_jit, ncodes=1 << self.nbits)
 
 
 def _rebuild(to_code, from_code, nbits, name, add, mul) -> CustomFormat:

@@ -7,6 +7,7 @@ from dataclasses import KW_ONLY, dataclass
 import numpy as np
 import torch
 
+from ..kernels.abi import FixedArgs
 from .base import NumberFormat, RoundMode, as_codes, check_bool, check_int
 from .exact import round_fixed_torch
 
@@ -65,9 +66,10 @@ class FixedFormat(NumberFormat):
     def __str__(self) -> str:
         return self.name
 
-    def to_kernel_args(self) -> tuple:
-        """Plain values for kernels and custom ops: (kind=1, frac_bits, code_min, code_max, saturate)."""
-        return (1, self.frac_bits, self.code_min, self.code_max, int(self.saturate))
+    def to_kernel_args(self) -> FixedArgs:
+        """The kernels' record (``kernels.abi.FixedArgs``)."""
+        return FixedArgs(frac=self.frac_bits, code_min=self.code_min, code_max=self.code_max,
+                         saturate=int(self.saturate))
 
     def decode(self, codes) -> np.ndarray:
         """Bit patterns (unsigned ints < 2**bits, two's complement when signed) -> float64 values."""

@@ -9,6 +9,7 @@ from typing import Union
 import numpy as np
 import torch
 
+from ..kernels.abi import FloatArgs
 from .base import NumberFormat, Overflow, RoundMode, as_codes, check_bool, check_int, parse_enum
 from .exact import round_float_torch
 
@@ -154,10 +155,10 @@ class FloatFormat(NumberFormat):
     def __str__(self) -> str:
         return self.name
 
-    def to_kernel_args(self) -> tuple:
-        """Plain values for kernels and custom ops: (kind=0, man, emin, subnormals, max, overflow, negzero)."""
-        return (0, self.man, self.emin, int(self.subnormals), self.max, int(self.overflow),
-                int(self.has_negative_zero))
+    def to_kernel_args(self) -> FloatArgs:
+        """The kernels' record (``kernels.abi.FloatArgs``)."""
+        return FloatArgs(man=self.man, emin=self.emin, subnormals=int(self.subnormals), max=self.max,
+                         overflow=int(self.overflow), negzero=int(self.has_negative_zero))
 
     # ---- codes -----------------------------------------------------------------------------------
     @property

@@ -11,6 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from ..kernels.abi import LogArgs
 from .base import NumberFormat, RoundMode, as_codes, check_bool, check_int
 from .table import seed0_bits, stochastic_up_np
 
@@ -116,10 +117,11 @@ class LogFormat(NumberFormat):
         f = self.frac_bits
         return math.ldexp(log_tables(f)[2 << f:][k & ((1 << f) - 1)], k >> f)
 
-    def to_kernel_args(self) -> tuple:
-        """(kind=4, frac_bits, kmin, kmax, signed, table): table = float64 [RD(2**(j/2**(f+1))) for j <
-        2**(f+1); RN(2**(m/2**f)) for m < 2**f] (rounded down / to nearest, f = frac_bits)."""
-        return (4, self.frac_bits, self.kmin, self.kmax, int(self.signed), log_tables(self.frac_bits))
+    def to_kernel_args(self) -> LogArgs:
+        """``kernels.abi.LogArgs``: table = float64 [RD(2**(j/2**(f+1))) for j < 2**(f+1); RN(2**(m/2**f)) for
+        m < 2**f] (rounded down / to nearest, f = frac_bits)."""
+        return LogArgs(frac=self.frac_bits, kmin=self.kmin, kmax=self.kmax, signed=int(self.signed),
+                       table=log_tables(self.frac_bits))
 
     def decode(self, codes) -> np.ndarray:
         c = as_codes(codes, 2**self.bits, self.name)

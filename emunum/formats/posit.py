@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels.abi import PositArgs
 from ..rng import random_bits_int, seed_key
 from .base import NumberFormat, RoundMode, as_codes, check_int
 
@@ -76,9 +77,9 @@ class PositFormat(NumberFormat):
     def __str__(self) -> str:
         return self.name
 
-    def to_kernel_args(self) -> tuple:
-        """Plain values for kernels and custom ops: (kind=2, nbits, es)."""
-        return (2, self.nbits, self.es)
+    def to_kernel_args(self) -> PositArgs:
+        """The kernels' record (``kernels.abi.PositArgs``)."""
+        return PositArgs(nbits=self.nbits, es=self.es)
 
     # ---- codes -----------------------------------------------------------------------------------
     def _magnitude_value(self, p: int) -> float:

@@ -17,6 +17,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from ..kernels.abi import TableArgs
 from .base import NumberFormat, RoundMode, as_codes
 
 MAX_VALUES = 1 << 16
@@ -91,10 +92,10 @@ class TableFormat(NumberFormat):
     def values(self) -> np.ndarray:
         return np.array(self.values_, dtype=np.float64)
 
-    def to_kernel_args(self) -> tuple:
-        """(kind=3, n, table): table = float64 [values (n), midpoint high parts (n-1), low parts (n-1)], each
-        midpoint (values[i] + values[i+1]) / 2 being exactly high + low."""
-        return (3, self.n, kernel_table(self))
+    def to_kernel_args(self) -> TableArgs:
+        """``kernels.abi.TableArgs``: table = float64 [values (n), midpoint high parts (n-1), low parts (n-1)],
+        each midpoint (values[i] + values[i+1]) / 2 being exactly high + low."""
+        return TableArgs(n=self.n, table=kernel_table(self))
 
     def decode(self, codes) -> np.ndarray:
         return self.values()[as_codes(codes, self.n, self.name)]
@@ -160,6 +161,11 @@ def _checked_values(values) -> tuple:
         raise TypeError(f"TableFormat.values must be a sequence of floats, got {type(values).__name__}")
     try:
         a = np.asarray(values, dtype=np.float64)
+    except OverflowError:  # a Python int beyond float64 (2**1024): name it rather than numpy's bare message
+        big = next((i for i, v in enumerate(values) if isinstance(v, int) and abs(v) >= 2**1024), None)
+        where = f"values[{big}]=2**{abs(values[big]).bit_length() - 1}..." if big is not None else "a value"
+        raise ValueError(f"TableFormat: {where} is beyond the float64 range (max {float(np.finfo(np.float64).max)!r}); "
+                         "all values must be finite float64 numbers") from None
     except (TypeError, ValueError):
         raise TypeError(f"TableFormat.values must be a sequence of real numbers, got {values!r}") from None
     if a.ndim != 1:

@@ -22,7 +22,7 @@ _warned_devices: set[str] = set()
 def check_operand(x, name: str) -> None:
     """x must be a float tensor whose values are float32-representable (all FloatFormat values are)."""
     check_tensor(x, name)
-    if x.dtype == torch.float64:
+    if x.dtype == torch.float64 and not x.is_meta:  # a meta tensor has no values to check
         with torch.no_grad():
             back = x.to(torch.float32).to(torch.float64)
             same = (back == x) | torch.isnan(x)
@@ -108,6 +108,8 @@ def _gemm(A, B, unit, seed, bias, nb, c, dtype):
     bA, M, K = A.shape
     bB, _, N = B.shape
     device = A.device
+    if device.type == "meta":  # shape propagation: meta tensors have no values to compute with
+        return torch.empty((nb, M, N), dtype=torch.float64, device=device)
     if unit.multiplier is not None:
         if device.type not in ("cpu", "cuda"):
             _host_fallback(device)
@@ -205,6 +207,8 @@ def elementwise(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, unit: MADUnit
                          "use matmul, addmm or baddbmm")
     shape = torch.broadcast_shapes(a.shape, b.shape, c.shape)
     device = a.device
+    if device.type == "meta":  # shape propagation, as gemm
+        return torch.empty(shape, dtype=torch.float64, device=device)
     with torch.no_grad():
         if device.type not in ("cpu", "cuda"):
             _host_fallback(device)

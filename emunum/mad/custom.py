@@ -37,6 +37,8 @@ def custom_matmul(A: torch.Tensor, B: torch.Tensor, fmt: CustomFormat) -> torch.
     if A.dtype != B.dtype or A.device != B.device:
         raise ValueError(f"A and B must have one dtype and device: A is {A.dtype} {A.device}, B is {B.dtype} "
                          f"{B.device}")
+    if A.is_meta:  # shape propagation, as every other format and GEMM: a meta tensor has no values
+        return torch.empty((A.shape[0], B.shape[1]), dtype=A.dtype, device=A.device)
     from ..kernels import custom_cpu
     a = A.detach().cpu().contiguous().numpy()
     b = B.detach().cpu().contiguous().numpy()

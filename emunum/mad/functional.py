@@ -10,6 +10,8 @@ stochastic seed derived from the forward one (``derived_seed``).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..rng import mix64_int, seed_key
@@ -169,7 +171,7 @@ class _LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, unit, units_bwd, seed, dtype):
         out_f, in_f = weight.shape
-        X = x.reshape(1, -1, in_f)
+        X = x.reshape(1, math.prod(x.shape[:-1]), in_f)  # no -1: it cannot be inferred beside in_f = 0
         y = backend.gemm(X, weight.t().reshape(1, in_f, out_f), unit, seed,
                          bias=None if bias is None else bias.reshape(1, 1, out_f), dtype=dtype)
         ctx.save_for_backward(x, weight)
@@ -182,7 +184,7 @@ class _LinearFn(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         u_in, u_w = ctx.units_bwd
         out_f, in_f = weight.shape
-        g = grad.reshape(1, -1, out_f)
+        g = grad.reshape(1, math.prod(grad.shape[:-1]), out_f)
         if any(ctx.needs_input_grad[:3]):
             backend.check_operand(grad, "grad_output")
         grad_x = grad_w = grad_b = None
@@ -190,7 +192,7 @@ class _LinearFn(torch.autograd.Function):
             gx = backend.gemm(g, weight.reshape(1, out_f, in_f), u_in, _bwd_seed(u_in, ctx.seed, ROLE_GRAD_INPUT))
             grad_x = gx.reshape(x.shape).to(x.dtype)
         if ctx.needs_input_grad[1]:
-            gw = backend.gemm(g.transpose(1, 2), x.reshape(1, -1, in_f), u_w,
+            gw = backend.gemm(g.transpose(1, 2), x.reshape(1, math.prod(x.shape[:-1]), in_f), u_w,
                               _bwd_seed(u_w, ctx.seed, ROLE_GRAD_WEIGHT))
             grad_w = gw.reshape(out_f, in_f).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:

@@ -115,6 +115,6 @@ def lns_matmul(A: torch.Tensor, B: torch.Tensor, fmt: LogFormat, add="exact") ->
         f = fmt.frac_bits
         mtab = mitchell_table(f) if mode is LNSAdd.MITCHELL else np.zeros(1, dtype=np.int64)
         add_id = lns_gemm_cpu.EXACT if mode is LNSAdd.EXACT else lns_gemm_cpu.MITCHELL
-        lns_gemm_cpu.run(ca, ka, cb, kb, out, fmt.to_kernel_args()[5], f, fmt.kmin, fmt.kmax, int(fmt.signed),
+        lns_gemm_cpu.run(ca, ka, cb, kb, out, fmt.to_kernel_args().table, f, fmt.kmin, fmt.kmax, int(fmt.signed),
                          add_id, mtab, (1 << f) * (f + 1))
     return torch.from_numpy(out).to(A.dtype)

@@ -40,11 +40,11 @@ from typing import Any
 import numpy as np
 
 from ..formats import FixedFormat, FloatFormat, NumberFormat, format_or_none, parse_enum
+from ..kernels import abi
 
 MAX_TABLE_BITS = 8
 MAX_DRUM_BITS = 24
 MAX_TRUNCATED_BITS = 23
-NPRM = 8  # mirrors kernels.multiplier_scalar's parameter layout
 
 
 class MultiplierKind(enum.IntEnum):
@@ -154,6 +154,10 @@ class Multiplier:
         """lut[i, j]: the product value (float64) of the operands with codes i and j of ``operand_fmt`` (a
         format of k <= 8 bits, or its name); shape (2**k, 2**k). The table is copied."""
         fmt = format_or_none(operand_fmt, "Multiplier.table: operand_fmt")
+        from ..formats import BlockFormat
+        if isinstance(fmt, BlockFormat):  # its codes are not values without their block's scale
+            raise ValueError(f"Multiplier.table: operand_fmt={fmt.name} is a block format; allowed: an element "
+                             f"format of at most {MAX_TABLE_BITS} bits (e.g. its element, {fmt.element.name})")
         if fmt is None or not isinstance(fmt, NumberFormat) or not hasattr(fmt, "bits"):
             raise ValueError(f"Multiplier.table: operand_fmt={operand_fmt!r}; allowed: a number format of at most "
                              f"{MAX_TABLE_BITS} bits")
@@ -216,16 +220,17 @@ class Multiplier:
         """(prm, lut): prm the int tuple of ``kernels.multiplier_scalar`` (kind, bits, operand kind 0 float /
         1 fixed, man, emin, frac_bits, unused, table width 2**k); lut the flat float64 table (table kind; a
         one-element dummy otherwise). Table kernels take operand codes (``encode_operands``), not values."""
-        prm = [int(self.kind), int(self.bits), 0, 0, 0, 0, 0, 1]
+        prm = [0] * abi.NPRM
+        prm[abi.M_KIND], prm[abi.M_BITS], prm[abi.M_WIDTH] = int(self.kind), int(self.bits), 1
         lut = np.zeros(1, np.float64)
         fmt = self.operand_fmt
         if self.kind == MultiplierKind.DRUM:
             if isinstance(fmt, FloatFormat):
-                prm[3], prm[4] = fmt.man, fmt.emin
+                prm[abi.M_MAN], prm[abi.M_EMIN] = fmt.man, fmt.emin
             else:
-                prm[2], prm[5] = 1, fmt.frac_bits
+                prm[abi.M_OKIND], prm[abi.M_FRAC] = 1, fmt.frac_bits
         elif self.kind == MultiplierKind.TABLE:
-            prm[7] = 2**self.bits
+            prm[abi.M_WIDTH] = 2**self.bits
             lut = self.lut.reshape(-1)
         return tuple(prm), lut
 

@@ -82,16 +82,15 @@ from typing import Union
 import numpy as np
 
 from ..formats import FixedFormat, FloatFormat, Format, RoundMode, format_or_none, parse_enum
+from ..kernels import abi
+from ..kernels.abi import MAX_LANES, MAX_TERMS, NPARAM
 from ..rng import mix64_int, seed_key
 from .multiplier import Multiplier
 from .presets import preset_kwargs
 
-MAX_LANES = 64
-MAX_TERMS = 256
 MAX_ALIGN_BITS = 40
 MAX_CARRY_BITS = 10
 EXACT = "exact"
-NPARAM = 12  # mirrors kernels.gemm_scalar.NPARAM (this layer compiles nothing)
 NSTREAMS = 5
 
 
@@ -109,7 +108,7 @@ class Order(enum.IntEnum):
 
 
 
-def _positive_int(field: str, value, lo: int, hi: int) -> int:
+def _int_in_range(field: str, value, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"MADUnit.{field} must be an int in [{lo}, {hi}], got {value!r}")
     if not lo <= int(value) <= hi:
@@ -201,9 +200,9 @@ class MADUnit:
             raise ValueError("MADUnit.mul_fmt=None with fused=False: give the product format "
                              "(e.g. the accumulator's) or set fused=True")
         if self.chunk is not None:
-            object.__setattr__(self, "chunk", _positive_int("chunk", self.chunk, 1, 2**31 - 1))
-        object.__setattr__(self, "lanes", _positive_int("lanes", self.lanes, 1, MAX_LANES))
-        object.__setattr__(self, "sr_bits", _positive_int("sr_bits", self.sr_bits, 1, 32))
+            object.__setattr__(self, "chunk", _int_in_range("chunk", self.chunk, 1, 2**31 - 1))
+        object.__setattr__(self, "lanes", _int_in_range("lanes", self.lanes, 1, MAX_LANES))
+        object.__setattr__(self, "sr_bits", _int_in_range("sr_bits", self.sr_bits, 1, 32))
         object.__setattr__(self, "order", Order.parse(self.order))
         self._check_multiterm()
         object.__setattr__(self, "multiplier", Multiplier.parse(self.multiplier))
@@ -219,15 +218,15 @@ class MADUnit:
                                  f"round-to-nearest, chunk=None, lanes=1); got {self}")
 
     def _check_multiterm(self):
-        object.__setattr__(self, "terms", _positive_int("terms", self.terms, 1, MAX_TERMS))
+        object.__setattr__(self, "terms", _int_in_range("terms", self.terms, 1, MAX_TERMS))
         for field, hi in (("align_bits", MAX_ALIGN_BITS), ("carry_bits", MAX_CARRY_BITS)):
             v = getattr(self, field)
             if v is not None:
-                object.__setattr__(self, field, _positive_int(field, v, 0, hi))
+                object.__setattr__(self, field, _int_in_range(field, v, 0, hi))
         if self.align_floor is not None:
-            object.__setattr__(self, "align_floor", _positive_int("align_floor", self.align_floor, -1100, 1100))
+            object.__setattr__(self, "align_floor", _int_in_range("align_floor", self.align_floor, -1100, 1100))
         if self.promote_every is not None:
-            object.__setattr__(self, "promote_every", _positive_int("promote_every", self.promote_every, 1,
+            object.__setattr__(self, "promote_every", _int_in_range("promote_every", self.promote_every, 1,
                                                                     2**31 - 1))
         object.__setattr__(self, "align_rounding", RoundMode.parse(self.align_rounding, "MADUnit.align_rounding"))
         object.__setattr__(self, "outer_rounding", RoundMode.parse(self.outer_rounding, "MADUnit.outer_rounding"))
@@ -304,19 +303,19 @@ class MADUnit:
         format for exact units, from ``dtype``). Also used for one-product-per-step units (terms=1, lossless)
         with lanes=1 and chunk=None, whose bits it reproduces (addmm on such units)."""
         exact = self.is_exact
-        prm = np.zeros(11, np.int64)
-        prm[0] = 1 if exact else 0
-        prm[1] = self.terms
-        prm[2] = -1 if self.align_bits is None else self.align_bits
-        prm[3] = int(self.align_rounding)
-        prm[4] = -100000 if self.align_floor is None else self.align_floor
-        prm[5] = -1 if self.carry_bits is None else self.carry_bits
-        prm[6] = self.promote_every or 0
-        prm[7] = int(self.fused)
-        prm[8] = (self.in_fmt or FloatFormat(8, 23)).emin
+        prm = np.zeros(abi.NTPARAM, np.int64)
+        prm[abi.T_KIND] = 1 if exact else 0
+        prm[abi.T_TERMS] = self.terms
+        prm[abi.T_P] = -1 if self.align_bits is None else self.align_bits
+        prm[abi.T_AMODE] = int(self.align_rounding)
+        prm[abi.T_FLOOR] = abi.NO_FLOOR if self.align_floor is None else self.align_floor
+        prm[abi.T_CARRY] = -1 if self.carry_bits is None else self.carry_bits
+        prm[abi.T_PROMOTE] = self.promote_every or 0
+        prm[abi.T_FUSED] = int(self.fused)
+        prm[abi.T_IN_EMIN] = (self.in_fmt or FloatFormat(8, 23)).emin
         acc = self.exact_out_format(dtype) if exact else self.acc_fmt
-        prm[9] = acc.emin if isinstance(acc, FloatFormat) else 0
-        prm[10] = self.mul_fmt.emin if isinstance(self.mul_fmt, FloatFormat) else 0
+        prm[abi.T_C_EMIN] = acc.emin if isinstance(acc, FloatFormat) else 0
+        prm[abi.T_MUL_EMIN] = self.mul_fmt.emin if isinstance(self.mul_fmt, FloatFormat) else 0
         mul = np.zeros(NPARAM, np.int64) if self.fused else format_params(self.mul_fmt, self.mul_rounding)
         return prm, mul, format_params(acc, self.acc_rounding), format_params(self.outer_fmt, self.outer_rounding)
 
@@ -368,14 +367,15 @@ class MADUnit:
 def format_params(fmt: Format, mode: RoundMode) -> np.ndarray:
     """The int64 parameter vector of ``kernels.gemm_scalar`` (layout P_KIND..P_MODE) for fmt and mode."""
     p = np.zeros(NPARAM, np.int64)
+    a = fmt.to_kernel_args()
+    p[abi.P_KIND] = a.KIND
     if isinstance(fmt, FloatFormat):
-        _, man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()
-        maxbits = int(np.array(mx, dtype=np.float64).view(np.int64))
-        p[:7] = (0, man, emin, sub, maxbits, ovf, negzero)
+        p[abi.P_MAN], p[abi.P_EMIN], p[abi.P_SUB], p[abi.P_OVF], p[abi.P_NEGZERO] = (
+            a.man, a.emin, a.subnormals, a.overflow, a.negzero)
+        p[abi.P_MAXBITS] = int(np.array(a.max, dtype=np.float64).view(np.int64))
     else:
-        _, frac, cmin, cmax, sat = fmt.to_kernel_args()
-        p[0], p[7:11] = 1, (frac, cmin, cmax, sat)
-    p[11] = int(mode)
+        p[abi.P_FRAC], p[abi.P_CMIN], p[abi.P_CMAX], p[abi.P_SAT] = a.frac, a.code_min, a.code_max, a.saturate
+    p[abi.P_MODE] = int(mode)
     return p
 
 

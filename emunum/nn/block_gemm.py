@@ -225,7 +225,7 @@ def block_gemm(x2: Tensor, w: Tensor, plan: BlockPlan) -> Tensor:
 
 
 def block_linear(x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPlan) -> Tensor:
-    y = block_gemm(x.reshape(-1, x.shape[-1]), w, plan).reshape(*x.shape[:-1], w.shape[0])
+    y = block_gemm(x.reshape(x.shape[:-1].numel(), x.shape[-1]), w, plan).reshape(*x.shape[:-1], w.shape[0])
     return y if b is None else y + b
 
 

@@ -56,19 +56,19 @@ class _BlockMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a: Tensor, b: Tensor, plan: BlockPlan, ra: Role, rb: Role) -> Tensor:
-        ctx.plan, ctx.roles = plan, (ra, rb)
+        ctx.plan, ctx.roles, ctx.trace = plan, (ra, rb), plan.observer()
         ctx.save_for_backward(a, b)
-        return plan.mm(a, b, ra, rb, -2, 0)
+        return plan.mm(a, b, ra, rb, -2, 0, ctx.trace)
 
     @staticmethod
     def backward(ctx, g: Tensor):
         a, b = ctx.saved_tensors
-        p, (ra, rb) = ctx.plan, ctx.roles
+        p, (ra, rb), tr = ctx.plan, ctx.roles, ctx.trace
         ga = gb = None
         if ctx.needs_input_grad[0]:
-            ga = p.mm(g, b.transpose(-1, -2), Role.GRAD_OUTPUT, rb, -2, 1)
+            ga = p.mm(g, b.transpose(-1, -2), Role.GRAD_OUTPUT, rb, -2, 1, tr)
         if ctx.needs_input_grad[1]:
-            gb = p.mm(a.transpose(-1, -2), g, ra, Role.GRAD_OUTPUT, -2, 2)
+            gb = p.mm(a.transpose(-1, -2), g, ra, Role.GRAD_OUTPUT, -2, 2, tr)
         return ga, gb, None, None, None
 
 
@@ -266,7 +266,9 @@ class GemmEmulator(EmuLayer):
             s = s.masked_fill(~keep, float("-inf"))
         elif attn_mask is not None:
             s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
-        p = torch._safe_softmax(s, -1) if hasattr(torch, "_safe_softmax") else torch.softmax(s, -1)
+        p = torch.softmax(s, -1)
+        if is_causal or attn_mask is not None:  # a row masked whole gives zeros, as torch's math path does
+            p = p.masked_fill(torch.isneginf(s).all(-1, keepdim=True), 0.0)
         if dropout_p > 0.0:
             p = F.dropout(p, dropout_p, training=True)
         return self.matmul(p, v)

@@ -115,6 +115,7 @@ class GemmMode(TorchFunctionMode):
         stack = ctx_stack()
         stack.append(GemmContext(True, name))
         try:
+            self.emu._emu_begin()  # a tracer samples functional GEMM calls as it samples a layer's forwards
             return handler(self.emu, *args, **kwargs)
         except Unsupported as e:
             stack[-1] = GemmContext(False, name, str(e))

@@ -104,3 +104,12 @@ def test_formats_cli_lists_block_presets(capsys):
 def test_straight_through_quantizer_rejects_block_formats_by_name():
     with pytest.raises(TypeError, match="mxfp4_e2m1 is not an element format"):
         emunum.Quantizer(forward="mxfp4")
+
+
+def test_e8m0_encode_rounds_down_or_up_between_powers_of_two_and_refuses_other_modes():
+    v = np.array([1.0, 1.5, 2.0, 3.0, 0.75, 2.0**-130, 2.0**200])
+    assert np.array_equal(E8M0.decode(E8M0.encode(v)), [1.0, 1.0, 2.0, 2.0, 0.5, 2.0**-127, 2.0**127])
+    assert np.array_equal(E8M0.decode(E8M0.encode(v, "toward_zero")), E8M0.decode(E8M0.encode(v)))
+    assert np.array_equal(E8M0.decode(E8M0.encode(v, "up")), [1.0, 2.0, 2.0, 4.0, 1.0, 2.0**-127, 2.0**127])
+    with pytest.raises(ValueError, match="rounding='nearest': allowed: 'down'"):
+        E8M0.encode(v, "nearest")

@@ -46,7 +46,7 @@ def fused(x, fmt, mode, seed, sqnr=True, parallel=None):
     q, acc = torch.empty_like(x), torch.zeros(6, dtype=torch.float64)
     dt = np.dtype(np.float32 if x.dtype == torch.float32 else np.float64)
     make = C.float_counted_runner if isinstance(fmt, FloatFormat) else C.fixed_counted_runner
-    run = make(dt, *fmt.to_kernel_args()[1:])
+    run = make(dt, *fmt.to_kernel_args())
     run(x.data_ptr(), q.data_ptr(), x.numel(), int(mode), seed_key(seed), 32, lo, hi, sqnr, acc.data_ptr(), parallel)
     return q, acc
 

@@ -33,14 +33,12 @@ def _inputs(dtype, n: int = 3 * (1 << 14)) -> np.ndarray:
 
 
 def _float_call(fmt: FloatFormat, src, dst, mode, sr_bits=32, parallel=None):
-    _, man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()
-    cpu.quantize_float(src, dst, man, emin, sub, mx, ovf, negzero, int(mode), seed_key(SEED), sr_bits,
+    cpu.quantize_float(src, dst, *fmt.to_kernel_args(), int(mode), seed_key(SEED), sr_bits,
                        parallel=parallel)
 
 
 def _fixed_call(fmt: FixedFormat, src, dst, mode, sr_bits=32, parallel=None):
-    _, frac, cmin, cmax, sat = fmt.to_kernel_args()
-    cpu.quantize_fixed(src, dst, frac, cmin, cmax, sat, int(mode), seed_key(SEED), sr_bits, parallel=parallel)
+    cpu.quantize_fixed(src, dst, *fmt.to_kernel_args(), int(mode), seed_key(SEED), sr_bits, parallel=parallel)
 
 
 def _run(fmt, src, mode, sr_bits=32, parallel=None, inplace=False):

@@ -198,11 +198,9 @@ def run_kernel(x: torch.Tensor, fmt, mode: RoundMode, seed: int = SEED, sr_bits:
     dst = src if inplace else cuda.to_device(np.full_like(host.view(np.uint8), 0xFF).view(host.dtype))  # NaN
     key = seed_key(seed)
     if isinstance(fmt, FloatFormat):
-        _, man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()
-        kc.quantize_float(src, dst, man, emin, sub, mx, ovf, negzero, int(mode), key, sr_bits, layout=layout)
+        kc.quantize_float(src, dst, *fmt.to_kernel_args(), int(mode), key, sr_bits, layout=layout)
     else:
-        _, frac, cmin, cmax, sat = fmt.to_kernel_args()
-        kc.quantize_fixed(src, dst, frac, cmin, cmax, sat, int(mode), key, sr_bits, layout=layout)
+        kc.quantize_fixed(src, dst, *fmt.to_kernel_args(), int(mode), key, sr_bits, layout=layout)
     out = dst.copy_to_host()
     if x.dtype == torch.bfloat16:
         return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16).view(x.shape)

@@ -48,8 +48,9 @@ def old_sr(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
 
 
 def _args(name, ovf=None, negzero=None):
-    _, man, emin, sub, mx, f_ovf, f_nz = emunum.get_format(name).to_kernel_args()
-    return man, emin, sub, float(mx), f_ovf if ovf is None else ovf, f_nz if negzero is None else negzero
+    a = emunum.get_format(name).to_kernel_args()
+    return (a.man, a.emin, a.subnormals, float(a.max), a.overflow if ovf is None else ovf,
+            a.negzero if negzero is None else negzero)
 
 
 def _codes(man, emin, sub, mx) -> np.ndarray:

@@ -8,6 +8,7 @@ import torch
 import emunum
 from emunum.formats import LogFormat, RoundMode, TableFormat
 from emunum.kernels import log_cpu, table_cpu
+from emunum.kernels.abi import TableArgs
 from emunum.rng import seed_key
 
 MODES = ["nearest", "nearest_away", "toward_zero", "up", "down", "odd", "stochastic"]
@@ -26,10 +27,8 @@ def inputs(dtype, n=700):
 def cpu_run(fmt, x, mode, key, parallel):
     out = np.empty_like(x)
     args = fmt.to_kernel_args()
-    if args[0] == 3:
-        table_cpu.quantize_table(x, out, args[1], args[2], mode, key, 32, parallel=parallel)
-    else:
-        log_cpu.quantize_log(x, out, *args[1:], mode, key, 32, parallel=parallel)
+    run = table_cpu.quantize_table if isinstance(args, TableArgs) else log_cpu.quantize_log
+    run(x, out, *args, mode, key, 32, parallel=parallel)
     return out
 
 
@@ -37,10 +36,8 @@ def cuda_run(fmt, x, mode, key):
     from emunum.kernels import log_cuda, table_cuda
     out = np.empty_like(x)
     args = fmt.to_kernel_args()
-    if args[0] == 3:
-        table_cuda.quantize_table(x, out, args[1], args[2], mode, key, 32)
-    else:
-        log_cuda.quantize_log(x, out, *args[1:], mode, key, 32)
+    run = table_cuda.quantize_table if isinstance(args, TableArgs) else log_cuda.quantize_log
+    run(x, out, *args, mode, key, 32)
     return out
 
 

@@ -172,6 +172,17 @@ def test_sdpa_runs_as_its_math_with_both_products_emulated(mask, fmt):
         assert torch.equal(a, b)
 
 
+def test_sdpa_gives_zeros_for_a_row_masked_whole_as_torchs_math_path():
+    q, k, v = (tame(1, 2, 4, 8, seed=s) for s in (1, 2, 3))
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[2] = False
+    m = emunum.patch(Fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)), "e5m2")
+    y = m(q, k, v)
+    assert torch.equal(y[..., 2, :], torch.zeros(1, 2, 8)) and torch.isfinite(y).all()
+    ref = torch._safe_softmax(torch.where(mask, 0.0, float("-inf")), -1)  # torch's own rule on the same mask
+    assert torch.equal(ref[2], torch.zeros(4))
+
+
 def test_sdpa_dropout_comes_before_the_rounding_of_p():
     q, k, v = (tame(1, 2, 4, 8, seed=s) for s in (1, 2, 3))
     m = emunum.patch(Fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)), "e5m2")
@@ -322,3 +333,23 @@ def test_what_the_policy_leaves_out_is_reported_by_coverage_not_warned(how):
         warnings.simplefilter("error")
         model(torch.randn(4, 8))
     assert emunum.coverage(model, torch.randn(4, 8)).unemulated()
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "mxfp8_e4m3"])
+def test_a_real_attention_model_compiles_without_graph_breaks_to_the_eager_bits(fmt):
+    pytest.importorskip("transformers")
+    import warnings
+
+    import torch._dynamo
+    from third_party_models import MODELS, loss_of
+
+    model, args, kw = MODELS["llama"]()  # SDPA attention: emulated as its math
+    model.eval()
+    emunum.patch(model, fmt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = loss_of(model(*args, **kw))
+        torch._dynamo.reset()
+        assert torch._dynamo.explain(model)(*args, **kw).graph_break_count == 0
+        compiled = loss_of(torch.compile(model, backend="aot_eager", fullgraph=True)(*args, **kw))
+    assert torch.equal(eager, compiled)

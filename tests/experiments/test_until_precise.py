@@ -22,17 +22,18 @@ def _until(out: Path, cache: Path, *args: str) -> subprocess.CompletedProcess:
 def test_adds_seeds_in_pairs_to_the_cap_and_says_not_precise(tmp_path, data_cache):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     out = tmp_path / "sweep"
-    done = _until(out, data_cache, "--formats", "fp32,bf16", "--rel", "0.0001", "--start", "2", "--cap", "4")
+    # naive fp8 reaches the tiny target at other iterations than fp32: no ratio is known to ±0.01%
+    done = _until(out, data_cache, "--formats", "fp32,fp8_152", "--rel", "0.0001", "--start", "2", "--cap", "4")
     assert done.returncode == 3, done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("seeds_")) == ["seeds_0-1", "seeds_2-3"]
     assert len(list(out.rglob("results.json"))) == 8  # 4 seeds x 2 formats
-    assert "seeds: 4 per format (bf16); NOT YET PRECISE" in done.stdout and "the cap (4)" in done.stdout
+    assert "seeds: 4 per format (fp8_152); NOT YET PRECISE" in done.stdout and "the cap (4)" in done.stdout
     # a rerun with a larger cap carries on from seed 4 (seeds already run are not rerun)
-    again = _until(out, data_cache, "--formats", "fp32,bf16", "--rel", "0.0001", "--start", "2", "--cap", "6")
+    again = _until(out, data_cache, "--formats", "fp32,fp8_152", "--rel", "0.0001", "--start", "2", "--cap", "6")
     assert again.returncode == 3, again.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("seeds_")) == ["seeds_0-1", "seeds_2-3",
                                                                                     "seeds_4-5"]
-    assert "seeds: 6 per format (bf16)" in again.stdout
+    assert "seeds: 6 per format (fp8_152)" in again.stdout
 
 
 @pytest.mark.parametrize("args,msg", [(["--formats", "fp8"], "must hold the baseline"),

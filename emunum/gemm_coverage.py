@@ -146,15 +146,16 @@ if hasattr(_A, "mkldnn_rnn_layer"):
     _FLOPS[_A.mkldnn_rnn_layer_backward.default] = lambda a, o: _rnn_flops(a, o, backward=True)
 
 
-def _tensors(x):
+def tensors_in(x):
+    """Every tensor in x: a tensor, or tuples, lists and dicts (model outputs) holding them, depth first."""
     if isinstance(x, Tensor):
         yield x
     elif isinstance(x, (tuple, list)):
         for y in x:
-            yield from _tensors(y)
+            yield from tensors_in(y)
     elif isinstance(x, dict):
         for y in x.values():
-            yield from _tensors(y)
+            yield from tensors_in(y)
 
 
 class GemmCounter:
@@ -208,7 +209,7 @@ class GemmCounter:
     def tag(self, out) -> None:
         """Give every autograd node reachable from ``out`` and not yet tagged the current context."""
         where = None
-        for t in _tensors(out):
+        for t in tensors_in(out):
             todo = [t.grad_fn]
             while todo:
                 n = todo.pop()
@@ -274,7 +275,7 @@ class _Dispatch(TorchDispatchMode):
 
 def _loss(out) -> Tensor:
     """The sum of every floating tensor in the output that requires grad (0-dim)."""
-    terms = [t.float().sum() for t in _tensors(out) if t.is_floating_point() and t.requires_grad]
+    terms = [t.float().sum() for t in tensors_in(out) if t.is_floating_point() and t.requires_grad]
     if not terms:
         raise ValueError("emunum.coverage: the model's output holds no floating tensor that requires grad; "
                          "pass loss_fn=callable(output) -> scalar tensor, or backward=False")

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
+from .gemm_coverage import tensors_in
 from .patch import emulation_sites
 from .trace import Tracer
 
@@ -50,17 +51,6 @@ class NanOrigin:
 
 def _nonfinite(t) -> int:
     return int((~torch.isfinite(t)).sum()) if isinstance(t, Tensor) and t.is_floating_point() else 0
-
-
-def _tensors(v):
-    if isinstance(v, Tensor):
-        yield v
-    elif isinstance(v, (list, tuple)):
-        for x in v:
-            yield from _tensors(x)
-    elif isinstance(v, dict):
-        for x in v.values():
-            yield from _tensors(x)
 
 
 def bad_parameter(model: nn.Module) -> Optional[NanOrigin]:
@@ -94,9 +84,9 @@ def find_nan_origin(model: nn.Module, forward: Callable[[], Tensor], *, backward
     def module_hook(mod, args, out):
         if found:
             return
-        n = sum(_nonfinite(t) for t in _tensors(out))
-        if n and not any(_nonfinite(t) for t in _tensors(args)):
-            found.append(NanOrigin("module", names[mod], None, "forward", n, sum(t.numel() for t in _tensors(out))))
+        n = sum(_nonfinite(t) for t in tensors_in(out))
+        if n and not any(_nonfinite(t) for t in tensors_in(args)):
+            found.append(NanOrigin("module", names[mod], None, "forward", n, sum(t.numel() for t in tensors_in(out))))
 
     names = {m: (n or "model") for n, m in model.named_modules()}
     emulated = [m for _, m in emulation_sites(model)]

@@ -190,8 +190,8 @@ def test_names(fmt, name):
     (FixedFormat(6, 2, signed=False, saturate=False), (1, 2, 0, 63, 0)),
 ], ids=str)
 def test_kernel_args(fmt, args):
-    got = fmt.to_kernel_args()
-    assert got == args and all(type(a) in (int, float) for a in got)
+    got = fmt.to_kernel_args()  # a kernels.abi record: its kind tag, then its fields
+    assert (got.KIND, *got) == args and all(type(a) in (int, float) for a in got)
 
 
 def test_special_value_properties():

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import emunum
+from emunum import kernel_backends
 from emunum.rng import seed_key
 from emunum.reference import quantize_torch, round_fixed_reference, round_fixed_torch
 from emunum.formats import FixedFormat, FloatFormat, RoundMode
@@ -340,7 +341,7 @@ def _host_backend():
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
 def test_quantize_cuda_dispatch_bits_equal_cpu(layout, path, fmt, dtype, monkeypatch):
     """quantize's CUDA branch (threshold, 16-bit layouts, strided x and out) on the simulator."""
-    monkeypatch.setattr(qmod, "_cuda_backend", _host_backend)
+    monkeypatch.setattr(kernel_backends, "cuda_module", _host_backend)
     monkeypatch.setattr(qmod, "CUDA_TORCH_PATH_MAX_NUMEL", 10**9 if path == "torch" else 0)
     if path == "kernel":
         monkeypatch.setattr(qmod, "quantize_torch", None)  # must not be used
@@ -533,7 +534,7 @@ def _hide_numba_cuda(monkeypatch):
 
 def test_cuda_backend_without_numba_cuda_names_the_package(monkeypatch):
     _hide_numba_cuda(monkeypatch)
-    for load in (lambda: importlib.import_module("emunum.kernels.cuda"), qmod._cuda_backend):
+    for load in (lambda: importlib.import_module("emunum.kernels.cuda"), kernel_backends.cuda_module):
         with pytest.raises(ImportError) as e:
             load()
         assert "pip install 'emunum[cuda]'" in str(e.value) and "numba-cuda" in str(e.value)

@@ -392,7 +392,6 @@ def test_functions_cuda_cannot_compile_round_on_the_host_after_one_warning(monke
     pytest.importorskip("numba_cuda")
     import warnings
     from numba.core.errors import TypingError
-    import importlib
 
     from emunum.kernels import custom_cuda
 

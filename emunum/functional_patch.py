@@ -1,7 +1,8 @@
 """The functional half of ``emunum.patch``: a ``GemmMode`` entered around the model's forward, and the first
 forward's coverage check, which warns once (or raises, with ``strict=True``) naming every GEMM that ran off the
 format, its module and the reason (GEMMs that the policy itself leaves out, through its filter,
-``keep_first_last`` or an unrounded operand role, are reported by ``emunum.coverage`` only). A forward traced by ``torch.compile`` is not checked (the next eager one is)."""
+``keep_first_last`` or an unrounded operand role, are reported by ``emunum.coverage`` only). A forward traced by
+``torch.compile`` is not checked (the next eager one is)."""
 from __future__ import annotations
 
 import warnings

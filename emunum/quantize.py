@@ -163,15 +163,15 @@ def format_to_args(fmt) -> list[int]:
         return []
     fmt = get_format(fmt)
     if isinstance(fmt, PositFormat):
-        return [Kind.POSIT, fmt.nbits, fmt.es]
+        return [int(Kind.POSIT), fmt.nbits, fmt.es]
     if isinstance(fmt, (TableFormat, LogFormat, CustomFormat)):
-        return [Kind.INTERNED, intern(fmt)]
+        return [int(Kind.INTERNED), intern(fmt)]
     if not isinstance(fmt, (FloatFormat, FixedFormat)):
         raise TypeError(f"{fmt.name} is not an element format (FloatFormat/FixedFormat); block formats apply to "
                         "GEMM operands (emunum.patch) or through emunum.quantize(x, fmt, axis=...)")
     if isinstance(fmt, FloatFormat):
-        return [Kind.FLOAT, fmt.exp, fmt.man, fmt.bias, int(fmt.subnormals), int(fmt.special), int(fmt.saturate)]
-    return [Kind.FIXED, fmt.bits, fmt.frac_bits, int(fmt.signed), int(fmt.saturate)]
+        return [int(Kind.FLOAT), fmt.exp, fmt.man, fmt.bias, int(fmt.subnormals), int(fmt.special), int(fmt.saturate)]
+    return [int(Kind.FIXED), fmt.bits, fmt.frac_bits, int(fmt.signed), int(fmt.saturate)]
 
 
 def _traced(x: torch.Tensor) -> bool:

@@ -12,6 +12,10 @@ def _ids(seed=0, batch=2):
     return torch.randint(0, VOCAB, (batch, SEQ), generator=torch.Generator().manual_seed(seed))
 
 
+def _image(batch=2, size=32):
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
+
+
 def gpt2():
     import transformers as T
     cfg = T.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=32, bos_token_id=0,
@@ -46,14 +50,14 @@ def vit():
     import transformers as T
     cfg = T.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                       image_size=32, patch_size=8, num_labels=10)
-    return T.ViTForImageClassification(cfg), (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)),), {}
+    return T.ViTForImageClassification(cfg), (_image(),), {}
 
 
 def resnet():
     import transformers as T
     cfg = T.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], layer_type="basic",
                          num_labels=10)
-    return T.ResNetForImageClassification(cfg), (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)),), {}
+    return T.ResNetForImageClassification(cfg), (_image(),), {}
 
 
 MODELS = {"gpt2": gpt2, "llama": llama, "bert": bert, "t5": t5, "vit": vit, "resnet": resnet}

@@ -106,6 +106,25 @@ def _short(v, n: int = 60) -> str:
 # limit (ValueError), deep nesting (RecursionError), values that overflow (OverflowError)
 _ABSURD = (ValueError, RecursionError, OverflowError, MemoryError)
 
+_SKIPPED = object()  # what _parse returns for a file that is not a regular file (noted, not read)
+
+
+def _parse(path, parse, error: type, what: str, notes):
+    """``parse(text of path)``; ``_SKIPPED`` (with a note) for a special file; ValueError naming the file when it
+    cannot be read or parsed, or holds absurd values."""
+    try:
+        return parse(files.read_text(path))
+    except files.NotRegular as e:
+        if notes is not None:
+            notes.append(f"skipped {e}")
+        return _SKIPPED
+    except (OSError, error) + _ABSURD as e:
+        msg = str(e).splitlines()[0] if str(e) else ""
+        if str(path) in msg:
+            raise ValueError(msg) from None
+        raise ValueError(f"{path} is not {what} ({type(e).__name__}: {msg[:200]})") from None
+
+
 
 def hydra_config(run_dir: Path, notes: list | None = None) -> dict | None:
     """A run's composed Hydra config (``.hydra/config.yaml``) as plain data, or None without one (or when it
@@ -115,17 +134,9 @@ def hydra_config(run_dir: Path, notes: list | None = None) -> dict | None:
         return None
     import yaml
 
-    try:
-        cfg = yaml.safe_load(files.read_text(p)) or {}
-    except files.NotRegular as e:
-        if notes is not None:
-            notes.append(f"skipped {e}")
+    cfg = _parse(p, lambda t: yaml.safe_load(t) or {}, yaml.YAMLError, "a readable YAML config", notes)
+    if cfg is _SKIPPED:
         return None
-    except (OSError, yaml.YAMLError) + _ABSURD as e:
-        msg = str(e).splitlines()[0] if str(e) else ""
-        if str(p) in msg:
-            raise ValueError(msg) from None
-        raise ValueError(f"{p} is not a readable YAML config ({type(e).__name__}: {msg[:200]})") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{p}: expected a mapping, got {type(cfg).__name__}")
     return cfg
@@ -154,17 +165,9 @@ def load_run(run_dir: Path, notes: list | None = None) -> Run | None:
             raise ValueError(f"{run_dir}: no results.json, and no format name in .hydra/config.yaml")
         return Run(run_dir, fmt, Status.FAILED, seed=cfg_seed, error="no results.json (the job did not finish)",
                    **_budget(cfg, run_dir))
-    try:
-        d = json.loads(files.read_text(res))
-    except files.NotRegular as e:
-        if notes is not None:
-            notes.append(f"skipped {e}")
+    d = _parse(res, json.loads, json.JSONDecodeError, "valid JSON", notes)
+    if d is _SKIPPED:
         return None
-    except (OSError, json.JSONDecodeError) + _ABSURD as e:
-        msg = str(e).splitlines()[0] if str(e) else ""
-        if str(res) in msg:
-            raise ValueError(msg) from None
-        raise ValueError(f"{res} is not valid JSON ({type(e).__name__}: {msg[:200]})") from None
     if not isinstance(d, dict):
         raise ValueError(f"{res}: expected a JSON object, got {type(d).__name__}")
     fmt = d.get("format")

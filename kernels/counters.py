@@ -43,7 +43,11 @@ from . import elementwise_f32 as _ew, parallel as _parallel, scalar
 
 _cache.guard(__file__, [_cpu.__file__, _ew.__file__, *scalar.SOURCES])
 
-from .cpu import _voidptr, f32_serial, fixed_serial, float_serial  # noqa: E402
+from .cpu import _voidptr, f32_loop, fixed_loop, float_serial, mode_switch  # noqa: E402
+
+# The rounding loops for a mode given at run time (the counted kernels take the mode as an argument).
+f32_serial = mode_switch(f32_loop, False)
+fixed_serial = mode_switch(fixed_loop, False)
 from .direct import direct_caller  # noqa: E402
 
 fm = {"reassoc", "nsz", "contract"}
@@ -185,7 +189,7 @@ def _f32_chunk(s, d, sf, df, c, man, emin, sub, max_bits, max_value, ovf, negzer
                sqnr, parts):
     a = c * CHUNK
     b = min(a + CHUNK, s.size)
-    f32_serial(s[a:b], d[a:b], sf[a:b], df[a:b], man, emin, sub, max_bits, max_value, ovf, negzero, mode, key,
+    f32_serial(mode, s[a:b], d[a:b], sf[a:b], df[a:b], man, emin, sub, max_bits, max_value, ovf, negzero, key,
                nbits, a)
     count_chunk(sf[a:b], df[a:b], lo, hi, sqnr, parts, c)
 
@@ -268,7 +272,7 @@ def float_counted_at(src, dst, n, w, wv, par, sign_pos, in_man, in_bias, man, em
 def _fixed_chunk(s, d, c, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts):
     a = c * CHUNK
     b = min(a + CHUNK, s.size)
-    fixed_serial(s[a:b], d[a:b], frac_bits, code_min, code_max, saturate, mode, key, nbits, a)
+    fixed_serial(mode, s[a:b], d[a:b], frac_bits, code_min, code_max, saturate, key, nbits, a)
     count_chunk(s[a:b], d[a:b], lo, hi, sqnr, parts, c)
 
 

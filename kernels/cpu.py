@@ -74,123 +74,81 @@ def _nearest_params(man, emin, sub, max_value, ovf):
     return split, magic, math.ldexp(1.0, emin), ovfv
 
 
-# The float32 and fixed-point loops are written once per rounding mode, with the mode a compile-time
+# The float32 and fixed-point loops are specialised per rounding mode by a factory, with the mode a closure
 # constant: the other modes' branches vanish and the loop vectorises (5x faster than a runtime mode). Nearest
-# and stochastic call the uint32-lane loops of kernels/elementwise_f32.py where their ``*_ok`` holds.
-@njit(cache=True)
-def f32_serial(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base=0):
-    if mode == NEAREST and _ew.nearest_ok(man, emin, sub, max_value):
-        _ew.nearest_serial(src, dst, man, emin, sub, max_bits, ovf, negzero)
-    elif mode == STOCHASTIC and _ew.sr_ok(man, emin, sub, max_value):
-        _ew.sr_serial(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, np.int64(base))
-    elif mode == NEAREST and man > 0:
-        split, magic, mn, ovfv = _nearest_params(man, emin, sub, max_value, ovf)
-        for i in range(src.size):
-            df[i] = round_nearest_value(np.float64(sf[i]), split, magic, mn, max_value, ovfv, negzero)
-    elif mode == NEAREST:
-        for i in range(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, NEAREST, 0, nbits)
-    elif mode == NEAREST_AWAY:
-        for i in range(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, NEAREST_AWAY, 0, nbits)
-    elif mode == TOWARD_ZERO:
-        for i in range(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, TOWARD_ZERO, 0, nbits)
-    elif mode == UP:
-        for i in range(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, UP, 0, nbits)
-    elif mode == DOWN:
-        for i in range(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, DOWN, 0, nbits)
-    elif mode == ODD:
-        for i in range(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, ODD, 0, nbits)
-    else:
-        for i in range(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, STOCHASTIC, random_bits(key, base + i, nbits), nbits)
+# and stochastic call the uint32-lane loops of kernels/elementwise_f32.py where their ``*_ok`` holds. numba
+# caches each closure on disk under its own key (the closure's values are part of it). ``prange`` is ``range``
+# in a serial loop, so one body serves both; element i of a loop draws the random bits of element base + i.
+MODES = (NEAREST, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC)
 
 
-@njit(cache=True, parallel=True)
-def f32_parallel(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits):
-    if mode == NEAREST and _ew.nearest_ok(man, emin, sub, max_value):
-        _ew.nearest_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero)
-    elif mode == STOCHASTIC and _ew.sr_ok(man, emin, sub, max_value):
-        _ew.sr_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits)
-    elif mode == NEAREST and man > 0:
-        split, magic, mn, ovfv = _nearest_params(man, emin, sub, max_value, ovf)
-        for i in prange(src.size):
-            df[i] = round_nearest_value(np.float64(sf[i]), split, magic, mn, max_value, ovfv, negzero)
-    elif mode == NEAREST:
-        for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, NEAREST, 0, nbits)
-    elif mode == NEAREST_AWAY:
-        for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, NEAREST_AWAY, 0, nbits)
-    elif mode == TOWARD_ZERO:
-        for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, TOWARD_ZERO, 0, nbits)
-    elif mode == UP:
-        for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, UP, 0, nbits)
-    elif mode == DOWN:
-        for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, DOWN, 0, nbits)
-    elif mode == ODD:
-        for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, ODD, 0, nbits)
-    else:
-        for i in prange(src.size):
-            dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, STOCHASTIC, random_bits(key, i, nbits), nbits)
+@functools.lru_cache(maxsize=None)
+def f32_loop(MODE: int, PARALLEL: bool):
+    """``loop(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, key, nbits, base)``: dst =
+    src rounded in mode MODE, src/dst as uint32 bits and sf/df as float32 views of the same memory."""
+
+    @njit(cache=True, parallel=PARALLEL)
+    def loop(src, dst, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, key, nbits, base):
+        if MODE == NEAREST and _ew.nearest_ok(man, emin, sub, max_value):
+            if PARALLEL:
+                _ew.nearest_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero)
+            else:
+                _ew.nearest_serial(src, dst, man, emin, sub, max_bits, ovf, negzero)
+        elif MODE == STOCHASTIC and base == 0 and PARALLEL and _ew.sr_ok(man, emin, sub, max_value):
+            _ew.sr_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits)
+        elif MODE == STOCHASTIC and not PARALLEL and _ew.sr_ok(man, emin, sub, max_value):
+            _ew.sr_serial(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, np.int64(base))
+        elif MODE == NEAREST and man > 0:
+            split, magic, mn, ovfv = _nearest_params(man, emin, sub, max_value, ovf)
+            for i in prange(src.size):
+                df[i] = round_nearest_value(np.float64(sf[i]), split, magic, mn, max_value, ovfv, negzero)
+        else:
+            for i in prange(src.size):
+                rnd = random_bits(key, base + i, nbits) if MODE == STOCHASTIC else np.uint64(0)
+                dst[i] = round_f32_fast(src[i], man, emin, sub, max_bits, ovf, negzero, MODE, rnd, nbits)
+
+    return loop
 
 
-@njit(cache=True)
-def fixed_serial(src, dst, frac_bits, code_min, code_max, saturate, mode, key, nbits, base=0):
-    if mode == NEAREST:
-        for i in range(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, NEAREST, 0, nbits)
-    elif mode == NEAREST_AWAY:
-        for i in range(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, NEAREST_AWAY, 0, nbits)
-    elif mode == TOWARD_ZERO:
-        for i in range(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, TOWARD_ZERO, 0, nbits)
-    elif mode == UP:
-        for i in range(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, UP, 0, nbits)
-    elif mode == DOWN:
-        for i in range(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, DOWN, 0, nbits)
-    elif mode == ODD:
-        for i in range(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, ODD, 0, nbits)
-    else:
-        for i in range(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, STOCHASTIC, random_bits(key, base + i, nbits), nbits)
+@functools.lru_cache(maxsize=None)
+def fixed_loop(MODE: int, PARALLEL: bool):
+    """``loop(src, dst, frac_bits, code_min, code_max, saturate, key, nbits, base)``: dst = src (float32 or
+    float64 values) rounded to fixed point in mode MODE."""
+
+    @njit(cache=True, parallel=PARALLEL)
+    def loop(src, dst, frac_bits, code_min, code_max, saturate, key, nbits, base):
+        for i in prange(src.size):
+            rnd = random_bits(key, base + i, nbits) if MODE == STOCHASTIC else np.uint64(0)
+            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, MODE, rnd,
+                                       nbits)
+
+    return loop
 
 
-@njit(cache=True, parallel=True)
-def fixed_parallel(src, dst, frac_bits, code_min, code_max, saturate, mode, key, nbits):
-    if mode == NEAREST:
-        for i in prange(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, NEAREST, 0, nbits)
-    elif mode == NEAREST_AWAY:
-        for i in prange(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, NEAREST_AWAY, 0, nbits)
-    elif mode == TOWARD_ZERO:
-        for i in prange(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, TOWARD_ZERO, 0, nbits)
-    elif mode == UP:
-        for i in prange(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, UP, 0, nbits)
-    elif mode == DOWN:
-        for i in prange(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, DOWN, 0, nbits)
-    elif mode == ODD:
-        for i in prange(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, ODD, 0, nbits)
-    else:
-        for i in prange(src.size):
-            dst[i] = round_fixed_value(np.float64(src[i]), frac_bits, code_min, code_max, saturate, STOCHASTIC, random_bits(key, i, nbits), nbits)
+@functools.lru_cache(maxsize=None)
+def mode_switch(loop_factory, PARALLEL: bool):
+    """``switch(mode, *args)``: ``loop_factory(mode, PARALLEL)(*args)`` for a mode known only at run time (the
+    fused trace counters); compiling it compiles every mode's loop."""
+    L0, L1, L2, L3, L4, L5, L6 = (loop_factory(m, PARALLEL) for m in MODES)
+
+    @njit(cache=True)
+    def switch(mode, *args):
+        if mode == MODES[0]:
+            L0(*args)
+        elif mode == MODES[1]:
+            L1(*args)
+        elif mode == MODES[2]:
+            L2(*args)
+        elif mode == MODES[3]:
+            L3(*args)
+        elif mode == MODES[4]:
+            L4(*args)
+        elif mode == MODES[5]:
+            L5(*args)
+        else:
+            L6(*args)
+
+    return switch
 
 
 # ---- raw-memory entry points ------------------------------------------------------------------------
@@ -210,14 +168,23 @@ def _voidptr(typingctx, addr):
     return types.voidptr(addr), codegen
 
 
-@njit(cache=True)
-def f32_at(src, dst, n, w, par, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits):
-    s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
-    sf, df = carray(_voidptr(src), n, np.float32), carray(_voidptr(dst), n, np.float32)
-    if par:
-        f32_parallel(s, d, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits)
-    else:
-        f32_serial(s, d, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits)
+@functools.lru_cache(maxsize=None)
+def f32_at(MODE: int):
+    """``at(src, dst, n, w, par, man, emin, sub, max_bits, max_value, ovf, negzero, key, nbits)``: ``f32_loop``
+    on the ``n`` float32 values at address src into dst (w: a zero-length uint32 witness; par: the prange
+    loop)."""
+    serial, parallel = f32_loop(MODE, False), f32_loop(MODE, True)
+
+    @njit(cache=True)
+    def at(src, dst, n, w, par, man, emin, sub, max_bits, max_value, ovf, negzero, key, nbits):
+        s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
+        sf, df = carray(_voidptr(src), n, np.float32), carray(_voidptr(dst), n, np.float32)
+        if par:
+            parallel(s, d, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, key, nbits, 0)
+        else:
+            serial(s, d, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, key, nbits, 0)
+
+    return at
 
 
 @njit(cache=True)
@@ -230,26 +197,41 @@ def float_at(src, dst, n, w, par, sign_pos, in_man, in_bias, man, emin, sub, max
         float_serial(s, d, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key, nbits)
 
 
-@njit(cache=True)
-def fixed_at(src, dst, n, w, par, frac_bits, code_min, code_max, saturate, mode, key, nbits):
-    s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
-    if par:
-        fixed_parallel(s, d, frac_bits, code_min, code_max, saturate, mode, key, nbits)
-    else:
-        fixed_serial(s, d, frac_bits, code_min, code_max, saturate, mode, key, nbits)
+@functools.lru_cache(maxsize=None)
+def fixed_at(MODE: int):
+    """``at(src, dst, n, w, par, frac_bits, code_min, code_max, saturate, key, nbits)``: ``fixed_loop`` on raw
+    memory (w: a zero-length witness of the values' dtype)."""
+    serial, parallel = fixed_loop(MODE, False), fixed_loop(MODE, True)
+
+    @njit(cache=True)
+    def at(src, dst, n, w, par, frac_bits, code_min, code_max, saturate, key, nbits):
+        s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
+        if par:
+            parallel(s, d, frac_bits, code_min, code_max, saturate, key, nbits, 0)
+        else:
+            serial(s, d, frac_bits, code_min, code_max, saturate, key, nbits, 0)
+
+    return at
 
 
 # Several tensors in one call, each rounded in place as a slice of their concatenation: element i of tensor t
 # is element base_t + i of the concatenation (base_t = the sizes before t), so stochastic rounding draws the
 # bits the concatenated tensor would (``OptimLP``: no concatenation, split and copy back). Serial loops.
-@njit(cache=True)
-def f32_many_at(addrs, sizes, w, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits):
-    base = 0
-    for t in range(addrs.size):
-        n = sizes[t]
-        s, sf = carray(_voidptr(addrs[t]), n, w.dtype), carray(_voidptr(addrs[t]), n, np.float32)
-        f32_serial(s, s, sf, sf, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, base)
-        base += n
+@functools.lru_cache(maxsize=None)
+def f32_many_at(MODE: int):
+    """``many(addrs, sizes, w, man, emin, sub, max_bits, max_value, ovf, negzero, key, nbits)``."""
+    serial = f32_loop(MODE, False)
+
+    @njit(cache=True)
+    def many(addrs, sizes, w, man, emin, sub, max_bits, max_value, ovf, negzero, key, nbits):
+        base = 0
+        for t in range(addrs.size):
+            n = sizes[t]
+            s, sf = carray(_voidptr(addrs[t]), n, w.dtype), carray(_voidptr(addrs[t]), n, np.float32)
+            serial(s, s, sf, sf, man, emin, sub, max_bits, max_value, ovf, negzero, key, nbits, base)
+            base += n
+
+    return many
 
 
 @njit(cache=True)
@@ -298,18 +280,41 @@ def _check_dtype(dtype) -> np.dtype:
     return dt
 
 
-def _runner(fn, w, pre):
-    """``run(src, dst, n, mode, key, nbits, parallel=None)`` calling the ``*_at`` kernel ``fn`` with the witness
-    ``w`` and format arguments ``pre`` bound. Below ``PARALLEL_MIN`` (and parallel=None) the serial loop runs
-    through fn's compiled entry point, without the lock and thread-count checks."""
-    serial = direct_caller(fn)
+def _mode(mode) -> int:
+    m = int(mode)
+    if m not in MODES:
+        raise ValueError(f"mode={mode!r}; allowed: the rounding mode codes {MODES}")
+    return m
+
+
+def _specialised(factory):
+    """``kernel_for(mode) -> (fn, tail)`` for a factory of mode-specialised kernels (no mode argument)."""
+    return lambda mode: (factory(mode), ())
+
+
+def _runtime_mode(fn):
+    """``kernel_for(mode) -> (fn, (mode,))`` for a kernel that takes the mode as its argument before key."""
+    return lambda mode: (fn, (mode,))
+
+
+def _runner(kernel_for, w, pre):
+    """``run(src, dst, n, mode, key, nbits, parallel=None)`` calling the ``*_at`` kernel ``kernel_for(mode)``
+    with the witness ``w`` and format arguments ``pre`` bound. Below ``PARALLEL_MIN`` (and parallel=None) the
+    serial loop runs through the kernel's compiled entry point, without the lock and thread-count checks."""
+    kernels = {}
 
     def run(src: int, dst: int, n: int, mode, key, nbits, parallel=None) -> None:
+        m = int(mode)
+        entry = kernels.get(m)
+        if entry is None:
+            fn, tail = kernel_for(_mode(m))
+            entry = kernels[m] = (fn, tail, direct_caller(fn))
+        fn, tail, serial = entry
         if parallel is None and n < PARALLEL_MIN:
-            serial(int(src), int(dst), int(n), w, False, *pre, int(mode), np.uint64(key), int(nbits))
+            serial(int(src), int(dst), int(n), w, False, *pre, *tail, np.uint64(key), int(nbits))
             return
         with _parallel.try_parallel(use_parallel(n, parallel)) as par:
-            fn(src, dst, n, w, par, *pre, mode, np.uint64(key), nbits)
+            fn(src, dst, n, w, par, *pre, *tail, np.uint64(key), nbits)
 
     return run
 
@@ -326,16 +331,16 @@ def _float_runner(dt, man, emin, subnormals, max_value, overflow, negzero):
     _, sign_pos, in_man, in_bias = LAYOUT[dt]
     w, mbits = _BITS_WITNESS[dt], _max_bits(max_value, dt)
     if dt == _F32 and emin >= -126:
-        fn, pre = f32_at, (man, emin, subnormals, np.int64(mbits), float(max_value), overflow, negzero)
+        pre = (man, emin, subnormals, np.int64(mbits), float(max_value), overflow, negzero)
+        run, many = _runner(_specialised(f32_at), w, pre), _specialised(f32_many_at)
     else:
-        fn, pre = float_at, (sign_pos, in_man, in_bias, man, emin, subnormals, np.uint64(mbits), overflow, negzero)
-
-    run = _runner(fn, w, pre)
-    many = f32_many_at if fn is f32_at else float_many_at
+        pre = (sign_pos, in_man, in_bias, man, emin, subnormals, np.uint64(mbits), overflow, negzero)
+        run, many = _runner(_runtime_mode(float_at), w, pre), _runtime_mode(float_many_at)
 
     def run_many(addrs: np.ndarray, sizes: np.ndarray, mode, key, nbits) -> None:
         """Round the contiguous tensors at ``addrs`` (int64) of ``sizes`` in place as one concatenation."""
-        many(addrs, sizes, w, *pre, mode, np.uint64(key), nbits)
+        fn, tail = many(_mode(mode))
+        fn(addrs, sizes, w, *pre, *tail, np.uint64(key), nbits)
 
     run.many = run_many
     return run
@@ -349,7 +354,7 @@ def fixed_runner(dtype, frac_bits, code_min, code_max, saturate):
 @functools.lru_cache(maxsize=512)
 def _fixed_runner(dt, frac_bits, code_min, code_max, saturate):
     w, pre = _VALUE_WITNESS[dt], (frac_bits, np.int64(code_min), np.int64(code_max), saturate)
-    return _runner(fixed_at, w, pre)
+    return _runner(_specialised(fixed_at), w, pre)
 
 
 def quantize_float_at(src: int, dst: int, n: int, dtype, man, emin, subnormals, max_value, overflow, negzero,
@@ -375,9 +380,9 @@ def quantize_float(src: np.ndarray, dst: np.ndarray, man, emin, subnormals, max_
     mbits = _max_bits(float(max_value), dtype)
     with _parallel.try_parallel(use_parallel(src.size, parallel)) as par:
         if dtype == _F32 and emin >= -126:
-            run = f32_parallel if par else f32_serial
-            run(src.view(uint), dst.view(uint), src, dst, man, emin, subnormals, np.int64(mbits), float(max_value),
-                overflow, negzero, mode, np.uint64(key), nbits)
+            f32_loop(_mode(mode), bool(par))(src.view(uint), dst.view(uint), src, dst, man, emin, subnormals,
+                                             np.int64(mbits), float(max_value), overflow, negzero, np.uint64(key),
+                                             nbits, 0)
             return
         run = float_parallel if par else float_serial
         run(src.view(uint), dst.view(uint), sign_pos, in_man, in_bias, man, emin, subnormals,
@@ -388,5 +393,5 @@ def quantize_fixed(src: np.ndarray, dst: np.ndarray, frac_bits, code_min, code_m
                    parallel=None):
     """Round the flat float32/float64 array ``src`` to fixed point into ``dst``."""
     with _parallel.try_parallel(use_parallel(src.size, parallel)) as par:
-        run = fixed_parallel if par else fixed_serial
-        run(src, dst, frac_bits, np.int64(code_min), np.int64(code_max), saturate, mode, np.uint64(key), nbits)
+        fixed_loop(_mode(mode), bool(par))(src, dst, frac_bits, np.int64(code_min), np.int64(code_max), saturate,
+                                           np.uint64(key), nbits, 0)

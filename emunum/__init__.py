@@ -7,7 +7,7 @@ from .arithmetic import arithmetic, emulated
 from .autograd import Quantizer, quantize_ste
 from .formats import (BlockFormat, CustomFormat, FixedFormat, FloatFormat, LogFormat, PRESETS, PositFormat, RoundMode,
                       Special, TableFormat, get_format)
-from . import mad  # noqa: E402  (emunum.mad: the MAD-unit module, also callable as the element-wise mad)
+from . import mad  # noqa: E402  (emunum.mad: the MAD-unit package; mad.elementwise is the element-wise MAD)
 from .mad import MADUnit, addmm, baddbmm, conv1d, conv2d, linear, matmul
 from .optim import LossScaler, OptimLP
 from .patch import patch, patched, register, unpatch

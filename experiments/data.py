@@ -15,33 +15,15 @@ import logging
 import os
 import zipfile
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from . import text_data
+from .dataset import Dataset
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """x_*: float32 (N, C, L); y_*: int64 class labels (classification) or float32 (N, 1) targets.
-    language_model: x_* and y_* are int64 byte tokens (N, context), y the next byte of each position.
-    sha256: the digest of the source text, where the data is a corpus."""
-
-    name: str
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_val: torch.Tensor
-    y_val: torch.Tensor
-    task: str  # "classification" | "regression" | "language_model"
-    num_outputs: int
-    sha256: str | None = None
-
-    @property
-    def input_shape(self) -> tuple[int, int]:
-        return tuple(self.x_train.shape[1:])
 
 
 def cache_dir(configured: str | None) -> Path:
@@ -202,17 +184,8 @@ def load_idx(cfg) -> Dataset:
     return _as_dataset("idx", xtr, ytr, xva, yva, "classification", int(max(ytr.max(), yva.max())) + 1)
 
 
-def _text_loader(name: str):
-    def load_text_corpus(cfg) -> Dataset:
-        from . import text_data  # imports Dataset from here: loaded on use
-
-        return text_data.LOADERS[name](cfg)
-
-    return load_text_corpus
-
-
 LOADERS = {"mnist1d": load_mnist1d, "digits": load_digits, "regression13": load_regression13, "idx": load_idx,
-           "stdlib": _text_loader("stdlib"), "text": _text_loader("text")}
+           **text_data.LOADERS}
 
 
 def load(cfg) -> Dataset:

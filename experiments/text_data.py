@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .dataset import Dataset
+
 VOCAB = 256  # byte values
 # directory names left out of the stdlib corpus: test suites (largely generated data), third-party code,
 # caches, and the two large GUI/tooling packages whose style differs most from the rest
@@ -135,8 +137,6 @@ def split(corpus: Corpus, context: int, val_fraction: float, source_field: str):
 
 
 def _dataset(name: str, corpus: Corpus, cfg, source_field: str):
-    from .data import Dataset
-
     (xtr, ytr), (xva, yva) = split(corpus, cfg.context, float(cfg.val_fraction), source_field)
     return Dataset(name, xtr, ytr, xva, yva, "language_model", VOCAB, sha256=corpus.sha256)
 

@@ -25,6 +25,9 @@ Two GEMM kernels:
   ``tests/kernels/test_gemm_cpu.py`` checks every variant against ``gemm_general`` bit for bit.
 Nothing is compiled at import; each kernel compiles on first call (``cache=True``).
 """
+import enum
+from dataclasses import dataclass
+
 import numpy as np
 from numba import njit, prange
 
@@ -262,29 +265,47 @@ def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=Non
     has_bias = bias is not None
     if bias is None:
         bias = np.zeros((1, 1, 1))
-    plan = _choose(A, B, fused, mulp, accp, fast)
+    choice = _choose(A, B, fused, mulp, accp, fast)
     with _parallel.exclusive():
-        _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, plan)
+        _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, choice)
 
 
-def _choose(A, B, fused, mulp, accp, fast):
-    """The plan ``gemm`` runs (see its ``fast``): a ``gemm_fast`` plan tuple, "vec", or None (gemm_general)."""
+class Kernel(enum.Enum):
+    """The CPU GEMM kernels, all giving the same bits where they apply."""
+
+    FAST = "fast"  # gemm_fast: round to nearest, exact in the work dtype (fast_plan)
+    VEC = "vec"  # kernels/gemm_vec.py: mode-specialised, vectorised over output columns
+    GENERAL = "general"  # gemm_general: every unit
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The kernel ``gemm`` runs, and for ``Kernel.FAST`` its plan (``fast_plan``'s tuple)."""
+
+    kernel: Kernel
+    plan: tuple | None = None
+
+
+_GENERAL, _VEC = Choice(Kernel.GENERAL), Choice(Kernel.VEC)
+
+
+def _choose(A, B, fused, mulp, accp, fast) -> Choice:
+    """The kernel ``gemm`` runs (see its ``fast``)."""
     if fast is False:
-        return None
+        return _GENERAL
     if fast is None:
         plan = fast_plan(A, B, fused, mulp, accp)
         if plan is not None:
-            return plan
-        return "vec" if _vec_wanted(A, B, fused, mulp, accp) else None
+            return Choice(Kernel.FAST, plan)
+        return _VEC if _vec_wanted(A, B, fused, mulp, accp) else _GENERAL
     if isinstance(fast, str):
-        return "vec" if fast == "vec" and gemm_vec.vec_applies(fused, mulp, accp) else None
-    return fast if fast_applies(fused, mulp, accp) else None
+        return _VEC if fast == "vec" and gemm_vec.vec_applies(fused, mulp, accp) else _GENERAL
+    return Choice(Kernel.FAST, tuple(fast)) if fast_applies(fused, mulp, accp) else _GENERAL
 
 
 def kernel_choice(A, B, fused, mulp, accp, fast=None) -> str:
     """Which kernel ``gemm`` runs: "fast", "vec" or "general" (tests assert the one they mean to reach)."""
-    plan = _choose(A, B, fused, mulp, accp, fast)
-    return "general" if plan is None else ("vec" if isinstance(plan, str) else "fast")
+    return _choose(A, B, fused, mulp, accp, fast).kernel.value
 
 
 # gemm_vec compiles one variant per unit configuration (~17 s on first use, then cached on disk). Below this many
@@ -298,11 +319,11 @@ def _vec_wanted(A, B, fused, mulp, accp) -> bool:
     return macs >= VEC_MIN_MACS and gemm_vec.vec_applies(fused, mulp, accp)
 
 
-def _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, plan):
-    if isinstance(plan, str):
+def _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, choice: Choice):
+    if choice.kernel is Kernel.VEC:
         gemm_vec.run(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits)
-    elif plan is not None:
-        _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, plan)
+    elif choice.kernel is Kernel.FAST:
+        _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, choice.plan)
     else:
         gemm_general(np.ascontiguousarray(A, dtype=np.float32), np.ascontiguousarray(B, dtype=np.float32), bias,
                      has_bias, out, int(fused), as_params(mulp), as_params(accp), lanes, chunk, as_keys(keys), nbits)

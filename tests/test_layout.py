@@ -1,5 +1,6 @@
-"""The package layout's rules (issue #19): no two modules import each other, even lazily (through a chain
-of any length), and ``emunum.formats`` imports nothing above it."""
+"""The package layout's rules: no two modules of ``emunum``, ``emunum.kernels`` or ``experiments`` import each
+other, even lazily (through a chain of any length); ``emunum.formats`` imports nothing above it; and the library
+(``emunum``, its kernels) never imports the ``experiments`` harness that is built on it."""
 from __future__ import annotations
 
 import ast
@@ -12,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _modules() -> dict[str, Path]:
     mods = {}
-    for base, pkg in ((ROOT / "emunum", "emunum"), (ROOT / "kernels", "emunum.kernels")):
+    for base, pkg in ((ROOT / "emunum", "emunum"), (ROOT / "kernels", "emunum.kernels"),
+                      (ROOT / "experiments", "experiments")):
         for p in base.rglob("*.py"):
             if p.is_symlink() or any(part.startswith(".") for part in p.parts):
                 continue
@@ -106,3 +108,38 @@ def test_lower_layers_import_nothing_above_them(low):
     for mod, deps in graph.items():
         if mod == low or mod.startswith(low + "."):
             assert all(d.startswith(allowed) for d in deps), (mod, sorted(deps))
+
+
+def test_the_library_never_imports_the_harness():
+    graph = _graph()
+    for mod, deps in graph.items():
+        if not mod.startswith("experiments"):
+            assert not any(d.startswith("experiments") for d in deps), (mod, sorted(deps))
+
+
+def _imports_by_name(path: Path) -> list[int]:
+    """Lines calling ``importlib.import_module`` or ``__import__``: imports this graph cannot see."""
+    return [n.lineno for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call) and (
+        (isinstance(n.func, ast.Attribute) and n.func.attr == "import_module")
+        or (isinstance(n.func, ast.Name) and n.func.id in ("__import__", "import_module")))]
+
+
+def test_the_library_imports_no_module_by_a_computed_name():
+    found = {m: lines for m, p in _modules().items() if not m.startswith("experiments")
+             for lines in [_imports_by_name(p)] if lines}
+    assert found == {}
+
+
+def test_imports_by_name_are_found(tmp_path):
+    (tmp_path / "m.py").write_text("import importlib\nx = importlib.import_module('experiments.models')\n")
+    assert _imports_by_name(tmp_path / "m.py") == [2]
+
+
+def test_layout_covers_the_harness_and_finds_a_planted_harness_cycle(tmp_path):
+    mods = _modules()
+    assert {"experiments.data", "experiments.text_data", "experiments.loop"} <= set(mods)
+    (tmp_path / "a.py").write_text("from . import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from . import a\n")
+    known = {"experiments.a", "experiments.b"}
+    graph = {m: _imports(m, tmp_path / (m.split(".")[1] + ".py"), known) for m in known}
+    assert _cycles(graph) == [["experiments.a", "experiments.b"]]

@@ -364,7 +364,7 @@ def test_fused_mad_is_correctly_rounded(acc, mode):
     rng = np.random.default_rng(abs(hash((str(acc), int(mode)))) % 2**32)
     a, b, c = fused_cases(rng, acc)
     unit = MADUnit(None, acc, acc_rounding=mode, fused=True, sr_bits=32)
-    got = emunum.mad(torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(c), unit, seed=11)
+    got = emunum.mad.elementwise(torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(c), unit, seed=11)
     ref = Ref(unit, 11)
     want = [ref.acc(eadd(emul(x, y), exact(z)), 1, i) for i, (x, y, z) in enumerate(zip(a, b, c))]
     assert got.dtype == torch.float64
@@ -377,7 +377,7 @@ def test_unfused_mad_rounds_product_then_sum(mode):
     rng = np.random.default_rng(7)
     a, b, c = fused_cases(rng, FloatFormat(8, 7))
     unit = MADUnit("fp8_143", "bf16", mul_rounding=mode, acc_rounding=mode, sr_bits=5)
-    got = emunum.mad(torch.from_numpy(a).float(), torch.from_numpy(b).float(), torch.from_numpy(c), unit, seed=3)
+    got = emunum.mad.elementwise(torch.from_numpy(a).float(), torch.from_numpy(b).float(), torch.from_numpy(c), unit, seed=3)
     ref = Ref(unit, 3)
     want = [ref.mac(x, y, z, i) for i, (x, y, z) in enumerate(zip(a, b, c))]
     assert_bits(got, want, f"unfused mad {mode.name}")
@@ -388,12 +388,12 @@ def test_mad_broadcasts_and_promotes_like_torch():
     a = torch.tensor([[1.5], [2.0]], dtype=torch.float32)
     b = torch.tensor([3.0, -0.25, 1 / 3], dtype=torch.float32)
     c = torch.tensor(0.1, dtype=torch.float64)
-    got = emunum.mad(a, b, c, unit)
+    got = emunum.mad.elementwise(a, b, c, unit)
     assert got.shape == (2, 3) and got.dtype == torch.float64
     ref = Ref(unit, 0)
     want = [ref.mac(float(x), float(y), 0.1, 0) for x in a.ravel() for y in b]
     assert_bits(got, want)
-    half = emunum.mad(a.half(), b.half(), c.half(), unit)
+    half = emunum.mad.elementwise(a.half(), b.half(), c.half(), unit)
     assert half.dtype == torch.float16
 
 
@@ -679,17 +679,6 @@ def test_conv2d_backward_matches_the_documented_gemms():
 # ---------------------------------------------------------------------------------------------------------
 # packaging
 # ---------------------------------------------------------------------------------------------------------
-def test_emunum_mad_is_the_module_and_the_elementwise_function():
-    import types
-
-    from emunum import mad
-
-    assert isinstance(mad, types.ModuleType) and mad.linear is emunum.linear and mad.conv2d is emunum.conv2d
-    u = MADUnit("bf16", "bf16")
-    x = torch.tensor([1.0, 3.0])
-    assert torch.equal(mad(x, x, x, u), mad.mad(x, x, x, u))
-
-
 def test_import_emunum_loads_no_mad_kernel():
     import subprocess
     import sys
@@ -700,3 +689,14 @@ def test_import_emunum_loads_no_mad_kernel():
             " print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_emunum_mad_is_a_plain_package_and_elementwise_is_the_function():
+    import types
+
+    from emunum import mad
+    from emunum.mad import functional
+
+    assert type(mad) is types.ModuleType and not callable(mad)
+    assert mad.linear is emunum.linear and mad.conv2d is emunum.conv2d
+    assert mad.elementwise is mad.mad is functional.mad

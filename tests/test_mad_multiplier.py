@@ -113,7 +113,7 @@ def products_on_unit(mult: Multiplier, a_ops, b_ops) -> np.ndarray:
     unit = MADUnit(None, "fp32", fused=True, multiplier=mult)
     a = torch.tensor([as_float(o) for o in a_ops], dtype=torch.float32)
     b = torch.tensor([as_float(o) for o in b_ops], dtype=torch.float32)
-    return emunum.mad(a, b, torch.full_like(a, -0.0), unit).numpy()
+    return emunum.mad.elementwise(a, b, torch.full_like(a, -0.0), unit).numpy()
 
 
 def assert_bits_equal(got, want):
@@ -223,7 +223,7 @@ def test_addmm_starts_from_c_with_a_multiplier():
     got = emunum.mad.addmm(C, A, B, unit)
     acc = C.clone()
     for k in range(4):
-        acc = emunum.mad(A[:, k:k + 1], B[k:k + 1, :], acc, unit)
+        acc = emunum.mad.elementwise(A[:, k:k + 1], B[k:k + 1, :], acc, unit)
     assert_bits_equal(got, acc)
 
 
@@ -240,7 +240,7 @@ def numba_fn():
 def test_user_function_products(numba_fn):
     a, b = torch.tensor([1.0, 3.0, -2.0]), torch.tensor([5.0, 0.5, 0.25])
     unit = MADUnit(None, "fp32", fused=True, multiplier=Multiplier.function(numba_fn))
-    assert_bits_equal(emunum.mad(a, b, torch.zeros(3), unit), [3.0, 1.75, -0.875])
+    assert_bits_equal(emunum.mad.elementwise(a, b, torch.zeros(3), unit), [3.0, 1.75, -0.875])
 
 
 # ---- CPU == CUDA (simulator) --------------------------------------------------------------------------------

@@ -313,7 +313,7 @@ def test_presets_resolve_aliases_and_unknown_names_list_the_known():
 
 def test_elementwise_mad_refuses_multiterm_units():
     with pytest.raises(ValueError, match="multi-term"):
-        emunum.mad(torch.ones(2), torch.ones(2), torch.ones(2), MADUnit.preset("a100_bf16"))
+        emunum.mad.elementwise(torch.ones(2), torch.ones(2), torch.ones(2), MADUnit.preset("a100_bf16"))
 
 
 def test_units_cli_lists_every_preset_with_its_source(capsys):

@@ -47,6 +47,9 @@ class Run:
     max_iters: int | None = None
     iterations_estimate: float | None = None  # results.json's estimator-based iterations-to-accuracy, if any
     estimator: str | None = None  # the name of the estimator behind iterations_estimate
+    # the work of one training iteration as the harness counted it (``emunum.analysis.flops.IterationCost``'s
+    # fields: flops, param_elements, activation_elements, input_elements), or None
+    iteration_cost: dict | None = None
 
 
 
@@ -190,8 +193,27 @@ def load_run(run_dir: Path, notes: list | None = None) -> Run | None:
         final_accuracy=_opt_float(d, "final_accuracy", res), iterations_run=_opt_int(d, "iterations_run", res),
         seconds_per_iteration=_opt_float(d, "seconds_per_iteration", res, nonnegative=True),
         error=_short(err, 2000) if err is not None and not isinstance(err, str) else err, **_budget(cfg, run_dir),
-        **_estimate(d, res, status),
+        **_estimate(d, res, status), iteration_cost=_iteration_cost(d, res),
     )
+
+
+COST_FIELDS = ("flops", "param_elements", "activation_elements", "input_elements")
+
+
+def _iteration_cost(d: dict, where: Path) -> dict | None:
+    """results.json's ``iteration_cost``: None when absent or null, else an object of the four non-negative
+    integers ``COST_FIELDS``."""
+    v = d.get("iteration_cost")
+    if v is None:
+        return None
+    if not isinstance(v, dict) or set(v) != set(COST_FIELDS):
+        raise ValueError(f"{where}: iteration_cost={_short(v)} must be an object with exactly the keys "
+                         f"{', '.join(COST_FIELDS)}")
+    return {k: _opt_int(v, k, where) if v[k] is not None else _missing(where, k) for k in COST_FIELDS}
+
+
+def _missing(where: Path, key: str):
+    raise ValueError(f"{where}: iteration_cost.{key} is null; allowed: a non-negative integer")
 
 
 def _estimate(d: dict, where: Path, status: Status) -> dict:

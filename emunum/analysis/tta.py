@@ -282,68 +282,41 @@ def format_bits(cfg: dict) -> int:
 
 
 def iteration_cost_of_run(run: Run):
-    """``emunum.flops.IterationCost`` of one training iteration of a run's model (plain fp32 model, the run's
-    batch size), rebuilt from the model and data names in its config.yaml by the ``experiments`` package that
-    this Python imports (the repository's; run from its root). A result folder is data: no path found in it
-    is put on ``sys.path`` or imported, and its ``data.cache_dir`` is ignored (the dataset is built in the
-    user's cache, ``EMUNUM_CACHE_DIR`` or ``~/.cache/emunum``)."""
-    import importlib
+    """``emunum.analysis.flops.IterationCost`` of one training iteration of a run's model: the count the training
+    harness wrote into results.json (``iteration_cost``: the plain fp32 model, the run's batch size). A result
+    folder is data: nothing in it is imported or run. ValueError when the run has no count."""
+    from .flops import IterationCost
 
-    import torch
-
-    from .flops import count_iteration
-    from .report import hydra_config
-
-    cfg = hydra_config(run.path)
-    if cfg is None:
-        raise ValueError(f"{run.path}: no .hydra/config.yaml, so the model is unknown; --hardware needs Hydra runs")
-    try:
-        models = importlib.import_module("experiments.models")
-        data = importlib.import_module("experiments.data")
-    except ImportError as e:
-        raise ValueError(f"--hardware needs the experiments package the sweep ran from (not found: {e}); "
-                         "run emunum tta from the repository root") from None
-    from omegaconf import OmegaConf
-
-    oc = OmegaConf.create(cfg)
-    if "cache_dir" in (oc.get("data") or {}):
-        oc.data.cache_dir = None  # never create or write where a result folder points
-    ds = data.load(oc.data)
-    model = models.build(oc.model, ds.input_shape, ds.num_outputs)
-    bs = int(cfg.get("batch_size", 1))
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn((bs, *ds.input_shape), generator=g)
-    if ds.task == "classification":
-        y = torch.randint(0, ds.num_outputs, (bs,), generator=g)
-        return count_iteration(model, x, y, torch.nn.functional.cross_entropy)
-    y = torch.randn((bs, ds.num_outputs), generator=g)
-    return count_iteration(model, x, y, torch.nn.functional.mse_loss)
+    if run.iteration_cost is None:
+        raise ValueError(f"{run.path}: results.json has no iteration_cost (the training harness writes it; runs "
+                         "from before it did need rerunning), so --hardware cannot count its iteration; give "
+                         "--seconds-per-iteration or --sim instead")
+    return IterationCost(**run.iteration_cost)
 
 
 def roofline_times(runs: list[Run], hardware) -> tuple[dict[str, float], dict[str, str], list[str]]:
-    """Roofline seconds per iteration per format (one run of each format is measured; runs with the same
-    model, data and batch size share one count). Returns (times, sources, notes)."""
-    import json
-
+    """Roofline seconds per iteration per format, from the ``iteration_cost`` of the format's first run that
+    has one (ValueError naming a run when no run of a format has one). Returns (times, sources, notes)."""
     from .report import hydra_config
 
-    times, sources, notes, cache = {}, {}, [], {}
+    times, sources, notes, costs = {}, {}, [], {}
     for run in runs:
-        if run.format in times:
+        if run.format in times or run.iteration_cost is None:
             continue
         cfg = hydra_config(run.path)
         if cfg is None:
             notes.append(f"{run.path}: no .hydra/config.yaml; no roofline time for {run.format!r}")
             continue
-        key = json.dumps([cfg.get("model"), cfg.get("data"), cfg.get("batch_size")], sort_keys=True, default=str)
-        if key not in cache:
-            cache[key] = iteration_cost_of_run(run)
-        cost = cache[key]
+        cost = iteration_cost_of_run(run)
+        costs[cost] = None
         bits = format_bits(cfg)
         r = hardware.roofline(cost, bits)
         times[run.format] = r.seconds
         sources[run.format] = f"roofline {hardware.name}: {r.bound}-bound, {r.width}-bit"
-    for cost in dict.fromkeys(cache.values()):
+    for fmt in dict.fromkeys(r.format for r in runs):
+        if fmt not in times and all(r.iteration_cost is None for r in runs if r.format == fmt):
+            iteration_cost_of_run(next(r for r in runs if r.format == fmt))  # raises, naming the run
+    for cost in costs:
         notes.append(f"per iteration: {cost.flops:.4g} FLOPs (FlopCounterMode), {cost.param_elements} parameters, "
                      f"{cost.activation_elements} activation elements, {cost.input_elements} input elements; "
                      "first-order roofline max(FLOPs/peak, bytes/bandwidth), not a simulator")

@@ -11,13 +11,9 @@
 - ``multiplier``: ``Multiplier``, the product step (exact, lookup table, Mitchell, truncated, DRUM, user function);
 - ``backend``: validation and dispatch to ``kernels.gemm_cpu`` / ``kernels.gemm_cuda`` (loaded on first use).
 
-``emunum.mad`` is both this module (``emunum.mad.linear``, ``from emunum import mad; mad.conv2d``) and the
-element-wise function (``emunum.mad(a, b, c, unit)``): the module is callable, forwarding to
-``functional.mad``. One name cannot otherwise be both, and both uses are part of the public API.
+``emunum.mad`` is a plain package; the element-wise MAD is ``emunum.mad.elementwise(a, b, c, unit)`` (also
+``emunum.mad.mad``).
 """
-import sys
-import types
-
 from .block import block_matmul
 from .conv import conv1d, conv2d
 from .custom import custom_matmul
@@ -26,14 +22,9 @@ from .lns import LNSAdd, lns_matmul
 from .multiplier import Multiplier, MultiplierKind
 from .unit import MADUnit, Order
 
-__all__ = ["MADUnit", "Order", "Multiplier", "MultiplierKind", "mad", "matmul", "linear", "addmm", "baddbmm", "conv1d",
+elementwise = mad
+
+__all__ = ["MADUnit", "Order", "Multiplier", "MultiplierKind", "mad", "elementwise", "matmul", "linear", "addmm", "baddbmm", "conv1d",
            "conv2d", "derived_seed", "block_matmul", "custom_matmul",
            "lns_matmul", "LNSAdd"]
 
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, a, b, c, unit, *, seed=None):
-        return mad(a, b, c, unit, seed=seed)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -1,5 +1,6 @@
-"""A result folder is data, never code (issue #21 §6): ``emunum tta --hardware`` on a sweep whose Hydra files
-point at someone else's ``experiments`` package and data cache neither imports that code nor writes there."""
+"""A result folder is data, never code: ``emunum tta --hardware`` on a sweep whose Hydra files point at
+someone else's ``experiments`` package and data cache neither imports that code nor writes there; it reads the
+iteration's cost from results.json."""
 from __future__ import annotations
 
 import json
@@ -33,7 +34,8 @@ def test_tta_hardware_never_imports_code_or_writes_where_a_sweep_points(compose,
     (run / "results.json").write_text(json.dumps({
         "format": "fp32", "status": "reached", "iterations_to_accuracy": 100, "target_accuracy": 0.9,
         "best_accuracy": 0.91, "final_accuracy": 0.91, "iterations_run": 100, "seconds_per_iteration": 0.01,
-        "seed": 0}))
+        "seed": 0, "iteration_cost": {"flops": 10**9, "param_elements": 1000, "activation_elements": 2000,
+                                      "input_elements": 320}}))
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "EMUNUM_CACHE_DIR": str(data_cache)}
     r = subprocess.run([sys.executable, "-m", "emunum.cli", "tta", str(run.parent), "--hardware", "h100_like"],
@@ -41,3 +43,18 @@ def test_tta_hardware_never_imports_code_or_writes_where_a_sweep_points(compose,
     assert r.returncode == 0, r.stderr[-2000:]
     assert not marker.exists(), "code from the result folder ran"
     assert not evil_cache.exists(), "the sweep's data.cache_dir was created"
+    assert "per iteration: 1e+09 FLOPs" in r.stdout
+
+
+def test_tta_hardware_names_a_run_without_an_iteration_cost(tmp_path, capsys):
+    from emunum import cli
+
+    run = tmp_path / "sweep" / "0"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"format": {"name": "fp32", "fmt": None}}))
+    (run / "results.json").write_text(json.dumps({
+        "format": "fp32", "status": "reached", "iterations_to_accuracy": 100, "target_accuracy": 0.9,
+        "iterations_run": 100, "seconds_per_iteration": 0.01, "seed": 0}))
+    assert cli.main(["tta", str(run.parent), "--hardware", "h100_like"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run}: results.json has no iteration_cost" in err

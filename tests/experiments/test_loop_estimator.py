@@ -8,7 +8,7 @@ import json
 import pytest
 
 from emunum.analysis import crossing
-from experiments import loop
+from experiments import loop, results
 from experiments.loop import RESULT_KEYS, train
 
 
@@ -29,7 +29,7 @@ def test_results_name_the_estimator_and_hold_its_figure(compose, tmp_path):
 
 @pytest.mark.parametrize("estimator", [crossing.Estimator.INTERPOLATED, crossing.Estimator.SMOOTHED])
 def test_other_estimators_read_the_same_evaluations(compose, tmp_path, monkeypatch, estimator):
-    monkeypatch.setattr(loop, "TTA_ESTIMATOR", estimator)
+    monkeypatch.setattr(results, "TTA_ESTIMATOR", estimator)  # where the loop reads it
     res = train(compose("max_iters=400", "eval_every=5", "target_accuracy=0.3", "batch_size=100"), tmp_path)
     # TensorBoard stores float32 accuracies; the loop's are the exact fractions, equal after rounding
     expected = crossing.estimate(estimator, _curve(tmp_path), 0.3)
@@ -47,7 +47,7 @@ def test_a_run_that_never_reaches_has_no_estimate(compose, tmp_path):
 
 
 def test_smoothed_estimator_keeps_evaluating_until_settled(compose, tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "TTA_ESTIMATOR", crossing.Estimator.SMOOTHED)
+    monkeypatch.setattr(results, "TTA_ESTIMATOR", crossing.Estimator.SMOOTHED)
     res = train(compose("max_iters=400", "eval_every=5", "target_accuracy=0.3", "batch_size=100"), tmp_path)
     pts = _curve(tmp_path)
     assert res.status == "reached" and res.estimator == "smoothed"

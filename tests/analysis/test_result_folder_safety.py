@@ -165,6 +165,16 @@ ABSURD_RESULTS = {
     "100000-deep in a value": '{"format": "fp32", "status": "reached", "iterations_to_accuracy": 5, "x": '
                               + "[" * 100000 + "]" * 100000 + "}",
     "a list for the status": '{"format": "fp32", "status": [1], "iterations_to_accuracy": 5}',
+    "iteration_cost a list": '{"format": "fp32", "status": "reached", "iterations_to_accuracy": 5, '
+                             '"iteration_cost": [1, 2, 3, 4]}',
+    "iteration_cost missing a key": '{"format": "fp32", "status": "reached", "iterations_to_accuracy": 5, '
+                                    '"iteration_cost": {"flops": 1, "param_elements": 1, "input_elements": 1}}',
+    "negative flops": '{"format": "fp32", "status": "reached", "iterations_to_accuracy": 5, "iteration_cost": '
+                      '{"flops": -1, "param_elements": 1, "activation_elements": 1, "input_elements": 1}}',
+    "400-digit flops": f'{{"format": "fp32", "status": "reached", "iterations_to_accuracy": 5, "iteration_cost": '
+                       f'{{"flops": {HUGE}, "param_elements": 1, "activation_elements": 1, "input_elements": 1}}}}',
+    "null flops": '{"format": "fp32", "status": "reached", "iterations_to_accuracy": 5, "iteration_cost": '
+                  '{"flops": null, "param_elements": 1, "activation_elements": 1, "input_elements": 1}}',
 }
 ABSURD_CONFIGS = {
     "400-digit max_iters": f"format:\n  name: fp32\nmax_iters: {HUGE}\n",

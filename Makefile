@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt
 # within +-UNTIL_CI of the ratio or SEED_CAP seeds (experiments/until_precise.py; each round one Hydra sweep,
 # JOBS runs at a time), then the report: iterations-to-accuracy per format with 95% CIs, the ratio with its CI
 # and verdict, the seeds it took and whether the answer is precise. At the cap it prints NOT YET PRECISE (the
-# script's exit status 3, which make lets pass). Measured wall time: benchmarks/RESULTS.md ("Issue 33").
+# script's exit status 3, which make lets pass). Measured wall time: benchmarks/RESULTS.md ("seeds until precise").
 UNTIL_CI   ?= 0.1
 SEED_START ?= 6
 SEED_CAP   ?= 24

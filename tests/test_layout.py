@@ -1,4 +1,4 @@
-"""The package layout's rules (issue #19): no two modules import each other, even lazily (through a chain
+"""The package layout's rules: no two modules import each other, even lazily (through a chain
 of any length), and ``emunum.formats`` imports nothing above it."""
 from __future__ import annotations
 

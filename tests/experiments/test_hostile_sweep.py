@@ -1,4 +1,4 @@
-"""A result folder is data, never code (issue #21 §6): ``emunum tta --hardware`` on a sweep whose Hydra files
+"""A result folder is data, never code: ``emunum tta --hardware`` on a sweep whose Hydra files
 point at someone else's ``experiments`` package and data cache neither imports that code nor writes there."""
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
-# Two entry points, each sets up .venv first:  make train  |  make test
+# Two entry points, each sets up .venv first:  make train  |  make test   (and make docs: the documentation site)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.installed-docs
 # CUDA kernel tests run on numba's CUDA simulator unless a real GPU is visible.
 CUDASIM ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo 0 || echo 1)
 
-.PHONY: venv train test bench clean
+.PHONY: venv train test docs bench clean
 
 venv: $(STAMP)
 
@@ -23,7 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 # within +-UNTIL_CI of the ratio or SEED_CAP seeds (experiments/until_precise.py; each round one Hydra sweep,
 # JOBS runs at a time), then the report: iterations-to-accuracy per format with 95% CIs, the ratio with its CI
 # and verdict, the seeds it took and whether the answer is precise. At the cap it prints NOT YET PRECISE (the
-# script's exit status 3, which make lets pass). Measured wall time: benchmarks/RESULTS.md ("Issue 33").
+# script's exit status 3, which make lets pass). Measured wall time: benchmarks/RESULTS.md ("seeds until precise").
 UNTIL_CI   ?= 0.1
 SEED_START ?= 6
 SEED_CAP   ?= 24
@@ -36,8 +37,17 @@ train: $(STAMP)
 test: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=$(CUDASIM) $(PY) -m pytest -q tests
 
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+# The documentation site (mkdocs.yml, pages in docs/, API reference from the docstrings) into site/. Strict: a
+# broken link or anchor, a page missing from the nav or an API reference that does not resolve fails the build.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 bench: $(STAMP)
 	$(PY) benchmarks/quantize.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info site

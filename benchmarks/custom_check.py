@@ -5,7 +5,7 @@
 Rows: ``checked`` is emunum's kernel (``emunum.kernels.custom_cpu.custom_runner``: every code checked before from_code
 sees it, and each parallel run records that it finished); ``unchecked`` is the loop it replaced,
 ``from_code(to_code(x))`` with neither, copied below and called the same way (raw addresses), on the same inputs
-in the same process, in interleaved rounds. The type is a user e5m2 (the README's
+in the same process, in interleaved rounds. The type is a user e5m2 (docs/number_systems.md's
 example style: to_code does the rounding arithmetic, from_code reads a 256-entry table). Figures: best of
 --repeats timings after a warm-up, in millions of elements per second, and the checked/unchecked time ratio.
 """

@@ -1,4 +1,4 @@
-"""Issue #16: 2-rank data-parallel training (torchrun, gloo, CPU) with fp32, e5m2 and e5m2-ring gradient
+"""2-rank data-parallel training (torchrun, gloo, CPU) with fp32, e5m2 and e5m2-ring gradient
 all-reduce, several seeds each, plus 1-rank runs for the time per step; then the report of each group.
 
     PYTHONPATH=. .venv/bin/python benchmarks/ddp_comm.py --out /work/runs/ddp --seeds 0 1 2

@@ -6,12 +6,12 @@ Default: 512x512x512, operands in e5m2 (1-5-2), MADUnit(mul_fmt="fp8_152", acc_f
 median, the CPU time per call (all threads; contention on a shared machine shows as wall >> cpu / threads),
 the fast-kernel plan the dispatcher took.
 
-General rows (issue #13 item 4, target >= 1 GMAC/s): units the round-to-nearest fast kernel cannot run
+General rows (target >= 1 GMAC/s): units the round-to-nearest fast kernel cannot run
 (stochastic, directed, odd and nearest-away modes, fused, lanes, fixed-point accumulators) at --general-size,
 through emunum.matmul (the dispatcher picks kernels/gemm_vec.py), each next to the reference per-element kernel
 ``gemm_general`` on the same operands in the same run (--baseline-repeat timed calls after a warm-up; 0: skip).
 
-Multi-term rows (issue 14/18): tensor-core presets h100_fp8_e4m3 (e4m3 operands) and a100_bf16 (bf16
+Multi-term rows: tensor-core presets h100_fp8_e4m3 (e4m3 operands) and a100_bf16 (bf16
 operands), and exact (Kulisch) accumulation, at --mt-size, on the multi-term kernels (0: skip); the kernel
 ``gemm_auto`` chose is named in the row; --mt-old adds each unit's pre-float64 kernel as a same-run baseline.
 

@@ -1,4 +1,4 @@
-"""Issue #15: quantize throughput of the new number systems next to e5m2 and the memory-copy ceiling, and the
+"""Quantize throughput of the new number systems next to e5m2 and the memory-copy ceiling, and the
 GEMM rate of a MAD unit with an approximate (lookup-table) multiplier next to the exact unit.
 
     PYTHONPATH=. .venv/bin/python benchmarks/number_systems.py [--n 4194304] [--repeats 5] [--gemm 128]

@@ -96,7 +96,7 @@ def throughput(n: int, device: str, repeats: int, fmt: str, blocks_only: bool = 
         add(f"quantize(x, {fmt!r}, 'stochastic')", lambda: emunum.quantize(x, fmt, "stochastic", seed=1))
         add(f"quantize(x, {fmt!r}, 'stochastic', out=out)",
             lambda: emunum.quantize(x, fmt, "stochastic", seed=1, out=out))
-    for bf in ("mxfp8_e4m3", "nvfp4"):  # block formats (issue #11): blocks along x's only axis
+    for bf in ("mxfp8_e4m3", "nvfp4"):  # block formats: blocks along x's only axis
         add(f"quantize(x, {bf!r})", lambda bf=bf: emunum.quantize(x, bf), "block format, new output")
         add(f"quantize(x, {bf!r}, out=out)", lambda bf=bf: emunum.quantize(x, bf, out=out), "block format")
     if blocks_only:

@@ -1,4 +1,4 @@
-"""Where the time of stochastic rounding goes: the float32 CPU loop split into its parts (issue #13).
+"""Where the time of stochastic rounding goes: the float32 CPU loop split into its parts.
 
     python benchmarks/sr_profile.py                 # one thread, 2**13 float32 (cache resident), e5m2
     NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=+avx,+avx2,+fma,+bmi2,... python benchmarks/sr_profile.py   # as on AVX2

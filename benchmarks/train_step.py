@@ -26,7 +26,7 @@ RECIPES = {
     "fp32": ["format=fp32"],
     "elementwise": ["format=fp8", "format.mad=null"],
     "fp8": ["format=fp8"],
-    "mxfp8": ["format=mxfp8"],  # block formats (issue #11): every GEMM re-quantises its operands along K
+    "mxfp8": ["format=mxfp8"],  # block formats: every GEMM re-quantises its operands along K
     "nvfp4": ["format=nvfp4"],
 }
 

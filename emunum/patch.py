@@ -231,7 +231,7 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, strict
     ``grad_weight=``, ``grad_input=``, ``grad_output=``, ``rounding=``, ``grad_rounding=``, ``ste=``,
     ``sr_bits=``, ``mad=``, ``mad_backward=``, ``approx=``, ``filter=``, ``keep_first_last=``.
     Or a ``Policy`` as ``fmt`` or ``policy=``. With no format, policy or option at all, ``fmt`` is
-    ``DEFAULT_FMT`` ("fp8_152", ARCHITECTURE.md's default). Raises ValueError if the filter accepts no layer,
+    ``DEFAULT_FMT`` ("fp8_152", the documented default). Raises ValueError if the filter accepts no layer,
     or if the model is already patched with another policy; warns if the model has no layer to emulate.
     strict: raise instead of warning when a GEMM runs off the format (see the module doc). functional: emulate
     the functional GEMMs of modules that are not swapped (default True).

@@ -4,7 +4,7 @@ Element i of a call keyed on ``key = seed_key(seed)`` gets splitmix64's finalise
 ``(i + 1) * 0x9E3779B97F4A7C15 + key``, shifted to its top ``nbits`` bits. The kernels (``kernels/scalar``)
 compute the same bits; these twins let references and the pure-torch path agree with them bit for bit.
 
-Why 64-bit: a counter-based 32-bit design (two keyed rounds of Wellons' lowbias32) was tried for issue #13 and
+Why 64-bit: a counter-based 32-bit design (two keyed rounds of Wellons' lowbias32) was tried for speed and
 measured slower in the CPU kernels, with AVX-512 (LLVM drops the masks that would let it use 32-bit vector
 multiplies and emits vpmullq) and with AVX2 alike; the generator is ~25% of a stochastic float32 loop, the
 stochastic decision more (benchmarks/RESULTS.md). ``benchmarks/rng_battery.py`` runs a NIST SP 800-22

@@ -5,8 +5,8 @@ iterations (and at ``max_iters``) the whole validation set is evaluated; iterati
 such iteration whose validation accuracy is >= ``target_accuracy`` (regression and language-model data:
 whose validation loss is <= ``target_loss``; see ``experiments/tasks.py``). ``iterations_estimate`` is
 ``TTA_ESTIMATOR``'s reading of the same evaluations (``emunum.analysis.crossing``), named in ``estimator``; it
-is what ``emunum report`` averages. The estimators measured against each other (benchmarks/RESULTS.md, "Issue
-33") left "first": the same figure. With ``stop_at_target`` the run ends once that estimate is settled (for
+is what ``emunum report`` averages. The estimators measured against each other (benchmarks/RESULTS.md,
+"estimator chosen by measurement") left "first": the same figure. With ``stop_at_target`` the run ends once that estimate is settled (for
 "first", at the first evaluation at the target; a smoothed estimator needs a few evaluations more).
 
 Outcomes (``status``): "reached"; "not_reached" (max_iters without reaching the target); "diverged" (a

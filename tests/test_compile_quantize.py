@@ -1,4 +1,4 @@
-"""The public ``emunum.quantize`` inside ``torch.compile(fullgraph=True)`` (issue #13 item 1): it goes through the
+"""The public ``emunum.quantize`` inside ``torch.compile(fullgraph=True)`` (no graph break): it goes through the
 ``emunum::quantize`` custom op while Dynamo traces, and gives eager's bits."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def _fresh_dynamo():
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_the_issues_example_compiles_fullgraph_with_eagers_bits(backend):
+def test_quantize_between_torch_ops_compiles_fullgraph_with_eagers_bits(backend):
     def f(t):
         return emunum.quantize(t * 2 + 1, "fp8_152") - 1
 

@@ -1,4 +1,4 @@
-"""Empty tensors are valid input everywhere (README "Guarantees"): every block format on a tensor that is
+"""Empty tensors are valid input everywhere (docs/guarantees.md): every block format on a tensor that is
 empty along any axis (the block axis included), block_matmul and the MAD GEMMs with M, K or N = 0, and
 patched layers on an empty batch (or no input features) return the empty result, or for K = 0 the empty sum,
 exactly as torch does in fp32."""

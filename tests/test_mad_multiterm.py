@@ -1,4 +1,4 @@
-"""Multi-term MAD units and exact accumulation (emunum.mad, issue 14): kernels against the exact reference.
+"""Multi-term MAD units and exact accumulation (emunum.mad): kernels against the exact reference.
 
 Oracle: ``emunum.mad.reference_multiterm`` (Python fractions and integers; its own exponent extraction,
 alignment and rounding; no code shared with the kernels), itself checked against measured GPU outputs in

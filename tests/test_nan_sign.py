@@ -1,4 +1,4 @@
-"""One NaN rule on every dtype (issue #21 §7): a NaN made by the rounding (overflow in an fn/fnuz format) is the
+"""One NaN rule on every dtype: a NaN made by the rounding (overflow in an fn/fnuz format) is the
 positive quiet NaN; an input NaN keeps its sign and payload, quietened."""
 from __future__ import annotations
 

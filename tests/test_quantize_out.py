@@ -1,4 +1,4 @@
-"""quantize's out= and views: torch's in-place rules (issue #21 §1) and a consistent seed range (§7)."""
+"""quantize's out= and views: torch's in-place rules, and the one seed range (int64) of every entry point."""
 from __future__ import annotations
 
 import pytest

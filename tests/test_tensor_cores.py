@@ -1,4 +1,4 @@
-"""Tensor-core presets against measured GPU outputs (issue 18): 0 mismatches per GPU x format pair.
+"""Tensor-core presets against measured GPU outputs: 0 mismatches per GPU x format pair.
 
 Oracle: the vendored subset of Khattak and Mikaitis's measurements (tests/data/tensor_cores, 300 vectors per
 pair: d = a.b + c from one MMA instruction on the GPU). Every pair with a preset must match bit for bit, through
@@ -84,7 +84,7 @@ def test_exact_reference_reproduces_measured_outputs(gpu, fmt, name, out):
 
 
 def test_exact_then_round_and_per_product_rounding_miss_the_hardware():
-    """The baselines the presets replace really differ from the GPU (issue 18: 31-37% for exact-then-round)."""
+    """The baselines the presets replace really differ from the GPU (exact-then-round misses 31-37% of the vectors)."""
     a, b, c, d = _load("H100", "fp16", "fp32")
     exact = MADUnit(None, "exact", fused=True, acc_rounding="nearest")
     per_product = MADUnit("fp32", "fp32")

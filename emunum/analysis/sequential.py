@@ -10,7 +10,7 @@ percentile bootstrap already covers a little less than its level at five seeds: 
 experiments (benchmarks/sequential_coverage.py), a 95% interval that this rule stops on covers the true ratio
 in 0.91-0.93 of them (starting at five or six seeds), below 0.93 in most scenarios. The rule therefore computes its
 interval at ``LEVEL`` (0.97), which brings the coverage of the interval it stops on, and reports, to 0.944-0.961
-in those simulations (benchmarks/RESULTS.md, "Issue 33"). The table's own intervals stay 95%.
+in those simulations (benchmarks/RESULTS.md, "seeds until precise"). The table's own intervals stay 95%.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ class LogFormat(NumberFormat):
     """A logarithmic number system: value = +-2**(k / 2**frac_bits), with the exponent k an E-bit two's-
     complement integer, E = int_bits + frac_bits (a fixed-point exponent with int_bits integer bits).
 
-    Code layout (``bits`` = E + signed): [sign bit, if signed][E-bit exponent field, two's complement].
+    Code layout (``bits`` = E + signed): ``[sign bit, if signed][E-bit exponent field, two's complement]``.
     The exponent code k = -2**(E-1) (field 100...0) is reserved for zero, so nonzero magnitudes have
     k in [kmin, kmax] = [-2**(E-1)+1, 2**(E-1)-1]: min = 2**(kmin/2**frac_bits), max = 2**(kmax/2**frac_bits).
     Signed: the sign bit with the zero field (code 2**E + 2**(E-1)) is NaN; zero is +0.

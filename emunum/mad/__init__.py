@@ -1,4 +1,4 @@
-"""Emulated multiply-accumulate units (issue 5): ``MADUnit`` and the functions that run on one.
+"""Emulated multiply-accumulate units: ``MADUnit`` and the functions that run on one.
 
 - ``unit``: the ``MADUnit`` spec and the datapath, stated precisely (order of operations, roundings,
   accumulator start, bias, chunk and lanes, stochastic counters);

@@ -1,5 +1,5 @@
 """GEMM on a logarithmic-number MAD unit: ``lns_matmul(A, B, fmt, add="exact")`` for a ``LogFormat``
-(issue 15: multiplication is exact in LNS; addition uses a stated approximation chosen by a parameter).
+(multiplication is exact in LNS; addition uses a stated approximation chosen by a parameter).
 
 The datapath, precisely. F = 2**fmt.frac_bits; a nonzero LNS value is +-2**(k/F), k in [kmin, kmax]; the
 emulator holds it as V(k), the float64 nearest 2**(k/F) (``LogFormat.value_of``).

@@ -22,7 +22,7 @@ Validation (``tests/mad/test_tensor_cores.py`` on the vendored subset; ``benchma
 B200TC.m's parameters miss about a third of the vectors; with B200TCRN.m's terms and rounding and a lossless
 alignment fitted to the data, E4M3 matches 5,000/5,000 and E5M2 4,999/5,000. Not presets, because no parameter
 set we could source or fit reproduces the data: fp16 output of fp8 on H100/H200 and B200 (the H100 model's
-neab = -10 leaves 0 fp16 mantissa bits, which the data contradicts). Their mismatch counts are in README.md.
+neab = -10 leaves 0 fp16 mantissa bits, which the data contradicts). Their mismatch counts are in docs/mad_units.md.
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ TABLE = _table()
 #: B200 fp8: terms and final rounding from models/B200TCRN.m (fma=32, frmode=rne); its neab=2 (align_bits 25)
 #: misses 246/5,000 (E4M3) of the measured vectors, so the alignment here is fitted to the data instead: no
 #: alignment loss (the exact sum of 32 products and c, rounded once to nearest) matches 5,000/5,000 (E4M3) and
-#: 4,999/5,000 (E5M2; vector 3935 differs by one ulp). Fitted, not published: see README's table.
+#: 4,999/5,000 (E5M2; vector 3935 differs by one ulp). Fitted, not published: see docs/mad_units.md's table.
 UNVALIDATED = {
     "b200_fp8_e4m3": (32, None, _FP32, "nearest", None, "fp8_e4m3",
                       Source("models/B200TCRN.m + fit to model_validation/B200",

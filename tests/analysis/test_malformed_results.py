@@ -1,4 +1,4 @@
-"""Malformed result folders (issue #21 §5): an error that names the file, exit status 2, no traceback."""
+"""Malformed result folders: an error that names the file, exit status 2, no traceback."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Result folders are data (README "Guarantees"): the analysis commands write only regular files they create
+"""Result folders are data (docs/guarantees.md): the analysis commands write only regular files they create
 under their output directory, never through a link; they read only regular files (a FIFO, socket or device is
 skipped with a note, never waited on); absurd values in any file they read end the command with exit status 2
 and a message naming the file. Commands that could hang or crash run in a subprocess with a timeout."""

@@ -1,4 +1,4 @@
-"""Run directories keep what they hold (issue #21 §4): a failed resume never overwrites a finished run's
+"""Run directories keep what they hold: a failed resume never overwrites a finished run's
 results.json and names the checkpoint and the cause; a second run in a locked directory refuses."""
 from __future__ import annotations
 

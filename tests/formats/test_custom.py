@@ -430,7 +430,7 @@ def test_serial_and_parallel_cpu_loops_give_the_same_bits(mode):
     assert same_bits(torch.tensor(a), torch.tensor(b))
 
 
-# ---- the README's example type ---------------------------------------------------------------------------
+# ---- the example type of docs/number_systems.md -----------------------------------------------------------
 @njit
 def cube5_to_code(x):  # 1 sign bit, 4 bits k: value ±4·(k/15)³ (cubic companding), nearest in the k domain
     if x != x:
@@ -445,7 +445,7 @@ def cube5_from_code(c):
     return -v if c & 16 else v
 
 
-def test_the_readme_example_type_has_its_stated_values_and_trains_with_patch():
+def test_the_documented_example_type_has_its_stated_values_and_trains_with_patch():
     cube5 = CustomFormat(cube5_to_code, cube5_from_code, 5, name="cube5")
     v = cube5.values()  # 31 values (codes 0 and 16 are both zero), symmetric, from 0.0012 (4/15**3) to 4
     assert v.size == 31 and np.array_equal(v, -v[::-1]) and v[-1] == 4.0 and v[16] == cube5_from_code(1)

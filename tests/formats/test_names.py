@@ -21,7 +21,7 @@ def test_aliases_resolve_to_their_preset(alias):
 
 
 def test_documented_presets_and_aliases():
-    """The contract's preset list (ARCHITECTURE.md)."""
+    """The contract's preset list (docs/formats.md, "Presets")."""
     assert get_format("fp32") == FloatFormat(8, 23) and get_format("tf32") == FloatFormat(8, 10)
     assert get_format("bf16") == FloatFormat(8, 7) and get_format("fp16") == FloatFormat(5, 10)
     assert get_format("fp16_169") == FloatFormat(6, 9)

@@ -1,4 +1,4 @@
-"""numba's on-disk kernel cache (issue #21 §3): keyed by source digest, touches only emunum's files, and optional."""
+"""numba's on-disk kernel cache: keyed by source digest, touches only emunum's files, and optional."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""Concurrent callers and forked children (issue #21 §2). Each scenario runs in a subprocess: before the fix a
+"""Concurrent callers and forked children. Each scenario runs in a subprocess: before the fix a
 race aborted the whole process (numba's workqueue layer, rc 134), which would take pytest down with it."""
 from __future__ import annotations
 

@@ -57,9 +57,8 @@ def policy_kwargs(fcfg, mad: str | None = None) -> dict:
         from emunum.mad import MADUnit
 
         m = fcfg.mad
-        policy["mad"] = MADUnit(mul_fmt=m.mul_fmt, acc_fmt=m.acc_fmt, mul_rounding=m.mul_rounding,
-                                acc_rounding=m.acc_rounding, fused=bool(m.fused), chunk=m.chunk, lanes=int(m.lanes),
-                                multiplier=multiplier(m, fcfg.fmt))
+        fields = {k: m[k] for k in m if k not in ("multiplier", "multiplier_bits")}
+        policy["mad"] = MADUnit(**fields, multiplier=multiplier(m, fcfg.fmt))
     scaling = Scaling(fcfg.scaling)
     if scaling != Scaling.none:
         if "scaling" in policy:

@@ -8,11 +8,15 @@ Hydra's ``+key=value`` bypass the schema; ``check_keys`` rejects them.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
+
+from emunum import policy as _policy
+from emunum.mad.unit import MADUnit
 
 
 class LogMode(enum.Enum):
@@ -34,27 +38,43 @@ class Schedule(enum.Enum):
     cosine = "cosine"  # cosine decay from lr to 0 over max_iters, after warmup_iters of linear warm-up
 
 
-class Scaling(enum.Enum):
-    none = "none"
-    per_tensor = "per_tensor"  # scale each tensor so its amax maps to the format's max before rounding
+# The library's enums and MADUnit's fields, re-stated for Hydra (which matches YAML values to member *names*),
+# derived from the library's own classes so that a field added there reaches the configs without a copy here.
+Scaling = enum.Enum("Scaling", {m.value: m.value for m in _policy.Scaling}, module=__name__)
+Scaling.__doc__ = "``emunum.policy.Scaling`` by value: " + ", ".join(m.value for m in _policy.Scaling)
 
 
 # ---- format/ -------------------------------------------------------------------------------------------
-@dataclass
-class MADConfig:
-    """An ``emunum.mad.MADUnit`` for the GEMMs of Linear/Conv layers (forward and backward)."""
+# MADUnit's required formats get the schema's defaults; its multiplier is named here (a string, plus bits)
+MAD_DEFAULTS = {"mul_fmt": "fp16_169", "acc_fmt": "fp16_169"}
+MAD_EXTRA = (("multiplier", Optional[str], None), ("multiplier_bits", Optional[int], None))
 
-    acc_fmt: str = "fp16_169"
-    mul_fmt: Optional[str] = "fp16_169"
-    acc_rounding: str = "nearest"
-    mul_rounding: str = "nearest"
-    fused: bool = False
-    chunk: Optional[int] = None
-    lanes: int = 1
-    # the product step (emunum.mad.Multiplier): null/exact, mitchell, truncated (multiplier_bits = t fraction
-    # bits kept), drum (multiplier_bits = k; operands of the recipe's fmt)
-    multiplier: Optional[str] = None
-    multiplier_bits: Optional[int] = None
+
+def _mad_field(f: dataclasses.Field):
+    """(name, YAML type, default) of one ``MADUnit`` field: formats and enums by name, numbers as they are."""
+    default = MAD_DEFAULTS.get(f.name, f.default)
+    if isinstance(default, enum.Enum):
+        return f.name, str, default.name.lower()
+    if "Format" in str(f.type):
+        return f.name, Optional[str], default
+    if isinstance(default, bool):
+        return f.name, bool, default
+    return f.name, (Optional[int] if default is None else int), default
+
+
+def _mad_config():
+    fields = [_mad_field(f) for f in dataclasses.fields(MADUnit) if f.name != "multiplier"]
+    fields += [(n, t, field(default=d)) for n, t, d in MAD_EXTRA]
+    fields = [(n, t, d if isinstance(d, dataclasses.Field) else field(default=d)) for n, t, d in fields]
+    cls = dataclasses.make_dataclass("MADConfig", fields)
+    cls.__module__ = __name__
+    cls.__doc__ = ("An ``emunum.mad.MADUnit`` for the GEMMs of Linear/Conv layers (forward and backward): every "
+                   "MADUnit field (formats, roundings and orders by name), its multiplier as a name "
+                   "(null/exact, mitchell, truncated, drum) plus multiplier_bits.")
+    return cls
+
+
+MADConfig = _mad_config()
 
 
 @dataclass

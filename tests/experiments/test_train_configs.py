@@ -216,3 +216,29 @@ def test_a_truncated_multiplier_recipe_builds_its_unit(compose):
 
     cfg = compose("format=e4m3_mitchell", "format.mad.multiplier=truncated", "format.mad.multiplier_bits=2")
     assert policy_kwargs(cfg.format)["mad"].multiplier == Multiplier.truncated(2)
+
+
+def test_the_mad_schema_holds_every_madunit_field_and_the_unit_gets_them(compose):
+    import dataclasses
+
+    from experiments.recipe import policy_kwargs
+    from experiments.schema import MADConfig
+
+    from emunum.mad import MADUnit
+
+    schema = {f.name for f in dataclasses.fields(MADConfig)}
+    assert {f.name for f in dataclasses.fields(MADUnit)} <= schema
+    cfg = compose("format=e4m3_mitchell", "format.mad.lanes=4", "format.mad.sr_bits=12", "format.mad.chunk=8",
+                  "format.mad.acc_rounding=toward_zero")
+    unit = policy_kwargs(cfg.format)["mad"]
+    assert (unit.lanes, unit.sr_bits, unit.chunk, unit.acc_rounding.name) == (4, 12, 8, "TOWARD_ZERO")
+    defaults = MADUnit("fp32", "fp32")  # the fields the config leaves alone keep MADUnit's defaults
+    assert (unit.order, unit.terms, unit.outer_fmt) == (defaults.order, defaults.terms, defaults.outer_fmt)
+
+
+def test_the_scaling_schema_is_the_librarys():
+    from experiments.schema import Scaling
+
+    from emunum.policy import Scaling as LibraryScaling
+
+    assert [m.value for m in Scaling] == [m.value for m in LibraryScaling]

@@ -16,209 +16,28 @@ and ``grad_output`` (``BLOCK_ROLES``; see ``emunum.nn.block_gemm``). A block for
 ``grad_input`` or ``grad_weight`` raises ValueError; the keyword form's ``fmt=``/``grad=`` give a block
 format to the operand roles only and leave those three roles unrounded (None).
 Strings (formats, roundings, scalings, roles, straight-through estimators) are parsed here, once.
+
+A ``Policy`` is the user's one flat form of four separate concerns, each its own frozen type that validates
+its own fields: ``policy.numerics`` (``emunum.numerics.Numerics``: roles, ste, sr_bits, hadamard),
+``policy.units`` (``emunum.datapath.Units``: mad, mad_backward), ``policy.factories``
+(``emunum.factories.Factories``: approx) and ``policy.selection`` (``emunum.selection.Selection``: filter,
+keep_first_last). Each consumer reads the part it needs.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 from torch import nn
 
 from .autograd import STE
-from .formats import BlockFormat, Format, NumberFormat, RoundMode, format_or_none, get_format, parse_enum
-from .hadamard import check_size
-from .quantize import check_sr_bits
-
-
-class Role(enum.Enum):
-    """A tensor role in a layer. Values are the ``Policy`` field names."""
-
-    WEIGHT = "weight"
-    INPUT = "input"
-    OUTPUT = "output"
-    GRAD_WEIGHT = "grad_weight"
-    GRAD_INPUT = "grad_input"
-    GRAD_OUTPUT = "grad_output"
-
-    @classmethod
-    def parse(cls, value: Union[str, "Role"], field: str = "role") -> "Role":
-        return parse_enum(cls, value, field, "a tensor role")
-
-    @property
-    def is_gradient(self) -> bool:
-        return self in GRADIENT_ROLES
-
-    @property
-    def gradient(self) -> "Role":
-        """The gradient role of a forward role (``INPUT.gradient is GRAD_INPUT``)."""
-        return _GRADIENT_OF[self]
-
-
-FORWARD_ROLES = (Role.WEIGHT, Role.INPUT, Role.OUTPUT)
-GRADIENT_ROLES = (Role.GRAD_WEIGHT, Role.GRAD_INPUT, Role.GRAD_OUTPUT)
-_GRADIENT_OF = dict(zip(FORWARD_ROLES, GRADIENT_ROLES))
-# the GEMM-operand roles, the only ones that take a BlockFormat (x, W and the error gy of y = x W^T)
-BLOCK_ROLES = (Role.INPUT, Role.WEIGHT, Role.GRAD_OUTPUT)
-
-
-class Scaling(enum.Enum):
-    """How a role's tensors are scaled around their rounding.
-
-    NONE: rounded as they are. PER_TENSOR ("current scaling" of FP8 training recipes): every tensor ``x``
-    is rounded as ``quantize(x * s) / s`` with the power of two ``s = 2**floor(log2(fmt.max / amax))``,
-    ``amax = max |x|`` over the whole tensor, computed afresh on every call (no history), so that ``amax * s``
-    lands in ``(fmt.max / 2, fmt.max]`` and the rounded values use the format's whole range. Because ``s`` is
-    a power of two, multiplying and dividing by it only moves the exponent: exact unless ``x * s`` falls
-    into x's own dtype's subnormal range (only possible when ``amax > fmt.max``, for elements below
-    ``2**-126 / s`` in float32) or ``quantize(x * s) / s`` leaves the dtype's finite range. ``s = 1`` when
-    amax is 0 or not finite (x holds an inf or a NaN): the tensor is then rounded unscaled, so inf and NaN
-    follow the format's own overflow rules (e.g. NaN in e4m3fn). ``s`` is clamped to the normal powers of
-    two of x's dtype (``2**-126 .. 2**127`` for float32/bfloat16, ``2**-14 .. 2**15`` for float16). See
-    ``emunum.nn.per_tensor_scale``.
-    """
-
-    NONE = "none"
-    PER_TENSOR = "per_tensor"
-
-    @classmethod
-    def parse(cls, value: Union[str, "Scaling"], field: str = "scaling") -> "Scaling":
-        return parse_enum(cls, value, field, "a scaling")
-
-
-@dataclass(frozen=True)
-class RoleSpec:
-    """Round a role's tensors to ``fmt`` with ``rounding`` (a name or ``RoundMode``) after ``scaling`` (a
-    name or ``Scaling``; see there); names are parsed here."""
-
-    fmt: Format
-    rounding: RoundMode = RoundMode.NEAREST
-    scaling: Scaling = Scaling.NONE
-
-    def __post_init__(self):
-        object.__setattr__(self, "fmt", get_format(self.fmt))
-        object.__setattr__(self, "rounding", RoundMode.parse(self.rounding))
-        object.__setattr__(self, "scaling", Scaling.parse(self.scaling))
-        if isinstance(self.fmt, BlockFormat) and self.scaling != Scaling.NONE:
-            raise ValueError(f"scaling={self.scaling.value!r} with the block format {self.fmt.name}: a block format "
-                             "carries its own scales; allowed: scaling='none'")
-
-    def __str__(self) -> str:
-        s = f"{self.fmt.name}/{self.rounding.name.lower()}"
-        return s if self.scaling == Scaling.NONE else f"{s}/{self.scaling.value}"
-
-
-def _role_spec(value, role: Role, default_rounding, default_scaling=Scaling.NONE) -> Optional[RoleSpec]:
-    """None | RoleSpec | format | name | (format, rounding[, scaling]) -> RoleSpec or None, naming ``role`` on
-    errors. A plain format or a pair takes ``default_scaling``."""
-    if value is None or isinstance(value, RoleSpec):
-        return value
-    try:
-        if isinstance(value, tuple):
-            if len(value) not in (2, 3):
-                raise ValueError(f"a (format, rounding[, scaling]) tuple has 2 or 3 items, got {len(value)}")
-            return RoleSpec(value[0], value[1], value[2] if len(value) == 3 else default_scaling)
-        if isinstance(value, (str, NumberFormat)):  # every number system's spec
-            return RoleSpec(value, default_rounding, default_scaling)
-        raise TypeError(
-            f"expected a format, a format name, a RoleSpec, a (format, rounding[, scaling]) tuple or None, "
-            f"got {type(value).__name__}"
-        )
-    except (TypeError, ValueError) as e:
-        raise type(e)(f"{role.value}={value!r}: {e}") from None
-
-
-
-
-ActivationFactory = Callable[[nn.Module, "Policy"], nn.Module]
-
-_APPROX_TYPES = {"tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "softmax": nn.Softmax}
-
-
-@dataclass(frozen=True)
-class ApproxSpec:
-    """A factory of ``emunum.approx`` modules (compared by value): ``kind`` is tanh, sigmoid or softmax;
-    ``options`` the module's keyword arguments as sorted (name, value) pairs. The approximation computes in
-    ``options['fmt']`` if given, else in the policy's output format (fp32 if none), with the output
-    role's rounding unless ``options['rounding']`` says otherwise. The output role's scaling does not apply
-    (an approximate operator computes in its format's range)."""
-
-    kind: str
-    options: tuple = ()
-
-    def __call__(self, module: nn.Module, policy: "Policy") -> nn.Module:
-        from . import approx  # noqa: PLC0415  (approx sits above policy's imports; loaded when used)
-
-        opts = dict(self.options)
-        out = policy.output
-        opts.setdefault("fmt", out.fmt if out is not None else "fp32")
-        if out is not None:
-            opts.setdefault("rounding", out.rounding)
-        if self.kind == "softmax":
-            if module.dim is None:
-                raise ValueError("approx softmax: nn.Softmax(dim=None) has no explicit dim; give the model "
-                                 "nn.Softmax(dim=...) or exclude it")
-            return approx.Softmax(dim=module.dim, **opts)
-        return {"tanh": approx.Tanh, "sigmoid": approx.Sigmoid}[self.kind](**opts)
-
-    def validate(self, field: str) -> None:
-        """Build the operator once (in its own format, fp32 if none) so that an unknown method or option is
-        an error of ``Policy.make``/``patch``, naming ``field``, whether or not the model has such a layer."""
-        from . import approx  # noqa: PLC0415
-
-        opts = dict(self.options)
-        opts.setdefault("fmt", "fp32")
-        try:
-            if self.kind == "softmax":
-                approx.Softmax(dim=-1, **opts)
-            else:
-                {"tanh": approx.Tanh, "sigmoid": approx.Sigmoid}[self.kind](**opts)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"{field}: {e}") from None
-
-
-def _approx_entry(key, value):
-    """One approx item -> (module type, factory)."""
-    if isinstance(key, str):
-        k = key.strip().lower()
-        if k not in _APPROX_TYPES:
-            raise ValueError(f"approx key {key!r} is not a known activation; allowed names: "
-                             f"{', '.join(_APPROX_TYPES)}, or an nn.Module subclass")
-        key = _APPROX_TYPES[k]
-    if not (isinstance(key, type) and issubclass(key, nn.Module)):
-        raise TypeError(f"approx key {key!r} must be an activation name or an nn.Module subclass (e.g. nn.Tanh)")
-    if isinstance(value, (str, dict)):
-        kinds = {t: n for n, t in _APPROX_TYPES.items()}
-        if key not in kinds:
-            raise ValueError(f"approx[{key.__name__}]={value!r}: a method name or options need an "
-                             f"emunum.approx operator, which exists for {', '.join(t.__name__ for t in kinds)}; "
-                             "give a factory(module, policy) instead")
-        kind = kinds[key]
-        if isinstance(value, str):
-            value = {"exp2" if kind == "softmax" else "method": value}
-        if not all(isinstance(n, str) for n in value):
-            raise TypeError(f"approx[{key.__name__}] options must have str keys, got {list(value)!r}")
-        spec = ApproxSpec(kind, tuple(sorted(value.items())))
-        spec.validate(f"approx[{key.__name__}]={value!r}")
-        return key, spec
-    if not callable(value):
-        raise TypeError(f"approx[{key.__name__}]={value!r} must be a method name, a dict of options, or a "
-                        "factory(module, policy) -> nn.Module")
-    return key, value
-
-
-def _approx_table(value) -> tuple:
-    """{activation type or name: method name | options dict | factory} -> ((type, factory), ...)."""
-    if value is None or value == ():
-        return ()
-    if isinstance(value, dict):
-        items = list(value.items())
-    elif isinstance(value, tuple) and all(isinstance(i, tuple) and len(i) == 2 for i in value):
-        items = list(value)
-    else:
-        raise TypeError(f"approx must be a dict {{activation: method | options | factory}}, got {value!r}")
-    table = dict(_approx_entry(k, v) for k, v in items)
-    return tuple(table.items())
+from .datapath import Units
+from .factories import ActivationFactory, ApproxSpec, Factories  # noqa: F401  (re-exported)
+from .formats import BlockFormat, RoundMode, format_or_none  # noqa: F401
+from .numerics import Numerics
+from .roles import (BLOCK_ROLES, FORWARD_ROLES, GRADIENT_ROLES, Role, RoleSpec, Scaling,  # noqa: F401
+                    role_spec)
+from .selection import Selection
 
 
 @dataclass(frozen=True)
@@ -263,45 +82,20 @@ class Policy:
     filter: Optional[Callable[[nn.Module, str], bool]] = field(default=None)
     keep_first_last: bool = False
 
-    def __post_init__(self):
-        for role in Role:
-            default = RoundMode.STOCHASTIC if role.is_gradient else RoundMode.NEAREST
-            spec = _role_spec(getattr(self, role.value), role, default)
-            if spec is not None and isinstance(spec.fmt, BlockFormat) and role not in BLOCK_ROLES:
-                raise ValueError(
-                    f"{role.value}={spec.fmt.name}: a block format applies to GEMM operands only; allowed for "
-                    f"{role.value}: an element format (FloatFormat/FixedFormat, rounded element-wise) or None; "
-                    f"block formats go to {', '.join(r.value for r in BLOCK_ROLES)}")
-            object.__setattr__(self, role.value, spec)
-        object.__setattr__(self, "ste", STE.parse(self.ste))
-        if self.sr_bits is not None:
-            check_sr_bits(self.sr_bits)
-        object.__setattr__(self, "approx", _approx_table(self.approx))
-        if self.hadamard is not None:
-            object.__setattr__(self, "hadamard", check_size(self.hadamard))
-            if not self.uses_block:
-                raise ValueError(f"hadamard={self.hadamard}: the transform applies to block-format weight-gradient "
-                                 "GEMMs, and the policy has no block format; allowed: hadamard=None, or a "
-                                 "BlockFormat in input, weight or grad_output")
-        if isinstance(self.hadamard_seed, bool) or not isinstance(self.hadamard_seed, int) or self.hadamard_seed < 0:
-            raise TypeError(f"hadamard_seed={self.hadamard_seed!r}: allowed: an int >= 0")
-        if self.filter is not None and not callable(self.filter):
-            raise TypeError(f"filter must be callable as filter(module, name) -> bool, got {self.filter!r}")
-        if not isinstance(self.keep_first_last, bool):
-            raise TypeError(f"keep_first_last must be a bool, got {self.keep_first_last!r}")
-        if isinstance(self.mad, str):  # a preset name: MADUnit.preset (emunum units)
-            from .mad import MADUnit  # noqa: PLC0415
+    numerics: Numerics = field(init=False, repr=False, compare=False)
+    units: Units = field(init=False, repr=False, compare=False)
+    factories: Factories = field(init=False, repr=False, compare=False)
+    selection: Selection = field(init=False, repr=False, compare=False)
 
-            try:
-                object.__setattr__(self, "mad", MADUnit.preset(self.mad))
-            except ValueError as e:
-                raise ValueError(f"mad={self.mad!r}: {e}") from None
-        if self.mad is not None:
-            _check_mad(self.mad, "mad")
-        if self.mad_backward is not None:
-            units = self.mad_backward if isinstance(self.mad_backward, tuple) else (self.mad_backward,)
-            for u in units:
-                _check_mad(u, "mad_backward")
+    def __post_init__(self):
+        numerics = Numerics(*(getattr(self, r.value) for r in Role), ste=self.ste, sr_bits=self.sr_bits,
+                            hadamard=self.hadamard, hadamard_seed=self.hadamard_seed)
+        parts = {"numerics": numerics, "units": Units(self.mad, self.mad_backward),
+                 "factories": Factories(self.approx), "selection": Selection(self.filter, self.keep_first_last)}
+        for name, part in parts.items():  # each part's normalised values are the flat fields' values
+            object.__setattr__(self, name, part)
+            for f in fields(part):
+                object.__setattr__(self, f.name, getattr(part, f.name))
 
     # ---- keyword form ---------------------------------------------------------------------------------
     @classmethod
@@ -314,12 +108,12 @@ class Policy:
         as ``fmt``/``grad`` goes to the GEMM-operand roles only (``BLOCK_ROLES``); output, grad_input and
         grad_weight then stay None unless given. Other keywords are ``Policy`` fields. Unknown keywords raise
         TypeError."""
-        allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(kwargs) - allowed)
+        names = [f.name for f in fields(cls) if f.init]
+        unknown = sorted(set(kwargs) - set(names))
         if unknown:
             raise TypeError(
                 f"unknown policy option(s) {', '.join(map(repr, unknown))}; allowed: fmt, grad, rounding, "
-                f"grad_rounding, scaling, grad_scaling, {', '.join(f.name for f in fields(cls))}"
+                f"grad_rounding, scaling, grad_scaling, {', '.join(names)}"
             )
         fwd_mode = RoundMode.parse(rounding, "rounding")
         bwd_mode = RoundMode.parse(grad_rounding, "grad_rounding")
@@ -331,7 +125,7 @@ class Policy:
             mode = bwd_mode if role.is_gradient else fwd_mode
             sc = bwd_scaling if role.is_gradient else fwd_scaling
             if role.value in kwargs:
-                kwargs[role.value] = _role_spec(kwargs[role.value], role, mode, sc)
+                kwargs[role.value] = role_spec(kwargs[role.value], role, mode, sc)
                 continue
             f = gbase if role.is_gradient else base
             if isinstance(f, BlockFormat) and role not in BLOCK_ROLES:
@@ -341,16 +135,16 @@ class Policy:
 
     # ---- queries --------------------------------------------------------------------------------------
     def spec(self, role) -> Optional[RoleSpec]:
-        return getattr(self, Role.parse(role).value)
+        return self.numerics.spec(role)
 
     @property
     def rounds_anything(self) -> bool:
-        return any(self.spec(r) is not None for r in Role)
+        return self.numerics.rounds_anything
 
     @property
     def uses_block(self) -> bool:
         """Whether a GEMM-operand role (``BLOCK_ROLES``) holds a BlockFormat."""
-        return any(s is not None and isinstance(s.fmt, BlockFormat) for s in map(self.spec, BLOCK_ROLES))
+        return self.numerics.uses_block
 
     def describe(self, roles=tuple(Role)) -> str:
         """``weight|input|output=e5m2/nearest, grad_weight|...=e5m2/stochastic``: roles grouped by spec
@@ -368,13 +162,6 @@ class Policy:
         if self.hadamard is not None:
             parts.append(f"hadamard={self.hadamard}/seed={self.hadamard_seed}")
         return ", ".join(parts)
-
-
-def _check_mad(unit, field: str) -> None:
-    from .mad import MADUnit  # noqa: PLC0415  (imported only when a policy names a unit)
-
-    if not isinstance(unit, MADUnit):
-        raise TypeError(f"{field} must be an emunum.mad.MADUnit, got {type(unit).__name__}")
 
 
 def make_policy(fmt=None, policy: Optional[Policy] = None, **kwargs) -> Policy:

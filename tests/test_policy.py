@@ -208,3 +208,29 @@ def test_unknown_approx_methods_and_options_are_refused_at_policy_make(approx):
         emunum.Policy.make("e5m2", approx=approx)
     with pytest.raises((ValueError, TypeError), match=r"approx\["):
         emunum.patch(nn.Sequential(nn.Linear(2, 2)), "e5m2", approx=approx)  # no Tanh in the model
+
+
+def test_a_policy_is_four_parts_each_validating_its_own_fields():
+    import dataclasses
+
+    from emunum.datapath import Units
+    from emunum.factories import Factories
+    from emunum.numerics import Numerics
+    from emunum.selection import Selection
+
+    keep = lambda m, n: True  # noqa: E731
+    p = Policy.make("e5m2", sr_bits=8, mad="h100_fp8_e4m3", approx={"tanh": "pwl"}, filter=keep)
+    assert isinstance(p.numerics, Numerics) and p.numerics.weight == p.weight and p.numerics.sr_bits == 8
+    assert isinstance(p.units, Units) and p.units.mad is p.mad and p.mad.terms > 1  # the preset, parsed once
+    assert isinstance(p.factories, Factories) and p.factories.approx == p.approx
+    assert p.selection == Selection(keep, False)
+    q = dataclasses.replace(p, sr_bits=12)
+    assert q.numerics.sr_bits == 12 and q.units == p.units and q != p
+    with pytest.raises(ValueError, match="sr_bits"):
+        Numerics(sr_bits=99)
+    with pytest.raises(TypeError, match="keep_first_last must be a bool"):
+        Selection(keep_first_last="yes")
+    with pytest.raises(TypeError, match="mad must be an emunum.mad.MADUnit"):
+        Units(mad=3)
+    with pytest.raises(TypeError, match="approx must be a dict"):
+        Factories(approx=[1])

@@ -1,0 +1,37 @@
+"""The datapath units of a policy: ``Units``, the emulated multiply-accumulate units its GEMMs run on."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Units:
+    """``mad``: an ``emunum.mad.MADUnit`` (or a preset name, parsed here) for the GEMMs of Linear, Conv and
+    attention layers and the functional GEMMs; ``mad_backward``: the units of their backward GEMMs (one unit or
+    a tuple, passed to ``emunum.mad`` as ``backward_units``). None: torch's GEMMs."""
+
+    mad: Any = None
+    mad_backward: Any = None
+
+    def __post_init__(self):
+        if isinstance(self.mad, str):  # a preset name: MADUnit.preset (emunum units)
+            from .mad import MADUnit  # noqa: PLC0415  (imported only when a policy names a unit)
+
+            try:
+                object.__setattr__(self, "mad", MADUnit.preset(self.mad))
+            except ValueError as e:
+                raise ValueError(f"mad={self.mad!r}: {e}") from None
+        if self.mad is not None:
+            check_unit(self.mad, "mad")
+        if self.mad_backward is not None:
+            units = self.mad_backward if isinstance(self.mad_backward, tuple) else (self.mad_backward,)
+            for u in units:
+                check_unit(u, "mad_backward")
+
+
+def check_unit(unit, field: str) -> None:
+    from .mad import MADUnit  # noqa: PLC0415
+
+    if not isinstance(unit, MADUnit):
+        raise TypeError(f"{field} must be an emunum.mad.MADUnit, got {type(unit).__name__}")

@@ -1,0 +1,246 @@
+"""Rounding elision (emunum.grid, emunum.elide): a patched model gives the same bits with elision on and off
+(forward outputs, gradients, weights after optimizer steps, and the state of torch's generator afterwards, so
+that every seed draw happened), elision does happen where it is exact, and it does not where a rounding is
+needed (average pooling, scaled dropout, overlapping max-pool, a tensor written in place).
+
+Oracle: the same model and steps with elision off (the code path that rounds every role, unchanged), compared
+bit for bit; and, for the grid claim itself, the rounding kernels: every value a rounding returns is returned
+unchanged by every rounding mode of that format.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import emunum
+import emunum.trace
+from emunum import grid
+from emunum.quantize import quantize
+
+MODES = ("nearest", "nearest_away", "toward_zero", "up", "down", "odd", "stochastic")
+POLICIES = {
+    "e5m2": dict(fmt="e5m2"),
+    "e4m3fn_e5m2": dict(fmt="e4m3fn", grad="e5m2"),
+    "directed_sr_forward": dict(fmt="e5m2", rounding="stochastic", grad="e4m3fn", grad_rounding="toward_zero"),
+    "fwd_only": dict(fmt="e4m3fn", grad=None, rounding="up"),
+    "grad_only_bf16": dict(fmt=None, grad="bf16"),
+}
+
+
+def _bits(t):
+    return t.detach().contiguous().view(torch.int64 if t.dtype == torch.float64 else torch.int32)
+
+
+def _same(a, b):
+    return a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+
+
+def cnn(pool="max", dropout=0.0):
+    torch.manual_seed(0)
+    mid = {"max": nn.MaxPool2d(2), "avg": nn.AvgPool2d(2), "overlap": nn.MaxPool2d(3, 2, 1)}[pool]
+    side = 4 if pool != "overlap" else 4
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
+                         mid, nn.Dropout(dropout), nn.Flatten(), nn.Linear(4 * side * side, 16), nn.ReLU(),
+                         nn.Linear(16, 5))
+
+
+def _image():
+    return torch.randn(3, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+
+
+def _cnn_loss(m):
+    y = torch.arange(3) % 5
+    return F.cross_entropy(m(_image()), y)
+
+
+def _train(build, loss_of, on: bool, policy: dict, steps: int = 3):
+    """(outputs per step, grads of the last step, weights after, a draw from torch's generator after, elided)"""
+    model = emunum.patch(build(), **policy)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    torch.manual_seed(123)
+    grid.elided.clear()
+    losses = []
+    with grid.elision(on):
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_of(model)
+            loss.backward()
+            losses.append(loss.detach().clone())
+            grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+            opt.step()
+    return losses, grads, [p.detach().clone() for p in model.parameters()], torch.rand(4), dict(grid.elided)
+
+
+def _check_same(a, b):
+    for x, y in zip(a[:4], b[:4]):
+        assert len(x) == len(y) if isinstance(x, list) else True
+        pairs = zip(x, y) if isinstance(x, list) else [(x, y)]
+        for u, v in pairs:
+            assert _same(u, v)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_patched_cnn_gives_the_same_bits_with_elision_on_and_off(policy):
+    on = _train(cnn, _cnn_loss, True, POLICIES[policy])
+    off = _train(cnn, _cnn_loss, False, POLICIES[policy])
+    _check_same(on, off)
+    assert off[4] == {}
+
+
+def test_elision_happens_where_a_tensor_is_on_the_grid():
+    """The CNN's steps after the first (which runs under the coverage check): per step, the forward roundings of
+    both ReLU outputs after conv, the second conv's input, the Linear input after max-pool and flatten, the last
+    ReLU and the last Linear's input; and the same six gradient roundings in the backward pass."""
+    on = _train(cnn, _cnn_loss, True, POLICIES["e5m2"], steps=3)
+    assert on[4] == {"forward": 12, "backward": 12}
+
+
+@pytest.mark.parametrize("name", ["bert", "llama", "gpt2", "resnet"])
+def test_third_party_models_give_the_same_bits_with_elision_on_and_off(name):
+    pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.dirname(__file__))
+    from third_party_models import MODELS, loss_of
+
+    _, args, kwargs = MODELS[name]()
+
+    def build():
+        torch.manual_seed(0)
+        m = MODELS[name]()[0]
+        m.train()
+        return m
+
+    def loss(m):
+        return loss_of(m(*args, **kwargs))
+
+    on = _train(build, loss, True, POLICIES["e4m3fn_e5m2"], steps=2)
+    off = _train(build, loss, False, POLICIES["e4m3fn_e5m2"], steps=2)
+    _check_same(on, off)
+    assert on[4].get("forward", 0) + on[4].get("backward", 0) > 0
+
+
+# ---- planted cases: a rounding that is needed stays -------------------------------------------------------
+@pytest.mark.parametrize("pool, dropout, forward, backward", [
+    ("max", 0.0, 6, 6),  # the reference: everything after max-pool elided
+    ("avg", 0.0, 5, 5),  # average pooling: the Linear input and the ReLU gradient before the pool are rounded
+    ("max", 0.3, 5, 5),  # dropout scales by 1/(1-p): the Linear input and the ReLU gradient are rounded
+    ("overlap", 0.0, 6, 5),  # overlapping windows add gradients: the ReLU gradient before the pool is rounded
+])
+def test_roundings_after_ops_that_leave_the_grid_are_kept(pool, dropout, forward, backward):
+    def build():
+        return cnn(pool, dropout)
+
+    on = _train(build, _cnn_loss, True, POLICIES["e5m2"], steps=2)
+    off = _train(build, _cnn_loss, False, POLICIES["e5m2"], steps=2)
+    _check_same(on, off)
+    assert on[4] == {"forward": forward, "backward": backward}
+
+
+def test_average_pooling_and_dropout_would_change_bits_if_their_roundings_were_skipped():
+    """The planted cases are live: the average-pooled and the dropped-out ReLU outputs are off the grid, so
+    rounding them changes bits."""
+    x = quantize(torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0)), "e5m2").relu()
+    p = F.avg_pool2d(x, 2)
+    assert not _same(quantize(p, "e5m2"), p)
+    torch.manual_seed(0)
+    d = F.dropout(x, 0.3, training=True)
+    assert not _same(quantize(d, "e5m2"), d)
+
+
+class _InPlace(nn.Module):
+    """conv -> ReLU -> a write to the ReLU output (in place, under no_grad or recorded) -> conv."""
+
+    def __init__(self, how):
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1, self.r, self.c2, self.how = nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 3), how
+
+    def forward(self, x):
+        h = self.r(self.c1(x))
+        if self.how == "no_grad":
+            with torch.no_grad():
+                h.mul_(1.3)
+        elif self.how == "view":
+            with torch.no_grad():
+                h[:, :1].add_(0.1)
+        else:
+            h = h.add_(0.1)
+        return self.c2(h)
+
+
+@pytest.mark.parametrize("how", ["no_grad", "view", "recorded"])
+def test_a_tensor_written_in_place_after_its_rounding_is_rounded_again(how):
+    def loss(m):
+        return m(_image()).square().sum()
+
+    on = _train(lambda: _InPlace(how), loss, True, POLICIES["e5m2"], steps=2)
+    off = _train(lambda: _InPlace(how), loss, False, POLICIES["e5m2"], steps=2)
+    _check_same(on, off)
+    assert on[4].get("forward", 0) == 1  # the ReLU output (second step); never the written tensor
+
+
+# ---- the grid claim ----------------------------------------------------------------------------------------
+_SPECIALS = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), -float("nan"), 1e38, -1e38, 1e-45, 3e-39,
+             65504.0, 57344.0, 61440.0, 448.0, 464.0, 240.0, 7.5, 6.0]
+
+
+@pytest.mark.parametrize("fmt", ["e5m2", "e4m3fn", "e4m3fnuz", "e5m2fnuz", "fp6_e3m2", "fp4_e2m1", "fp16",
+                                 "bf16", "fp8_143"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_value_a_rounding_returns_is_returned_unchanged_by_every_mode(fmt, dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.tensor(_SPECIALS, dtype=dtype),
+                   torch.randn(4000, generator=g, dtype=dtype) * torch.exp2(torch.randint(-30, 30, (4000,),
+                                                                                           generator=g))])
+    for m in MODES:
+        q = quantize(x, fmt, m, seed=1)
+        assert grid.taggable(emunum.get_format(fmt))
+        for m2 in MODES:
+            assert _same(quantize(q, fmt, m2, seed=2), q), (m, m2)
+        r = q.relu()  # ReLU keeps the grid
+        assert _same(quantize(r, fmt, "nearest"), r)
+
+
+# ---- the switch ----------------------------------------------------------------------------------------------
+def test_patch_elide_false_turns_elision_off_for_that_model():
+    on = _train(cnn, _cnn_loss, True, dict(POLICIES["e5m2"], elide=False), steps=2)
+    assert on[4] == {}
+
+
+@pytest.mark.parametrize("value, on", [("0", False), ("off", False), ("1", True), ("", True)])
+def test_the_environment_variable_sets_the_default(value, on):
+    code = "import emunum.grid as g; print(g.enabled())"
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, EMUNUM_ELIDE=value),
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == str(on)
+
+
+def test_bad_switch_values_are_refused():
+    with pytest.raises(TypeError, match="elide"):
+        emunum.patch(cnn(), fmt="e5m2", elide="yes")
+    with pytest.raises(TypeError, match="bool"):
+        grid.set_elision(1)
+    r = subprocess.run([sys.executable, "-c", "import emunum.grid"], env=dict(os.environ, EMUNUM_ELIDE="maybe"),
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "EMUNUM_ELIDE='maybe'" in r.stderr
+
+
+# ---- tracing -------------------------------------------------------------------------------------------------
+def test_trace_counts_are_the_same_with_elision_on_and_off():
+    def counts(on):
+        model = emunum.patch(cnn(), fmt="e5m2")
+        torch.manual_seed(5)
+        with grid.elision(on), emunum.trace.collect(model, every=2) as t:
+            for _ in range(4):
+                _cnn_loss(model).backward()
+        return t.to_dict(), dict(grid.elided)
+
+    grid.elided.clear()
+    on, elided = counts(True)
+    grid.elided.clear()
+    off, _ = counts(False)
+    assert on == off
+    assert elided  # unsampled calls were elided

@@ -42,7 +42,7 @@ def _same(a, b):
 def cnn(pool="max", dropout=0.0):
     torch.manual_seed(0)
     mid = {"max": nn.MaxPool2d(2), "avg": nn.AvgPool2d(2), "overlap": nn.MaxPool2d(3, 2, 1)}[pool]
-    side = 4 if pool != "overlap" else 4
+    side = 4
     return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
                          mid, nn.Dropout(dropout), nn.Flatten(), nn.Linear(4 * side * side, 16), nn.ReLU(),
                          nn.Linear(16, 5))
@@ -77,9 +77,9 @@ def _train(build, loss_of, on: bool, policy: dict, steps: int = 3):
 
 def _check_same(a, b):
     for x, y in zip(a[:4], b[:4]):
-        assert len(x) == len(y) if isinstance(x, list) else True
-        pairs = zip(x, y) if isinstance(x, list) else [(x, y)]
-        for u, v in pairs:
+        xs, ys = (x, y) if isinstance(x, list) else ([x], [y])
+        assert len(xs) == len(ys)
+        for u, v in zip(xs, ys):
             assert _same(u, v)
 
 

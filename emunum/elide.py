@@ -81,17 +81,17 @@ def input_grid(x: Tensor):
 
 
 def _propagate(grad_inputs, grad_outputs):
-    f = None
+    f = dtype = None
     for g in grad_outputs:
         if g is None:
             continue
         fg = grid.grid_of(g)
-        if fg is None or (f is not None and fg != f):
+        if fg is None or (f is not None and (fg != f or g.dtype != dtype)):
             return None
-        f = fg
+        f, dtype = fg, g.dtype
     if f is not None:
         for g in grad_inputs:
-            if g is not None:
+            if g is not None and g.dtype == dtype:  # (autograd casts a gradient to its input's dtype after the node)
                 grid.mark(g, f)
     return None
 
@@ -128,7 +128,7 @@ def _forward(x: Tensor, plan) -> Tensor:
         y = _fresh_copy(x)
     else:
         y = plan.forward_value(x)
-    if grid.taggable(f):
+    if grid.taggable(f, y):
         grid.mark(y, f)
     return y
 
@@ -157,7 +157,7 @@ class _ElideSTE(torch.autograd.Function):
         if g is None:
             g = ste_gradient(grad, None, p.forward, p.backward, p.args[2], p.backward_mode, p.backward_seed,
                              p.sr_bits)
-        if grid.taggable(p.backward):
+        if grid.taggable(p.backward, g):
             grid.mark(g, p.backward)
         return g, None
 

@@ -9,8 +9,9 @@ version counter). Rounding a value that a rounding to F produced, again to F, in
 odd, stochastic) gives that value back bit for bit: finite values are representable, infinities stay, and NaNs
 come back as the quiet NaNs they already are (tests/test_grid.py checks every code of the formats it names).
 
-Only element formats of ``FloatFormat`` are tagged: their grids contain +0 and every value a rounding to them
-returns. Writes that bypass the version counter (``t.data`` of another tensor, raw ``data_ptr`` writes) are not
+Only element formats of ``FloatFormat`` are tagged, on float32 and float64 tensors: their grids contain +0, and
+every value a rounding to them returns is a float32 value. (A float16/bfloat16 result is a rounding cast back to
+its dtype, which need not be a value of the format, so those tensors are never tagged.) Writes that bypass the version counter (``t.data`` of another tensor, raw ``data_ptr`` writes) are not
 seen: code that makes them should run with elision off.
 
 The switch: ``EMUNUM_ELIDE=0`` in the environment turns elision off for the process (default on);
@@ -19,9 +20,11 @@ one model's layers.
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 
+import torch
 from torch import Tensor
 
 from .formats import FloatFormat
@@ -74,8 +77,12 @@ class elision:
         return False
 
 
-def taggable(fmt) -> bool:
-    return type(fmt) is FloatFormat
+_DTYPES = (torch.float32, torch.float64)
+
+
+def taggable(fmt, t: Tensor) -> bool:
+    """Whether t, rounded to fmt, may be tagged: a FloatFormat and a float32/float64 tensor."""
+    return type(fmt) is FloatFormat and t.dtype in _DTYPES
 
 
 def mark(t: Tensor, fmt) -> Tensor:
@@ -102,6 +109,30 @@ def grid_of(t: Tensor):
 
 
 def nests(inner, outer) -> bool:
-    """Whether every value a rounding to ``inner`` returns is one that rounding to ``outer`` returns unchanged
-    in every mode: the same format. (Other nested pairs are not claimed.)"""
-    return inner is not None and (inner is outer or inner == outer)
+    """Whether every value a rounding to ``inner`` returns is one that every rounding mode of ``outer`` returns
+    unchanged: the same format, or ``nested(inner, outer)``."""
+    return inner is not None and (inner is outer or inner == outer or nested(inner, outer))
+
+
+@functools.lru_cache(maxsize=256)
+def nested(inner, outer) -> bool:
+    """Whether the FloatFormat ``inner`` (16 bits or fewer) has all its values in ``outer``'s grid: each finite
+    value (and -0 where inner has it) is returned unchanged by rounding to ``outer`` (to nearest, which then holds
+    for every mode), and an inner infinity stays one in outer. Decided once per pair by the rounding kernel on
+    every value of ``inner``."""
+    if type(inner) is not FloatFormat or type(outer) is not FloatFormat or inner.bits > 16:
+        return False
+    if inner.has_inf and not (outer.has_inf and not outer.saturate):
+        return False
+    if inner.has_negative_zero and not outer.has_negative_zero:
+        return False
+    from .quantize import quantize  # noqa: PLC0415  (only when two different formats meet)
+
+    v = torch.from_numpy(inner.values())
+    neg = -v[v != 0]
+    v = torch.cat([v, neg, torch.tensor([-0.0], dtype=v.dtype)] if inner.has_negative_zero else [v, neg])
+    for dt, bits in ((torch.float32, torch.int32), (torch.float64, torch.int64)):
+        x = v.to(dt)
+        if not torch.equal(quantize(x, outer).view(bits), x.view(bits)):
+            return False
+    return True

@@ -197,7 +197,7 @@ def test_every_value_a_rounding_returns_is_returned_unchanged_by_every_mode(fmt,
                                                                                            generator=g))])
     for m in MODES:
         q = quantize(x, fmt, m, seed=1)
-        assert grid.taggable(emunum.get_format(fmt))
+        assert grid.taggable(emunum.get_format(fmt), q)
         for m2 in MODES:
             assert _same(quantize(q, fmt, m2, seed=2), q), (m, m2)
         r = q.relu()  # ReLU keeps the grid
@@ -244,3 +244,62 @@ def test_trace_counts_are_the_same_with_elision_on_and_off():
     off, _ = counts(False)
     assert on == off
     assert elided  # unsampled calls were elided
+
+
+# ---- nested formats and dtypes -------------------------------------------------------------------------------
+_ML = {"e5m2": "float8_e5m2", "e4m3fn": "float8_e4m3fn", "e4m3fnuz": "float8_e4m3fnuz",
+       "e5m2fnuz": "float8_e5m2fnuz", "fp16": "float16", "bf16": "bfloat16", "fp6_e3m2": "float6_e3m2fn",
+       "fp4_e2m1": "float4_e2m1fn"}
+
+
+def _oracle_nested(a: str, b: str) -> bool:
+    """Every value of a (with -0 and inf where a has them) is a value of b: ml_dtypes casts it exactly."""
+    import ml_dtypes
+    import numpy as np
+
+    fa, fb = emunum.get_format(a), emunum.get_format(b)
+    v = fa.values()
+    v = np.concatenate([v, -v] + ([np.array([np.inf, -np.inf])] if fa.has_inf else []))
+    tb = np.dtype(getattr(ml_dtypes, _ML[b]) if _ML[b] not in ("float16",) else np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        back = v.astype(tb).astype(np.float64)
+    same = np.array_equal(back, v) and (not fa.has_inf or not fb.saturate)
+    zero = not fa.has_negative_zero or fb.has_negative_zero
+    return bool(same and zero)
+
+
+@pytest.mark.parametrize("inner", sorted(_ML))
+@pytest.mark.parametrize("outer", sorted(_ML))
+def test_nested_formats_are_those_whose_values_all_lie_in_the_other(inner, outer):
+    pytest.importorskip("ml_dtypes")
+    fa, fb = emunum.get_format(inner), emunum.get_format(outer)
+    if fa.bits > 16:
+        pytest.skip("nesting is decided for formats of 16 bits or fewer")
+    assert grid.nested(fa, fb) == _oracle_nested(inner, outer)
+
+
+def test_a_tensor_on_a_nested_grid_is_not_rounded_again():
+    """Outputs in e5m2, inputs in fp16: the second conv's and the Linear's inputs (e5m2 values) are fp16 values."""
+    policy = dict(fmt="fp16", output="e5m2")
+    on = _train(cnn, _cnn_loss, True, policy, steps=2)
+    off = _train(cnn, _cnn_loss, False, policy, steps=2)
+    _check_same(on, off)
+    assert on[4]["forward"] == 6
+
+
+def test_half_precision_tensors_are_never_tagged():
+    """A float16/bfloat16 result is a rounding cast back to its dtype, whose grid claim is not made."""
+    q = quantize(torch.ones(2, dtype=torch.bfloat16), "fp16")
+    assert not grid.taggable(emunum.get_format("fp16"), q)
+
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).to(torch.bfloat16)
+
+    def loss(m):
+        return m(torch.randn(4, 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)).float().sum()
+
+    on = _train(build, loss, True, dict(fmt="fp16"), steps=2)
+    off = _train(build, loss, False, dict(fmt="fp16"), steps=2)
+    _check_same(on, off)
+    assert on[4] == {}

@@ -134,7 +134,8 @@ class OutputEmu(EmuLayer):
 
     def forward(self, *args, **kwargs):
         self._emu_begin()
-        if isinstance(self, nn.ReLU) and args and grid._enabled[0] and self._emunum_elide:
+        if isinstance(self, nn.ReLU) and args and grid._enabled[0] and self._emunum_elide \
+                and not torch.compiler.is_compiling():
             have = input_grid(args[0])  # ReLU keeps its input's grid: max(x, 0) is x or +0 (or x's NaN)
             y = super().forward(*args, **kwargs)
             if have is not None:

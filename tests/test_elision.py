@@ -122,6 +122,31 @@ def test_third_party_models_give_the_same_bits_with_elision_on_and_off(name):
     assert on[4].get("forward", 0) + on[4].get("backward", 0) > 0
 
 
+class _Encoder(nn.Module):
+    """torch's own TransformerEncoderLayer (MultiheadAttention, dropout, ReLU) and a head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.enc = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.enc(x)).mean(1)
+
+
+def test_torch_transformer_layers_give_the_same_bits_with_elision_on_and_off():
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(0))
+
+    def loss(m):
+        return m(x).square().sum()
+
+    on = _train(_Encoder, loss, True, POLICIES["e5m2"], steps=3)
+    off = _train(_Encoder, loss, False, POLICIES["e5m2"], steps=3)
+    _check_same(on, off)
+    assert on[4]
+
+
 # ---- planted cases: a rounding that is needed stays -------------------------------------------------------
 @pytest.mark.parametrize("pool, dropout, forward, backward", [
     ("max", 0.0, 6, 6),  # the reference: everything after max-pool elided

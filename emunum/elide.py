@@ -39,15 +39,24 @@ _POOL_NODES = frozenset({"MaxPool2DWithIndicesBackward0", "MaxPool3DWithIndicesB
 _WALK_DEPTH = 8  # nodes looked at above a rounding site's input
 
 
-def _fresh_copy(x: Tensor) -> Tensor:
-    """A copy of x in the layout ``quantize_checked`` gives its result (x's own if contiguous, else C order)."""
+def _own_layout(x: Tensor) -> bool:
+    """Whether the rounding of x would be laid out as x is (``quantize_checked``: x's strides if contiguous, C
+    order if not or if huge)."""
+    if not x.is_contiguous():
+        return False
     if x.is_cpu and x.numel() * x.element_size() >= buffers.HUGE_MIN_BYTES:
-        y = buffers.empty_like(x)
-    elif x.is_contiguous():
-        y = torch.empty_like(x)
-    else:
-        y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    return y.copy_(x)
+        return x.stride() == torch.empty(x.shape, device="meta").stride()
+    return True
+
+
+def _fresh_copy(x: Tensor) -> Tensor:
+    """A copy of x in the layout ``quantize_checked`` gives its result."""
+    return x.clone() if _own_layout(x) else x.clone(memory_format=torch.contiguous_format)
+
+
+def _in_rounding_layout(g: Tensor) -> Tensor:
+    """g, or a copy of it laid out as its rounding would be (later ops see the strides they saw before)."""
+    return g if _own_layout(g) else g.clone(memory_format=torch.contiguous_format)
 
 
 def _non_overlapping(node) -> bool:
@@ -150,7 +159,7 @@ class _ElideSTE(torch.autograd.Function):
             if p.backward_mode is _STOCHASTIC and p.backward_seed is None:
                 resolve_seed(None)
             grid.elided["backward"] += 1
-            return grad, None
+            return _in_rounding_layout(grad), None
         g = None
         if not (grad.requires_grad and torch.is_grad_enabled()) and eager_ok(grad):
             g = _round_cpu(grad, p.backward, p.backward_mode, p.backward_seed, p.sr_bits)

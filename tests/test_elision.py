@@ -207,6 +207,46 @@ def test_a_tensor_written_in_place_after_its_rounding_is_rounded_again(how):
     assert on[4].get("forward", 0) == 1  # the ReLU output (second step); never the written tensor
 
 
+@pytest.mark.parametrize("layout", ["transposed", "contiguous"])
+def test_a_skipped_gradient_rounding_hands_on_the_layout_the_rounding_would_have(layout):
+    """Later backward ops (GEMMs) may sum in another order for another memory layout, so a passed-on gradient
+    keeps the strides of the rounding's result: C order for a transposed gradient."""
+    from emunum.autograd import _Plan
+    from emunum.elide import round_eliding
+
+    plan = _Plan("e5m2", "e5m2", "nearest", "stochastic", "identity", None, None)
+    g = quantize(torch.randn(6, 4, generator=torch.Generator().manual_seed(0)), "e5m2")
+    g = g.t() if layout == "transposed" else g.t().contiguous()
+    seen = {}
+    grid.elided.clear()
+    for on in (True, False):
+        x = torch.randn(4, 6, requires_grad=True)
+        a = x * 1.0
+        a.register_hook(lambda t, on=on: seen.__setitem__(on, (t.stride(), t.clone())))
+        y = round_eliding(plan, a) if on else plan(a)  # plan(a): the rounding that elision stands in for
+        y.backward(grid.mark(g, emunum.get_format("e5m2")))
+    assert seen[True][0] == seen[False][0]
+    assert _same(seen[True][1], seen[False][1])
+    assert grid.elided["backward"] == 1
+
+
+@pytest.mark.parametrize("shape, strides", [((4, 6), (1, 4)), ((2, 1, 3), (3, 7, 1)), ((4, 6), (6, 1))])
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_skipped_forward_rounding_returns_a_fresh_tensor_laid_out_as_the_rounding(shape, strides, grad):
+    from emunum.autograd import _Plan
+    from emunum.elide import round_eliding
+
+    plan = _Plan("e5m2", "e5m2", "nearest", "stochastic", "identity", None, None)
+    q = quantize(torch.randn(24, generator=torch.Generator().manual_seed(0)), "e5m2")
+    x = torch.empty_strided(shape, strides).copy_(q[:torch.Size(shape).numel()].view(shape))
+    x = grid.mark(x.requires_grad_(grad), emunum.get_format("e5m2"))
+    grid.elided.clear()
+    y_on, y_off = round_eliding(plan, x), plan(x)
+    assert grid.elided["forward"] == 1
+    assert y_on.stride() == y_off.stride() and _same(y_on, y_off)
+    assert y_on.data_ptr() != x.data_ptr()
+
+
 # ---- the grid claim ----------------------------------------------------------------------------------------
 _SPECIALS = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), -float("nan"), 1e38, -1e38, 1e-45, 3e-39,
              65504.0, 57344.0, 61440.0, 448.0, 464.0, 240.0, 7.5, 6.0]

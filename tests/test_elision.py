@@ -247,6 +247,25 @@ def test_a_skipped_forward_rounding_returns_a_fresh_tensor_laid_out_as_the_round
     assert y_on.data_ptr() != x.data_ptr()
 
 
+@pytest.mark.parametrize("write", ["none", "in_place", "through_view", "no_grad", "copy_into"])
+def test_a_tag_holds_for_the_tensor_and_its_views_until_a_write(write):
+    f = emunum.get_format("e5m2")
+    t = grid.mark(quantize(torch.randn(4, 4), f), f)
+    v = t[1:, :2]
+    if write == "in_place":
+        t.mul_(1.0)
+    elif write == "through_view":
+        v.add_(0.0)
+    elif write == "no_grad":
+        with torch.no_grad():
+            t.relu_()
+    elif write == "copy_into":
+        t.copy_(t)
+    expect = f if write == "none" else None
+    assert grid.grid_of(t) == expect and grid.grid_of(v) == expect and grid.grid_of(t.t()) == expect
+    assert grid.grid_of(t.clone()) is None  # a copy is not tagged (only ops elision knows keep the grid)
+
+
 # ---- the grid claim ----------------------------------------------------------------------------------------
 _SPECIALS = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), -float("nan"), 1e38, -1e38, 1e-45, 3e-39,
              65504.0, 57344.0, 61440.0, 448.0, 464.0, 240.0, 7.5, 6.0]

@@ -3,8 +3,11 @@
     python benchmarks/real_models.py                        # every model, fp32 and the e4m3fn/e5m2 policy
     python benchmarks/real_models.py --policy mad           # ResNet-18 on mad="h100_fp8_e4m3" (32x32, batch 2)
     python benchmarks/real_models.py --models bert,llama --rounds 9 --profile llama
+    python benchmarks/real_models.py --models cnn2d,resnet18,bert,llama --compare-elide
 
 Models (random weights, built from configs; nothing is downloaded):
+- ``cnn2d``: a small 2-D CNN written here, tuned by no benchmark: conv3x3(3->16)-ReLU-conv3x3(16->32)-ReLU-
+  maxpool2-Linear(8192->64)-ReLU-Linear(64->10), 32x32 inputs, batch 64 (``--cnn-batch``);
 - ``resnet18``: torchvision's ``resnet18`` architecture written out here (torchvision does not import in this
   environment): 7x7/2 stem conv, BN, ReLU(inplace=True), 3x3/2 max-pool, four stages of two BasicBlocks
   (conv3x3-BN-ReLU-conv3x3-BN, ``out += identity``, ReLU(inplace=True); a 1x1/2 conv + BN downsample where the
@@ -21,7 +24,8 @@ same plus ``mad="h100_fp8_e4m3"`` (GEMMs on the emulated H100 FP8 tensor core; r
 ``--models`` says otherwise). One step = zero_grad, forward, loss, backward, SGD step (lr 1e-3). One torch and
 numba thread unless ``--threads``. Each round times ``--steps`` steps of every (model, fp32/policy) pair in turn,
 after a warm-up round that compiles the kernels (and runs the patched model's first-forward coverage check); the figure is the median over rounds of the mean step time, and
-the ratio is against that model's fp32 median from the same run. Only public API is used
+the ratio is against that model's fp32 median from the same run. ``--compare-elide`` adds the policy with
+``elide=False`` (every rounding run; ``docs/elision.md``) to the same rounds. Only public API is used
 (``emunum.patch``), so the script measures whatever the patch emulates today.
 """
 from __future__ import annotations
@@ -39,7 +43,8 @@ POLICIES = {
     "elementwise": dict(fmt="e4m3fn", grad="e5m2"),
     "mad": dict(fmt="e4m3fn", grad="e5m2", mad="h100_fp8_e4m3"),
 }
-DEFAULT_MODELS = {"elementwise": "resnet18,bert,llama,gpt2", "mad": "resnet18"}
+DEFAULT_MODELS = {"elementwise": "cnn2d,resnet18,bert,llama,gpt2", "mad": "resnet18"}
+MODELS = ("cnn2d", "resnet18", "bert", "llama", "gpt2")
 
 
 # ----------------------------------------------------------------------------------------------- models
@@ -100,10 +105,19 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def build(name: str, batch: int, seq: int, image: int):
+def cnn2d() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 16 * 16, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def build(name: str, batch: int, seq: int, image: int, cnn_batch: int = 64):
     """(model, make_loss) with make_loss(model) -> scalar loss on a fixed random batch."""
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
+    if name == "cnn2d":
+        x = torch.randn(cnn_batch, 3, 32, 32, generator=g)
+        y = torch.randint(0, 10, (cnn_batch,), generator=g)
+        return cnn2d(), lambda m: nn.functional.cross_entropy(m(x), y), f"32x32, batch {cnn_batch}"
     if name == "resnet18":
         model = ResNet18()
         x = torch.randn(batch, 3, image, image, generator=g)
@@ -150,7 +164,7 @@ def make_step(model: nn.Module, make_loss):
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--policy", default="elementwise", choices=sorted(POLICIES))
-    p.add_argument("--models", default=None, help="comma-separated subset of resnet18,bert,llama,gpt2 "
+    p.add_argument("--models", default=None, help="comma-separated subset of cnn2d,resnet18,bert,llama,gpt2 "
                    "(default: all for elementwise, resnet18 for mad)")
     p.add_argument("--steps", type=int, default=None, help="steps per pair per round (default 10; mad 1)")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds (default 7; mad 3)")
@@ -158,6 +172,9 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--image", type=int, default=32)
+    p.add_argument("--cnn-batch", type=int, default=64)
+    p.add_argument("--compare-elide", action="store_true",
+                   help="also time the policy with elide=False (every rounding run), interleaved")
     p.add_argument("--layers-only", action="store_true",
                    help="also time the policy with functional=False (swapped layers only, no functional GEMMs)")
     p.add_argument("--profile", default=None, metavar="MODEL",
@@ -167,13 +184,13 @@ def main(argv=None) -> None:
     steps = a.steps if a.steps is not None else (1 if mad else 10)
     rounds = a.rounds if a.rounds is not None else (3 if mad else 7)
     for k, v in (("steps", steps), ("rounds", rounds), ("threads", a.threads), ("batch", a.batch),
-                 ("seq", a.seq), ("image", a.image)):
+                 ("seq", a.seq), ("image", a.image), ("cnn-batch", a.cnn_batch)):
         if v < 1:
             p.error(f"--{k}={v} must be >= 1")
     names = [n.strip() for n in (a.models or DEFAULT_MODELS[a.policy]).split(",") if n.strip()]
-    bad = [n for n in names if n not in ("resnet18", "bert", "llama", "gpt2")]
+    bad = [n for n in names if n not in MODELS]
     if bad or not names:
-        p.error(f"--models: unknown {bad}; allowed: resnet18, bert, llama, gpt2")
+        p.error(f"--models: unknown {bad}; allowed: {', '.join(MODELS)}")
 
     import emunum
     from emunum import buffers
@@ -194,17 +211,22 @@ def main(argv=None) -> None:
 
     runs = {}
     for n in names:
-        m32, loss32, desc = build(n, a.batch, a.seq, a.image)
-        me, losse, _ = build(n, a.batch, a.seq, a.image)
+        m32, loss32, desc = build(n, a.batch, a.seq, a.image, a.cnn_batch)
+        me, losse, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
         emunum.patch(me, **policy)
         runs[(n, "fp32")] = make_step(m32, loss32)
         runs[(n, a.policy)] = make_step(me, losse)
         runs[(n, "desc")] = desc
+        if a.compare_elide:
+            mo, losso, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
+            emunum.patch(mo, elide=False, **policy)
+            runs[(n, "elide-off")] = make_step(mo, losso)
         if a.layers_only:
-            ml, lossl, _ = build(n, a.batch, a.seq, a.image)
+            ml, lossl, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
             emunum.patch(ml, functional=False, **policy)
             runs[(n, "layers-only")] = make_step(ml, lossl)
-    configs = ("fp32", a.policy) + (("layers-only",) if a.layers_only else ())
+    configs = (("fp32", a.policy) + (("elide-off",) if a.compare_elide else ())
+               + (("layers-only",) if a.layers_only else ()))
     pairs = [(n, k) for n in names for k in configs]
     t_warm = time.perf_counter()
     for key in pairs:  # warm-up: compile kernels, allocate

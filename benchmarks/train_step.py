@@ -1,6 +1,12 @@
-"""Training-step time of the default CNN on MNIST-1D: fp32 against emulated recipes, in one process.
+"""Training-step time of a CNN: fp32 against emulated recipes, in one process.
 
     python benchmarks/train_step.py [--steps 20] [--rounds 5] [--threads 2]
+    python benchmarks/train_step.py --model cnn2d --recipes elementwise,nvfp4 --compare-elide
+
+Models: ``cnn1d`` (default) = the experiments' default CNN on MNIST-1D, batch 100; ``cnn2d`` = a small 2-D CNN
+written here and not tuned by any benchmark (conv3x3(3->16)-ReLU-conv3x3(16->32)-ReLU-maxpool2-Linear(8192->64)-
+ReLU-Linear(64->10)), on fixed random 32x32 RGB images with 10 classes, batch 64 (the config's optimizer and
+loss scaling, as for cnn1d).
 
 Recipes (experiments/conf/format): ``fp32``; ``elementwise`` = the fp8 recipe without its MAD unit (every
 rounding is elementwise: 1-5-2 weights/activations/errors, stochastic weight gradients, OptimLP with 1-6-9
@@ -10,10 +16,13 @@ stochastic weight updates, dynamic loss scaling; the GEMMs run in torch fp32 on 
 One step = batch gather, forward, loss, backward, optimizer step (as in experiments/loop.py). Each round
 times ``--steps`` steps of every recipe in turn (after one warm-up round that compiles the kernels); the
 figure is the median over rounds of the mean step time, and the ratio is against fp32's median.
+``--compare-elide`` adds, for every emulated recipe, the same recipe with rounding elision off
+(``emunum.grid.set_elision(False)`` around its steps; ``docs/elision.md``), timed in the same rounds.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -31,7 +40,27 @@ RECIPES = {
 }
 
 
-def build(overrides: list[str], threads: int):
+def cnn2d():
+    import torch
+    from torch import nn
+
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 16 * 16, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+class _Images:
+    """Fixed random 32x32 RGB images and labels (the cnn2d workload)."""
+
+    def __init__(self, n: int = 1280):
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        self.x_train = torch.randn(n, 3, 32, 32, generator=g)
+        self.y_train = torch.randint(0, 10, (n,), generator=g)
+        self.task = "classification"
+
+
+def build(overrides: list[str], threads: int, model: str = "cnn1d", elide: bool = True):
     import torch
     from hydra import compose, initialize_config_dir
 
@@ -46,15 +75,28 @@ def build(overrides: list[str], threads: int):
     with initialize_config_dir(config_dir=str(ROOT / "experiments" / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=overrides + [f"threads={threads}"])
     set_threads(threads)
-    ds = data_mod.load(cfg.data)
     torch.manual_seed(derive_seed(int(cfg.seed), 0))
-    model = apply_format(models.build(cfg.model, ds.input_shape, ds.num_outputs), cfg.format)
+    if model == "cnn2d":
+        ds, batch = _Images(), 64
+        net = cnn2d()
+    else:
+        ds, batch = data_mod.load(cfg.data), int(cfg.batch_size)
+        net = models.build(cfg.model, ds.input_shape, ds.num_outputs)
+    model = apply_format(net, cfg.format)
     opt, scaler = make_optimizer(model, cfg), make_scaler(cfg.format.loss_scale)
-    sampler = data_mod.BatchSampler(len(ds.x_train), int(cfg.batch_size), int(cfg.seed))
+    sampler = data_mod.BatchSampler(len(ds.x_train), batch, int(cfg.seed))
+    from emunum import grid
     crit = loss_fn(ds.task)
     state = {"it": 0}
 
     def step():
+        prev = grid.set_elision(elide)
+        try:
+            return _step()
+        finally:
+            grid.set_elision(prev)
+
+    def _step():
         it = state["it"]
         state["it"] += 1
         seed_step(derive_seed(int(cfg.seed), 3, it), torch.device("cpu"))  # as experiments/loop.py
@@ -79,6 +121,9 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="torch and numba threads (train.py default: 1)")
     p.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated subset of {list(RECIPES)}")
+    p.add_argument("--model", default="cnn1d", choices=("cnn1d", "cnn2d"))
+    p.add_argument("--compare-elide", action="store_true",
+                   help="also time every emulated recipe with rounding elision off, in the same rounds")
     p.add_argument("--default-malloc", action="store_true", help="keep glibc's default (the training loop "
                     "calls emunum.buffers.retain_freed_memory(), and so does this benchmark unless this is given)")
     a = p.parse_args(argv)
@@ -96,7 +141,11 @@ def main(argv=None) -> None:
         if getattr(a, k) < 1:
             p.error(f"--{k}={getattr(a, k)} must be >= 1")
 
-    steps = {n: build(RECIPES[n], a.threads)[0] for n in names}
+    steps = {n: build(RECIPES[n], a.threads, a.model)[0] for n in names}
+    if a.compare_elide:
+        for n in [n for n in names if n != "fp32"]:
+            steps[f"{n}-noelide"] = build(RECIPES[n], a.threads, a.model, elide=False)[0]
+    names = list(steps)
     for n in names:  # warm-up: compile every kernel the recipe uses
         for _ in range(3):
             steps[n]()
@@ -108,12 +157,15 @@ def main(argv=None) -> None:
                 steps[n]()
             per_round[n].append((time.perf_counter() - t0) / a.steps)
     base = statistics.median(per_round["fp32"])
-    print(f"default CNN (cnn1d) on MNIST-1D, batch 100, threads={a.threads}, {a.steps} steps x {a.rounds} rounds")
-    print(f"{'recipe':<12} {'ms/step (median)':>17} {'min':>8} {'max':>8} {'x fp32':>8}")
+    what = ("default CNN (cnn1d) on MNIST-1D, batch 100" if a.model == "cnn1d" else
+            "2-D CNN (cnn2d) on random 32x32 images, batch 64")
+    print(f"{what}, threads={a.threads}, {a.steps} steps x {a.rounds} rounds; load average "
+          + " ".join(f"{v:.2f}" for v in os.getloadavg()))
+    print(f"{'recipe':<20} {'ms/step (median)':>17} {'min':>8} {'max':>8} {'x fp32':>8}")
     for n in names:
         v = per_round[n]
         med = statistics.median(v)
-        print(f"{n:<12} {1e3 * med:17.2f} {1e3 * min(v):8.2f} {1e3 * max(v):8.2f} {med / base:8.2f}")
+        print(f"{n:<20} {1e3 * med:17.2f} {1e3 * min(v):8.2f} {1e3 * max(v):8.2f} {med / base:8.2f}")
 
 
 if __name__ == "__main__":

@@ -223,7 +223,7 @@ DEFAULT_FMT = "fp8_152"
 
 
 def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, strict: bool = False,
-          functional: bool = True, **kwargs) -> nn.Module:
+          functional: bool = True, elide: bool = True, **kwargs) -> nn.Module:
     """Emulate ``model``'s layers in place and return the model (see the module doc).
 
     fmt / kwargs: the keyword form of ``emunum.Policy`` (``Policy.make``): ``fmt`` for every tensor role,
@@ -234,9 +234,11 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, strict
     ``DEFAULT_FMT`` ("fp8_152", the documented default). Raises ValueError if the filter accepts no layer,
     or if the model is already patched with another policy; warns if the model has no layer to emulate.
     strict: raise instead of warning when a GEMM runs off the format (see the module doc). functional: emulate
-    the functional GEMMs of modules that are not swapped (default True).
+    the functional GEMMs of modules that are not swapped (default True). elide: skip the roundings that cannot
+    change a bit (tensors already on the format's grid; ``docs/elision.md``), while the process-wide switch
+    (``EMUNUM_ELIDE``, ``emunum.grid.set_elision``) is on too (default True).
     """
-    for name, v in (("strict", strict), ("functional", functional)):
+    for name, v in (("strict", strict), ("functional", functional), ("elide", elide)):
         if not isinstance(v, bool):
             raise TypeError(f"{name}={v!r}: allowed: True or False")
     if not isinstance(model, nn.Module):
@@ -266,6 +268,7 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, strict
     if not sites:
         if functional and (pol.rounds_anything or pol.mad is not None):
             _attach_functional(model, pol, strict, [], ())  # its first forward says what ran off the format
+            model.__dict__["_emunum_gemm"].mode.emu.__dict__["_emunum_elide"] = elide
             return model
         warnings.warn(f"emunum.patch: {type(model).__name__} has no layer to emulate; registered types: "
                       f"{', '.join(sorted(t.__name__ for t in _REGISTRY))}", RuntimeWarning, stacklevel=2)
@@ -289,6 +292,9 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, strict
                          f"{', '.join(repr(s.name) for s in sites[:20])}{' ...' if len(sites) > 20 else ''}")
 
     reps = {id(s.module): _build(s, pol) for s in chosen}
+    for rep in reps.values():
+        if isinstance(rep, emu_nn.EmuLayer):
+            rep.__dict__["_emunum_elide"] = elide
     for s in chosen:
         for anc in s.ancestors:
             _fast_paths_off(anc)
@@ -302,6 +308,8 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, strict
         excluded = [(s.module, gemm_context.KEPT if id(s.module) in keep else gemm_context.FILTERED)
                     for s in sites if not s.done and id(s.module) not in reps and _applies(s, pol)]
         _attach_functional(model, pol, strict, excluded, {id(s.module) for s in sites})
+    if "_emunum_gemm" in model.__dict__:
+        model.__dict__["_emunum_gemm"].mode.emu.__dict__["_emunum_elide"] = elide
     return model
 
 

@@ -19,6 +19,8 @@ Where the rounding happens, per forward call (a role with no format is left alon
 Each rounding is ``emunum.quantize_ste`` with the role's format and rounding: the forward value straight
 through (``Policy.ste``), then an identity whose backward rounds the gradient. Stochastic rounding draws fresh
 seeds from torch's default generator on every call, so ``torch.manual_seed`` makes runs repeatable.
+Roundings of tensors already on the format's grid are skipped where that changes no bit, seed draws included
+(``emunum.elide``, docs/elision.md; ``patch(..., elide=False)`` or ``EMUNUM_ELIDE=0`` turns it off).
 
 Per-tensor scaling (a role whose ``RoleSpec.scaling`` is ``per_tensor``, see ``emunum.policy.Scaling``):
 a forward role rounds ``x`` as ``quantize_ste(x * s) / s`` with ``s = per_tensor_scale(x, fmt)``, the

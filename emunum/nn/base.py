@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import grid
 from ..autograd import Quantizer
+from ..elide import can_elide, round_eliding
 from ..policy import BLOCK_ROLES, FORWARD_ROLES, Policy, Role, Scaling, make_policy
 from ..formats import BlockFormat
 from .block_gemm import block_plan, no_block_path
@@ -65,7 +67,7 @@ def _merged_quantizer(policy: Policy, role: Role, block: bool = False):
 def rounding_state(policy: Policy, roles: tuple, block_gemm: bool) -> dict:
     """The attributes an emulated layer (or ``GemmEmulator``) adds: policy, quantisers per role, block plan."""
     plan = block_plan(policy) if block_gemm else None
-    return {"_emunum_policy": policy, "_emunum_trace": None,
+    return {"_emunum_policy": policy, "_emunum_trace": None, "_emunum_elide": True,
             "_emunum_q": {role: _make_quantizers(policy, role, plan is not None) for role in roles},
             "_emunum_q1": {role: _merged_quantizer(policy, role, plan is not None) for role in roles},
             "_emunum_block": plan}
@@ -165,8 +167,14 @@ class EmuLayer:
                 return bq(trace.round(x, role, fq, None))
             return trace.round(x, role, fq, bq)
         merged = self.__dict__.get("_emunum_q1", {}).get(role)
+        elide = grid._enabled[0] and self.__dict__.get("_emunum_elide", True)
         if merged is not None:  # its plan, called without nn.Module.__call__ (an internal quantiser: no hooks)
-            return merged._plan(x)
+            plan = merged._plan
+            return round_eliding(plan, x) if elide and can_elide(plan) else plan(x)
+        if elide:  # one plain quantiser (the other role unrounded): elided the same way
+            q = fq if bq is None else (bq if fq is None else None)
+            if type(q) is Quantizer and can_elide(q._plan):
+                return round_eliding(q._plan, x)
         if fq is not None:
             x = fq(x)
         if bq is not None:

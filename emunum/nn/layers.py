@@ -6,8 +6,10 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
+from .. import grid
+from ..elide import input_grid
 from ..formats import BlockFormat
 from ..policy import Role
 from .base import EmuLayer, _linear, _mad
@@ -132,4 +134,11 @@ class OutputEmu(EmuLayer):
 
     def forward(self, *args, **kwargs):
         self._emu_begin()
+        if isinstance(self, nn.ReLU) and args and grid._enabled[0] and self._emunum_elide \
+                and not torch.compiler.is_compiling():
+            have = input_grid(args[0])  # ReLU keeps its input's grid: max(x, 0) is x or +0 (or x's NaN)
+            y = super().forward(*args, **kwargs)
+            if have is not None:
+                grid.mark(y, have)
+            return self._emu_round(y, Role.OUTPUT)
         return self._emu_round(super().forward(*args, **kwargs), Role.OUTPUT)

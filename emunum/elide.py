@@ -1,0 +1,191 @@
+"""Rounding elision for emulated layers: a straight-through rounding that skips the roundings of tensors already
+on the format's grid (``emunum.grid``), with the same values, gradients and seed draws (``docs/elision.md``).
+
+``round_eliding(plan, x)`` is ``plan(x)`` (``autograd._Plan``, identity straight-through estimator) where:
+- the forward rounding is skipped when x is on the forward format's grid (the result is then a fresh copy of x,
+  laid out as the rounding's result would be);
+- the backward rounding is skipped when the incoming gradient is on the backward format's grid (it is passed on);
+- a skipped stochastic rounding with a fresh seed still draws that seed from torch's generator, so every
+  rounding that remains, and everything else that draws from the generator, sees the same stream.
+Results of the roundings that do run are tagged with their format.
+
+Tags also cross ops that keep the grid: views (``grid.grid_of``); in the forward pass a max-pool whose input was
+on the grid (its outputs are input elements); in the backward pass the nodes listed in ``_KEEP_GRID`` (views,
+copies, ReLU's mask, non-overlapping max-pool), whose gradients for their input are the incoming gradient's
+elements moved, or +0. Each rounding site registers a hook on those nodes of its input's history, up to the
+previous rounding, that tags their gradient for the input when all their incoming gradients are on one grid.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import buffers, grid
+from .autograd import _round_cpu, _unwrap_if_dead
+from .formats import RoundMode
+from .ops import eager_ok, ste_gradient
+from .quantize import check_tensor, resolve_seed
+
+_STOCHASTIC = RoundMode.STOCHASTIC
+
+# backward nodes whose gradients for their input hold only elements of their incoming gradients, or +0
+_MOVE_NODES = frozenset({
+    "ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "AliasBackward0", "CloneBackward0",
+    "TransposeBackward0", "TransposeBackward1", "TBackward0", "PermuteBackward0", "UnsqueezeBackward0",
+    "SqueezeBackward0", "SqueezeBackward1", "SqueezeBackward2", "SliceBackward0", "SelectBackward0",
+    "SplitBackward0", "SplitWithSizesBackward0", "UnbindBackward0", "ReluBackward0",
+})
+_POOL_NODES = frozenset({"MaxPool2DWithIndicesBackward0", "MaxPool3DWithIndicesBackward0"})
+_WALK_DEPTH = 8  # nodes looked at above a rounding site's input
+
+
+def _own_layout(x: Tensor) -> bool:
+    """Whether the rounding of x would be laid out as x is (``quantize_checked``: x's strides if contiguous, C
+    order if not or if huge)."""
+    if not x.is_contiguous():
+        return False
+    if x.is_cpu and x.numel() * x.element_size() >= buffers.HUGE_MIN_BYTES:
+        return x.stride() == torch.empty(x.shape, device="meta").stride()
+    return True
+
+
+def _fresh_copy(x: Tensor) -> Tensor:
+    """A copy of x in the layout ``quantize_checked`` gives its result."""
+    return x.clone() if _own_layout(x) else x.clone(memory_format=torch.contiguous_format)
+
+
+def _in_rounding_layout(g: Tensor) -> Tensor:
+    """g, or a copy of it laid out as its rounding would be (later ops see the strides they saw before)."""
+    return g if _own_layout(g) else g.clone(memory_format=torch.contiguous_format)
+
+
+def _non_overlapping(node) -> bool:
+    """Whether a max-pool node's windows share no input element (each gets at most one gradient)."""
+    k, s, d = node._saved_kernel_size, node._saved_stride, node._saved_dilation
+    s = s or k
+    return all(si >= di * (ki - 1) + 1 for ki, si, di in zip(k, s, d))
+
+
+def _pooled_grid(x: Tensor):
+    """The grid of x (or its base) when it is the untouched output of a max-pool over a tensor on a grid."""
+    b = x._base if x._base is not None else x
+    node = b.grad_fn
+    if node is None or type(node).__name__ not in _POOL_NODES or b._version != 0:
+        return None
+    try:  # raises if the pooled tensor was written in place after the pool read it
+        src = node._saved_self
+    except RuntimeError:
+        return None
+    f = grid.grid_of(src)
+    if f is not None:
+        grid.mark(b, f)
+    return f
+
+
+def input_grid(x: Tensor):
+    f = grid.grid_of(x)
+    if f is None and x.grad_fn is not None:
+        f = _pooled_grid(x)
+    return f
+
+
+def _propagate(grad_inputs, grad_outputs):
+    f = dtype = None
+    for g in grad_outputs:
+        if g is None:
+            continue
+        fg = grid.grid_of(g)
+        if fg is None or (f is not None and (fg != f or g.dtype != dtype)):
+            return None
+        f, dtype = fg, g.dtype
+    if f is not None:
+        for g in grad_inputs:
+            if g is not None and g.dtype == dtype:  # (autograd casts a gradient to its input's dtype after the node)
+                grid.mark(g, f)
+    return None
+
+
+def _hook_history(x: Tensor) -> None:
+    """Register ``_propagate`` on the grid-keeping nodes that produced x, up to the previous rounding."""
+    node = x.grad_fn
+    for _ in range(_WALK_DEPTH):
+        if node is None:
+            return
+        name = type(node).__name__
+        if name in _MOVE_NODES or (name in _POOL_NODES and _non_overlapping(node)):
+            node.register_hook(_propagate)
+        else:
+            return
+        nxt = node.next_functions
+        if len(nxt) != 1:
+            return
+        node = nxt[0][0]
+
+
+def _forward(x: Tensor, plan) -> Tensor:
+    f = plan.forward
+    have = input_grid(x)
+    if f is None:
+        y = x.clone(memory_format=torch.contiguous_format)
+        if have is not None:
+            grid.mark(y, have)
+        return y
+    if grid.nests(have, f):
+        if plan.forward_mode is _STOCHASTIC and plan.seed is None:
+            resolve_seed(None)  # the draw the rounding would have made
+        grid.elided["forward"] += 1
+        y = _fresh_copy(x)
+    else:
+        y = plan.forward_value(x)
+    if grid.taggable(f, y):
+        grid.mark(y, f)
+    return y
+
+
+class _ElideSTE(torch.autograd.Function):
+    """``autograd._EagerSTE`` for an identity estimator, with the roundings of on-grid tensors skipped."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, plan) -> Tensor:
+        ctx.plan = plan
+        return _forward(x, plan)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        p = ctx.plan
+        if p.backward is None:
+            return grad, None
+        if grid.nests(grid.grid_of(grad), p.backward):
+            if p.backward_mode is _STOCHASTIC and p.backward_seed is None:
+                resolve_seed(None)
+            grid.elided["backward"] += 1
+            return _in_rounding_layout(grad), None
+        g = None
+        if not (grad.requires_grad and torch.is_grad_enabled()) and eager_ok(grad):
+            g = _round_cpu(grad, p.backward, p.backward_mode, p.backward_seed, p.sr_bits)
+        if g is None:
+            g = ste_gradient(grad, None, p.forward, p.backward, p.args[2], p.backward_mode, p.backward_seed,
+                             p.sr_bits)
+        if grid.taggable(p.backward, g):
+            grid.mark(g, p.backward)
+        return g, None
+
+
+_elide_apply = super(torch.autograd.Function, _ElideSTE).apply  # as autograd._eager_ste_apply
+
+
+def can_elide(plan) -> bool:
+    """Whether ``round_eliding`` applies to the plan (an identity straight-through estimator)."""
+    return not plan.clipped
+
+
+def round_eliding(plan, x: Tensor) -> Tensor:
+    """``plan(x)`` with the roundings of on-grid tensors skipped (module doc); plan must pass ``can_elide``."""
+    check_tensor(x)
+    if not eager_ok(x):
+        return plan(x)
+    if x.requires_grad and torch.is_grad_enabled():
+        if plan.backward is not None:
+            _hook_history(x)
+        return _elide_apply(_unwrap_if_dead(x), plan)
+    return _forward(x, plan)

@@ -5,13 +5,17 @@
 Parameter objects, state_dict keys and hooks), plus the rounding plan. ``emunum.patch`` swaps such modules in
 and ``emunum.unpatch`` swaps the originals back, copying attributes changed meanwhile (``training`` ...).
 
+Names: ``Emu<Layer>`` (``EmuLinear``, ``EmuConv2d`` ...) are the emulated layers, torch's class plus the
+rounding mixin of its kind; ``<Kind>Mixin`` (``LinearMixin``, ``ConvMixin`` ...) are those mixins, which hold
+the rounding and are what ``emunum.register`` extends to other classes.
+
 Where the rounding happens, per forward call (a role with no format is left alone):
 - Linear, Conv1d/2d/3d, ConvTranspose1d/2d/3d: ``output = Q_out(op(Q_in(input), Q_w(weight), Q_w(bias)))``;
   in the backward pass the gradient arriving at the output is rounded to ``grad_output``, the gradient
   leaving for the input to ``grad_input`` and the weight and bias gradients to ``grad_weight``.
 - Embedding: ``Q_out(embedding(indices, Q_w(weight)))`` (the whole table is rounded, so its gradient is the
   rounded gradient of the table; ``max_norm`` renormalises the stored weight first, as torch does).
-- MultiheadAttention: see ``MultiheadAttentionEmu``.
+- MultiheadAttention: see ``MultiheadAttentionMixin``.
 - Norm layers and activations: ``Q_out(layer(input))``.
 - Block formats (MX, NVFP4) in input/weight/grad_output: Linear, Conv*d, ConvTranspose*d and MultiheadAttention
   quantise the operands inside each GEMM along its reduction dimension (``emunum.nn.block_gemm``); other weight layers
@@ -30,16 +34,17 @@ rounds the gradient ``g`` arriving in the backward pass as ``quantize(g * s_g) /
 ``s_g = per_tensor_scale(g, fmt)``. ``s`` is computed with torch ops on every call (no ``.item()``), so
 scaled layers run under ``torch.compile(fullgraph=True)``.
 """
-from .attention import MultiheadAttentionEmu
+from .attention import MultiheadAttentionMixin
 from .base import STATE_PREFIX, EmuLayer
-from .layers import ConvEmu, ConvTransposeEmu, EmbeddingEmu, LinearEmu, OutputEmu
+from .layers import ConvMixin, ConvTransposeMixin, EmbeddingMixin, LinearMixin, OutputMixin
 from .registry import (ACTIVATIONS, MIXINS, NORMS, EmuConv1d, EmuConv2d, EmuConv3d, EmuConvTranspose1d,
                        EmuConvTranspose2d, EmuConvTranspose3d, EmuEmbedding, EmuLinear, EmuMultiheadAttention,
                        emu_class, from_float, mixin_for)
 from .scaling import ScaledGradQuantizer, ScaledQuantizer, per_tensor_scale
 
 __all__ = [
-    "STATE_PREFIX", "EmuLayer", "LinearEmu", "ConvEmu", "ConvTransposeEmu", "EmbeddingEmu", "OutputEmu", "MultiheadAttentionEmu",
+    "STATE_PREFIX", "EmuLayer", "LinearMixin", "ConvMixin", "ConvTransposeMixin", "EmbeddingMixin", "OutputMixin",
+    "MultiheadAttentionMixin",
     "EmuLinear", "EmuConv1d", "EmuConv2d", "EmuConv3d", "EmuConvTranspose1d", "EmuConvTranspose2d",
     "EmuConvTranspose3d", "EmuEmbedding", "EmuMultiheadAttention", "MIXINS", "NORMS", "ACTIVATIONS",
     "emu_class", "mixin_for", "from_float", "per_tensor_scale", "ScaledQuantizer", "ScaledGradQuantizer",

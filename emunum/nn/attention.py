@@ -14,7 +14,7 @@ from .base import EmuLayer, _bmm, _linear, _mad
 from ..mad.block import check_pair
 from .block_gemm import block_bmm, block_linear, block_plan
 
-class MultiheadAttentionEmu(EmuLayer):
+class MultiheadAttentionMixin(EmuLayer):
     """nn.MultiheadAttention with every operand and product rounded.
 
     torch's MultiheadAttention hands its weights to a functional call (its ``out_proj`` module is never

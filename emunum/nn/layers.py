@@ -16,7 +16,7 @@ from .base import EmuLayer, _linear, _mad
 from .block_gemm import block_conv, block_conv_transpose, block_linear
 
 # ---- Linear ---------------------------------------------------------------------------------------------
-class LinearEmu(EmuLayer):
+class LinearMixin(EmuLayer):
     BLOCK_GEMM = True
 
     def forward(self, input: Tensor) -> Tensor:
@@ -33,7 +33,7 @@ class LinearEmu(EmuLayer):
 
 
 # ---- Conv -----------------------------------------------------------------------------------------------
-class ConvEmu(EmuLayer):
+class ConvMixin(EmuLayer):
     _MAD_FUNCTIONS = {1: "conv1d", 2: "conv2d"}
     BLOCK_GEMM = True
 
@@ -69,7 +69,7 @@ class ConvEmu(EmuLayer):
         return self._emu_round(y, Role.OUTPUT)
 
 
-class ConvTransposeEmu(EmuLayer):
+class ConvTransposeMixin(EmuLayer):
     _FUNCTIONS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
     BLOCK_GEMM = True
 
@@ -97,7 +97,7 @@ class ConvTransposeEmu(EmuLayer):
 
 
 # ---- Embedding ------------------------------------------------------------------------------------------
-class EmbeddingEmu(EmuLayer):
+class EmbeddingMixin(EmuLayer):
     """Under block formats (GEMM-operand formats) the lookup is left unrounded: a table row is not a GEMM
     operand. A tied output projection (``lm_head``) is a Linear and is emulated as one."""
 
@@ -128,7 +128,7 @@ class EmbeddingEmu(EmuLayer):
 
 
 # ---- layers rounded at their output (norms, activations) -----------------------------------------------
-class OutputEmu(EmuLayer):
+class OutputMixin(EmuLayer):
     ROLES = (Role.OUTPUT,)
     HAS_WEIGHT = False
 

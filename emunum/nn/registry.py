@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 from ..policy import Policy
-from .attention import MultiheadAttentionEmu
-from .layers import ConvEmu, ConvTransposeEmu, EmbeddingEmu, LinearEmu, OutputEmu
+from .attention import MultiheadAttentionMixin
+from .layers import ConvMixin, ConvTransposeMixin, EmbeddingMixin, LinearMixin, OutputMixin
 
 _CLASSES: dict = {}
 
@@ -28,24 +28,24 @@ def emu_class(base: type, mixin: type) -> type:
 
 
 # torch class -> the mixin that emulates it. Subclasses that keep their parent's forward use the same mixin.
-MIXINS: dict = {nn.Linear: LinearEmu, nn.Embedding: EmbeddingEmu, nn.MultiheadAttention: MultiheadAttentionEmu}
-MIXINS.update({c: ConvEmu for c in (nn.Conv1d, nn.Conv2d, nn.Conv3d)})
-MIXINS.update({c: ConvTransposeEmu for c in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)})
+MIXINS: dict = {nn.Linear: LinearMixin, nn.Embedding: EmbeddingMixin, nn.MultiheadAttention: MultiheadAttentionMixin}
+MIXINS.update({c: ConvMixin for c in (nn.Conv1d, nn.Conv2d, nn.Conv3d)})
+MIXINS.update({c: ConvTransposeMixin for c in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)})
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.LayerNorm, nn.GroupNorm,
          nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, nn.LocalResponseNorm, nn.RMSNorm)
 ACTIVATIONS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.RReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
                nn.Mish, nn.Tanh, nn.Sigmoid, nn.Hardtanh, nn.Hardsigmoid, nn.Hardswish, nn.Softplus, nn.Softsign,
                nn.Tanhshrink, nn.LogSigmoid, nn.Softmax, nn.LogSoftmax, nn.Softmin, nn.GLU, nn.Threshold)
-MIXINS.update({c: OutputEmu for c in NORMS + ACTIVATIONS})
+MIXINS.update({c: OutputMixin for c in NORMS + ACTIVATIONS})
 
-EmuLinear = emu_class(nn.Linear, LinearEmu)
-EmuConv1d, EmuConv2d, EmuConv3d = (emu_class(c, ConvEmu) for c in (nn.Conv1d, nn.Conv2d, nn.Conv3d))
+EmuLinear = emu_class(nn.Linear, LinearMixin)
+EmuConv1d, EmuConv2d, EmuConv3d = (emu_class(c, ConvMixin) for c in (nn.Conv1d, nn.Conv2d, nn.Conv3d))
 EmuConvTranspose1d, EmuConvTranspose2d, EmuConvTranspose3d = (
-    emu_class(c, ConvTransposeEmu) for c in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d))
-EmuEmbedding = emu_class(nn.Embedding, EmbeddingEmu)
-EmuMultiheadAttention = emu_class(nn.MultiheadAttention, MultiheadAttentionEmu)
+    emu_class(c, ConvTransposeMixin) for c in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d))
+EmuEmbedding = emu_class(nn.Embedding, EmbeddingMixin)
+EmuMultiheadAttention = emu_class(nn.MultiheadAttention, MultiheadAttentionMixin)
 for _c in NORMS + ACTIVATIONS:
-    emu_class(_c, OutputEmu)
+    emu_class(_c, OutputMixin)
 del _c
 
 

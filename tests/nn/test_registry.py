@@ -1,3 +1,4 @@
+"""emunum.nn's exported names: Emu<Layer> are emulated layers, <Kind>Mixin their rounding mixins."""
 
 
 def test_exported_names_say_which_are_layers_and_which_are_mixins():

@@ -2,13 +2,15 @@
 format type. Kernel modules are imported on first use (``import emunum`` compiles and loads no numba)."""
 from __future__ import annotations
 
+import ctypes
 import warnings
 
 import numpy as np
 import torch
 
 from . import backends
-from .formats import CustomFormat, FixedFormat, FloatFormat, LogFormat, PositFormat, RoundMode, TableFormat
+from .formats import (CustomFormat, FixedFormat, FloatFormat, LogFormat, P3109Format, PositFormat, RoundMode,
+                      TableFormat)
 
 # dtypes the CPU kernels read in place, and their numpy twins
 NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
@@ -147,13 +149,45 @@ def _custom_on_host(fmt: CustomFormat, mode: RoundMode, dtype) -> bool:
     return True
 
 
+# ---- IEEE P3109: the float kernels (FloatArgs); unsigned formats send x < 0 to NaN ---------------------------
+_CTYPES = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
+
+
+def _p3109_cpu(fmt: P3109Format, dtype):
+    run = _float_cpu(fmt, dtype)
+    if fmt.signed:
+        return run
+    ctype = _CTYPES[dtype]
+
+    def run_unsigned(src, dst, n, mode, key, nbits, parallel=None):
+        if n == 0:
+            return
+        neg = np.ctypeslib.as_array((ctype * n).from_address(src)) < 0  # read before an in-place rounding
+        run(src, dst, n, mode, key, nbits, parallel)
+        np.ctypeslib.as_array((ctype * n).from_address(dst))[neg] = np.nan
+    return run_unsigned
+
+
+def _p3109_cuda(fmt: P3109Format, dtype):
+    launch = _elementwise_cuda("quantize_float")(fmt, dtype)
+    if fmt.signed:
+        return launch
+
+    def launch_unsigned(src, dst, mode, key, nbits):
+        neg = src < 0  # read before an in-place rounding
+        launch(src, dst, mode, key, nbits)
+        dst.masked_fill_(neg, float("nan"))
+    return launch_unsigned
+
+
 for _t, _cpu_factory, _cuda_factory in (
         (FloatFormat, _float_cpu, _elementwise_cuda("quantize_float")),
         (FixedFormat, _fixed_cpu, _elementwise_cuda("quantize_fixed")),
         (PositFormat, _posit_cpu, _posit_cuda),
         (TableFormat, _table_cpu, _lookup_cuda),
         (LogFormat, _log_cpu, _lookup_cuda),
-        (CustomFormat, custom_runner, _lookup_cuda)):
+        (CustomFormat, custom_runner, _lookup_cuda),
+        (P3109Format, _p3109_cpu, _p3109_cuda)):
     backends.register(_t, "cpu", _cpu_factory)
     backends.register(_t, "cuda", _cuda_factory)
 del _t, _cpu_factory, _cuda_factory

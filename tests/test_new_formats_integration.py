@@ -71,3 +71,16 @@ def test_mad_unit_refuses_unsigned_p3109_by_name():
     with pytest.raises(ValueError, match="MADUnit.acc_fmt=p3109_k8p3u: allowed: a FloatFormat, FixedFormat or "
                                          "signed P3109Format"):
         emunum.MADUnit("fp32", "p3109_k8p3u")
+
+
+@pytest.mark.parametrize("name", ["mxint4", "nvint4", "p3109_k8p3"])
+def test_a_patched_linear_computes_the_quantised_operands_product(name):
+    """A patched Linear's forward is F.linear of its rounded input and weight (block formats: blocks along
+    in_features), with the output role's rounding where the policy has one (element formats)."""
+    torch.manual_seed(0)
+    m, x = nn.Sequential(nn.Linear(64, 8, bias=False)), torch.randn(5, 64)
+    want = nn.functional.linear(emunum.quantize(x, name), emunum.quantize(m[0].weight.detach(), name))
+    if not isinstance(emunum.get_format(name), emunum.BlockFormat):
+        want = emunum.quantize(want, name)
+    emunum.patch(m, fmt=name)
+    assert torch.equal(m(x).detach(), want)

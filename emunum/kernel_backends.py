@@ -2,7 +2,6 @@
 format type. Kernel modules are imported on first use (``import emunum`` compiles and loads no numba)."""
 from __future__ import annotations
 
-import ctypes
 import warnings
 
 import numpy as np
@@ -150,22 +149,13 @@ def _custom_on_host(fmt: CustomFormat, mode: RoundMode, dtype) -> bool:
 
 
 # ---- IEEE P3109: the float kernels (FloatArgs); unsigned formats send x < 0 to NaN ---------------------------
-_CTYPES = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
-
-
 def _p3109_cpu(fmt: P3109Format, dtype):
     run = _float_cpu(fmt, dtype)
     if fmt.signed:
         return run
-    ctype = _CTYPES[dtype]
-
-    def run_unsigned(src, dst, n, mode, key, nbits, parallel=None):
-        if n == 0:
-            return
-        neg = np.ctypeslib.as_array((ctype * n).from_address(src)) < 0  # read before an in-place rounding
-        run(src, dst, n, mode, key, nbits, parallel)
-        np.ctypeslib.as_array((ctype * n).from_address(dst))[neg] = np.nan
-    return run_unsigned
+    from .kernels import p3109_cpu
+    a = fmt.to_kernel_args()
+    return p3109_cpu.unsigned_runner(NUMPY_DTYPES[dtype], run, a.man, a.emin, a.max, a.overflow)
 
 
 def _p3109_cuda(fmt: P3109Format, dtype):

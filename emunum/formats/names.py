@@ -79,6 +79,9 @@ def _parse(name: str) -> NumberFormat | None:
     return None
 
 
+_PARSED: dict = {}
+
+
 def get_format(name_or_spec) -> NumberFormat:
     """A format spec (any ``NumberFormat``) passes through; a name is looked up or parsed (see module doc)."""
     if isinstance(name_or_spec, NumberFormat):
@@ -100,7 +103,11 @@ def get_format(name_or_spec) -> NumberFormat:
         return BLOCK_PRESETS[key]
     if key == "e8m0":
         return E8M0
-    fmt = _parse(key)
+    fmt = _PARSED.get(key)
+    if fmt is None:
+        fmt = _parse(key)
+        if fmt is not None and len(_PARSED) < 1024:  # specs are frozen, so one parse serves every later call
+            _PARSED[key] = fmt
     if fmt is None:
         raise ValueError(
             f"fmt={name_or_spec!r} is not a known format; presets: {', '.join(known_names())}; block formats: "

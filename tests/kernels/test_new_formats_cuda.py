@@ -1,6 +1,7 @@
-"""The 2026 element formats on CUDA: quantize's CUDA launcher for each (through ``emunum.backends``) gives the
+"""The 2026 element formats on CUDA: quantize's CUDA launcher for P3109 (through ``emunum.backends``) gives the
 CPU kernel's bits in every mode, stochastic included, for float32 and float64; on numba's simulator, with
-the launchers' torch interop swapped for host views (the simulator cannot see torch CUDA tensors)."""
+the launchers' torch interop swapped for host views (the simulator cannot see torch CUDA tensors). The integer
+block presets (mxint4, nvint4): the CUDA block kernel gives the CPU block kernel's bits and scales."""
 import contextlib
 import importlib.util
 import types
@@ -54,3 +55,27 @@ def test_cuda_launcher_gives_the_cpu_kernels_bits(name, mode, dtype, monkeypatch
         dst = src if inplace else torch.empty_like(src)
         backends.runner(fmt, "cuda", dtype)(src, dst, m, key, 32)
         assert torch.equal(bits(dst), bits(want)), inplace
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=str)
+@pytest.mark.parametrize("name", ["mxint4", "nvint4"])
+def test_cuda_block_kernel_gives_the_cpu_kernels_bits_for_the_integer_block_presets(name, dtype):
+    """Blocks along the last axis (a partial last block included), every mode, scales included."""
+    from emunum.block_quantize import block_args
+    from emunum.kernels import block_cpu, block_cuda
+
+    fmt = emunum.get_format(name)
+    rng = np.random.default_rng(2)
+    shape, tile = (1, 3, 70), (1, fmt.block_size)
+    src = (rng.standard_normal(shape) * 2.0 ** rng.integers(-12, 12, (1, 3, 1))).astype(dtype)
+    src[0, 1, 3] = np.nan
+    nb = (1, 3, -(-70 // fmt.block_size))
+    args = block_args(fmt, 0.0078125 if fmt.tensor_scale else 1.0)
+    for mode in RoundMode:
+        key = int(seed_key(5))
+        d_cpu, s_cpu, d_gpu, s_gpu = np.empty_like(src), np.empty(nb), np.empty_like(src), np.empty(nb)
+        block_cpu.quantize_blocks(src, d_cpu, s_cpu, tile, args, int(mode), key, 8)
+        block_cuda.quantize_blocks(src, d_gpu, s_gpu, tile, args, int(mode), key, 8)
+        assert np.array_equal(d_cpu.view(np.uint8), d_gpu.view(np.uint8)), mode
+        assert np.array_equal(s_cpu, s_gpu, equal_nan=True), mode

@@ -5,6 +5,7 @@
     python benchmarks/quantize.py --crossover          # serial vs parallel CPU kernel, 2**10..2**20 elements
     python benchmarks/quantize.py --cold               # import + first call in a fresh process, empty numba cache
     python benchmarks/quantize.py --blocks-only        # copy_ and the MXFP8 / NVFP4 rows alone
+    python benchmarks/quantize.py --new-formats        # P3109, MXINT4, NVINT4 beside today's path for their element
 
 Every figure is the best of --repeats timings (after one untimed warm-up call, which also compiles), in
 millions of elements per second; "% copy" is the share of out.copy_(x)'s rate (read 4 + write 4 bytes per
@@ -200,6 +201,32 @@ def cold(fmt: str) -> None:
                   f"{d['steady_nearest'] * 1e3:>10.2f}")
 
 
+# each 2026 format beside today's path for the same element type (the same kernel's format, or the block
+# format of the nearest existing element): P3109 signed formats are the float kernel's FloatFormat twin
+# (e5m2fnuz has p3109_k8p3f's values); unsigned ones add the x < 0 -> NaN pass to the float kernel of the
+# same precision and exponent width; the integer block presets run the BlockFormat path of integer elements
+# (mxint8's); nvint4 is also shown beside nvfp4, whose e2m1 elements have a fast path of their own.
+NEW_FORMAT_PAIRS = (("p3109_k8p3", "e5m2fnuz"), ("p3109_k8p3f", "e5m2fnuz"), ("p3109_k8p4", "e4m3fnuz"),
+                    ("p3109_k8p4uf", "e5m3"), ("mxint4", "mxint8"), ("nvint4", "mxint8"), ("nvint4", "nvfp4"))
+
+
+def new_formats(n: int, device: str, repeats: int) -> None:
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(n, device=device, generator=g) * 100
+    out = torch.empty_like(x)
+    inner = max(1, (1 << 22) // n)  # calls per timing: small n times the serial loops, steadier on a loaded VM
+    print(f"\nn = {n} float32 elements on {device}, quantize(x, fmt, mode, out=out), {inner} calls per timing, best of {repeats} "
+          "timings taken alternately with the baseline's")
+    print(f"{'format':<14} {'baseline':<10} {'mode':<10} {'new ms':>8} {'base ms':>8} {'new/base speed':>15}")
+    for new, base in NEW_FORMAT_PAIRS:
+        for mode in ("nearest", "stochastic"):
+            tb = tn = float("inf")
+            for _ in range(repeats):  # interleaved, so that load drift hits both alike
+                tb = min(tb, best_seconds(lambda: emunum.quantize(x, base, mode, seed=1, out=out), device, 1, inner))
+                tn = min(tn, best_seconds(lambda: emunum.quantize(x, new, mode, seed=1, out=out), device, 1, inner))
+            print(f"{new:<14} {base:<10} {mode:<10} {tn * 1e3:>8.2f} {tb * 1e3:>8.2f} {100 * tb / tn:>14.0f}%")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=1 << 24, help="elements (default 2**24 = 16M)")
@@ -209,6 +236,7 @@ def main(argv=None) -> int:
     p.add_argument("--crossover", action="store_true", help="serial vs parallel CPU kernel at 2**10..2**20")
     p.add_argument("--cold", action="store_true", help="import + first call in fresh processes, empty numba cache")
     p.add_argument("--blocks-only", action="store_true", help="only copy_ and the block-format rows (MXFP8, NVFP4)")
+    p.add_argument("--new-formats", action="store_true", help="only the 2026 formats beside their baselines")
     args = p.parse_args(argv)
     if args.n < 1:
         p.error(f"--n={args.n} must be >= 1")
@@ -217,6 +245,9 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device")
     header(args.device)
+    if args.new_formats:
+        new_formats(args.n, args.device, args.repeats)
+        return 0
     throughput(args.n, args.device, args.repeats, args.format, args.blocks_only)
     if args.crossover:
         crossover(args.repeats, args.format)

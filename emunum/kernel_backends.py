@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from . import backends
-from .formats import CustomFormat, FixedFormat, FloatFormat, LogFormat, PositFormat, RoundMode, TableFormat
+from .formats import (CustomFormat, FixedFormat, FloatFormat, LogFormat, P3109Format, PositFormat, RoundMode,
+                      TableFormat)
 
 # dtypes the CPU kernels read in place, and their numpy twins
 NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
@@ -147,13 +148,36 @@ def _custom_on_host(fmt: CustomFormat, mode: RoundMode, dtype) -> bool:
     return True
 
 
+# ---- IEEE P3109: the float kernels (FloatArgs); unsigned formats send x < 0 to NaN ---------------------------
+def _p3109_cpu(fmt: P3109Format, dtype):
+    run = _float_cpu(fmt, dtype)
+    if fmt.signed:
+        return run
+    from .kernels import p3109_cpu
+    a = fmt.to_kernel_args()
+    return p3109_cpu.unsigned_runner(NUMPY_DTYPES[dtype], run, a.man, a.emin, a.max, a.overflow)
+
+
+def _p3109_cuda(fmt: P3109Format, dtype):
+    launch = _elementwise_cuda("quantize_float")(fmt, dtype)
+    if fmt.signed:
+        return launch
+
+    def launch_unsigned(src, dst, mode, key, nbits):
+        neg = src < 0  # read before an in-place rounding
+        launch(src, dst, mode, key, nbits)
+        dst.masked_fill_(neg, float("nan"))
+    return launch_unsigned
+
+
 for _t, _cpu_factory, _cuda_factory in (
         (FloatFormat, _float_cpu, _elementwise_cuda("quantize_float")),
         (FixedFormat, _fixed_cpu, _elementwise_cuda("quantize_fixed")),
         (PositFormat, _posit_cpu, _posit_cuda),
         (TableFormat, _table_cpu, _lookup_cuda),
         (LogFormat, _log_cpu, _lookup_cuda),
-        (CustomFormat, custom_runner, _lookup_cuda)):
+        (CustomFormat, custom_runner, _lookup_cuda),
+        (P3109Format, _p3109_cpu, _p3109_cuda)):
     backends.register(_t, "cpu", _cpu_factory)
     backends.register(_t, "cuda", _cuda_factory)
 del _t, _cpu_factory, _cuda_factory

@@ -1,8 +1,8 @@
 """Number formats: what values exist, and how to round to them. One module per number system.
 
 ``base`` (RoundMode, the NumberFormat interface), ``float`` (FloatFormat), ``fixed`` (FixedFormat),
-``posit`` (PositFormat), ``table`` (TableFormat, codebooks), ``log`` (LogFormat), ``custom`` (CustomFormat,
-user-defined types), ``interned`` (ids for
+``posit`` (PositFormat), ``table`` (TableFormat, codebooks), ``log`` (LogFormat), ``p3109`` (P3109Format),
+``custom`` (CustomFormat, user-defined types), ``interned`` (ids for
 custom ops), ``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue), ``names``
 (get_format).
 """
@@ -17,6 +17,7 @@ from .log import LogFormat
 from .table import TABLE_PRESETS, TableFormat
 from .names import format_or_none, get_format
 from .posit import PositFormat
+from .p3109 import P3109Format
 from .presets import ALIASES, POSIT_PRESETS, PRESETS, known_names
 
 Format = Union[FloatFormat, FixedFormat, PositFormat]  # the element formats the kernels take directly
@@ -26,5 +27,5 @@ __all__ = [
     "get_format", "format_or_none", "PRESETS", "ALIASES", "known_names",
     "PositFormat", "POSIT_PRESETS",
     "BlockFormat", "E8M0Format", "E8M0", "ScaleRule", "BLOCK_PRESETS", "BLOCK_ALIASES",
-    "TableFormat", "LogFormat", "TABLE_PRESETS", "CustomFormat",
+    "TableFormat", "LogFormat", "TABLE_PRESETS", "CustomFormat", "P3109Format",
 ]

@@ -386,6 +386,11 @@ BLOCK_PRESETS: dict[str, BlockFormat] = {
     "nvfp4_2d": BlockFormat(_E2M1, (16, 16), _E4M3FN, scale_rule="amax", tensor_scale=True),
     "msfp12": BlockFormat(FloatFormat(1, 2, special="none"), 16),
     "msfp16": BlockFormat(FloatFormat(1, 6, special="none"), 16),
+    # Integer elements (their sources: docs/formats_2026.md): MXINT4, two's-complement int4 read as 2 fractional
+    # bits (-2..1.75, as mxint8 reads int8 with 6), E8M0 scales over 32; NVINT4, int4 (-8..7) under NVFP4's
+    # scaling (e4m3 scales over 16, scale rule amax, fp32 tensor scale).
+    "mxint4": BlockFormat(FixedFormat(4, 2), 32),
+    "nvint4": BlockFormat(FixedFormat(4, 0), 16, _E4M3FN, scale_rule="amax", tensor_scale=True),
     # QLoRA's weight storage (Dettmers et al. 2023, section 3 / bitsandbytes quantize_4bit, blocksize 64):
     # NF4 codes in blocks of 64 sharing one fp32 absmax, x -> nf4(x / absmax) * absmax. emunum divides in
     # float64; bitsandbytes multiplies by the float32 reciprocal, which can differ next to a midpoint.

@@ -7,6 +7,8 @@ Names are case-insensitive. Grammar (besides the presets):
 - ``fixed<bits>_<frac>`` / ``ufixed<bits>_<frac>``; ``int<N>`` / ``uint<N>`` (frac 0).
 - ``posit<N>_<es>`` (``posit8_0``, ``posit16_1``); ``posit<N>`` has es=2 (the Posit Standard 2022).
 - ``lns<int_bits>_<frac_bits>`` / ``ulns<int_bits>_<frac_bits>``: LogFormat (signed / unsigned).
+- ``p3109_k<K>p<P>[u][f]``: IEEE P3109 (``P3109Format``), ``u`` unsigned, ``f`` finite; gfloat's spellings
+  ``p3109_k<K>p<P>{s|u}{e|f}`` too (``p3109_k8p3se`` is ``p3109_k8p3``).
 - codebooks (``TABLE_PRESETS``): ``nf4``, ``af4``, ``fp4_bnb``; block-scaled ``nf4_b64`` (a BlockFormat).
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .float import FloatFormat, Special
 from .posit import PositFormat
 from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0
 from .log import LogFormat
+from .p3109 import P3109Format
 from .table import TABLE_PRESETS
 from .presets import ALIASES, POSIT_PRESETS, PRESETS, known_names
 
@@ -29,6 +32,7 @@ _FIXED = re.compile(r"(u?)fixed(\d+)_(-?\d+)$")
 _INT = re.compile(r"(u?)int(\d+)$")
 _POSIT = re.compile(r"posit(\d+)(?:_(\d+))?$")
 _LNS = re.compile(r"(u?)lns(\d+)_(\d+)$")
+_P3109 = re.compile(r"p3109_k(\d+)p(\d+)(s|u)?(e|f)?$")
 
 
 def _special(suffix: str | None) -> Special:
@@ -69,7 +73,13 @@ def _parse(name: str) -> NumberFormat | None:
     m = _LNS.match(name)
     if m:
         return LogFormat(int(m.group(2)), int(m.group(3)), signed=not m.group(1))
+    m = _P3109.match(name)
+    if m:
+        return P3109Format(int(m.group(1)), int(m.group(2)), signed=m.group(3) != "u", extended=m.group(4) != "f")
     return None
+
+
+_PARSED: dict = {}
 
 
 def get_format(name_or_spec) -> NumberFormat:
@@ -93,13 +103,17 @@ def get_format(name_or_spec) -> NumberFormat:
         return BLOCK_PRESETS[key]
     if key == "e8m0":
         return E8M0
-    fmt = _parse(key)
+    fmt = _PARSED.get(key)
+    if fmt is None:
+        fmt = _parse(key)
+        if fmt is not None and len(_PARSED) < 1024:  # specs are frozen, so one parse serves every later call
+            _PARSED[key] = fmt
     if fmt is None:
         raise ValueError(
             f"fmt={name_or_spec!r} is not a known format; presets: {', '.join(known_names())}; block formats: "
             f"{', '.join(sorted(BLOCK_PRESETS) + sorted(BLOCK_ALIASES))}, e8m0; codebooks: "
             f"{', '.join(TABLE_PRESETS)}; or write fp<N>_<s><e><m>, e<E>m<M>[fn|fnuz|none], fixed<bits>_<frac>, "
-            "posit<N>_<es>, [u]lns<int_bits>_<frac_bits>"
+            "posit<N>_<es>, [u]lns<int_bits>_<frac_bits>, p3109_k<K>p<P>[u][f]"
         )
     return fmt
 

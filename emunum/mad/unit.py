@@ -81,7 +81,7 @@ from typing import Union
 
 import numpy as np
 
-from ..formats import FixedFormat, FloatFormat, Format, RoundMode, format_or_none, parse_enum
+from ..formats import FixedFormat, FloatFormat, Format, P3109Format, RoundMode, format_or_none, parse_enum
 from ..kernels import abi
 from ..kernels.abi import MAX_LANES, MAX_TERMS, NPARAM
 from ..rng import mix64_int, seed_key
@@ -184,8 +184,9 @@ class MADUnit:
         object.__setattr__(self, "mul_fmt", format_or_none(self.mul_fmt, "MADUnit.mul_fmt"))
         for field in ("mul_fmt", "acc_fmt"):
             v = getattr(self, field)
-            if v is not None and v != EXACT and not isinstance(v, (FloatFormat, FixedFormat)):
-                allowed = "a FloatFormat or FixedFormat" + (" or 'exact'" if field == "acc_fmt" else "")
+            if v is not None and v != EXACT and not _float_kernel_format(v):
+                allowed = ("a FloatFormat, FixedFormat or signed P3109Format"
+                           + (" or 'exact'" if field == "acc_fmt" else ""))
                 raise ValueError(f"MADUnit.{field}={v.name}: allowed: {allowed} (round tensors to "
                                  f"{type(v).__name__}s with emunum.quantize or emunum.patch)")
         object.__setattr__(self, "mul_rounding", RoundMode.parse(self.mul_rounding, "MADUnit.mul_rounding"))
@@ -364,12 +365,18 @@ class MADUnit:
         return mul, format_params(self.acc_fmt, self.acc_rounding)
 
 
+def _float_kernel_format(fmt) -> bool:
+    """Whether the MAD kernels' rounding steps take fmt: a float or fixed-point record (a signed P3109 format
+    rounds as its FloatArgs say; an unsigned one also needs x < 0 -> NaN, which they do not do)."""
+    return isinstance(fmt, (FloatFormat, FixedFormat)) or (isinstance(fmt, P3109Format) and fmt.signed)
+
+
 def format_params(fmt: Format, mode: RoundMode) -> np.ndarray:
     """The int64 parameter vector of ``kernels.gemm_scalar`` (layout P_KIND..P_MODE) for fmt and mode."""
     p = np.zeros(NPARAM, np.int64)
     a = fmt.to_kernel_args()
     p[abi.P_KIND] = a.KIND
-    if isinstance(fmt, FloatFormat):
+    if isinstance(a, abi.FloatArgs):
         p[abi.P_MAN], p[abi.P_EMIN], p[abi.P_SUB], p[abi.P_OVF], p[abi.P_NEGZERO] = (
             a.man, a.emin, a.subnormals, a.overflow, a.negzero)
         p[abi.P_MAXBITS] = int(np.array(a.max, dtype=np.float64).view(np.int64))

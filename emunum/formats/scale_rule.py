@@ -20,8 +20,8 @@ scale format (NVFP4; ``BlockFormat`` states it).
 
 Where torchao 0.18 differs (its own code, not its definitions): ``rceil``'s CPU fallback takes
 ceil(log2(r)) of a float32 log2, which rounds to the integer k for r just above 2**k (|k| >= 4 or so), giving
-2**k where the rule gives 2**(k + 1); ``floor``/``ceil`` give an inf block 2**(128 - emax) and ``even`` gives
-it a NaN scale (emunum: 2**hi for every rule); ``ceil``/``even`` read a subnormal float32 amax's exponent as
+2**k where the rule gives 2**(k + 1); ``floor``/``ceil``/``even`` give an inf block 2**(128 - emax) (emunum:
+2**hi for every rule); ``ceil``/``even`` read a subnormal float32 amax's exponent as
 -127 (emunum: its exact value; the two differ only below E8M0's range for torchao's element types).
 """
 from __future__ import annotations

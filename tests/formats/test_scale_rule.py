@@ -150,6 +150,22 @@ def test_scales_equal_the_rules_definition_on_every_edge(name, rule, dtype):
     assert np.array_equal(scales.numpy().reshape(-1), np.ldexp(1.0, want))
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("element", ["e4m3fn", "fp4_e2m1", FixedFormat(8, 6)])
+def test_a_narrow_power_of_two_scale_format_saturates_at_both_ends(element, rule):
+    """scale = FloatFormat(5, 0) (the powers of two 2**-14 .. 2**15): E clipped there, on the same edges."""
+    fmt = BlockFormat(element, 32, FloatFormat(5, 0), scale_rule=rule)
+    assert fmt.scale_exp_range == (-14, 15)
+    amax = edge_amaxes(fmt, np.float32)
+    x = blocks_with_amax(amax, fmt)
+    want = np.array([defined_exponent(float(a), rule, fmt, False) for a in amax])
+    assert want.min() == -14 and want.max() == 15 and len(set(want)) >= 12  # both ends and much between
+    _, scales = quantize_block_checked(torch.from_numpy(x), fmt, RoundMode.NEAREST, 0, 32, -1, None, True)
+    np.testing.assert_array_equal(scales.numpy().reshape(-1), np.ldexp(1.0, want))
+    np.testing.assert_array_equal(fmt.block_scales(amax.astype(np.float64)), np.ldexp(1.0, want))
+
+
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("name", MX)
 def test_zero_inf_and_nan_blocks(name, rule):

@@ -203,8 +203,8 @@ def pow2_ok(args: tuple) -> bool:
     """Whether ``pow2_*`` holds for ``block_args`` (a power-of-two rule, float element): S and 1/S are float32
     values, and the element's half step lies above float32's normal range (module doc)."""
     kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi = args[:10]
-    return kind == 0 and rule in (FLOOR, CEIL, EVEN, RCEIL) and -127 <= lo and hi <= 127 and 1 <= man <= 20 and emin - man > -125 and \
-        emax_e + 25 - man < 127 and float(np.float32(max_e)) == max_e
+    return kind == 0 and rule in (FLOOR, CEIL, EVEN, RCEIL) and -127 <= lo and hi <= 127 and 1 <= man <= 20 and \
+        emin - man > -125 and emax_e + 25 - man < 127 and float(np.float32(max_e)) == max_e
 
 
 # ---- amax scales, an element of seven positive values: compares against per-block thresholds ---------------

@@ -104,8 +104,8 @@ def test_the_average_over_all_8_bit_random_words_is_the_input_rounded_to_8_fract
     el = fmt.element
     vals = np.unique(np.abs(el.values()))
     rng = np.random.default_rng(0)
-    ys = np.concatenate([(vals[:-1] + vals[1:]) / 2, vals[:-1] + (vals[1:] - vals[:-1]) * rng.uniform(0, 1, vals.size - 1),
-                         vals[1:-1] * (1 + 2.0**-30), [el.max * 1.5]])
+    inside = vals[:-1] + (vals[1:] - vals[:-1]) * rng.uniform(0, 1, vals.size - 1)
+    ys = np.concatenate([(vals[:-1] + vals[1:]) / 2, inside, vals[1:-1] * (1 + 2.0**-30), [el.max * 1.5]])
     ys = np.concatenate([ys, -ys])
     for y in ys:
         total = sum(Fraction(round_element(float(y), kind, p0, p1, p2, max_e, negzero, int(RoundMode.STOCHASTIC),

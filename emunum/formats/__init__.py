@@ -1,7 +1,8 @@
 """Number formats: what values exist, and how to round to them. One module per number system.
 
 ``base`` (RoundMode, the NumberFormat interface), ``float`` (FloatFormat), ``fixed`` (FixedFormat),
-``posit`` (PositFormat), ``block`` (BlockFormat), ``scale_rule`` (its scale rules), ``table`` (TableFormat, codebooks), ``log`` (LogFormat), ``custom`` (CustomFormat,
+``posit`` (PositFormat), ``block`` (BlockFormat), ``scale_rule`` (its scale rules), ``table`` (TableFormat,
+codebooks), ``log`` (LogFormat), ``custom`` (CustomFormat,
 user-defined types), ``interned`` (ids for
 custom ops), ``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue), ``names``
 (get_format).

@@ -19,7 +19,7 @@ from typing import Union
 
 import numpy as np
 
-from .base import NumberFormat, RoundMode, as_codes, check_bool, check_int, parse_enum
+from .base import NumberFormat, RoundMode, as_codes, check_bool, check_int
 from .fixed import FixedFormat
 from .float import FloatFormat
 from ..kernels.abi import ScaleArgs
@@ -181,7 +181,8 @@ class BlockFormat(NumberFormat):
             raise ValueError(f"BlockFormat.scale_rule={rule.value!r} needs a power-of-two scale format (e8m0, or a "
                              f"FloatFormat with man=0), got scale={sc.name}; allowed with it: 'floor' (= 'ocp'), "
                              "'amax'")
-        if rule == ScaleRule.FLOOR and isinstance(sc, FloatFormat) and self.scale_exp_range[0] > self.scale_exp_range[1]:
+        if rule == ScaleRule.FLOOR and isinstance(sc, FloatFormat) and \
+                self.scale_exp_range[0] > self.scale_exp_range[1]:
             raise ValueError(f"BlockFormat.scale={sc.name} holds no power of two")
         if isinstance(el, TableFormat) and (rule != ScaleRule.AMAX or not el.max > 0):
             raise ValueError(f"BlockFormat.element={el.name}: a codebook element needs scale_rule='amax' and a "

@@ -12,9 +12,9 @@ import numpy as np
 from numba import njit
 
 from .common import NEAREST
-
-FLOOR, AMAX, CEIL, EVEN, RCEIL = 0, 1, 2, 3, 4
 from .fixed import round_fixed_value
+
+FLOOR, AMAX, CEIL, EVEN, RCEIL = 0, 1, 2, 3, 4  # the rule codes (ScaleRule.code)
 
 
 @njit(inline="always")

@@ -6,6 +6,7 @@
     python benchmarks/quantize.py --cold               # import + first call in a fresh process, empty numba cache
     python benchmarks/quantize.py --blocks-only        # copy_ and the MXFP8 / NVFP4 rows alone
     python benchmarks/quantize.py --new-formats        # P3109, MXINT4, NVINT4 beside today's path for their element
+    python benchmarks/quantize.py --scale-rules        # each power-of-two scale rule beside floor (OCP), per element
 
 Every figure is the best of --repeats timings (after one untimed warm-up call, which also compiles), in
 millions of elements per second; "% copy" is the share of out.copy_(x)'s rate (read 4 + write 4 bytes per
@@ -116,6 +117,36 @@ def throughput(n: int, device: str, repeats: int, fmt: str, blocks_only: bool = 
         add("quantize(x, 'nvfp4')", lambda: emunum.quantize(x, "nvfp4"), note)
         add("out.copy_(x) (again, after)", lambda: out.copy_(x), "the ceiling re-measured: load drift")
     report(rows, n, device, repeats)
+
+
+SCALE_RULE_ELEMENTS = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1", "mxint8")
+
+
+def scale_rules(n: int, device: str, repeats: int) -> None:
+    """quantize(x, "<preset>_<rule>", out=out) for ceil, even and rceil beside the preset itself (floor: the OCP
+    rule, today's path and the baseline), same x, same run. The four formats of an element type are timed in
+    turn, round after round (``repeats`` rounds), each keeping its best: load drift on a shared machine then hits
+    them alike. "% floor" is the rule's rate as a share of floor's."""
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(n // 32, 32, device=device, generator=g) * torch.logspace(-8, 8, n // 32, device=device)[:, None]
+    out = torch.empty_like(x)
+    print(f"\nscale rules: n = {x.numel()} float32 elements on {device} (rows of one block, amax over 2**+-27), "
+          f"best of {repeats} interleaved rounds, out=out")
+    print(f"{'format':<22} {'ms':>9} {'Melem/s':>10} {'% floor':>8}")
+    for el in SCALE_RULE_ELEMENTS:
+        names = [el] + [f"{el}_{rule}" for rule in ("ceil", "even", "rceil")]
+        best = dict.fromkeys(names, float("inf"))
+        for name in names:
+            emunum.quantize(x, name, out=out)  # warm-up (and compilation)
+        for _ in range(repeats):
+            for name in names:
+                best[name] = min(best[name], best_seconds(lambda name=name: emunum.quantize(x, name, out=out),
+                                                          device, 1))
+        b = best[el]
+        for name in names:
+            label = name + " (floor)" if name == el else name
+            print(f"{label:<22} {best[name] * 1e3:>9.2f} {x.numel() / best[name] / 1e6:>10.1f} "
+                  f"{100 * b / best[name]:>7.0f}%")
 
 
 def report(rows, n: int, device: str, repeats: int) -> None:
@@ -237,6 +268,8 @@ def main(argv=None) -> int:
     p.add_argument("--cold", action="store_true", help="import + first call in fresh processes, empty numba cache")
     p.add_argument("--blocks-only", action="store_true", help="only copy_ and the block-format rows (MXFP8, NVFP4)")
     p.add_argument("--new-formats", action="store_true", help="only the 2026 formats beside their baselines")
+    p.add_argument("--scale-rules", action="store_true",
+                   help="only the power-of-two scale rules (ceil, even, rceil) beside floor, per MX element type")
     args = p.parse_args(argv)
     if args.n < 1:
         p.error(f"--n={args.n} must be >= 1")
@@ -247,6 +280,9 @@ def main(argv=None) -> int:
     header(args.device)
     if args.new_formats:
         new_formats(args.n, args.device, args.repeats)
+        return 0
+    if args.scale_rules:
+        scale_rules(args.n, args.device, args.repeats)
         return 0
     throughput(args.n, args.device, args.repeats, args.format, args.blocks_only)
     if args.crossover:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from . import buffers
-from .formats import BlockFormat, FloatFormat, RoundMode, ScaleRule, TableFormat
+from .formats import BlockFormat, FloatFormat, RoundMode, TableFormat
 from .formats.block import _axis
 
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
@@ -30,7 +30,7 @@ def block_args(fmt: BlockFormat, t: float) -> tuple:
         s = (sc.man, sc.emin, int(sc.subnormals), float(sc.max), float(sc.min_subnormal))
     else:
         s = (0, 0, 0, float(sc.max), float(sc.min_subnormal))
-    rule = 0 if fmt.scale_rule == ScaleRule.OCP else 1
+    rule = fmt.scale_rule.code  # kernels/scalar/block.py's rule codes
     return (kind, p0, p1, p2, fmt.element_emax, float(el.max), negzero, rule, lo, hi, *s, float(t))
 
 

@@ -5,7 +5,7 @@ any thread count, so the bits never depend on it.
 Arrays are 3-D, (P, R, C), C-contiguous; a block is a (tr, tc) tile (1-D blocks along the last axis are
 (1, tc) tiles); edge tiles are partial. ``scales`` (P, nbr, nbc) float64 receives each block's scale.
 
-``quantize_blocks`` dispatches float32 data in 1-D blocks rounded to nearest to kernels/block_fast.py (OCP
+``quantize_blocks`` dispatches float32 data in 1-D blocks rounded to nearest to kernels/block_fast.py (power-of-two
 scales in float32 arithmetic; NVFP4-like amax scales by exact thresholds, no division) where its proofs hold
 (``fast_path_of``), else to the float64 loops here; all give the bits of ``block_serial``.
 """
@@ -19,7 +19,7 @@ from numba import njit, prange
 
 from . import _cache, block_fast, scalar
 from . import parallel as _parallel
-from .scalar.block import block_scale, round_element
+from .scalar.block import AMAX, FLOOR, block_scale, element_mbits, round_element
 from .scalar.common import NEAREST, STOCHASTIC, random_bits
 from .scalar.float import round_nearest_value
 
@@ -53,7 +53,8 @@ def _one_block(src, dst, scales, b, nbr, nbc, tr, tc, split, magic, min_normal, 
                 has_nan = True
             else:
                 amax = max(amax, abs(v))
-    s = block_scale(amax, has_nan, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t)
+    s = block_scale(amax, has_nan, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t,
+                    element_mbits(kind, p0, p2))
     scales[p, bi, bj] = s
     full = s * t
     if has_nan:
@@ -62,12 +63,12 @@ def _one_block(src, dst, scales, b, nbr, nbc, tr, tc, split, magic, min_normal, 
                 dst[p, i, j] = np.nan
     elif kind == 0 and mode == NEAREST:
         # Veltkamp's split (kernels/scalar/float.py), saturating: 4x the bit-level core's speed, same bits.
-        # A power-of-two scale (rule 0) divides exactly as a multiplication by its inverse.
+        # A power-of-two scale (every rule but amax) divides exactly as a multiplication by its inverse.
         inv = 1.0 / full
         for i in range(r0, r1):
             for j in range(c0, c1):
                 v = np.float64(src[p, i, j])
-                v = v * inv if rule == 0 else v / full
+                v = v * inv if rule != AMAX else v / full
                 dst[p, i, j] = round_nearest_value(v, split, magic, min_normal, max_e, max_e, negzero) * full
     else:
         for i in range(r0, r1):
@@ -117,19 +118,19 @@ def block_parallel(src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, ne
 
 @njit(inline="always")
 def _fast_scale(m, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic,
-                s_min_normal):
+                s_min_normal, mbits):
     """The scale of a block whose largest |v| has float32 bits ``m`` (NaN bits: the block holds a NaN)."""
     has_nan = m > np.uint32(0x7F800000)
     amax = np.float64(np.uint32(m).view(np.float32))
     e_field = np.int64(m >> np.uint32(23))
-    if rule == 0 and 0 < e_field < 255:
+    if rule == FLOOR and 0 < e_field < 255:
         e = min(max(e_field - 127 - emax_e, lo), hi)  # frexp(amax)[1] - 1 - emax_e, clipped
         if -1022 <= e <= 1023:
             return np.int64((e + 1023) << 52).view(np.float64)  # 2**e
-    if rule == 1 and not has_nan and s_man >= 1:
+    if rule == AMAX and not has_nan and s_man >= 1:
         want = min(amax / max_e / t, s_max)
         return max(round_nearest_value(want, s_split, s_magic, s_min_normal, s_max, s_max, 0), s_min)
-    return block_scale(amax, has_nan, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t)
+    return block_scale(amax, has_nan, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mbits)
 
 
 @njit(inline="always")
@@ -155,7 +156,7 @@ def _row_range(b, nbc, tc, C):
 
 @njit(inline="always")
 def _blocks_f32(src, bits, dst, scales, tc, C, tiled, split, magic, min_normal, emax_e, max_e, negzero, rule, lo,
-                hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal):
+                hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal, mbits):
     """Every block; ``tiled``: the blocks of tc tile the rows (block b is the flat [b*tc, b*tc + tc)). A
     ``prange`` loop (a plain one in the serial kernel)."""
     nbc = scales.size // (src.size // C)
@@ -168,13 +169,13 @@ def _blocks_f32(src, bits, dst, scales, tc, C, tiled, split, magic, min_normal, 
         for k in range(size):
             m = max(m, np.uint32(bits[start + k] & np.uint32(0x7FFFFFFF)))
         s = _fast_scale(m, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic,
-                        s_min_normal)
+                        s_min_normal, mbits)
         scales[b] = s
         full = s * t
         if m > np.uint32(0x7F800000):
             for k in range(size):
                 dst[start + k] = np.nan
-        elif rule == 0:
+        elif rule != AMAX:
             inv = 1.0 / full  # exact: full is a power of two
             for k in range(size):
                 v = np.float64(src[start + k]) * inv
@@ -229,16 +230,16 @@ def _rows_f32(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negz
     s_split, s_magic, s_min_normal = _nearest_constants(0 if s_man >= 1 else 1, s_man, s_emin, s_sub)
     if tc == 32 and C % 32 == 0 and rule == 0:  # rule as a constant: LLVM drops the other rule's loop
         _blocks_f32(src, bits, dst, scales, 32, C, True, split, magic, min_normal, emax_e, max_e, negzero, 0, lo,
-                    hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal)
+                    hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal, man)
     elif tc == 16 and C % 16 == 0 and rule == 0:
         _blocks_f32(src, bits, dst, scales, 16, C, True, split, magic, min_normal, emax_e, max_e, negzero, 0, lo,
-                    hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal)
+                    hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal, man)
     elif tc == 16 and C % 16 == 0 and rule == 1 and s_man >= 1:
         _tiled_amax_scaled_f32(src, bits, dst, scales, 16, split, magic, min_normal, max_e, negzero, s_max, s_min, t,
                                s_split, s_magic, s_min_normal)
     else:
         _blocks_f32(src, bits, dst, scales, tc, C, False, split, magic, min_normal, emax_e, max_e, negzero, rule,
-                    lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal)
+                    lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, s_split, s_magic, s_min_normal, man)
 
 
 @njit(cache=True)
@@ -314,7 +315,7 @@ def _fast_path(src, dst, scales, tc: int, args: tuple, par: bool, scanned: bool)
     if path == "pow2":
         run = block_fast.pow2_parallel if par else block_fast.pow2_serial
         run(flat, bits, out, dbits, scales.reshape(-1), C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
-            s_emin, s_sub, s_max, s_min)
+            s_emin, s_sub, s_max, s_min, rule)
     else:
         thr, val, k0 = _scale_table(args)
         run = block_fast.table_parallel if par else block_fast.table_serial

@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from .cuda import _launch, cuda
-from .scalar.block import block_scale, round_element
+from .scalar.block import block_scale, element_mbits, round_element
 from .scalar.common import STOCHASTIC, random_bits
 
 
@@ -16,6 +16,7 @@ def block_kernel(src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, negz
     P, R, C = src.shape
     nbr, nbc = scales.shape[1], scales.shape[2]
     per = nbr * nbc
+    mbits = element_mbits(kind, p0, p2)
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
     for b in range(start, P * per, stride):
@@ -35,7 +36,7 @@ def block_kernel(src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, negz
                     has_nan = True
                 else:
                     amax = max(amax, abs(v))
-        s = block_scale(amax, has_nan, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t)
+        s = block_scale(amax, has_nan, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mbits)
         scales[p, bi, bj] = s
         full = s * t
         for i in range(r0, r1):

@@ -7,8 +7,12 @@ Arrays are flat: ``src`` float32 and its uint32 view ``bits``, rows of C element
 of a row partial when C % tc != 0); ``scales`` float64, one per block (the same values as before). Every
 block is visited with the same arguments on any thread count.
 
-**OCP scales (rule 0), ``pow2_*``: float32 arithmetic, 16 lanes.** F = S = 2**e with e in [lo, hi] inside
-[-127, 127] (``pow2_ok``), so S and 1/S are float32 values. v = x * (1/S) in float32:
+**Power-of-two scales (rules floor, ceil, even, rceil), ``pow2_*``: float32 arithmetic, 16 lanes.** F = S = 2**e
+with e in [lo, hi] inside [-127, 127] (``pow2_ok``), so S and 1/S are float32 values. Every rule's unclipped
+e is at least floor's (rceil's too: amax / max_e > 2**(floor(log2 amax) - emax_e - 1) by a relative margin far
+above float32's rounding, as max_e <= (2 - 2**-man) * 2**emax_e), so floor's bounds below hold for all. e
+comes off amax's float32 bits (rceil: off the bits of the float32 quotient amax / max_e, one correctly rounded
+division, the rule's own ratio). v = x * (1/S) in float32:
 - if |x / S| >= 2**-126, v == x / S exactly (a power of two only moves x's exponent, and |x / S| < 2**128:
   below 2**(emax + 1) unless e was clipped to hi); this is the float64 quotient too.
 - if |x / S| < 2**-126, v is its float32 rounding, also below 2**-126 and of the same sign; both lie below
@@ -57,7 +61,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, scalar
-from .scalar.block import block_scale
+from .scalar.block import CEIL, EVEN, FLOOR, RCEIL, block_scale
 from .scalar.float import round_nearest_value
 
 _cache.guard(__file__, scalar.SOURCES)
@@ -103,15 +107,29 @@ def finite_max_bits(bits, start, size):
 # ---- OCP (power-of-two) scales -----------------------------------------------------------------------------
 
 @njit(inline="always")
-def _ocp_scale(m, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min):
-    """``block_scale`` (rule 0) of a block whose largest |v| has float32 bits m: the exponent read off the bits
-    for a normal amax, block_scale itself otherwise (zero, subnormal, inf, NaN)."""
+def _pow2_scale(m, rule, emax_e, max_e, mbits, lo, hi, s_man, s_emin, s_sub, s_max, s_min):
+    """``block_scale`` (a power-of-two rule) of a block whose largest |v| has float32 bits m: the exponent read
+    off the bits for a normal amax (and, for rceil, a normal float32 ratio amax / max_e, divided in float32:
+    one rounding of the exact quotient), block_scale itself otherwise (zero, subnormal, inf, NaN)."""
     e_field = np.int64(m >> U32(23))
-    if 0 < e_field < 255:
-        e = min(max(e_field - 127 - emax_e, lo), hi)  # frexp(amax)[1] - 1 - emax_e, clipped
+    frac = m & U32(0x7FFFFF)
+    ok = 0 < e_field < 255
+    e = e_field - 127 - emax_e  # floor(log2 amax) - emax_e
+    if rule == CEIL:
+        e += np.int64(frac != U32(0))
+    elif rule == EVEN:
+        e += np.int64(frac >= U32((1 << 23) - (1 << (22 - mbits))))  # the significand rounded to mbits carries
+    elif rule == RCEIL:
+        r = np.float32(np.float32(U32(m).view(np.float32)) / np.float32(max_e)).view(U32)
+        r_field = np.int64(r >> U32(23))
+        ok = ok and 0 < r_field < 255
+        e = r_field - 127 + np.int64((r & U32(0x7FFFFF)) != U32(0))
+    if ok:
+        e = min(max(e, lo), hi)
         return np.int64((e + 1023) << 52).view(np.float64)
     amax = np.float64(U32(m).view(np.float32))
-    return block_scale(amax, m > INF_BITS, 0, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, 1.0)
+    return block_scale(amax, m > INF_BITS, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, 1.0,
+                       mbits)
 
 
 @njit(inline="always")
@@ -132,12 +150,12 @@ def _pow2_block(src, bits, dst, dbits, start, size, s, split, magic, min_normal,
 
 @njit(inline="always")
 def _pow2_blocks(src, bits, dst, dbits, scales, C, tc, tiled, split, magic, min_normal, max_bits, negzero, emax_e,
-                 max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min):
+                 max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, rule, mbits):
     nbc = scales.size // (src.size // C)
     for b in prange(scales.size):
         start, size = _row_range(b, nbc, tc, C, tiled)
         m = _amax_bits(bits, start, min(size, bits.size - start))  # (= size) not a constant: it vectorises
-        s = _ocp_scale(m, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
+        s = _pow2_scale(m, rule, emax_e, max_e, mbits, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
         scales[U64(b)] = s
         if m > INF_BITS:
             for k in range(size):
@@ -148,7 +166,7 @@ def _pow2_blocks(src, bits, dst, dbits, scales, C, tc, tiled, split, magic, min_
 
 @njit(inline="always")
 def _pow2_rows(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man, s_emin,
-               s_sub, s_max, s_min):
+               s_sub, s_max, s_min, rule):
     f32 = np.float32
     split = f32(math.ldexp(1.0, 23 - man) + 1.0)
     magic = f32(1.5 * math.ldexp(1.0, 23 + (emin - man if sub != 0 else emin)))
@@ -156,37 +174,37 @@ def _pow2_rows(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max
     max_bits = f32(max_e).view(U32)
     if tc == 32 and C % 32 == 0:  # a constant trip count for the element loop: LLVM unrolls it
         _pow2_blocks(src, bits, dst, dbits, scales, C, 32, True, split, magic, min_normal, max_bits, negzero,
-                     emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
+                     emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, rule, man)
     elif tc == 16 and C % 16 == 0:
         _pow2_blocks(src, bits, dst, dbits, scales, C, 16, True, split, magic, min_normal, max_bits, negzero,
-                     emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
+                     emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, rule, man)
     else:
         _pow2_blocks(src, bits, dst, dbits, scales, C, tc, False, split, magic, min_normal, max_bits, negzero,
-                     emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
+                     emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, rule, man)
 
 
 @njit(cache=True)
 def pow2_serial(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
-                s_emin, s_sub, s_max, s_min):
-    """OCP scales, float32 arithmetic (module doc); dbits: dst's uint32 view."""
+                s_emin, s_sub, s_max, s_min, rule):
+    """Power-of-two scales, float32 arithmetic (module doc); dbits: dst's uint32 view."""
     _pow2_rows(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man, s_emin,
-               s_sub, s_max, s_min)
+               s_sub, s_max, s_min, rule)
 
 
 @njit(cache=True, parallel=True)
 def pow2_parallel(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
-                  s_emin, s_sub, s_max, s_min):
+                  s_emin, s_sub, s_max, s_min, rule):
     """``pow2_serial``, parallel over blocks."""
     _pow2_rows(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man, s_emin,
-               s_sub, s_max, s_min)
+               s_sub, s_max, s_min, rule)
 
 
 def pow2_ok(args: tuple) -> bool:
-    """Whether ``pow2_*`` holds for ``block_args`` (rule 0, float element): S and 1/S are float32 values, and
-    the element's half step lies above float32's normal range (module doc)."""
+    """Whether ``pow2_*`` holds for ``block_args`` (a power-of-two rule, float element): S and 1/S are float32
+    values, and the element's half step lies above float32's normal range (module doc)."""
     kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi = args[:10]
-    return kind == 0 and rule == 0 and -127 <= lo and hi <= 127 and 1 <= man <= 20 and emin - man > -125 and \
-        emax_e + 25 - man < 127 and float(np.float32(max_e)) == max_e
+    return kind == 0 and rule in (FLOOR, CEIL, EVEN, RCEIL) and -127 <= lo and hi <= 127 and 1 <= man <= 20 and \
+        emin - man > -125 and emax_e + 25 - man < 127 and float(np.float32(max_e)) == max_e
 
 
 # ---- amax scales, an element of seven positive values: compares against per-block thresholds ---------------

@@ -56,7 +56,8 @@ def _data(shape, seed):
 
 
 @pytest.mark.parametrize("fa,fb", [("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp4_e2m1", "mxfp4_e2m1"), ("nvfp4", "nvfp4"),
-                                   ("nvfp4", "nvfp4_2d"), ("mxfp8_e4m3", "mxfp4_e2m1"), ("mxfp6_e3m2", "mxint8")])
+                                   ("nvfp4", "nvfp4_2d"), ("mxfp8_e4m3", "mxfp4_e2m1"), ("mxfp6_e3m2", "mxint8"),
+                                   ("mxfp8_e4m3_rceil", "mxfp8_e4m3_ceil"), ("mxfp4_e2m1_even", "mxint8_rceil")])
 @pytest.mark.parametrize("acc", ["fp32", "bf16"])
 @pytest.mark.parametrize("mode", ["nearest", "toward_zero"])
 @pytest.mark.parametrize("K", [96, 100])

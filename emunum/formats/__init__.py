@@ -1,16 +1,17 @@
 """Number formats: what values exist, and how to round to them. One module per number system.
 
 ``base`` (RoundMode, the NumberFormat interface), ``float`` (FloatFormat), ``fixed`` (FixedFormat),
-``posit`` (PositFormat), ``table`` (TableFormat, codebooks), ``log`` (LogFormat), ``p3109`` (P3109Format),
-``custom`` (CustomFormat, user-defined types), ``interned`` (ids for
-custom ops), ``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue), ``names``
+``posit`` (PositFormat), ``block`` (BlockFormat), ``scale_rule`` (its scale rules), ``table`` (TableFormat,
+codebooks), ``log`` (LogFormat), ``p3109`` (P3109Format), ``custom`` (CustomFormat, user-defined types),
+``interned`` (ids for custom ops), ``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue), ``names``
 (get_format).
 """
 from typing import Union
 
 from .base import NumberFormat, Overflow, RoundMode, parse_enum
 from .custom import CustomFormat
-from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0, BlockFormat, E8M0Format, ScaleRule
+from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0, BlockFormat, E8M0Format
+from .scale_rule import ScaleRule
 from .fixed import FixedFormat
 from .float import FloatFormat, Special
 from .log import LogFormat

@@ -13,18 +13,18 @@ Sources:
 """
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import KW_ONLY, dataclass
 from typing import Union
 
 import numpy as np
 
-from .base import NumberFormat, RoundMode, as_codes, check_bool, check_int, parse_enum
+from .base import NumberFormat, RoundMode, as_codes, check_bool, check_int
 from .fixed import FixedFormat
 from .float import FloatFormat
 from ..kernels.abi import ScaleArgs
 from .presets import ALIASES, PRESETS
+from .scale_rule import ScaleRule, pow2_exponents
 from .table import TABLE_PRESETS, TableFormat
 
 
@@ -83,17 +83,6 @@ class E8M0Format(NumberFormat):
 E8M0 = E8M0Format()
 
 
-class ScaleRule(enum.Enum):
-    """How a block's scale is chosen from the block's largest magnitude ``amax``."""
-
-    OCP = "ocp"  # X = 2**(floor(log2 amax) - element emax), clipped to the scale format's powers of two
-    AMAX = "amax"  # S = amax / element max, rounded to nearest-even into the scale format (NVFP4, torchao)
-
-    @classmethod
-    def parse(cls, value) -> "ScaleRule":
-        return parse_enum(cls, value, "scale_rule", "a scale rule")
-
-
 def _preset(value, field: str):
     """A spec passes through; a string is a preset name (``get_format``'s full grammar is one layer up)."""
     if not isinstance(value, str):
@@ -137,10 +126,12 @@ class BlockFormat(NumberFormat):
 
     Quantisation of one block (``emunum.quantize(x, fmt, rounding, axis=...)``), all in float64:
     - amax = max |x| over the block.
-    - scale_rule "ocp" (OCP MX v1.0 section 6.3): X = 2**(floor(log2 amax) - emax_element), the exponent
-      clipped to the scale format's powers of two (2**-127..2**127 for e8m0). amax = 0 gives the smallest
-      scale; amax = inf the largest. floor(log2) is exact (from the float's exponent field; gfloat's
-      np.log2 can round up for a float64 amax just below a power of two; float32 inputs never).
+    - scale_rule "floor" (= "ocp", the default; OCP MX v1.0 section 6.3): X = 2**(floor(log2 amax) -
+      emax_element), the exponent clipped to the scale format's powers of two (2**-127..2**127 for e8m0).
+      amax = 0 gives the smallest scale; amax = inf the largest. floor(log2) is exact (from the float's
+      exponent field; gfloat's np.log2 can round up for a float64 amax just below a power of two; float32
+      inputs never). "ceil", "even" (torchao) and "rceil" (cuBLAS) make other powers of two and need a
+      power-of-two scale format (e8m0, or a FloatFormat with man=0): formats/scale_rule.py states them.
     - scale_rule "amax": S = amax / element.max (divided by the tensor scale, if any), rounded to nearest,
       ties to even, into the scale format, saturating at its max and raised to its smallest positive value
       if it would round to 0 (so an all-zero block gets that smallest scale).
@@ -161,7 +152,7 @@ class BlockFormat(NumberFormat):
     block_size: Union[int, tuple] = 32
     scale: Union[str, NumberFormat] = "e8m0"
     _: KW_ONLY
-    scale_rule: Union[str, ScaleRule] = ScaleRule.OCP
+    scale_rule: Union[str, ScaleRule] = ScaleRule.FLOOR
     tensor_scale: bool = False
 
     def __post_init__(self):
@@ -184,8 +175,14 @@ class BlockFormat(NumberFormat):
         object.__setattr__(self, "scale_rule", rule)
         check_bool("BlockFormat.tensor_scale", self.tensor_scale)
         if rule == ScaleRule.AMAX and isinstance(sc, E8M0Format):
-            raise ValueError("BlockFormat: scale='e8m0' holds powers of two only; it needs scale_rule='ocp'")
-        if rule == ScaleRule.OCP and isinstance(sc, FloatFormat) and self.scale_exp_range[0] > self.scale_exp_range[1]:
+            raise ValueError("BlockFormat: scale='e8m0' holds powers of two only; it needs scale_rule='floor' "
+                             "(= 'ocp'), 'ceil', 'even' or 'rceil'")
+        if rule.power_of_two and rule != ScaleRule.FLOOR and not self.power_of_two_scale:
+            raise ValueError(f"BlockFormat.scale_rule={rule.value!r} needs a power-of-two scale format (e8m0, or a "
+                             f"FloatFormat with man=0), got scale={sc.name}; allowed with it: 'floor' (= 'ocp'), "
+                             "'amax'")
+        if rule == ScaleRule.FLOOR and isinstance(sc, FloatFormat) and \
+                self.scale_exp_range[0] > self.scale_exp_range[1]:
             raise ValueError(f"BlockFormat.scale={sc.name} holds no power of two")
         if isinstance(el, TableFormat) and (rule != ScaleRule.AMAX or not el.max > 0):
             raise ValueError(f"BlockFormat.element={el.name}: a codebook element needs scale_rule='amax' and a "
@@ -221,6 +218,18 @@ class BlockFormat(NumberFormat):
         return _element_emax(self.element)
 
     @property
+    def power_of_two_scale(self) -> bool:
+        """Whether every value of the scale format is a power of two (e8m0; a FloatFormat with man=0)."""
+        return isinstance(self.scale, E8M0Format) or self.scale.man == 0
+
+    @property
+    def element_mbits(self) -> int:
+        """The element's mantissa bits (the ``even`` rule's rounding): man, or floor(log2 code_max) for fixed
+        point (its top binade's fraction bits)."""
+        el = self.element
+        return el.man if isinstance(el, FloatFormat) else max(int(el.code_max).bit_length() - 1, 0)
+
+    @property
     def scale_exp_range(self) -> tuple[int, int]:
         """The exponents of the powers of two the scale format holds (the OCP rule clips to them)."""
         sc = self.scale
@@ -231,12 +240,14 @@ class BlockFormat(NumberFormat):
 
     @property
     def name(self) -> str:
+        rule = self.scale_rule
+        base = self if not rule.power_of_two or rule == ScaleRule.FLOOR else self.with_scale_rule(ScaleRule.FLOOR)
         for key, fmt in BLOCK_PRESETS.items():
-            if fmt == self:
-                return key
+            if fmt == base:
+                return key if base is self else f"{key}_{rule.value}"  # the rule suffix (formats/scale_rule.py)
         bs = self.block_size
         size = f"{bs[0]}x{bs[1]}" if isinstance(bs, tuple) else str(bs)
-        extra = "" if self.scale_rule == ScaleRule.OCP else f",{self.scale_rule.value}"
+        extra = "" if rule == ScaleRule.FLOOR else f",{rule.value}"
         extra += ",tensor" if self.tensor_scale else ""
         return f"block[{self.element.name},{size},{self.scale.name}{extra}]"
 
@@ -251,6 +262,11 @@ class BlockFormat(NumberFormat):
 
     def with_block_size(self, block_size) -> "BlockFormat":
         return BlockFormat(self.element, block_size, self.scale, scale_rule=self.scale_rule,
+                           tensor_scale=self.tensor_scale)
+
+    def with_scale_rule(self, scale_rule) -> "BlockFormat":
+        """This format with another scale rule (``mxfp8_e4m3.with_scale_rule("rceil")``)."""
+        return BlockFormat(self.element, self.block_size, self.scale, scale_rule=scale_rule,
                            tensor_scale=self.tensor_scale)
 
     # ---- codes (a float64 numpy reference; emunum.quantize runs the kernels) --------------------------
@@ -307,13 +323,10 @@ class BlockFormat(NumberFormat):
 
     def block_scales(self, amax: np.ndarray, t: float = 1.0) -> np.ndarray:
         """The scale (a value of the scale format) for block amax values (float64, NaN-free)."""
-        if self.scale_rule == ScaleRule.OCP:
+        if self.scale_rule.power_of_two:
             lo, hi = self.scale_exp_range
-            with np.errstate(divide="ignore", invalid="ignore"):
-                _, e = np.frexp(np.where(np.isfinite(amax) & (amax > 0), amax, 1.0))
-            e = np.clip(e.astype(np.int64) - 1 - self.element_emax, lo, hi)
-            e = np.where(amax == 0, lo, np.where(np.isinf(amax), hi, e))
-            return np.ldexp(1.0, e)
+            return np.ldexp(1.0, pow2_exponents(amax, self.scale_rule, self.element_emax, self.element.max,
+                                                self.element_mbits, lo, hi))
         sc = self.scale
         with np.errstate(over="ignore"):
             want = np.minimum(amax / self.element.max / t, sc.max)

@@ -10,6 +10,8 @@ Names are case-insensitive. Grammar (besides the presets):
 - ``p3109_k<K>p<P>[u][f]``: IEEE P3109 (``P3109Format``), ``u`` unsigned, ``f`` finite; gfloat's spellings
   ``p3109_k<K>p<P>{s|u}{e|f}`` too (``p3109_k8p3se`` is ``p3109_k8p3``).
 - codebooks (``TABLE_PRESETS``): ``nf4``, ``af4``, ``fp4_bnb``; block-scaled ``nf4_b64`` (a BlockFormat).
+- ``<block preset>_<rule>``, rule one of floor, ceil, even, rceil (``ocp`` = floor): the preset with that
+  ``scale_rule`` (``mxfp8_e4m3_rceil``, ``mxfp8_rceil``, ``mxfp4_even``; formats/scale_rule.py).
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from .base import NumberFormat
 from .fixed import FixedFormat
 from .float import FloatFormat, Special
 from .posit import PositFormat
-from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0
+from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0, BlockFormat
+from .scale_rule import split_rule_suffix
 from .log import LogFormat
 from .p3109 import P3109Format
 from .table import TABLE_PRESETS
@@ -82,6 +85,17 @@ def _parse(name: str) -> NumberFormat | None:
 _PARSED: dict = {}
 
 
+def _rule_variant(key: str) -> BlockFormat | None:
+    """The block preset of ``<preset>_<rule>`` with that scale rule; None if key is no such name."""
+    split = split_rule_suffix(key)
+    if split is None:
+        return None
+    base = BLOCK_ALIASES.get(split[0], split[0])
+    if base not in BLOCK_PRESETS:
+        return None
+    return BLOCK_PRESETS[base].with_scale_rule(split[1])
+
+
 def get_format(name_or_spec) -> NumberFormat:
     """A format spec (any ``NumberFormat``) passes through; a name is looked up or parsed (see module doc)."""
     if isinstance(name_or_spec, NumberFormat):
@@ -105,13 +119,14 @@ def get_format(name_or_spec) -> NumberFormat:
         return E8M0
     fmt = _PARSED.get(key)
     if fmt is None:
-        fmt = _parse(key)
+        fmt = _rule_variant(key) or _parse(key)
         if fmt is not None and len(_PARSED) < 1024:  # specs are frozen, so one parse serves every later call
             _PARSED[key] = fmt
     if fmt is None:
         raise ValueError(
             f"fmt={name_or_spec!r} is not a known format; presets: {', '.join(known_names())}; block formats: "
-            f"{', '.join(sorted(BLOCK_PRESETS) + sorted(BLOCK_ALIASES))}, e8m0; codebooks: "
+            f"{', '.join(sorted(BLOCK_PRESETS) + sorted(BLOCK_ALIASES))}, e8m0 (a power-of-two one with a scale "
+            "rule suffix _floor, _ceil, _even or _rceil: mxfp8_e4m3_rceil); codebooks: "
             f"{', '.join(TABLE_PRESETS)}; or write fp<N>_<s><e><m>, e<E>m<M>[fn|fnuz|none], fixed<bits>_<frac>, "
             "posit<N>_<es>, [u]lns<int_bits>_<frac_bits>, p3109_k<K>p<P>[u][f]"
         )

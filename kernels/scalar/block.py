@@ -2,8 +2,9 @@
 rounding of one scaled element. Scalars only, so that the CPU loops and the CUDA kernels share them.
 
 Element kinds: 0 float (p0 = man, p1 = emin, p2 = subnormals), 1 fixed (p0 = frac_bits, p1 = code_min,
-p2 = code_max). Scale rules: 0 OCP (a power of two, exponent clipped to [lo, hi]), 1 amax (rounded to
-nearest-even into a float scale format with s_man, s_emin, s_sub, s_max; raised to s_min if smaller).
+p2 = code_max). Scale rules (``ScaleRule.code``): 1 amax (rounded to nearest-even into a float scale format
+with s_man, s_emin, s_sub, s_max; raised to s_min if smaller), and the powers of two 2**E, E clipped to
+[lo, hi]: 0 floor (OCP), 2 ceil, 3 even, 4 rceil (emunum/formats/scale_rule.py states them).
 """
 import math
 
@@ -12,6 +13,8 @@ from numba import njit
 
 from .common import NEAREST
 from .fixed import round_fixed_value
+
+FLOOR, AMAX, CEIL, EVEN, RCEIL = 0, 1, 2, 3, 4  # the rule codes (ScaleRule.code)
 
 
 @njit(inline="always")
@@ -50,20 +53,47 @@ def round_element(v, kind, p0, p1, p2, max_value, negzero, mode, rnd, nbits):
 
 
 @njit(inline="always")
-def block_scale(amax, has_nan, rule, emax_elem, max_elem, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t):
+def element_mbits(kind, p0, p2):
+    """The element's mantissa bits for the ``even`` rule: man (float), floor(log2 code_max) (fixed)."""
+    if kind == 0:
+        return p0
+    return max(math.frexp(float(p2))[1] - 1, 0)
+
+
+@njit(inline="always")
+def pow2_exponent(amax, rule, emax_elem, max_elem, mbits, lo, hi):
+    """E of a power-of-two rule (floor, ceil, even, rceil) for a NaN-free block maximum amax >= 0, clipped to
+    [lo, hi]; amax = 0 gives lo, inf gives hi."""
+    if amax == 0.0:
+        return lo
+    if amax == math.inf:
+        return hi
+    a = amax
+    if rule == RCEIL:
+        a = np.float64(np.float32(amax / max_elem))  # the float32 ratio, rounded to nearest-even
+        if a == 0.0:
+            return lo
+        if a == math.inf:
+            return hi
+    m, e = math.frexp(a)  # a = m * 2**e, m in [0.5, 1)
+    e = e - 1
+    if rule == CEIL or rule == RCEIL:
+        e += 1 if m != 0.5 else 0
+    elif rule == EVEN:
+        e += 1 if m >= 1.0 - math.ldexp(1.0, -(mbits + 2)) else 0  # amax rounded to mbits + 1 bits carries
+    if rule != RCEIL:
+        e -= emax_elem
+    return min(max(e, lo), hi)
+
+
+@njit(inline="always")
+def block_scale(amax, has_nan, rule, emax_elem, max_elem, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mbits):
     """The block scale (without the tensor scale t) for a block whose largest finite-or-inf magnitude is
-    ``amax``; NaN if the block holds a NaN."""
+    ``amax``; NaN if the block holds a NaN. mbits: ``element_mbits`` (the ``even`` rule's)."""
     if has_nan:
         return math.nan
-    if rule == 0:
-        if amax == 0.0:
-            e = lo
-        elif amax == math.inf:
-            e = hi
-        else:
-            e = math.frexp(amax)[1] - 1 - emax_elem
-            e = min(max(e, lo), hi)
-        return math.ldexp(1.0, e)
+    if rule != AMAX:
+        return math.ldexp(1.0, pow2_exponent(amax, rule, emax_elem, max_elem, mbits, lo, hi))
     want = min(amax / max_elem / t, s_max)
     q = round_float_value_sat(want, s_man, s_emin, s_sub, s_max, 0, NEAREST, 0, 32)
     return max(q, s_min)

@@ -25,8 +25,8 @@ from emunum.formats import RoundMode
 
 ROOT = Path(__file__).resolve().parents[2]
 
-FORMATS = ["fp32", "bf16", "fp16", "fp8_152", "fp8", "e4m3", "fixed16", "mxfp8", "mxfp4", "nvfp4", "posit16", "posit8",
-           "e4m3_mitchell"]
+FORMATS = ["fp32", "bf16", "fp16", "fp8_152", "fp8", "e4m3", "fixed16", "mxfp8", "mxfp8_rceil", "mxfp4", "nvfp4",
+           "posit16", "posit8", "e4m3_mitchell"]
 NEEDS_PATCH = pytest.mark.skipif(not hasattr(emunum, "patch"), reason="emunum.patch not in this checkout")
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from emunum.block_quantize import block_args
-from emunum.formats import BLOCK_PRESETS, RoundMode
+from emunum.formats import RoundMode, get_format
 from emunum.rng import seed_key
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba_cuda") is None, reason="needs numba-cuda")
@@ -20,11 +20,12 @@ MODES = [m for m in RoundMode]
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # max * 2**127 (an inf's block) in float32
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("tile,shape", [((1, 32), (1, 3, 70)), ((1, 16), (1, 2, 40)), ((4, 8), (2, 9, 13))])
-@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp6_e2m3", "mxint8", "nvfp4"])
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp6_e2m3", "mxint8", "nvfp4", "mxfp8_e5m2_rceil", "mxint8_even",
+                                  "mxfp4_e2m1_ceil", "mxfp6_e3m2_even", "mxint8_rceil"])
 def test_cuda_block_kernel_matches_cpu_bits_in_every_mode(name, tile, shape, dtype):
     from emunum.kernels import block_cpu, block_cuda
 
-    fmt = BLOCK_PRESETS[name]
+    fmt = get_format(name)
     rng = np.random.default_rng(1)
     src = (rng.standard_normal(shape) * 2.0 ** rng.integers(-12, 12, shape[:2] + (1,))).astype(dtype)
     src[0, 1, 3] = np.nan

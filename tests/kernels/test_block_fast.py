@@ -14,6 +14,7 @@ from emunum.formats import BLOCK_PRESETS, BlockFormat, FloatFormat, RoundMode
 from emunum.kernels import block_cpu, block_fast
 
 POW2 = ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1", "msfp12", "msfp16"]
+RULES = ["ceil", "even", "rceil"]  # besides floor, the presets' own
 NEAREST = int(RoundMode.NEAREST)
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # max * 2**127 in float32
 
@@ -108,19 +109,21 @@ def special_rows(rng, cols: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("cols", [64, 96, 37, 16, 5])  # tiling the rows, and partial last blocks
-@pytest.mark.parametrize("name", POW2 + ["nvfp4"])
+@pytest.mark.parametrize("name", POW2 + ["nvfp4"] + [f"{n}_{r}" for n in POW2[:5] for r in RULES])
 def test_fast_paths_match_the_float64_loop_on_special_values(name, cols):
-    fmt = BLOCK_PRESETS[name]
+    fmt = emunum.get_format(name)
     x = special_rows(np.random.default_rng(cols), cols)
     for t in ([0.0123, 2.0**-140, 1.0, 3.0e35, float(np.float32(1 / 3))] if fmt.tensor_scale else [1.0]):
         assert_same(x, fmt, float(np.float32(t)), "table" if fmt.tensor_scale else "pow2")
 
 
+@pytest.mark.parametrize("rule", ["floor", *RULES])
 @pytest.mark.parametrize("name", POW2)
-def test_pow2_path_at_every_element_midpoint_and_scale(name):
+def test_pow2_path_at_every_element_midpoint_and_scale(name, rule):
     """Blocks whose amax fixes the scale at 2**e (e from below the clip at -127 to above 127 - emax), holding the
-    float32 neighbours of every midpoint between element values (and of every value) times 2**e."""
-    fmt = BLOCK_PRESETS[name]
+    float32 neighbours of every midpoint between element values (and of every value) times 2**e; every
+    power-of-two scale rule."""
+    fmt = BLOCK_PRESETS[name].with_scale_rule(rule)
     el = np.unique(np.abs(fmt.element.values()))
     mids = np.concatenate([(el[:-1] + el[1:]) / 2, el, [fmt.element.max * 1.0625, fmt.element.max * 2]])
     for e in list(range(-140, -100, 3)) + list(range(-12, 12)) + list(range(100, 128, 3)):

@@ -24,7 +24,7 @@ def _step(model, ids, labels):
     return out.logits.detach()
 
 
-@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4", "mxfp8_e4m3_rceil"])
 def test_a_block_format_bert_compiles_fullgraph_with_eagers_bits(fmt):
     base = _tiny_bert()
     g = torch.Generator().manual_seed(1)

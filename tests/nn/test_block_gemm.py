@@ -108,3 +108,29 @@ def test_patched_model_trains_one_step_with_stochastic_gradients():
     loss = F.cross_entropy(model(torch.randn(8, 1, 16)), torch.randint(0, 10, (8,)))
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("grad", ["mxfp8_e4m3_rceil", "mxfp8_e5m2_ceil", "mxfp4_e2m1_even"])
+def test_a_scale_rule_per_role_rceil_gradients_under_ocp_operands(grad):
+    """patch(model, fmt, grad=<preset>_<rule>): the forward operands keep fmt's rule (floor), the error grad_output
+    takes the gradient format's rule in both backward GEMMs (its values from the numpy reference quantiser,
+    BlockFormat.encode/decode)."""
+    def ref(t, fmt, axis):
+        f = emunum.get_format(fmt)
+        codes, scodes, _ = f.encode(t.numpy(), axis=axis)
+        return torch.from_numpy(f.decode(codes, scodes, axis=axis)).float()
+
+    torch.manual_seed(1)
+    lin = nn.Linear(64, 48)
+    x = torch.randn(40, 64, requires_grad=True)
+    emu = emunum.patch(nn.Sequential(lin), "mxfp8_e4m3", grad=grad, grad_rounding="nearest")
+    assert emu[0].__dict__["_emunum_policy"].grad_output.fmt == emunum.get_format(grad)
+    y = emu(x)
+    gy = torch.randn_like(y) * 3.0
+    y.backward(gy)
+    w, xd = lin.weight.detach(), x.detach()
+    assert torch.equal(y.detach(), Q(xd, "mxfp8_e4m3") @ Q(w, "mxfp8_e4m3", axis=1).t() + lin.bias.detach())
+    assert torch.equal(x.grad, ref(gy, grad, -1) @ Q(w, "mxfp8_e4m3", axis=0))
+    assert torch.equal(lin.weight.grad, ref(gy, grad, 0).t() @ Q(xd, "mxfp8_e4m3", axis=0))
+    floor = emunum.get_format(grad).with_scale_rule("floor")
+    assert not torch.equal(x.grad, Q(gy, floor, axis=-1) @ Q(w, "mxfp8_e4m3", axis=0))  # the rule mattered

@@ -12,6 +12,8 @@
   device once per table), finished by ``scalar.finish_derived``; no user code runs.
 Arrays: float32 or float64 device arrays (or numpy arrays, copied to the device and back).
 """
+import re
+
 import numpy as np
 from numba import config, types
 
@@ -66,6 +68,9 @@ def _build(to_code, from_code, dtype: str, nbits: int):
     return kernel
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _kernel(fmt, dtype: str):
     key = (fmt, dtype)
     got = _KERNELS.get(key)
@@ -73,7 +78,8 @@ def _kernel(fmt, dtype: str):
         try:
             got = _build(fmt.to_code_jit, fmt.from_code_jit, dtype, fmt.nbits)
         except Exception as e:  # numba's TypingError, LoweringError, NVVM errors ...
-            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("Failed in ")]
+            text = _ANSI.sub("", str(e))  # numba colours its messages where a highlighter is installed
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Failed in ")]
             got = f"{type(e).__name__}: {lines[0] if lines else ''}"
         if len(_KERNELS) > 256:
             _KERNELS.clear()

@@ -52,13 +52,15 @@ def floor_int(x):
 @njit
 def truncate_fp32(v, out_man):
     """v (finite binary64) truncated toward zero to out_man fraction bits at exponent max(floor(log2|v|), -126);
-    a result of 2**128 or more is infinite (the store to fp32 overflows)."""
+    a result of 2**128 or more is infinite (the store to fp32 overflows); a zero result is +0."""
     if v == 0.0:
         return 0.0
     e = math.frexp(v)[1] - 1
     if e < FP32_EMIN:
         e = FP32_EMIN
     a = math.ldexp(math.floor(math.ldexp(abs(v), out_man - e)), e - out_man)
+    if a == 0.0:  # a value below the smallest subnormal truncates to +0, whatever its sign
+        return 0.0
     if a >= TWO128:
         a = math.inf
     return -a if v < 0.0 else a

@@ -7,7 +7,8 @@ For every preset: single instructions (steps=1) and chains of 2 and 3 instructio
 output element each (MMA-Sim's instruction object with m = n = 1, called as the instruction is called).
 Operands: codes drawn uniformly over the element format's finite codes (zeros, subnormals, the largest values),
 mixed with narrow-range draws; scales over their whole range and a moderate range; c: zero, subnormal,
-typical, large and (where MMA-Sim accepts it) infinite. Written per preset: <preset>.npz with, for each
+typical, large, -fp32(the exact dot product) (20%: cancellation exposes the truncated bits) and (where MMA-Sim
+accepts it) infinite. Written per preset: <preset>.npz with, for each
 steps s in 1..3, arrays a{s} (V, K*s), b{s} (V, K*s), sa{s}/sb{s} (V, K*s/block) (block-scaled kinds),
 c{s} (V,) and d{s} (V,), all float32 (values; NaN/inf kept bit for bit).
 """
@@ -71,9 +72,14 @@ def draw_elements(rng, name, n):
 def draw_scales(rng, kind, n):
     if kind == "ue8m0":
         lo, hi = (-127, 127) if rng.random() < 0.25 else (-20, 20)
-        return np.ldexp(1.0, rng.integers(lo, hi + 1, n)).astype(np.float32)
+        e = rng.integers(lo, hi + 1, n)
+        if rng.random() < 0.3:  # the extremes of the moderate range only
+            e = rng.choice([-20, -19, 18, 19, 20], n)
+        return np.ldexp(1.0, e).astype(np.float32)
     vals = finite_values("e4m3fn")
     vals = vals[vals >= 0]
+    if rng.random() < 0.3:  # the extremes only: groups far apart in exponent expose the 35-bit alignment
+        vals = np.concatenate([vals[(vals > 0) & (vals < 2**-7)], vals[vals >= 128]])
     vals = vals[np.signbit(vals) == 0]
     return rng.choice(vals, n).astype(np.float32)
 
@@ -135,6 +141,14 @@ def generate(name, rng, counts=(300, 120, 120)):
             if scale:
                 SA[v], SB[v] = draw_scales(rng, scale, nb), draw_scales(rng, scale, nb)
             C[v] = draw_c(rng, allow_inf=(el != "e2m1"))
+            if rng.random() < 0.2:  # cancellation: c = -fp32(exact dot), so the truncated low bits decide D
+                p = A[v].astype(np.float64) * B[v]
+                if scale:
+                    p *= np.repeat(SA[v].astype(np.float64) * SB[v], block)
+                with np.errstate(all="ignore"):
+                    t = np.float32(-p.sum())
+                if np.isfinite(t):
+                    C[v] = t
             acc = C[v]
             try:
                 for s in range(steps):

@@ -48,6 +48,9 @@ from ..formats import get_format
 from ..kernels import abi
 
 
+MAX_STEP = 64  # products per step the CUDA kernel holds (kernels/mma_cuda.py)
+
+
 class MMAKind(enum.IntEnum):
     """The step datapath (module docstring)."""
 
@@ -75,6 +78,19 @@ class MMAUnit:
     block: int = 0
     pairs: bool = False
     source: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", MMAKind(self.kind))
+        for field, lo, hi in (("k", 1, 1024), ("terms", 1, MAX_STEP), ("frac_bits", 0, 40), ("out_man", 1, 23)):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise ValueError(f"MMAUnit.{field}={v!r}; allowed: an int in {lo}..{hi}")
+        if self.scale not in (None, "e8m0", "ue4m3"):
+            raise ValueError(f"MMAUnit.scale={self.scale!r}; allowed: None, 'e8m0', 'ue4m3'")
+        if (self.scale is None) != (self.block == 0) or (self.block and self.terms % self.block):
+            raise ValueError(f"MMAUnit.block={self.block!r} with scale={self.scale!r}, terms={self.terms}; allowed: "
+                             "0 without scales, else a divisor of terms")
+        self.element_format  # noqa: B018  (an unknown element format raises here)
 
     @property
     def element_format(self):

@@ -23,14 +23,16 @@ from .mma import MMAUnit, mma_preset
 _F8 = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e4m3fnuz": torch.float8_e4m3fnuz}
 
 
-def _check_dtype(x: torch.Tensor, name: str, unit: MMAUnit) -> None:
+def _check_dtype(x, name: str, unit: MMAUnit) -> torch.Tensor:
+    """x as a checked float tensor (a float8 tensor of the unit's element type widened to float32)."""
+    if isinstance(x, torch.Tensor) and (not x.is_floating_point() or x.element_size() == 1):
+        f8 = _F8.get(unit.element)
+        if x.dtype != f8:
+            raise TypeError(f"{name}.dtype={x.dtype}: {unit.name} takes {unit.element} elements; allowed: "
+                            f"{f8 or 'no float8 dtype'} or a wider float dtype (float32, ...) holding their values")
+        x = x.to(torch.float32)
     check_tensor(x, name)
-    if not x.is_floating_point():
-        raise TypeError(f"{name}.dtype={x.dtype}: {unit.name} takes {unit.element} elements; allowed: a float "
-                        "dtype holding their values")
-    if x.element_size() == 1 and x.dtype != _F8.get(unit.element):
-        raise TypeError(f"{name}.dtype={x.dtype}: {unit.name} takes {unit.element} elements; allowed: "
-                        f"{_F8.get(unit.element, 'no float8 dtype')} or a wider float dtype holding their values")
+    return x
 
 
 def _first_bad(x: torch.Tensor, ok: torch.Tensor) -> str:
@@ -85,8 +87,8 @@ def scaled_mm(a: torch.Tensor, a_scale, b: torch.Tensor, b_scale, c=None, unit="
     values (``unit.scale``), or None for units without scales; c: None (zeros) or fp32 values broadcastable to
     (M, N); unit: an ``MMAUnit`` or a preset name (``emunum.mad.mma.MMA_PRESETS``). Not differentiable."""
     unit = mma_preset(unit)
-    _check_dtype(a, "a", unit)
-    _check_dtype(b, "b", unit)
+    a = _check_dtype(a, "a", unit)
+    b = _check_dtype(b, "b", unit)
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"scaled_mm needs a (M, K) and b (K, N), got a {tuple(a.shape)}, b {tuple(b.shape)}")
     M, K = a.shape

@@ -289,13 +289,14 @@ class Policy:
             raise TypeError(f"filter must be callable as filter(module, name) -> bool, got {self.filter!r}")
         if not isinstance(self.keep_first_last, bool):
             raise TypeError(f"keep_first_last must be a bool, got {self.keep_first_last!r}")
-        if isinstance(self.mad, str):  # a preset name: MADUnit.preset (emunum units)
-            from .mad import MADUnit  # noqa: PLC0415
+        if isinstance(self.mad, str):  # a preset name: MADUnit.preset (emunum units) or a matrix instruction
+            from .mad import MMA_PRESETS, MADUnit  # noqa: PLC0415
 
             try:
-                object.__setattr__(self, "mad", MADUnit.preset(self.mad))
+                unit = MMA_PRESETS.get(self.mad.strip().lower()) or MADUnit.preset(self.mad)
+                object.__setattr__(self, "mad", unit)
             except ValueError as e:
-                raise ValueError(f"mad={self.mad!r}: {e}") from None
+                raise ValueError(f"mad={self.mad!r}: {e}; or a matrix instruction: {', '.join(MMA_PRESETS)}") from None
         if self.mad is not None:
             _check_mad(self.mad, "mad")
         if self.mad_backward is not None:
@@ -371,10 +372,10 @@ class Policy:
 
 
 def _check_mad(unit, field: str) -> None:
-    from .mad import MADUnit  # noqa: PLC0415  (imported only when a policy names a unit)
+    from .mad import MADUnit, MMAUnit  # noqa: PLC0415  (imported only when a policy names a unit)
 
-    if not isinstance(unit, MADUnit):
-        raise TypeError(f"{field} must be an emunum.mad.MADUnit, got {type(unit).__name__}")
+    if not isinstance(unit, (MADUnit, MMAUnit)):
+        raise TypeError(f"{field} must be an emunum.mad.MADUnit or MMAUnit, got {type(unit).__name__}")
 
 
 def make_policy(fmt=None, policy: Optional[Policy] = None, **kwargs) -> Policy:

@@ -109,6 +109,10 @@ class MMAUnit:
         p[abi.X_BLOCK], p[abi.X_PAIRS] = self.block, int(self.pairs)
         return p
 
+    def __str__(self) -> str:
+        """The preset's name, or the full spec for a unit that is not a preset."""
+        return self.name if MMA_PRESETS.get(self.name) == self else repr(self)
+
     def replace(self, **changes) -> "MMAUnit":
         """A copy with fields changed (e.g. ``frac_bits`` one fewer, to check that tests notice)."""
         import dataclasses

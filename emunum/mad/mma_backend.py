@@ -1,11 +1,15 @@
 """Dispatch of ``scaled_mm`` to the matrix-instruction kernels (``kernels/mma_cpu``, ``kernels/mma_cuda``,
-and the exact fast paths of ``kernels/mma_fast``), on checked operands; kernels load on first use."""
+and the exact fast path of ``kernels/mma_fast`` for mxf4nvf4), on checked operands; kernels load on first
+use."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from .mma import MMAUnit
+from ..kernels import abi
+from .mma import MMAKind, MMAUnit
+
+GROUP = 16  # mxf4nvf4's exactly summed group
 
 
 def _scales_t(s, rows: int) -> torch.Tensor:
@@ -34,7 +38,43 @@ def gemm(a: torch.Tensor, sa, b: torch.Tensor, sb, c: torch.Tensor, unit: MMAUni
     from ..kernels import mma_cpu, parallel
 
     out = np.empty((M, N), np.float64)
-    with parallel.exclusive():
-        mma_cpu.gemm(A.cpu().numpy(), BT.cpu().numpy(), SA.cpu().numpy(), SBT.cpu().numpy(), C.cpu().numpy(), out,
-                     unit.params())
+    A, BT, SA, SBT, C = (t.cpu() for t in (A, BT, SA, SBT, C))
+    if unit.kind == MMAKind.NV_GROUPS:
+        from ..kernels import mma_fast
+
+        P, EA, EBT = _group_operands(A, BT, SA, SBT, unit)
+        with parallel.exclusive():
+            mma_fast.groups_gemm(A.numpy(), BT.numpy(), SA.numpy(), SBT.numpy(), C.numpy(), P, EA, EBT, out,
+                                 unit.params())
+    else:
+        with parallel.exclusive():
+            mma_cpu.gemm(A.numpy(), BT.numpy(), SA.numpy(), SBT.numpy(), C.numpy(), out, unit.params())
     return torch.from_numpy(out).to(torch.float32).to(device)
+
+
+def _scale_exponents(s: torch.Tensor, emin: int) -> np.ndarray:
+    """sig_exp's exponent of every scale (zero: -126; NaN: a huge value, so the fast path declines)."""
+    s64 = s.to(torch.float64)
+    e = torch.clamp(torch.frexp(s64).exponent.to(torch.int64) - 1, min=emin)
+    e = torch.where(s64 == 0, torch.full_like(e, -126), e)
+    return torch.where(torch.isnan(s64), torch.full_like(e, 10**6), e).numpy()
+
+
+def _group_operands(A, BT, SA, SBT, unit: MMAUnit):
+    """(P, EA, EBT) of ``kernels.mma_fast.groups_gemm``: P (nsteps, M, N) the float64 GEMM of each step's
+    scaled products, EA (M, ngroups) / EBT (N, ngroups) each 16-element group's scale exponent."""
+    M, K = A.shape
+    N = BT.shape[0]
+    n = unit.terms
+    nsteps = -(-K // n)
+    ng = -(-K // GROUP)
+    gidx = torch.arange(ng) * GROUP // unit.block
+    emin = unit.params()[abi.X_SC_EMIN]
+    EA = np.ascontiguousarray(_scale_exponents(SA[:, gidx], emin))
+    EBT = np.ascontiguousarray(_scale_exponents(SBT[:, gidx], emin))
+    pad = nsteps * n - K
+    a = torch.nn.functional.pad(A.to(torch.float64) * SA.to(torch.float64).repeat_interleave(unit.block, 1), (0, pad))
+    bt = torch.nn.functional.pad(BT.to(torch.float64) * SBT.to(torch.float64).repeat_interleave(unit.block, 1),
+                                 (0, pad))
+    P = torch.bmm(a.reshape(M, nsteps, n).transpose(0, 1), bt.reshape(N, nsteps, n).permute(1, 2, 0))
+    return P.contiguous().numpy(), EA, EBT

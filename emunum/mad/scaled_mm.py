@@ -14,6 +14,10 @@ a_scale = b_scale = None.
 """
 from __future__ import annotations
 
+import functools
+import math
+
+import numpy as np
 import torch
 
 from ..quantize import check_tensor, quantize
@@ -44,8 +48,19 @@ def name_index(idx) -> str:
     return "[" + ", ".join(str(i) for i in idx) + "]"
 
 
+@functools.lru_cache(maxsize=None)
+def _value_set(fmt) -> tuple:
+    """(finite values as a float64 tensor, whether NaN and +-inf are values) of a format of <= 8 bits."""
+    special = quantize(torch.tensor([math.nan, math.inf], dtype=torch.float64), fmt, "nearest")
+    return torch.from_numpy(fmt.values().astype(np.float64)), bool(special[0].isnan()), bool(special[1].isinf())
+
+
 def _on_grid(x: torch.Tensor, fmt) -> torch.Tensor:
+    """Whether each value of x is a value of fmt (NaN counts where fmt has NaN)."""
     x64 = x.detach().to(torch.float64)
+    if fmt.bits <= 8:  # a set lookup: much cheaper than rounding
+        vals, nan, inf = _value_set(fmt)
+        return torch.isin(x64, vals) | (torch.isnan(x64) & nan) | (torch.isinf(x64) & inf)
     q = quantize(x64, fmt, "nearest")
     return (q == x64) | (torch.isnan(q) & torch.isnan(x64))
 

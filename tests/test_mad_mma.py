@@ -142,3 +142,16 @@ def test_unit_is_frozen():
     with pytest.raises(Exception):
         MMA_PRESETS["h100_wgmma_e4m3"].frac_bits = 12  # type: ignore[misc]
     assert isinstance(MMA_PRESETS["h100_wgmma_e4m3"], MMAUnit)
+
+
+@pytest.mark.parametrize("gpu,fmt,name", [("H100", "E4M3", "h100_wgmma_e4m3"), ("A100", "bf16", "a100_mma_bf16")])
+def test_model_presets_reproduce_measured_hardware_vectors(gpu, fmt, name):
+    """Where MMA-Sim's model and Khattak and Mikaitis's measured GPU outputs (tests/data/tensor_cores) cover the
+    same instruction, the MMA-Sim preset reproduces the hardware too (docs/matrix_units.md: B200 fp8 does not)."""
+    from emunum.mad import hwdata
+
+    p = hwdata.load_pair(os.path.join(os.path.dirname(__file__), "data", "tensor_cores"), gpu, fmt)
+    c = np.zeros_like(p.c) if p.c_is_zero else p.c
+    got = scaled_mm(torch.from_numpy(p.a), None, torch.from_numpy(p.b).T, None,
+                    torch.diag(torch.from_numpy(c.astype(np.float32))), name).diagonal().numpy()
+    assert mismatches(got, p.d32) == 0

@@ -66,7 +66,15 @@ def _on_grid(x: torch.Tensor, fmt) -> torch.Tensor:
 
 
 def check_elements(x: torch.Tensor, name: str, unit: MMAUnit) -> None:
-    ok = _on_grid(x, unit.element_format)
+    fmt = unit.element_format
+    if fmt.bits <= 8:  # a search in the value set (kernels/mma_check.py), stopping at the first miss
+        from ..kernels.mma_check import first_off_grid
+
+        vals, nan, inf = _value_set(fmt)
+        flat = x.detach().to(torch.float64).cpu().contiguous().reshape(-1)
+        if first_off_grid(flat.numpy(), np.sort(vals.numpy()), nan, inf) < 0:
+            return
+    ok = _on_grid(x, fmt)
     if not bool(ok.all()):
         raise ValueError(f"{name}{_first_bad(x, ok)} is not a {unit.element} value; allowed: values of "
                          f"{unit.element} (quantise first: emunum.quantize(x, {unit.element!r}))")

@@ -1,5 +1,12 @@
-"""Exact fast path of the mxf4nvf4 datapath (``emunum.mad.mma``, NV_GROUPS) on the CPU: the same bits as
-``mma_scalar.nv_groups``, with the products summed by a float64 GEMM wherever that sum is provably exact.
+"""Exact fast paths of the NVIDIA datapaths (``emunum.mad.mma``) on the CPU, the same bits as the scalar cores.
+
+``fused_gemm`` (NV_FUSED: f8f6f4, mxf8f6f4, wgmma, mma): ``nv_fused`` on integer operands. Each element is split
+once into x = m * 2**(e - man) (m an integer, e = exp(x), zero: m = 0, e = -126); a step then needs integer
+adds, a max, and shifts: a product m_a*m_b at exponent e_a + e_b + es (es: the step's scale exponents) in
+units of 2**(E - F) is m_a*m_b shifted by F - 2*man + e_a + e_b + es - E (right shifts truncate the magnitude:
+toward zero), c likewise with its 24-bit significand; S fits int64 (|S| < 2**33 for F <= 25, man <= 7).
+
+``groups_gemm`` (NV_GROUPS: mxf4nvf4): the products summed by a float64 GEMM wherever that sum is provably exact.
 
 Why it is exact. In a step, group g's term is G_g * sig(sa) * sig(sb) * 2**e_g with G_g a multiple of 2**-2
 and scale significands multiples of 2**-3, so the term is a multiple of 2**(e_g - 8). With E the step
@@ -19,9 +26,84 @@ from . import _cache, mma_scalar
 
 _cache.guard(__file__, [mma_scalar.__file__])
 
-from .mma_scalar import FP32_EMIN, FRAC, OUT_MAN, TERMS, nv_groups, sig_exp, trunc_int, truncate_fp32  # noqa: E402
+from .mma_scalar import (  # noqa: E402
+    FP32_EMIN, FRAC, OUT_MAN, TERMS, ZERO_EXP, nv_fused, nv_groups, sig_exp, trunc_int, truncate_fp32,
+)
 
 GROUP = 16
+
+
+@njit(cache=True, parallel=True)
+def split(X, emin, man, MX, EX):
+    """MX, EX <- the integer significand and exponent of every element of X (rows, K); False if any element
+    is not finite or not an integer multiple of 2**(e - man) (not a value of the format)."""
+    R, K = X.shape
+    bad = np.zeros(R, np.int64)
+    for r in prange(R):
+        for k in range(K):
+            x = np.float64(X[r, k])
+            if x == 0.0:
+                MX[r, k] = 0
+                EX[r, k] = ZERO_EXP
+                continue
+            if not math.isfinite(x):
+                bad[r] = 1
+                continue
+            e = math.frexp(x)[1] - 1
+            e = e if e > emin else emin
+            y = math.ldexp(x, man - e)
+            if y != math.floor(y):
+                bad[r] = 1
+            MX[r, k] = np.int64(y)
+            EX[r, k] = e
+    return bad.sum() == 0
+
+
+@njit(cache=True)
+def _shift_trunc(v, sh):
+    """v * 2**sh for sh >= 0, else v / 2**-sh truncated toward zero (v an int64)."""
+    sgn = v >> 63
+    u = (v ^ sgn) - sgn
+    left = sh if sh > 0 else 0
+    right = -sh if sh < 0 else 0
+    right = right if right < 63 else 63
+    t = (u << left) >> right
+    return (t ^ sgn) - sgn
+
+
+@njit(cache=True, parallel=True)
+def fused_gemm(A, BT, SA, SBT, C, MA, EA, MBT, EBT, ESA, ESBT, man, out, prm):
+    """out[i, j]: the NV_FUSED chain on integer operands (``split``); ESA (M, nsteps), ESBT (N, nsteps): the
+    step's scale exponents (0 without scales). A non-finite c takes the scalar core."""
+    M, N = out.shape
+    K = MA.shape[1]
+    n = prm[TERMS]
+    frac = prm[FRAC]
+    for i in prange(M):
+        for j in range(N):
+            acc = np.float64(C[i, j])
+            s = 0
+            for k0 in range(0, K, n):
+                k1 = min(K, k0 + n)
+                if not math.isfinite(acc):
+                    acc = nv_fused(A[i], BT[j], SA[i], SBT[j], k0, k1, acc, prm)
+                    s += 1
+                    continue
+                es = ESA[i, s] + ESBT[j, s]
+                sc, ec = sig_exp(acc, FP32_EMIN)
+                pmax = -1000000
+                for k in range(k0, k1):
+                    e = EA[i, k] + EBT[j, k]
+                    pmax = e if e > pmax else pmax
+                E = pmax + es
+                E = ec if ec > E else E
+                S = _shift_trunc(np.int64(math.ldexp(sc, 23)), frac - 23 + ec - E)
+                base = frac - 2 * man + es - E
+                for k in range(k0, k1):
+                    S += _shift_trunc(MA[i, k] * MBT[j, k], base + EA[i, k] + EBT[j, k])
+                acc = truncate_fp32(math.ldexp(np.float64(S), E - frac), prm[OUT_MAN])
+                s += 1
+            out[i, j] = acc
 
 
 @njit(cache=True, parallel=True)

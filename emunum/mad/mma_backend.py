@@ -46,10 +46,38 @@ def gemm(a: torch.Tensor, sa, b: torch.Tensor, sb, c: torch.Tensor, unit: MMAUni
         with parallel.exclusive():
             mma_fast.groups_gemm(A.numpy(), BT.numpy(), SA.numpy(), SBT.numpy(), C.numpy(), P, EA, EBT, out,
                                  unit.params())
+    elif unit.kind == MMAKind.NV_FUSED and _fused_fast(A, BT, SA, SBT, C, unit, out):
+        pass
     else:
         with parallel.exclusive():
             mma_cpu.gemm(A.numpy(), BT.numpy(), SA.numpy(), SBT.numpy(), C.numpy(), out, unit.params())
     return torch.from_numpy(out).to(torch.float32).to(device)
+
+
+def _fused_fast(A, BT, SA, SBT, C, unit: MMAUnit, out: np.ndarray) -> bool:
+    """Run ``kernels.mma_fast.fused_gemm`` into out; False (nothing run) when an element or scale is not finite."""
+    from ..kernels import mma_fast, parallel
+
+    fmt = unit.element_format
+    M, K = A.shape
+    N = BT.shape[0]
+    MA, EA = np.empty((M, K), np.int64), np.empty((M, K), np.int64)
+    MBT, EBT = np.empty((N, K), np.int64), np.empty((N, K), np.int64)
+    nsteps = -(-K // unit.terms)
+    if unit.scale is None:
+        ESA, ESBT = np.zeros((M, max(nsteps, 1)), np.int64), np.zeros((N, max(nsteps, 1)), np.int64)
+    else:
+        ESA = np.ascontiguousarray(_scale_exponents(SA[:, ::unit.terms // unit.block], -127))
+        ESBT = np.ascontiguousarray(_scale_exponents(SBT[:, ::unit.terms // unit.block], -127))
+        if ESA.max(initial=0) >= 10**6 or ESBT.max(initial=0) >= 10**6:  # a NaN scale
+            return False
+    with parallel.exclusive():
+        if not (mma_fast.split(A.numpy(), fmt.emin, fmt.man, MA, EA)
+                and mma_fast.split(BT.numpy(), fmt.emin, fmt.man, MBT, EBT)):
+            return False
+        mma_fast.fused_gemm(A.numpy(), BT.numpy(), SA.numpy(), SBT.numpy(), C.numpy(), MA, EA, MBT, EBT, ESA, ESBT,
+                            fmt.man, out, unit.params())
+    return True
 
 
 def _scale_exponents(s: torch.Tensor, emin: int) -> np.ndarray:

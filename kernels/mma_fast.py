@@ -1,7 +1,7 @@
 """Exact fast paths of the NVIDIA datapaths (``emunum.mad.mma``) on the CPU, the same bits as the scalar cores.
 
 ``fused_gemm`` (NV_FUSED: f8f6f4, mxf8f6f4, wgmma, mma): ``nv_fused`` on integer operands. Each element is split
-once into x = m * 2**(e - man) (m an integer, e = exp(x), zero: m = 0, e = -126); a step then needs integer
+once into x = m * 2**(e - man) (int32 m and e, e = exp(x), zero: m = 0, e = -126); a step then needs integer
 adds, a max, and shifts: a product m_a*m_b at exponent e_a + e_b + es (es: the step's scale exponents) in
 units of 2**(E - F) is m_a*m_b shifted by F - 2*man + e_a + e_b + es - E (right shifts truncate the magnitude:
 toward zero), c likewise with its 24-bit significand; S fits int64 (|S| < 2**33 for F <= 25, man <= 7).
@@ -54,7 +54,7 @@ def split(X, emin, man, MX, EX):
             y = math.ldexp(x, man - e)
             if y != math.floor(y):
                 bad[r] = 1
-            MX[r, k] = np.int64(y)
+            MX[r, k] = np.int32(y)
             EX[r, k] = e
     return bad.sum() == 0
 
@@ -71,39 +71,58 @@ def _shift_trunc(v, sh):
     return (t ^ sgn) - sgn
 
 
+TN = 64  # output columns advanced together by ``fused_gemm`` (its inner loops run over them: SIMD)
+
+
 @njit(cache=True, parallel=True)
-def fused_gemm(A, BT, SA, SBT, C, MA, EA, MBT, EBT, ESA, ESBT, man, out, prm):
-    """out[i, j]: the NV_FUSED chain on integer operands (``split``); ESA (M, nsteps), ESBT (N, nsteps): the
-    step's scale exponents (0 without scales). A non-finite c takes the scalar core."""
+def fused_gemm(A, BT, SA, SBT, C, MA, EA, MB, EB, ESA, ESB, man, out, prm):
+    """out[i, j]: the NV_FUSED chain on integer operands (``split`` of A (M, K) and of B (K, N), not
+    transposed, so the inner loops run over contiguous columns j); ESA (M, nsteps), ESB (nsteps, N): the step's
+    scale exponents (0 without scales). A non-finite c takes the scalar core (on A and BT)."""
     M, N = out.shape
     K = MA.shape[1]
     n = prm[TERMS]
     frac = prm[FRAC]
     for i in prange(M):
-        for j in range(N):
-            acc = np.float64(C[i, j])
+        acc = np.empty(TN, np.float64)
+        S = np.empty(TN, np.int64)
+        E = np.empty(TN, np.int64)
+        base = np.empty(TN, np.int64)
+        for j0 in range(0, N, TN):
+            w = min(TN, N - j0)
+            for t in range(w):
+                acc[t] = np.float64(C[i, j0 + t])
             s = 0
             for k0 in range(0, K, n):
                 k1 = min(K, k0 + n)
-                if not math.isfinite(acc):
-                    acc = nv_fused(A[i], BT[j], SA[i], SBT[j], k0, k1, acc, prm)
-                    s += 1
-                    continue
-                es = ESA[i, s] + ESBT[j, s]
-                sc, ec = sig_exp(acc, FP32_EMIN)
-                pmax = -1000000
+                for t in range(w):
+                    E[t] = -1000000
+                for k in range(k0, k1):  # the step exponent: the largest product exponent ...
+                    ea = EA[i, k]
+                    for t in range(w):
+                        e = ea + EB[k, j0 + t]
+                        E[t] = e if e > E[t] else E[t]
+                for t in range(w):  # ... with the scales, and c's
+                    es = ESA[i, s] + ESB[s, j0 + t]
+                    sc, ec = sig_exp(acc[t], FP32_EMIN) if math.isfinite(acc[t]) else (0.0, FP32_EMIN)
+                    e = E[t] + es
+                    e = ec if ec > e else e
+                    E[t] = e
+                    base[t] = frac - 2 * man + es - e
+                    S[t] = _shift_trunc(np.int64(math.ldexp(sc, 23)), frac - 23 + ec - e)
                 for k in range(k0, k1):
-                    e = EA[i, k] + EBT[j, k]
-                    pmax = e if e > pmax else pmax
-                E = pmax + es
-                E = ec if ec > E else E
-                S = _shift_trunc(np.int64(math.ldexp(sc, 23)), frac - 23 + ec - E)
-                base = frac - 2 * man + es - E
-                for k in range(k0, k1):
-                    S += _shift_trunc(MA[i, k] * MBT[j, k], base + EA[i, k] + EBT[j, k])
-                acc = truncate_fp32(math.ldexp(np.float64(S), E - frac), prm[OUT_MAN])
+                    ma = MA[i, k]
+                    ea = EA[i, k]
+                    for t in range(w):
+                        S[t] += _shift_trunc(np.int64(ma * MB[k, j0 + t]), base[t] + ea + EB[k, j0 + t])
+                for t in range(w):
+                    if math.isfinite(acc[t]):
+                        acc[t] = truncate_fp32(math.ldexp(np.float64(S[t]), E[t] - frac), prm[OUT_MAN])
+                    else:
+                        acc[t] = nv_fused(A[i], BT[j0 + t], SA[i], SBT[j0 + t], k0, k1, acc[t], prm)
                 s += 1
-            out[i, j] = acc
+            for t in range(w):
+                out[i, j0 + t] = acc[t]
 
 
 @njit(cache=True, parallel=True)

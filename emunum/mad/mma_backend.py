@@ -61,21 +61,22 @@ def _fused_fast(A, BT, SA, SBT, C, unit: MMAUnit, out: np.ndarray) -> bool:
     fmt = unit.element_format
     M, K = A.shape
     N = BT.shape[0]
-    MA, EA = np.empty((M, K), np.int64), np.empty((M, K), np.int64)
-    MBT, EBT = np.empty((N, K), np.int64), np.empty((N, K), np.int64)
-    nsteps = -(-K // unit.terms)
+    B = BT.t().contiguous()
+    MA, EA = np.empty((M, K), np.int32), np.empty((M, K), np.int32)
+    MB, EB = np.empty((K, N), np.int32), np.empty((K, N), np.int32)
+    nsteps = max(-(-K // unit.terms), 1)
     if unit.scale is None:
-        ESA, ESBT = np.zeros((M, max(nsteps, 1)), np.int64), np.zeros((N, max(nsteps, 1)), np.int64)
+        ESA, ESB = np.zeros((M, nsteps), np.int64), np.zeros((nsteps, N), np.int64)
     else:
         ESA = np.ascontiguousarray(_scale_exponents(SA[:, ::unit.terms // unit.block], -127))
-        ESBT = np.ascontiguousarray(_scale_exponents(SBT[:, ::unit.terms // unit.block], -127))
-        if ESA.max(initial=0) >= 10**6 or ESBT.max(initial=0) >= 10**6:  # a NaN scale
+        ESB = np.ascontiguousarray(_scale_exponents(SBT[:, ::unit.terms // unit.block], -127).T)
+        if ESA.max(initial=0) >= 10**6 or ESB.max(initial=0) >= 10**6:  # a NaN scale
             return False
     with parallel.exclusive():
         if not (mma_fast.split(A.numpy(), fmt.emin, fmt.man, MA, EA)
-                and mma_fast.split(BT.numpy(), fmt.emin, fmt.man, MBT, EBT)):
+                and mma_fast.split(B.numpy(), fmt.emin, fmt.man, MB, EB)):
             return False
-        mma_fast.fused_gemm(A.numpy(), BT.numpy(), SA.numpy(), SBT.numpy(), C.numpy(), MA, EA, MBT, EBT, ESA, ESBT,
+        mma_fast.fused_gemm(A.numpy(), BT.numpy(), SA.numpy(), SBT.numpy(), C.numpy(), MA, EA, MB, EB, ESA, ESB,
                             fmt.man, out, unit.params())
     return True
 

@@ -59,24 +59,35 @@ def split(X, emin, man, MX, EX):
     return bad.sum() == 0
 
 
+@njit(cache=True)
+def _shift_trunc(v, sh):
+    """v * 2**sh for sh >= 0, else v / 2**-sh truncated toward zero (v an int64)."""
+    sgn = v >> 63
+    u = (v ^ sgn) - sgn
+    left = sh if sh > 0 else 0
+    right = -sh if sh < 0 else 0
+    right = right if right < 63 else 63
+    t = (u << left) >> right
+    return (t ^ sgn) - sgn
+
+
 TN = 64  # output columns advanced together by ``fused_gemm`` (its inner loops run over them: SIMD)
-NOZERO = 100000  # the exponent a zero element takes in EAZ/EBZ, so that the smallest exponent skips zeros
 
 
 @njit(cache=True, parallel=True)
-def fused_gemm(A, BT, SA, SBT, C, P, EA, EB, EAZ, EBZ, ESA, ESB, man, out, prm):
-    """out[i, j]: the NV_FUSED chain. P (nsteps, M, N): the float64 GEMM of each step's scaled products; EA (M, K),
-    EB (K, N): element exponents (``split``; zero: -126), EAZ/EBZ the same with zero: NOZERO; ESA (M, nsteps),
-    ESB (nsteps, N): the step's scale exponents (0 without scales). A step whose products all sit at or above
-    2**(E - F) (none truncated) is trunc(c at 2**(E - F)) + P, exactly; any other step takes the scalar core."""
+def fused_gemm(A, BT, SA, SBT, C, MA, EA, MB, EB, ESA, ESB, man, out, prm):
+    """out[i, j]: the NV_FUSED chain on integer operands (``split`` of A (M, K) and of B (K, N), not
+    transposed, so the inner loops run over contiguous columns j); ESA (M, nsteps), ESB (nsteps, N): the step's
+    scale exponents (0 without scales). A non-finite c takes the scalar core (on A and BT)."""
     M, N = out.shape
-    K = EA.shape[1]
+    K = MA.shape[1]
     n = prm[TERMS]
     frac = prm[FRAC]
     for i in prange(M):
         acc = np.empty(TN, np.float64)
-        pmax = np.empty(TN, np.int32)
-        pmin = np.empty(TN, np.int32)
+        S = np.empty(TN, np.int64)
+        E = np.empty(TN, np.int64)
+        base = np.empty(TN, np.int64)
         for j0 in range(0, N, TN):
             w = min(TN, N - j0)
             for t in range(w):
@@ -85,29 +96,30 @@ def fused_gemm(A, BT, SA, SBT, C, P, EA, EB, EAZ, EBZ, ESA, ESB, man, out, prm):
             for k0 in range(0, K, n):
                 k1 = min(K, k0 + n)
                 for t in range(w):
-                    pmax[t] = -NOZERO
-                    pmin[t] = NOZERO
-                for k in range(k0, k1):
+                    E[t] = -1000000
+                for k in range(k0, k1):  # the step exponent: the largest product exponent ...
                     ea = EA[i, k]
-                    eaz = EAZ[i, k]
                     for t in range(w):
                         e = ea + EB[k, j0 + t]
-                        pmax[t] = e if e > pmax[t] else pmax[t]
-                        ez = eaz + EBZ[k, j0 + t]
-                        pmin[t] = ez if ez < pmin[t] else pmin[t]
-                for t in range(w):
-                    c = acc[t]
-                    p = P[s, i, j0 + t]
+                        E[t] = e if e > E[t] else E[t]
+                for t in range(w):  # ... with the scales, and c's
                     es = ESA[i, s] + ESB[s, j0 + t]
-                    if math.isfinite(c) and math.isfinite(p):
-                        sc, ec = sig_exp(c, FP32_EMIN)
-                        E = pmax[t] + es
-                        E = ec if ec > E else E
-                        if pmin[t] + es - 2 * man >= E - frac:
-                            cq = math.ldexp(np.float64(trunc_int(math.ldexp(sc, frac + ec - E))), E - frac)
-                            acc[t] = truncate_fp32(cq + p, prm[OUT_MAN])
-                            continue
-                    acc[t] = nv_fused(A[i], BT[j0 + t], SA[i], SBT[j0 + t], k0, k1, c, prm)
+                    sc, ec = sig_exp(acc[t], FP32_EMIN) if math.isfinite(acc[t]) else (0.0, FP32_EMIN)
+                    e = E[t] + es
+                    e = ec if ec > e else e
+                    E[t] = e
+                    base[t] = frac - 2 * man + es - e
+                    S[t] = _shift_trunc(np.int64(math.ldexp(sc, 23)), frac - 23 + ec - e)
+                for k in range(k0, k1):
+                    ma = MA[i, k]
+                    ea = EA[i, k]
+                    for t in range(w):
+                        S[t] += _shift_trunc(np.int64(ma * MB[k, j0 + t]), base[t] + ea + EB[k, j0 + t])
+                for t in range(w):
+                    if math.isfinite(acc[t]):
+                        acc[t] = truncate_fp32(math.ldexp(np.float64(S[t]), E[t] - frac), prm[OUT_MAN])
+                    else:
+                        acc[t] = nv_fused(A[i], BT[j0 + t], SA[i], SBT[j0 + t], k0, k1, acc[t], prm)
                 s += 1
             for t in range(w):
                 out[i, j0 + t] = acc[t]

@@ -64,32 +64,20 @@ def _fused_fast(A, BT, SA, SBT, C, unit: MMAUnit, out: np.ndarray) -> bool:
     B = BT.t().contiguous()
     MA, EA = np.empty((M, K), np.int32), np.empty((M, K), np.int32)
     MB, EB = np.empty((K, N), np.int32), np.empty((K, N), np.int32)
-    n = unit.terms
-    nsteps = max(-(-K // n), 1)
+    nsteps = max(-(-K // unit.terms), 1)
     if unit.scale is None:
-        ESA, ESB = np.zeros((M, nsteps), np.int32), np.zeros((nsteps, N), np.int32)
+        ESA, ESB = np.zeros((M, nsteps), np.int64), np.zeros((nsteps, N), np.int64)
     else:
-        ESA = np.ascontiguousarray(_scale_exponents(SA[:, ::n // unit.block], -127).astype(np.int32))
-        ESB = np.ascontiguousarray(_scale_exponents(SBT[:, ::n // unit.block], -127).T.astype(np.int32))
+        ESA = np.ascontiguousarray(_scale_exponents(SA[:, ::unit.terms // unit.block], -127))
+        ESB = np.ascontiguousarray(_scale_exponents(SBT[:, ::unit.terms // unit.block], -127).T)
         if ESA.max(initial=0) >= 10**6 or ESB.max(initial=0) >= 10**6:  # a NaN scale
             return False
     with parallel.exclusive():
         if not (mma_fast.split(A.numpy(), fmt.emin, fmt.man, MA, EA)
                 and mma_fast.split(B.numpy(), fmt.emin, fmt.man, MB, EB)):
             return False
-    EAZ = np.where(MA == 0, mma_fast.NOZERO, EA).astype(np.int32)
-    EBZ = np.where(MB == 0, mma_fast.NOZERO, EB).astype(np.int32)
-    pad = nsteps * n - K
-    a = A.to(torch.float64)
-    bt = BT.to(torch.float64)
-    if unit.scale is not None:
-        a = a * SA.to(torch.float64).repeat_interleave(unit.block, 1)[:, :K]
-        bt = bt * SBT.to(torch.float64).repeat_interleave(unit.block, 1)[:, :K]
-    a, bt = torch.nn.functional.pad(a, (0, pad)), torch.nn.functional.pad(bt, (0, pad))
-    P = torch.bmm(a.reshape(M, nsteps, n).transpose(0, 1), bt.reshape(N, nsteps, n).permute(1, 2, 0)).contiguous()
-    with parallel.exclusive():
-        mma_fast.fused_gemm(A.numpy(), BT.numpy(), SA.numpy(), SBT.numpy(), C.numpy(), P.numpy(), EA, EB, EAZ, EBZ,
-                            ESA, ESB, fmt.man, out, unit.params())
+        mma_fast.fused_gemm(A.numpy(), BT.numpy(), SA.numpy(), SBT.numpy(), C.numpy(), MA, EA, MB, EB, ESA, ESB,
+                            fmt.man, out, unit.params())
     return True
 
 

@@ -103,7 +103,7 @@ def check_scales(s, name: str, unit: MMAUnit, shape: tuple) -> torch.Tensor:
     return s64
 
 
-def scaled_mm(a: torch.Tensor, a_scale, b: torch.Tensor, b_scale, c=None, unit="b200_mxf4nvf4_ue4m3") -> torch.Tensor:
+def scaled_mm(a: torch.Tensor, a_scale, b: torch.Tensor, b_scale, c, unit) -> torch.Tensor:
     """D = a @ b on a matrix instruction (module docstring), a float32 tensor (M, N) on a's device.
 
     a (M, K), b (K, N): element values of ``unit.element``; a_scale (M, K/block), b_scale (K/block, N): scale

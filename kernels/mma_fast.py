@@ -27,7 +27,7 @@ from . import _cache, mma_scalar
 _cache.guard(__file__, [mma_scalar.__file__])
 
 from .mma_scalar import (  # noqa: E402
-    FP32_EMIN, FRAC, OUT_MAN, TERMS, ZERO_EXP, nv_fused, nv_groups, sig_exp, trunc_int, truncate_fp32,
+    FP32_EMIN, FRAC, OUT_MAN, TERMS, TWO128, ZERO_EXP, nv_fused, nv_groups, sig_exp,
 )
 
 GROUP = 16
@@ -117,12 +117,39 @@ def fused_gemm(A, BT, SA, SBT, C, MA, EA, MB, EB, ESA, ESB, man, out, prm):
                         S[t] += _shift_trunc(np.int64(ma * MB[k, j0 + t]), base[t] + ea + EB[k, j0 + t])
                 for t in range(w):
                     if math.isfinite(acc[t]):
-                        acc[t] = truncate_fp32(math.ldexp(np.float64(S[t]), E[t] - frac), prm[OUT_MAN])
+                        acc[t] = _truncate_fp32(np.float64(S[t]) * _pow2(E[t] - frac), prm[OUT_MAN])
                     else:
                         acc[t] = nv_fused(A[i], BT[j0 + t], SA[i], SBT[j0 + t], k0, k1, acc[t], prm)
                 s += 1
             for t in range(w):
                 out[i, j0 + t] = acc[t]
+
+
+@njit(cache=True)
+def _ilogb(x):
+    """floor(log2|x|) of a normal nonzero binary64 x (from its exponent field)."""
+    return np.int64((np.float64(x).view(np.uint64) >> np.uint64(52)) & np.uint64(2047)) - 1023
+
+
+@njit(cache=True)
+def _pow2(k):
+    """2**k for -1022 <= k <= 1023, exactly (built from its bits)."""
+    return np.uint64((k + 1023) << 52).view(np.float64)
+
+
+@njit(cache=True)
+def _truncate_fp32(v, out_man):
+    """``mma_scalar.truncate_fp32`` with bit-level exponents, for a normal binary64 v or 0: the same value."""
+    if v == 0.0:
+        return 0.0
+    e = _ilogb(v)
+    e = e if e > FP32_EMIN else FP32_EMIN
+    a = math.floor(abs(v) * _pow2(out_man - e)) * _pow2(e - out_man)
+    if a == 0.0:
+        return 0.0
+    if a >= TWO128:
+        a = math.inf
+    return -a if v < 0.0 else a
 
 
 @njit(cache=True, parallel=True)
@@ -150,12 +177,12 @@ def groups_gemm(A, BT, SA, SBT, C, P, EA, EBT, out, prm):
                         e = EA[i, g] + EBT[j, g]
                         emax = e if e > emax else emax
                         emin = e if e < emin else emin
-                    sc, ec = sig_exp(acc, FP32_EMIN)
+                    ec = FP32_EMIN if acc == 0.0 else max(_ilogb(acc), FP32_EMIN)  # acc: an fp32 value
                     E = ec if ec > emax else emax
                     fast = E - emin <= lim
-                if fast:
-                    cq = math.ldexp(np.float64(trunc_int(math.ldexp(sc, frac + ec - E))), E - frac)
-                    acc = truncate_fp32(cq + p, prm[OUT_MAN])
+                if fast:  # c truncated toward zero to a multiple of 2**(E - frac), plus P: exact
+                    cq = math.floor(abs(acc) * _pow2(frac - E)) * _pow2(E - frac) if E - ec < 60 else 0.0
+                    acc = _truncate_fp32((-cq if acc < 0.0 else cq) + p, prm[OUT_MAN])
                 else:
                     acc = nv_groups(A[i], BT[j], SA[i], SBT[j], k0, k1, acc, prm)
                 s += 1

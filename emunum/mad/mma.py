@@ -137,6 +137,10 @@ MMA_PRESETS = {u.name: u for u in (
     MMAUnit("mi300_mfma_fp8", _AMD, "e4m3fnuz", 32, 16, 24, pairs=True,
             source="MMA-Sim mfma('CDNA3', 'f32_16x16x32_fp8_fp8')"),
     MMAUnit("mi300_mfma_bf16", _AMD, "bf16", 16, 8, 24, source="MMA-Sim mfma('CDNA3', 'f32_16x16x16_bf16')"),
+    MMAUnit("h100_wgmma_e5m2", _NV, "e5m2", 32, 32, 13, out_man=13,
+            source="MMA-Sim wgmma('Hopper', 'm64nNk32.f32.e5m2.e5m2')"),
+    MMAUnit("mi300_mfma_bf8", _AMD, "e5m2fnuz", 32, 16, 24, pairs=True,
+            source="MMA-Sim mfma('CDNA3', 'f32_16x16x32_bf8_bf8')"),
 )}
 
 

@@ -24,7 +24,8 @@ from ..quantize import check_tensor, quantize
 from . import mma_backend
 from .mma import MMAUnit, mma_preset
 
-_F8 = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e4m3fnuz": torch.float8_e4m3fnuz}
+_F8 = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e4m3fnuz": torch.float8_e4m3fnuz,
+       "e5m2fnuz": torch.float8_e5m2fnuz}
 
 
 def _check_dtype(x, name: str, unit: MMAUnit) -> torch.Tensor:

@@ -35,10 +35,14 @@ PRESETS = {
     "a100_mma_bf16": (mma, "Ampere", "m16n8k16.f32.bf16.bf16.f32", "bf16", None, 16, 0),
     "mi300_mfma_fp8": (mfma, "CDNA3", "f32_16x16x32_fp8_fp8", "e4m3fnuz", None, 32, 0),
     "mi300_mfma_bf16": (mfma, "CDNA3", "f32_16x16x16_bf16", "bf16", None, 16, 0),
+    "h100_wgmma_e5m2": (wgmma, "Hopper", "m64n8k32.f32.e5m2.e5m2", "e5m2", None, 32, 0),
+    "mi300_mfma_bf8": (mfma, "CDNA3", "f32_16x16x32_bf8_bf8", "e5m2fnuz", None, 32, 0),
 }
 ML = {"e4m3fn": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
+      "e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
       "e2m1": ml_dtypes.float4_e2m1fn, "bf16": ml_dtypes.bfloat16}
 TORCH = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e4m3fnuz": torch.float8_e4m3fnuz,
+         "e5m2fnuz": torch.float8_e5m2fnuz,
          "bf16": torch.bfloat16, "ue8m0": torch.float8_e8m0fnu, "ue4m3": torch.float8_e4m3fn}
 
 

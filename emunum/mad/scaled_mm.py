@@ -42,10 +42,10 @@ def _check_dtype(x, name: str, unit: MMAUnit) -> torch.Tensor:
 
 def _first_bad(x: torch.Tensor, ok: torch.Tensor) -> str:
     idx = (~ok).nonzero()[0].tolist()
-    return f"{name_index(idx)}={x[tuple(idx)].item()!r}"
+    return f"{_name_index(idx)}={x[tuple(idx)].item()!r}"
 
 
-def name_index(idx) -> str:
+def _name_index(idx) -> str:
     return "[" + ", ".join(str(i) for i in idx) + "]"
 
 

@@ -11,12 +11,15 @@ General rows (target >= 1 GMAC/s): units the round-to-nearest fast kernel cannot
 through emunum.matmul (the dispatcher picks kernels/gemm_vec.py), each next to the reference per-element kernel
 ``gemm_general`` on the same operands in the same run (--baseline-repeat timed calls after a warm-up; 0: skip).
 
+Matrix-instruction rows: ``emunum.mad.scaled_mm`` on the block-scaled presets at --mma-size (0: skip), each
+beside torch.matmul on the same element values (benchmarks/gemm_mma.py).
+
 Multi-term rows: tensor-core presets h100_fp8_e4m3 (e4m3 operands) and a100_bf16 (bf16
 operands), and exact (Kulisch) accumulation, at --mt-size, on the multi-term kernels (0: skip); the kernel
 ``gemm_auto`` chose is named in the row; --mt-old adds each unit's pre-float64 kernel as a same-run baseline.
 
     python benchmarks/gemm.py [--size 512] [--repeat 5] [--general-size 512] [--baseline-repeat 1]
-                              [--mt-size 512] [--mt-old] [--threads N]
+                              [--mt-size 512] [--mt-old] [--mma-size 512] [--threads N]
 """
 from __future__ import annotations
 
@@ -62,6 +65,7 @@ def main() -> None:
     ap.add_argument("--mt-size", type=int, default=512, help="size for the multi-term rows (0: skip)")
     ap.add_argument("--threads", type=int, default=0, help="numba and torch threads (0: leave the defaults)")
     ap.add_argument("--mt-old", action="store_true", help="multi-term rows: also time the old kernels (slow)")
+    ap.add_argument("--mma-size", type=int, default=512, help="size for the matrix-instruction rows (0: skip)")
     args = ap.parse_args()
     if args.threads:
         numba.set_num_threads(args.threads)
@@ -85,6 +89,10 @@ def main() -> None:
         general_rows(A, B, args.general_size, args.repeat, args.baseline_repeat)
     if args.mt_size:
         multiterm_rows(args.mt_size, args.repeat, args.mt_old)
+    if args.mma_size:
+        from gemm_mma import mma_rows  # benchmarks/gemm_mma.py
+
+        mma_rows(args.mma_size, args.repeat, timed, line)
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("n/a",)
     print(f"# load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 

@@ -7,21 +7,23 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Units:
-    """``mad``: an ``emunum.mad.MADUnit`` (or a preset name, parsed here) for the GEMMs of Linear, Conv and
-    attention layers and the functional GEMMs; ``mad_backward``: the units of their backward GEMMs (one unit or
-    a tuple, passed to ``emunum.mad`` as ``backward_units``). None: torch's GEMMs."""
+    """``mad``: an ``emunum.mad.MADUnit`` or ``MMAUnit`` (or a preset or instruction name, parsed here) for
+    the GEMMs of Linear, Conv and attention layers and the functional GEMMs; ``mad_backward``: the units of
+    their backward GEMMs (one unit or a tuple, passed to ``emunum.mad`` as ``backward_units``). None: torch's
+    GEMMs."""
 
     mad: Any = None
     mad_backward: Any = None
 
     def __post_init__(self):
-        if isinstance(self.mad, str):  # a preset name: MADUnit.preset (emunum units)
-            from .mad import MADUnit  # noqa: PLC0415  (imported only when a policy names a unit)
+        if isinstance(self.mad, str):  # a preset name: MADUnit.preset (emunum units) or a matrix instruction
+            from .mad import MMA_PRESETS, MADUnit  # noqa: PLC0415  (imported only when a policy names a unit)
 
             try:
-                object.__setattr__(self, "mad", MADUnit.preset(self.mad))
+                unit = MMA_PRESETS.get(self.mad.strip().lower()) or MADUnit.preset(self.mad)
             except ValueError as e:
-                raise ValueError(f"mad={self.mad!r}: {e}") from None
+                raise ValueError(f"mad={self.mad!r}: {e}; or a matrix instruction: {', '.join(MMA_PRESETS)}") from None
+            object.__setattr__(self, "mad", unit)
         if self.mad is not None:
             check_unit(self.mad, "mad")
         if self.mad_backward is not None:
@@ -31,7 +33,7 @@ class Units:
 
 
 def check_unit(unit, field: str) -> None:
-    from .mad import MADUnit  # noqa: PLC0415
+    from .mad import MADUnit, MMAUnit  # noqa: PLC0415
 
-    if not isinstance(unit, MADUnit):
-        raise TypeError(f"{field} must be an emunum.mad.MADUnit, got {type(unit).__name__}")
+    if not isinstance(unit, (MADUnit, MMAUnit)):
+        raise TypeError(f"{field} must be an emunum.mad.MADUnit or MMAUnit, got {type(unit).__name__}")

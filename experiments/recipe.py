@@ -46,11 +46,9 @@ def policy_kwargs(fcfg, mad: str | None = None) -> dict:
             policy[k] = tuple(policy[k])
     if "exclude" in policy:
         policy["filter"] = _exclude_filter(policy.pop("exclude"))
-    if mad is not None:  # a preset name (top-level ``mad=``) replaces format.mad
-        from emunum.mad import MADUnit
-
+    if mad is not None:  # a preset name (top-level ``mad=``) replaces format.mad; Policy resolves it
         policy.pop("mad", None)
-        policy["mad"] = MADUnit.preset(mad)
+        policy["mad"] = mad
     elif fcfg.mad is not None:
         if "mad" in policy:
             raise ValueError("give the MAD unit once: format.mad or format.policy.mad, not both")

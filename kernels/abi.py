@@ -124,3 +124,7 @@ NPRM = 8
 # the widest units the CUDA kernels hold in registers / shared memory (``MADUnit`` refuses wider ones)
 MAX_LANES = 64
 MAX_TERMS = 256
+# a matrix instruction (``kernels/mma_scalar.py``; ``emunum.mad.mma.MMAUnit.params`` fills it)
+X_KIND, X_TERMS, X_FRAC, X_OUT_MAN, X_EL_EMIN, X_SC_EMIN, X_BLOCK, X_PAIRS = range(8)
+NXPARAM = 8
+X_NV_FUSED, X_NV_GROUPS, X_AMD_TWO_STAGE = 0, 1, 2  # X_KIND's values

@@ -7,6 +7,8 @@
 - ``block``: ``block_matmul``, a GEMM on block-scaled operands (MX, NVFP4): exact block-pair sums, scaled,
   accumulated on the unit;
 - ``custom``: ``custom_matmul``, a GEMM in a user-defined type's own ``add`` / ``mul`` (``CustomFormat``);
+- ``mma``, ``scaled_mm``: ``MMAUnit`` matrix instructions after MMA-Sim (tcgen05 block-scaled MMA, wgmma, MFMA)
+  and ``scaled_mm``, a GEMM on one with block scales as the instruction takes them;
 - ``lns``: ``lns_matmul``, a GEMM on a logarithmic-number unit (exact products, exact or Mitchell addition);
 - ``multiplier``: ``Multiplier``, the product step (exact, lookup table, Mitchell, truncated, DRUM, user function);
 - ``backend``: validation and dispatch to ``kernels.gemm_cpu`` / ``kernels.gemm_cuda`` (loaded on first use).
@@ -19,12 +21,14 @@ from .conv import conv1d, conv2d
 from .custom import custom_matmul
 from .functional import addmm, baddbmm, derived_seed, linear, mad, matmul
 from .lns import LNSAdd, lns_matmul
+from .mma import MMA_PRESETS, MMAUnit
 from .multiplier import Multiplier, MultiplierKind
+from .scaled_mm import scaled_mm
 from .unit import MADUnit, Order
 
 elementwise = mad
 
 __all__ = ["MADUnit", "Order", "Multiplier", "MultiplierKind", "mad", "elementwise", "matmul", "linear", "addmm", "baddbmm", "conv1d",
            "conv2d", "derived_seed", "block_matmul", "custom_matmul",
-           "lns_matmul", "LNSAdd"]
+           "lns_matmul", "LNSAdd", "scaled_mm", "MMAUnit", "MMA_PRESETS"]
 

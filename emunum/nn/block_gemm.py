@@ -27,6 +27,10 @@ products, scores = q k^T (K = head_dim) and context = probs v (K = source length
 operands with the input role's format along K and, backward, the incoming gradient with the grad_output
 role's (grad-a = g b^T along N, grad-b = a^T g along M; ``block_bmm``).
 
+Matrix instructions (``Policy.mad`` a block-scaled ``emunum.mad.MMAUnit``, e.g. "b200_mxf4nvf4_ue4m3"): each of
+the three GEMMs runs ``emunum.mad.block_mma.block_scaled_mm``: its operands quantised as above, the elements and
+block scales fed to the instruction (``emunum.mad.scaled_mm``), the tensor scales applied after.
+
 MAD units (``Policy.mad``, ``mad_backward``): each of the three GEMMs runs ``emunum.mad.block_matmul`` on its
 unit (block-pair sums exact, scaled, accumulated in the unit's accumulator; bias added after, in fp32); every
 operand role must then hold a BlockFormat, and each GEMM's format pair must pass its exactness check.
@@ -53,6 +57,7 @@ from ..autograd import STE
 from ..formats import BlockFormat
 from ..hadamard import rht
 from ..mad.block import block_matmul, check_pair, check_unit
+from ..mad.block_mma import block_scaled_mm, check_formats, is_mma_unit
 from ..mad.functional import parse_backward_units
 from ..policy import BLOCK_ROLES, Policy, Role, RoleSpec
 from ..quantize import check_sr_bits, quantize
@@ -97,6 +102,9 @@ class BlockPlan:
         if self.units is None:
             return self.q(a, ra, -1, trace) @ self.q(b, rb, axis_b, trace)
         sa, sb = getattr(self, ra.value), getattr(self, rb.value)
+        if is_mma_unit(self.units[i]):  # a block-scaled matrix instruction takes the elements and block scales
+            return block_scaled_mm(a, b, sa.fmt, sb.fmt, self.units[i], rounding=sa.rounding,
+                                   rounding_b=sb.rounding, sr_bits=self.sr_bits or 32).to(a.dtype)
         seed = None if trace is None else trace.block_matmul_seed(a, b, ra, sa, rb, sb, self.units[i], self.sr_bits)
         return block_matmul(a, b, sa.fmt, sb.fmt, self.units[i], rounding=sa.rounding, rounding_b=sb.rounding,
                             seed=seed, sr_bits=self.sr_bits or 32).to(a.dtype)
@@ -157,6 +165,13 @@ def _mad_units(policy: Policy) -> tuple:
     if fw.tile[0] not in (0, fw.tile[1]):
         raise ValueError(f"Policy.mad with weight={fw.name}: W and W^T must share their tiles; allowed: square "
                          "tiles or 1-D blocks")
+    if is_mma_unit(policy.mad):  # a matrix instruction runs all three GEMMs (mad_backward: not for these)
+        if policy.mad_backward is not None:
+            raise ValueError(f"Policy.mad={policy.mad.name} (a matrix instruction) with mad_backward: allowed: "
+                             "mad_backward=None (the instruction runs every GEMM)")
+        for a, b in ((fin, fw), (fgo, fw), (fgo, fin)):
+            check_formats(a, b, policy.mad)
+        return (policy.mad,) * 3
     for a, b in ((fin, fw), (fgo, fw), (fgo, fin)):  # forward, grad-input, grad-weight
         check_pair(a, b)
     units = (policy.mad, *parse_backward_units(policy.mad, policy.mad_backward))

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from .formats import BlockFormat, Format, NumberFormat, RoundMode, get_format, parse_enum
+from .formats import BlockFormat, Format, FormatSpec, RoundMode, get_format, parse_enum
 
 
 class Role(enum.Enum):
@@ -100,7 +100,7 @@ def role_spec(value, role: Role, default_rounding, default_scaling=Scaling.NONE)
             if len(value) not in (2, 3):
                 raise ValueError(f"a (format, rounding[, scaling]) tuple has 2 or 3 items, got {len(value)}")
             return RoleSpec(value[0], value[1], value[2] if len(value) == 3 else default_scaling)
-        if isinstance(value, (str, NumberFormat)):  # every number system's spec
+        if isinstance(value, (str, FormatSpec)):  # every number system's spec, element or block
             return RoleSpec(value, default_rounding, default_scaling)
         raise TypeError(
             f"expected a format, a format name, a RoleSpec, a (format, rounding[, scaling]) tuple or None, "

@@ -1,6 +1,6 @@
 """Number formats: what values exist, and how to round to them. One module per number system.
 
-``base`` (RoundMode, the NumberFormat interface), ``float`` (FloatFormat), ``fixed`` (FixedFormat),
+``base`` (RoundMode; FormatSpec, what every spec has; NumberFormat, an element format's interface), ``float`` (FloatFormat), ``fixed`` (FixedFormat),
 ``posit`` (PositFormat), ``block`` (BlockFormat), ``scale_rule`` (its scale rules), ``table`` (TableFormat,
 codebooks), ``log`` (LogFormat), ``p3109`` (P3109Format), ``custom`` (CustomFormat, user-defined types),
 ``interned`` (ids for custom ops), ``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue), ``names``
@@ -8,7 +8,7 @@ codebooks), ``log`` (LogFormat), ``p3109`` (P3109Format), ``custom`` (CustomForm
 """
 from typing import Union
 
-from .base import NumberFormat, Overflow, RoundMode, parse_enum
+from .base import FormatSpec, NumberFormat, Overflow, RoundMode, parse_enum
 from .custom import CustomFormat
 from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0, BlockFormat, E8M0Format
 from .scale_rule import ScaleRule
@@ -24,7 +24,7 @@ from .presets import ALIASES, POSIT_PRESETS, PRESETS, known_names
 Format = Union[FloatFormat, FixedFormat, PositFormat]  # the element formats the kernels take directly
 
 __all__ = [
-    "NumberFormat", "RoundMode", "Overflow", "parse_enum", "FloatFormat", "FixedFormat", "Special", "Format",
+    "FormatSpec", "NumberFormat", "RoundMode", "Overflow", "parse_enum", "FloatFormat", "FixedFormat", "Special", "Format",
     "get_format", "format_or_none", "PRESETS", "ALIASES", "known_names",
     "PositFormat", "POSIT_PRESETS",
     "BlockFormat", "E8M0Format", "E8M0", "ScaleRule", "BLOCK_PRESETS", "BLOCK_ALIASES",

@@ -94,8 +94,9 @@ def check_bool(name: str, value) -> bool:
 
 
 
-class NumberFormat(abc.ABC):
-    """The interface of every number-format spec (each one a frozen dataclass). Each also has ``bits``, the
+class FormatSpec(abc.ABC):
+    """What every format spec has, an element format (``NumberFormat``) or a block format (``BlockFormat``,
+    whose elements share scales): a canonical name and a largest finite value. Each also has ``bits``, the
     bits per element (a field or a property, so not declared here: a dataclass field cannot override one)."""
 
     @property
@@ -107,6 +108,11 @@ class NumberFormat(abc.ABC):
     @abc.abstractmethod
     def max(self) -> float:
         """The largest finite value."""
+
+
+class NumberFormat(FormatSpec):
+    """The interface of an element format (each one a frozen dataclass): every value stands alone, with a
+    code of its own; values, codes and one kernel record (``to_kernel_args``) describe it completely."""
 
     @abc.abstractmethod
     def decode(self, codes) -> np.ndarray:

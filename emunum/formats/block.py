@@ -19,7 +19,7 @@ from typing import Union
 
 import numpy as np
 
-from .base import NumberFormat, RoundMode, as_codes, check_bool, check_int
+from .base import FormatSpec, NumberFormat, RoundMode, as_codes, check_bool, check_int
 from .fixed import FixedFormat
 from .float import FloatFormat
 from ..kernels.abi import ScaleArgs
@@ -115,7 +115,7 @@ def _parse_block_size(value) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class BlockFormat(NumberFormat):
+class BlockFormat(FormatSpec):
     """Elements of ``element`` in blocks that share one scale: value = element * scale (* tensor scale).
 
     element: a FloatFormat (man >= 1), FixedFormat, or TableFormat (codebook; scale_rule "amax" only, with a
@@ -253,12 +253,6 @@ class BlockFormat(NumberFormat):
 
     def __str__(self) -> str:
         return self.name
-
-    def values(self) -> np.ndarray:
-        raise ValueError(f"{self.name} is a block format: list its element format's values instead")
-
-    def to_kernel_args(self) -> tuple:
-        raise TypeError(f"{self.name} is a block format; its kernels take block arguments (kernels/scalar/block.py)")
 
     def with_block_size(self, block_size) -> "BlockFormat":
         return BlockFormat(self.element, block_size, self.scale, scale_rule=self.scale_rule,

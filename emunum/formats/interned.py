@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import threading
 
-from .base import NumberFormat
+from .base import FormatSpec
 
 _FORMATS: list = []
 _IDS: dict = {}
 _LOCK = threading.Lock()
 
 
-def intern(fmt: NumberFormat) -> int:
+def intern(fmt: FormatSpec) -> int:
     """The id of ``fmt`` (a hashable spec), assigned on first sight."""
-    if not isinstance(fmt, NumberFormat):
-        raise TypeError(f"intern: fmt must be a format spec (NumberFormat), got {type(fmt).__name__}")
+    if not isinstance(fmt, FormatSpec):
+        raise TypeError(f"intern: fmt must be a format spec (FormatSpec), got {type(fmt).__name__}")
     i = _IDS.get(fmt)
     if i is None:
         with _LOCK:
@@ -28,7 +28,7 @@ def intern(fmt: NumberFormat) -> int:
     return i
 
 
-def lookup(id: int) -> NumberFormat:
+def lookup(id: int) -> FormatSpec:
     """The spec interned as ``id``; ValueError for an id never handed out in this process."""
     if isinstance(id, bool) or not isinstance(id, int) or not 0 <= id < len(_FORMATS):
         raise ValueError(f"interned format id={id!r} is unknown in this process; ids 0..{len(_FORMATS) - 1} exist")

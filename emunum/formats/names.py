@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from .base import NumberFormat
+from .base import FormatSpec, NumberFormat
 from .fixed import FixedFormat
 from .float import FloatFormat, Special
 from .posit import PositFormat
@@ -96,9 +96,10 @@ def _rule_variant(key: str) -> BlockFormat | None:
     return BLOCK_PRESETS[base].with_scale_rule(split[1])
 
 
-def get_format(name_or_spec) -> NumberFormat:
-    """A format spec (any ``NumberFormat``) passes through; a name is looked up or parsed (see module doc)."""
-    if isinstance(name_or_spec, NumberFormat):
+def get_format(name_or_spec) -> FormatSpec:
+    """A format spec (any ``FormatSpec``: an element or block format) passes through; a name is looked up or
+    parsed (see module doc)."""
+    if isinstance(name_or_spec, FormatSpec):
         return name_or_spec
     if not isinstance(name_or_spec, str):
         raise TypeError(
@@ -133,7 +134,7 @@ def get_format(name_or_spec) -> NumberFormat:
     return fmt
 
 
-def format_or_none(value, field: str) -> NumberFormat | None:
+def format_or_none(value, field: str) -> FormatSpec | None:
     """``get_format(value)``, or None for None; errors name ``field`` and the value."""
     if value is None:
         return None

@@ -113,3 +113,13 @@ def test_e8m0_encode_rounds_down_or_up_between_powers_of_two_and_refuses_other_m
     assert np.array_equal(E8M0.decode(E8M0.encode(v, "up")), [1.0, 2.0, 2.0, 4.0, 1.0, 2.0**-127, 2.0**127])
     with pytest.raises(ValueError, match="rounding='nearest': allowed: 'down'"):
         E8M0.encode(v, "nearest")
+
+
+def test_a_block_format_is_a_format_spec_not_an_element_format():
+    from emunum.formats import FormatSpec, NumberFormat, get_format
+
+    f = get_format("mxfp8_e4m3")
+    assert isinstance(f, FormatSpec) and not isinstance(f, NumberFormat)
+    assert isinstance(f.element, NumberFormat) and get_format(f) is f
+    assert not hasattr(f, "values") and not hasattr(f, "to_kernel_args")  # element-format operations only
+    assert emunum.Policy.make(f).input.fmt is f

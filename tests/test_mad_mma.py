@@ -1,4 +1,4 @@
-"""Matrix instructions (emunum/mad/mma.py, scaled_mm.py, kernels/mma_*): bit for bit against MMA-Sim.
+"""Matrix instructions (emunum/mad/mma.py, scaled_gemm.py, kernels/mma_*): bit for bit against MMA-Sim.
 
 Oracle: MMA-Sim (github.com/microsoft/MMA-Sim, MIT), run outside the project by tests/data/mmasim/generate.py;
 its outputs are committed with their provenance (tests/data/mmasim/PROVENANCE.md). Every preset, single

@@ -21,12 +21,24 @@ from .conv import conv1d, conv2d
 from .custom import custom_matmul
 from .functional import addmm, baddbmm, derived_seed, linear, mad, matmul
 from .lns import LNSAdd, lns_matmul
-from .mma import MMA_PRESETS, MMAUnit
 from .multiplier import Multiplier, MultiplierKind
-from .scaled_mm import scaled_mm
 from .unit import MADUnit, Order
 
 elementwise = mad
+
+
+def __getattr__(name):
+    """The matrix-instruction names, loaded on first use (they are not needed to import emunum)."""
+    if name == "scaled_mm":
+        from .scaled_gemm import scaled_mm as fn  # noqa: PLC0415
+
+        return fn
+    if name in ("MMAUnit", "MMA_PRESETS"):
+        from . import mma  # noqa: PLC0415
+
+        return getattr(mma, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["MADUnit", "Order", "Multiplier", "MultiplierKind", "mad", "elementwise", "matmul", "linear", "addmm", "baddbmm", "conv1d",
            "conv2d", "derived_seed", "block_matmul", "custom_matmul",

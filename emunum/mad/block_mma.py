@@ -22,7 +22,7 @@ from ..quantize import check_sr_bits, check_tensor, resolve_seed
 from ..rng import seed_key
 from .block import _SEED_A, _SEED_B, _derived, _k_length, _split
 from .mma import MMAUnit, mma_preset
-from .scaled_mm import scaled_mm
+from .scaled_gemm import scaled_mm
 
 
 def check_formats(fa, fb, unit: MMAUnit) -> None:

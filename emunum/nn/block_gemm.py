@@ -57,7 +57,6 @@ from ..autograd import STE
 from ..formats import BlockFormat
 from ..hadamard import rht
 from ..mad.block import block_matmul, check_pair, check_unit
-from ..mad.block_mma import block_scaled_mm, check_formats, is_mma_unit
 from ..mad.functional import parse_backward_units
 from ..policy import BLOCK_ROLES, Policy, Role, RoleSpec
 from ..quantize import check_sr_bits, quantize
@@ -102,6 +101,8 @@ class BlockPlan:
         if self.units is None:
             return self.q(a, ra, -1, trace) @ self.q(b, rb, axis_b, trace)
         sa, sb = getattr(self, ra.value), getattr(self, rb.value)
+        from ..mad.block_mma import block_scaled_mm, is_mma_unit  # loaded with the first MAD-unit GEMM
+
         if is_mma_unit(self.units[i]):  # a block-scaled matrix instruction takes the elements and block scales
             return block_scaled_mm(a, b, sa.fmt, sb.fmt, self.units[i], rounding=sa.rounding,
                                    rounding_b=sb.rounding, sr_bits=self.sr_bits or 32).to(a.dtype)
@@ -165,6 +166,8 @@ def _mad_units(policy: Policy) -> tuple:
     if fw.tile[0] not in (0, fw.tile[1]):
         raise ValueError(f"Policy.mad with weight={fw.name}: W and W^T must share their tiles; allowed: square "
                          "tiles or 1-D blocks")
+    from ..mad.block_mma import check_formats, is_mma_unit  # loaded when a policy names a unit
+
     if is_mma_unit(policy.mad):  # a matrix instruction runs all three GEMMs (mad_backward: not for these)
         if policy.mad_backward is not None:
             raise ValueError(f"Policy.mad={policy.mad.name} (a matrix instruction) with mad_backward: allowed: "

@@ -1,7 +1,7 @@
 """Number formats: what values exist, and how to round to them. One module per number system.
 
 ``base`` (RoundMode, the NumberFormat interface), ``float`` (FloatFormat), ``fixed`` (FixedFormat),
-``posit`` (PositFormat), ``table`` (TableFormat, codebooks), ``log`` (LogFormat), ``custom`` (CustomFormat,
+``posit`` (PositFormat), ``table`` (TableFormat, codebooks), ``nvfp4`` (the NVFP4 family's options), ``log`` (LogFormat), ``custom`` (CustomFormat,
 user-defined types), ``interned`` (ids for
 custom ops), ``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue), ``names``
 (get_format).
@@ -12,6 +12,7 @@ from .base import NumberFormat, Overflow, RoundMode, parse_enum
 from .custom import CustomFormat
 from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0, BlockFormat, E8M0Format, ScaleRule
 from .fixed import FixedFormat
+from .nvfp4 import UE5M3, FourOverSix, Metric, OuterScale
 from .float import FloatFormat, Special
 from .log import LogFormat
 from .table import TABLE_PRESETS, TableFormat
@@ -27,4 +28,5 @@ __all__ = [
     "PositFormat", "POSIT_PRESETS",
     "BlockFormat", "E8M0Format", "E8M0", "ScaleRule", "BLOCK_PRESETS", "BLOCK_ALIASES",
     "TableFormat", "LogFormat", "TABLE_PRESETS", "CustomFormat",
+    "FourOverSix", "Metric", "OuterScale", "UE5M3",
 ]

@@ -1,6 +1,8 @@
 """Numba CPU kernels of the NVFP4 family's per-row outer scales and 4/6 selection (cores in
 kernels/nvfp4_scalar.py), parallel over blocks (``prange``) for large tensors; every block is computed with the
 same arguments on any thread count, so the bits never depend on it."""
+import os
+
 import numba
 import numpy as np
 from numba import njit, prange
@@ -9,12 +11,12 @@ from . import _cache, scalar
 from . import parallel as _parallel
 from .nvfp4_scalar import fos_block, row_block
 
-_cache.guard(__file__, [*scalar.SOURCES, __file__.replace("nvfp4_cpu", "nvfp4_scalar")])
+_cache.guard(__file__, [*scalar.SOURCES, os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvfp4_scalar.py")])
 
 PARALLEL_MIN = 1 << 16  # fewer elements than the plain block kernel's figure: a 4/6 block costs ~3 plain ones
 
 
-@njit
+@njit(error_model="numpy")
 def _loop(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind, p0, p1, p2, emax_e, max_e, negzero,
           rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits, b):
     if fos:
@@ -25,7 +27,7 @@ def _loop(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind
                   s_emin, s_sub, s_max, s_min, mode, key, nbits)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def nvfp4_serial(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind, p0, p1, p2, emax_e, max_e,
                  negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits):
     for b in range(scales.size):
@@ -33,7 +35,7 @@ def nvfp4_serial(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metri
               negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits, b)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def nvfp4_parallel(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind, p0, p1, p2, emax_e,
                    max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits):
     for b in prange(scales.size):

@@ -1,10 +1,30 @@
 """numba-cuda kernel of the NVFP4 family's per-row outer scales and 4/6 selection: one thread per block
 (grid-stride) calling the cores of kernels/nvfp4_scalar.py, as kernels/nvfp4_cpu.py does, so the bits agree
 (stochastic rounding included). Runs under NUMBA_ENABLE_CUDASIM=1."""
+import importlib.util
+import os
+
 import numpy as np
+from numba import config
 
 from .cuda import _launch, cuda
-from .nvfp4_scalar import fos_block, row_block
+
+
+def _plain_cores():
+    """The cores as Python functions (a second copy of kernels/nvfp4_scalar.py with PLAIN_PYTHON set), for the
+    simulator, whose fake device arrays compiled @njit functions cannot take."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvfp4_scalar.py")
+    spec = importlib.util.spec_from_file_location(f"{__package__}._nvfp4_scalar_plain", path)
+    mod = importlib.util.module_from_spec(spec)
+    mod.PLAIN_PYTHON = True
+    spec.loader.exec_module(mod)
+    return mod.fos_block, mod.row_block
+
+
+if config.ENABLE_CUDASIM:
+    fos_block, row_block = _plain_cores()
+else:
+    from .nvfp4_scalar import fos_block, row_block
 
 
 @cuda.jit

@@ -27,21 +27,35 @@ from .scalar.common import NEAREST, STOCHASTIC, random_bits
 
 F32 = np.float32
 FLT_MAX = F32(3.4028234663852886e38)
+FLT_MAX64 = 3.4028234663852886e38
+
+# numba's CUDA simulator cannot hand its fake device arrays to compiled @njit cores: kernels/nvfp4_cuda.py then
+# loads a second copy of this module with PLAIN_PYTHON set, whose cores stay Python functions.
+_core = (lambda f: f) if globals().get("PLAIN_PYTHON") else njit(inline="always", error_model="numpy")
 
 
-@njit(inline="always")
+@_core
+def _encode_scale(s, g):
+    """min(float32(1 / float32(s * g)), FLT_MAX): the quotient through float64 rounds as float32's own division
+    (53 >= 2 * 24 + 2 bits: double rounding of a quotient is harmless), without a division by zero."""
+    sg = F32(s * g)
+    if sg == 0:
+        return FLT_MAX
+    return F32(min(1.0 / np.float64(sg), FLT_MAX64))
+
+
+@_core
 def _scale_of(v, s_man, s_emin, s_sub, s_max):
     """float32 v clamped to s_max and rounded to nearest-even into the scale format (0 stays 0)."""
     w = min(np.float64(v), s_max)
     return F32(round_float_value_sat(w, s_man, s_emin, s_sub, s_max, 0, NEAREST, 0, 32))
 
 
-@njit(inline="always")
+@_core
 def _row_error(src, p, i, c0, c1, R, C, S, gds, gamax, denom, metric, p0, p1, p2, max_e, negzero, mode, key,
                nbits):
     """The float32 error of row i's part [c0, c1) of a block under candidate scale S (see the module doc)."""
-    enc = F32(1.0) / F32(S * gds)
-    enc = min(enc, FLT_MAX)
+    enc = _encode_scale(S, gds)
     err = F32(0.0)
     for j in range(c0, c1):
         x = F32(src[p, i, j])
@@ -58,12 +72,12 @@ def _row_error(src, p, i, c0, c1, R, C, S, gds, gamax, denom, metric, p0, p1, p2
     return err
 
 
-@njit(inline="always")
+@_core
 def _join(a, b, metric):
     return max(a, b) if metric == 2 else F32(a + b)
 
 
-@njit(inline="always")
+@_core
 def _tile_error(src, p, r0, r1, c0, c1, R, C, S, gds, gamax, denom, metric, p0, p1, p2, max_e, negzero, mode, key,
                 nbits, tr):
     """A block's error: its one row's (1-D), or a tile's 16 row errors added as TransformerEngine's tree."""
@@ -93,7 +107,7 @@ def _tile_error(src, p, r0, r1, c0, c1, R, C, S, gds, gamax, denom, metric, p0, 
     return total
 
 
-@njit(inline="always")
+@_core
 def fos_block(src, dst, scales, b, tr, tc, ges, gds, gamax, denom, metric, p0, p1, p2, max_e, negzero, s_man, s_emin,
               s_sub, s_max, mode, key, nbits):
     """Block b (flat index over scales) by 4/6 selection."""
@@ -134,7 +148,7 @@ def fos_block(src, dst, scales, b, tr, tc, ges, gds, gamax, denom, metric, p0, p
     scales[p, bi, bj] = s
     for i in range(r0, r1):
         g = gds[p * R + i]
-        enc = min(F32(1.0) / F32(s * g), FLT_MAX)
+        enc = _encode_scale(s, g)
         full = np.float64(s) * np.float64(g)
         for j in range(c0, c1):
             x = F32(src[p, i, j])
@@ -143,7 +157,7 @@ def fos_block(src, dst, scales, b, tr, tc, ges, gds, gamax, denom, metric, p0, p
             dst[p, i, j] = q * full
 
 
-@njit(inline="always")
+@_core
 def row_block(src, dst, scales, b, tr, tc, t, kind, p0, p1, p2, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin,
               s_sub, s_max, s_min, mode, key, nbits):
     """Block b of 1-D blocks with the plain amax rule and the outer scale t[p * R + row] of its row

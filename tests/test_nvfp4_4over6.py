@@ -224,3 +224,16 @@ def test_subnormal_scale_block_saturates_as_te_where_fouroversix_rounds_past_six
     got, _ = emu(x, fmt_of("absmax", 256))
     assert bits_equal(got, want)
     assert not bits_equal(other, want)  # the references differ here; emunum follows TE
+
+
+@pytest.mark.parametrize("metric", ["mae", "mse", "absmax"])
+def test_block_whose_scales_round_to_zero_is_zero_as_in_te(metric):
+    # tensor amax 1e4 (ges = 0.1536): a block of ~1e-6 asks for scales ~3e-8, below half of e4m3's smallest
+    # 2**-9: both candidates' scales are 0, the block's values 0 (TE: encode scale FLT_MAX, values 6 * 0)
+    x = torch.full((2, 16), 1e-6)
+    x[1, 1] = -2e-6
+    x[0, 0] = 1e4
+    want, want_s = te_reference(x, metric if metric != "absmax" else "mae", 256)
+    got, got_s = emu(x, fmt_of(metric, 256))
+    assert float(want_s[1, 0]) == 0.0 and bits_equal(got, want) and torch.equal(got_s, want_s)
+    assert torch.equal(got[1], torch.zeros(16))

@@ -24,6 +24,7 @@ from numba import njit
 
 from .scalar.block import block_scale, round_element, round_float_value_sat
 from .scalar.common import NEAREST, STOCHASTIC, random_bits
+from .scalar.float import round_nearest_value
 
 F32 = np.float32
 FLT_MAX = F32(3.4028234663852886e38)
@@ -52,6 +53,17 @@ def _scale_of(v, s_man, s_emin, s_sub, s_max):
 
 
 @_core
+def _round(v, kind, p0, p1, p2, max_e, negzero, mode, rnd, nbits):
+    """``round_element``; round-to-nearest of a float element by Veltkamp's split (``round_nearest_value``, the
+    same bits: kernels/block_cpu.py's nearest branch), about 4x faster."""
+    if kind == 0 and mode == NEAREST:
+        split = math.ldexp(1.0, 52 - p0) + 1.0
+        magic = 1.5 * math.ldexp(1.0, 52 + (p1 - p0 if p2 != 0 else p1))
+        return round_nearest_value(v, split, magic, math.ldexp(1.0, p1), max_e, max_e, negzero)
+    return round_element(v, kind, p0, p1, p2, max_e, negzero, mode, rnd, nbits)
+
+
+@_core
 def _row_error(src, p, i, c0, c1, R, C, S, gds, gamax, denom, metric, p0, p1, p2, max_e, negzero, mode, key,
                nbits):
     """The float32 error of row i's part [c0, c1) of a block under candidate scale S (see the module doc)."""
@@ -60,7 +72,7 @@ def _row_error(src, p, i, c0, c1, R, C, S, gds, gamax, denom, metric, p0, p1, p2
     for j in range(c0, c1):
         x = F32(src[p, i, j])
         rnd = random_bits(key, (p * R + i) * C + j, nbits) if mode == STOCHASTIC else np.uint64(0)
-        q = F32(round_element(np.float64(F32(x * enc)), 0, p0, p1, p2, max_e, negzero, mode, rnd, nbits))
+        q = F32(_round(np.float64(F32(x * enc)), 0, p0, p1, p2, max_e, negzero, mode, rnd, nbits))
         val = F32(F32(F32(q * S) * gamax) / denom)
         d = F32(val - x)
         if metric == 0:
@@ -153,7 +165,7 @@ def fos_block(src, dst, scales, b, tr, tc, ges, gds, gamax, denom, metric, p0, p
         for j in range(c0, c1):
             x = F32(src[p, i, j])
             rnd = random_bits(key, (p * R + i) * C + j, nbits) if mode == STOCHASTIC else np.uint64(0)
-            q = round_element(np.float64(F32(x * enc)), 0, p0, p1, p2, max_e, negzero, mode, rnd, nbits)
+            q = _round(np.float64(F32(x * enc)), 0, p0, p1, p2, max_e, negzero, mode, rnd, nbits)
             dst[p, i, j] = q * full
 
 
@@ -188,5 +200,5 @@ def row_block(src, dst, scales, b, tr, tc, t, kind, p0, p1, p2, emax_e, max_e, n
             dst[p, i, j] = math.nan
         else:
             rnd = random_bits(key, (p * R + i) * C + j, nbits) if mode == STOCHASTIC else np.uint64(0)
-            q = round_element(np.float64(src[p, i, j]) / full, kind, p0, p1, p2, max_e, negzero, mode, rnd, nbits)
+            q = _round(np.float64(src[p, i, j]) / full, kind, p0, p1, p2, max_e, negzero, mode, rnd, nbits)
             dst[p, i, j] = q * full

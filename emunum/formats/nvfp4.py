@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from .base import parse_enum
+from .fixed import FixedFormat
 from .float import FloatFormat
 
 # UE5M3's values are exactly the non-negative values of e5m3 with special "fn" (bias 15, only the all-ones
@@ -100,3 +101,6 @@ def check_family(element, scale, scale_rule_is_amax: bool, tile, outer: OuterSca
             raise ValueError("BlockFormat.outer_scale='row' needs scale_rule='amax' (the NVFP4 scheme)")
         if tile[0] != 0:
             raise ValueError(f"BlockFormat.outer_scale='row' needs 1-D blocks; got block_size={tile}")
+        if not isinstance(element, (FloatFormat, FixedFormat)):
+            raise ValueError(f"BlockFormat.outer_scale='row' needs a FloatFormat or FixedFormat element; got "
+                             f"element={element.name}")

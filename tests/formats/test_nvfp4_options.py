@@ -73,6 +73,8 @@ def test_tensor_scale_true_and_outer_scale_tensor_are_one_format():
     (dict(outer_scale="diagonal"), r"outer_scale='diagonal'.*tensor.*row"),
     (dict(tensor_scale=True, outer_scale="row"), r"tensor_scale=True and outer_scale='row' conflict"),
     (dict(block_size=(16, 16), tensor_scale=False, outer_scale="row"), r"outer_scale='row' needs 1-D blocks"),
+    (dict(element="nf4", tensor_scale=False, outer_scale="row"), r"outer_scale='row' needs a FloatFormat or "
+                                                                  r"FixedFormat element; got element=nf4"),
 ])
 def test_bad_family_options_raise_naming_field_value_and_allowed(kwargs, match):
     base = dict(element="fp4_e2m1", block_size=16, scale="e4m3fn", scale_rule="amax", tensor_scale=True)

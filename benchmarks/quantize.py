@@ -7,6 +7,7 @@
     python benchmarks/quantize.py --blocks-only        # copy_ and the MXFP8 / NVFP4 rows alone
     python benchmarks/quantize.py --new-formats        # P3109, MXINT4, NVINT4 beside today's path for their element
     python benchmarks/quantize.py --scale-rules        # each power-of-two scale rule beside floor (OCP), per element
+    python benchmarks/quantize.py --nvfp4-family       # the NVFP4 family (docs/nvfp4.md) beside nvfp4, same run
 
 Every figure is the best of --repeats timings (after one untimed warm-up call, which also compiles), in
 millions of elements per second; "% copy" is the share of out.copy_(x)'s rate (read 4 + write 4 bytes per
@@ -147,6 +148,27 @@ def scale_rules(n: int, device: str, repeats: int) -> None:
             label = name + " (floor)" if name == el else name
             print(f"{label:<22} {best[name] * 1e3:>9.2f} {x.numel() / best[name] / 1e6:>10.1f} "
                   f"{100 * b / best[name]:>7.0f}%")
+NVFP4_FAMILY = ("nvfp4_1l", "nvfp4_row", "nvfp4_b32", "nvfp4_ue5m3", "nvfp4_4over6", "nvfp4_4over6_mse",
+                "nvfp4_4over6_2d")
+
+
+def nvfp4_family(n: int, device: str, repeats: int) -> None:
+    """Each NVFP4-family preset (out=, x of shape (n / 1024, 1024): rows for the per-row and 2-D variants) beside
+    today's nvfp4 path on the same tensor, measured first and again last; "% nvfp4" is the share of the better
+    nvfp4 rate (the speed rule: each variant at >= 80%)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    x = (torch.randn(n, device=device, generator=g) * 100).reshape(-1, 1024)
+    out = torch.empty_like(x)
+    rows = [("nvfp4", best_seconds(lambda: emunum.quantize(x, "nvfp4", out=out), device, repeats))]
+    for name in NVFP4_FAMILY:
+        rows.append((name, best_seconds(lambda name=name: emunum.quantize(x, name, out=out), device, repeats)))
+    rows.append(("nvfp4 (again, after)", best_seconds(lambda: emunum.quantize(x, "nvfp4", out=out), device, repeats)))
+    base = x.numel() / min(rows[0][1], rows[-1][1]) / 1e6
+    print(f"\nNVFP4 family: quantize(x, name, out=out), x {tuple(x.shape)} float32 on {device}, best of {repeats}")
+    print(f"{'format':<22} {'ms':>9} {'Melem/s':>10} {'% nvfp4':>8}")
+    for name, sec in rows:
+        rate = x.numel() / sec / 1e6
+        print(f"{name:<22} {sec * 1e3:>9.2f} {rate:>10.1f} {100 * rate / base:>7.0f}%")
 
 
 def report(rows, n: int, device: str, repeats: int) -> None:
@@ -270,6 +292,7 @@ def main(argv=None) -> int:
     p.add_argument("--new-formats", action="store_true", help="only the 2026 formats beside their baselines")
     p.add_argument("--scale-rules", action="store_true",
                    help="only the power-of-two scale rules (ceil, even, rceil) beside floor, per MX element type")
+    p.add_argument("--nvfp4-family", action="store_true", help="only the NVFP4 family beside nvfp4 (docs/nvfp4.md)")
     args = p.parse_args(argv)
     if args.n < 1:
         p.error(f"--n={args.n} must be >= 1")
@@ -283,6 +306,9 @@ def main(argv=None) -> int:
         return 0
     if args.scale_rules:
         scale_rules(args.n, args.device, args.repeats)
+        return 0
+    if args.nvfp4_family:
+        nvfp4_family(args.n, args.device, args.repeats)
         return 0
     throughput(args.n, args.device, args.repeats, args.format, args.blocks_only)
     if args.crossover:

@@ -94,6 +94,9 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
         q, s = table_blocks(work, fmt, tile, mode, key, nbits)
         dst.copy_(q)
         scales.copy_(s)
+    elif x.numel() and fmt.nvfp4_path:  # per-row outer scales, 4/6 selection (emunum/nvfp4_quantize.py)
+        from .nvfp4_quantize import quantize_lines
+        quantize_lines(work, dst, scales, fmt, tile, block_args(fmt, 1.0)[:-1], mode, key, nbits)
     elif x.numel():
         amax = None
         scanned = fmt.tensor_scale and x.device.type == "cpu" and work.dtype == torch.float32 and tile[0] == 1

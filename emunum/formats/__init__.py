@@ -1,9 +1,10 @@
 """Number formats: what values exist, and how to round to them. One module per number system.
 
-``base`` (RoundMode; FormatSpec, what every spec has; NumberFormat, an element format's interface), ``float`` (FloatFormat), ``fixed`` (FixedFormat),
-``posit`` (PositFormat), ``block`` (BlockFormat), ``scale_rule`` (its scale rules), ``table`` (TableFormat,
-codebooks), ``log`` (LogFormat), ``p3109`` (P3109Format), ``custom`` (CustomFormat, user-defined types),
-``interned`` (ids for custom ops), ``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue), ``names``
+``base`` (RoundMode; FormatSpec, what every spec has; NumberFormat, an element format's interface), ``float``
+(FloatFormat), ``fixed`` (FixedFormat), ``posit`` (PositFormat), ``block`` (BlockFormat), ``scale_rule`` (its
+scale rules), ``nvfp4`` (the NVFP4 family's options), ``table`` (TableFormat, codebooks), ``log`` (LogFormat),
+``p3109`` (P3109Format), ``custom`` (CustomFormat, user-defined types), ``interned`` (ids for custom ops),
+``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue), ``names``
 (get_format).
 """
 from typing import Union
@@ -13,6 +14,7 @@ from .custom import CustomFormat
 from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0, BlockFormat, E8M0Format
 from .scale_rule import ScaleRule
 from .fixed import FixedFormat
+from .nvfp4 import UE5M3, FourOverSix, Metric, OuterScale
 from .float import FloatFormat, Special
 from .log import LogFormat
 from .table import TABLE_PRESETS, TableFormat
@@ -29,4 +31,5 @@ __all__ = [
     "PositFormat", "POSIT_PRESETS",
     "BlockFormat", "E8M0Format", "E8M0", "ScaleRule", "BLOCK_PRESETS", "BLOCK_ALIASES",
     "TableFormat", "LogFormat", "TABLE_PRESETS", "CustomFormat", "P3109Format",
+    "FourOverSix", "Metric", "OuterScale", "UE5M3",
 ]

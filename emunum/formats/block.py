@@ -22,6 +22,7 @@ import numpy as np
 from .base import FormatSpec, NumberFormat, RoundMode, as_codes, check_bool, check_int
 from .fixed import FixedFormat
 from .float import FloatFormat
+from .nvfp4 import UE5M3, FourOverSix, OuterScale, check_family
 from ..kernels.abi import ScaleArgs
 from .presets import ALIASES, PRESETS
 from .scale_rule import ScaleRule, pow2_exponents
@@ -90,6 +91,8 @@ def _preset(value, field: str):
     key = value.strip().lower()
     if key == "e8m0":
         return E8M0
+    if key == "ue5m3":
+        return UE5M3
     key = ALIASES.get(key, key)
     if key in TABLE_PRESETS:
         return TABLE_PRESETS[key]
@@ -154,6 +157,8 @@ class BlockFormat(FormatSpec):
     _: KW_ONLY
     scale_rule: Union[str, ScaleRule] = ScaleRule.FLOOR
     tensor_scale: bool = False
+    outer_scale: Union[str, OuterScale, None] = None
+    four_over_six: Union[FourOverSix, None] = None
 
     def __post_init__(self):
         el = _preset(self.element, "element")
@@ -189,6 +194,17 @@ class BlockFormat(FormatSpec):
                              f"positive largest value (got scale_rule={rule.value!r}, max={el.max!r})")
         if self.tensor_scale and rule != ScaleRule.AMAX:
             raise ValueError("BlockFormat: tensor_scale=True needs scale_rule='amax' (the NVFP4 scheme)")
+        # the NVFP4 family (emunum/formats/nvfp4.py): tensor_scale=True is outer_scale='tensor'
+        outer = OuterScale.parse(self.outer_scale)
+        if self.tensor_scale and outer not in (OuterScale.NONE, OuterScale.TENSOR):
+            raise ValueError(f"BlockFormat: tensor_scale=True and outer_scale={outer.value!r} conflict; allowed: "
+                             "one outer scale ('tensor' or 'row')")
+        if outer == OuterScale.TENSOR and rule != ScaleRule.AMAX:
+            raise ValueError("BlockFormat: outer_scale='tensor' needs scale_rule='amax' (the NVFP4 scheme)")
+        outer = OuterScale.TENSOR if self.tensor_scale else outer
+        object.__setattr__(self, "outer_scale", outer)
+        object.__setattr__(self, "tensor_scale", outer == OuterScale.TENSOR)
+        check_family(el, sc, rule == ScaleRule.AMAX, self.tile, outer, self.four_over_six)
 
     # ---- structure -------------------------------------------------------------------------------
     @property
@@ -249,6 +265,8 @@ class BlockFormat(FormatSpec):
         size = f"{bs[0]}x{bs[1]}" if isinstance(bs, tuple) else str(bs)
         extra = "" if rule == ScaleRule.FLOOR else f",{rule.value}"
         extra += ",tensor" if self.tensor_scale else ""
+        extra += ",row" if self.outer_scale == OuterScale.ROW else ""
+        extra += f",{self.four_over_six}" if self.four_over_six is not None else ""
         return f"block[{self.element.name},{size},{self.scale.name}{extra}]"
 
     def __str__(self) -> str:
@@ -256,7 +274,13 @@ class BlockFormat(FormatSpec):
 
     def with_block_size(self, block_size) -> "BlockFormat":
         return BlockFormat(self.element, block_size, self.scale, scale_rule=self.scale_rule,
-                           tensor_scale=self.tensor_scale)
+                           tensor_scale=self.tensor_scale, outer_scale=self.outer_scale,
+                           four_over_six=self.four_over_six)
+
+    @property
+    def nvfp4_path(self) -> bool:
+        """Whether quantisation takes the NVFP4-family kernels (a per-row outer scale or 4/6 selection)."""
+        return self.outer_scale == OuterScale.ROW or self.four_over_six is not None
 
     def with_scale_rule(self, scale_rule) -> "BlockFormat":
         """This format with another scale rule (``mxfp8_e4m3.with_scale_rule("rceil")``)."""
@@ -270,7 +294,11 @@ class BlockFormat(FormatSpec):
         Element codes (int64) have x's shape; scale codes (int64) have x's shape with the block axis (for tiles,
         the last two axes) shrunk to the number of blocks. T is a float (1.0 without tensor_scale). Semantics
         as in the class docstring; stochastic rounding here uses seed 0 (``emunum.quantize`` takes seeds).
+        Formats with a per-row outer scale or 4/6 selection have no numpy reference here: ValueError.
         """
+        if self.nvfp4_path:
+            raise ValueError(f"{self.name}.encode: per-row outer scales and 4/6 selection are quantised by "
+                             "emunum.quantize(x, fmt, return_scales=True) (emunum/nvfp4_quantize.py)")
         v = np.asarray(x, dtype=np.float64)
         blocks, shape, unblock = _blocked(v, self.tile, axis)
         t = self.tensor_scale_of(v)
@@ -403,5 +431,20 @@ BLOCK_PRESETS: dict[str, BlockFormat] = {
     # float64; bitsandbytes multiplies by the float32 reciprocal, which can differ next to a midpoint.
     "nf4_b64": BlockFormat(TABLE_PRESETS["nf4"], 64, FloatFormat(8, 23), scale_rule="amax"),
 }
+
+# The NVFP4 family (docs/nvfp4.md; emunum/formats/nvfp4.py)
+BLOCK_PRESETS.update({
+    "nvfp4_1l": BlockFormat(_E2M1, 16, _E4M3FN, scale_rule="amax"),  # single level: block scales only
+    "nvfp4_row": BlockFormat(_E2M1, 16, _E4M3FN, scale_rule="amax", outer_scale="row"),  # fp32 per row of blocks
+    "nvfp4_b32": BlockFormat(_E2M1, 32, _E4M3FN, scale_rule="amax", tensor_scale=True),
+    "nvfp4_ue5m3": BlockFormat(_E2M1, 16, UE5M3, scale_rule="amax"),  # UE5M3 block scales, single level
+    # 4/6 with TransformerEngine's defaults (MAE, bound 256) and with fouroversix's (MSE, bound 256)
+    "nvfp4_4over6": BlockFormat(_E2M1, 16, _E4M3FN, scale_rule="amax", tensor_scale=True,
+                                four_over_six=FourOverSix("mae", 256)),
+    "nvfp4_4over6_2d": BlockFormat(_E2M1, (16, 16), _E4M3FN, scale_rule="amax", tensor_scale=True,
+                                   four_over_six=FourOverSix("mae", 256)),
+    "nvfp4_4over6_mse": BlockFormat(_E2M1, 16, _E4M3FN, scale_rule="amax", tensor_scale=True,
+                                    four_over_six=FourOverSix("mse", 256)),
+})
 
 BLOCK_ALIASES: dict[str, str] = {"mxfp8": "mxfp8_e4m3", "mxfp6": "mxfp6_e3m2", "mxfp4": "mxfp4_e2m1"}

@@ -109,6 +109,9 @@ def _split(x: torch.Tensor, fmt: BlockFormat, axis: int, mode: RoundMode, key: i
     deq, scales = quantize_block_checked(x64, fmt, mode, key, nbits, axis, return_scales=True)
     work, tile, _ = working_layout(x64, fmt, axis)
     t = tensor_scale(work, fmt)
+    if fmt.four_over_six is not None:  # 4/6's outer scale is TransformerEngine's decode scale (emunum/nvfp4_quantize.py)
+        from ..nvfp4_quantize import outer_scale_values
+        t = float(outer_scale_values(work, fmt)[0]) if work.numel() else 1.0
     P, R, C = work.shape
     s = scales.repeat_interleave(tile[0], 1)[:, :R].repeat_interleave(tile[1], 2)[:, :, :C]  # per element
     if fmt.tile[0] == 0:  # 1-D blocks: the working layout is x with ``axis`` moved last
@@ -151,6 +154,11 @@ def block_matmul(A: torch.Tensor, B: torch.Tensor, fmt_a, fmt_b, unit: MADUnit, 
         if not isinstance(f, BlockFormat):
             raise TypeError(f"block_matmul {name}={f.name}: allowed: a BlockFormat (e.g. 'mxfp8_e4m3', 'nvfp4'); "
                             "for element formats quantise first and use emunum.mad.matmul")
+    for name, f in (("fmt_a", fa), ("fmt_b", fb)):
+        if f.outer_scale.value == "row":
+            raise ValueError(f"block_matmul {name}={f.name}: outer_scale='row' is not on the MAD-unit block "
+                             "datapath; allowed: outer_scale 'tensor' or none (per-row scales run in patched "
+                             "layers without a MAD unit)")
     length = check_pair(fa, fb)
     check_unit(unit)
     mode = RoundMode.parse(rounding)

@@ -22,7 +22,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .scalar.block import block_scale, round_element, round_float_value_sat
+from .scalar.block import block_scale, element_mbits, round_element, round_float_value_sat
 from .scalar.common import NEAREST, STOCHASTIC, random_bits
 from .scalar.float import round_nearest_value
 
@@ -192,7 +192,8 @@ def row_block(src, dst, scales, b, tr, tc, t, kind, p0, p1, p2, emax_e, max_e, n
         else:
             amax = max(amax, abs(v))
     tt = t[p * R + i]
-    s = block_scale(amax, has_nan, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, tt)
+    s = block_scale(amax, has_nan, rule, emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, tt,
+                    element_mbits(kind, p0, p2))
     scales[p, bi, bj] = s
     full = s * tt
     for j in range(c0, c1):

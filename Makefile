@@ -34,8 +34,13 @@ train: $(STAMP)
 	    --baseline fp32 --rel $(UNTIL_CI) --start $(SEED_START) --cap $(SEED_CAP) --jobs $(JOBS) \
 	    -- log=quiet checkpoint_every=0 || test $$? -eq 3
 
+# Test processes: pytest-xdist workers, one per core (CI has 2). --dist loadfile keeps each test file in one
+# worker, so its module fixtures and the kernel variants it compiles are built once; numba's disk cache is
+# shared between the workers (kernels/_cache.py locks it). TEST_JOBS=0: one process. The exhaustive tier:
+# docs/testing.md.
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=$(CUDASIM) $(PY) -m pytest -q tests
+	NUMBA_ENABLE_CUDASIM=$(CUDASIM) $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 
 $(DOCS_STAMP): $(STAMP)
 	$(PY) -m pip install -q -c constraints.txt -e ".[docs]"

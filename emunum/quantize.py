@@ -1,6 +1,7 @@
 """``quantize()``: validate once, then hand flat memory to the kernel for the tensor's device."""
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 
@@ -134,8 +135,23 @@ def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: Ro
 # this size: ~40 torch launches (a few us each) against one numba launch with ~30-60 us of Python-side
 # argument marshalling, so the torch path mostly buys skipping numba's first-call JIT (about a second per
 # dtype) in programs that round only scalars and small scale/bias tensors. Measure by timing quantize with
-# this set to 0 and to 2**62, and move it.
-CUDA_TORCH_PATH_MAX_NUMEL = 256
+# this set to 0 and to 2**62 (benchmarks/gpu_check.sh does), and move it. Overridable without an edit: the
+# environment variable EMUNUM_CUDA_TORCH_PATH_MAX_NUMEL (read at import), or assign this module attribute.
+# Either path gives the same bits, so the value changes speed only.
+def _env_numel(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"environment variable {name}={raw!r}: expected an element count, an integer >= 0")
+    return value
+
+
+CUDA_TORCH_PATH_MAX_NUMEL = _env_numel("EMUNUM_CUDA_TORCH_PATH_MAX_NUMEL", 256)
 
 
 def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: RoundMode, seed: int, key: int,

@@ -16,17 +16,28 @@ a directory named after the digest of the module and its dependencies:
   cache (``$XDG_CACHE_HOME`` or ``~/.cache``)``/emunum``: the first that is writable. Where none is (a read-only
   install with a read-only home), kernels compile into a private temporary directory that is removed at exit,
   after one warning that says how to keep them: set ``NUMBA_CACHE_DIR`` to a writable directory.
+- Safe across processes that compile side by side (``pytest -n``, sweeps): numba picks a data file's name from
+  the index it read, so two processes saving different kernels at once could give both one name, and a later
+  load the other kernel's code. In emunum's directories a save holds an exclusive lock on the directory
+  (``fcntl.flock`` on ``.lock``), re-reads the index under it and writes the data file before the index.
+- The freshness stamp is the digest, not the file's mtime: checkouts with the same sources share the entries.
 """
 from __future__ import annotations
 
 import atexit
 import hashlib
+import itertools
 import os
 import shutil
 import tempfile
 import warnings
 
 from numba.core import caching as _caching
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: numba's own unlocked save
+    fcntl = None
 
 _CacheImpl = getattr(_caching, "CacheImpl", None) or _caching._CacheImpl  # public from numba 0.61 on
 _CacheLocator = _caching._CacheLocator
@@ -98,8 +109,7 @@ class _DigestLocator(_CacheLocator):
         return self._cache_path
 
     def get_source_stamp(self):
-        st = os.stat(self._py_file)
-        return st.st_mtime, st.st_size
+        return os.path.basename(self._cache_path)  # the digest: the directory already names the sources
 
     def get_disambiguator(self):
         return str(self._lineno)
@@ -113,6 +123,31 @@ class _DigestLocator(_CacheLocator):
 
 if _DigestLocator not in _CacheImpl._locator_classes:
     _CacheImpl._locator_classes.insert(0, _DigestLocator)
+
+_IndexDataCacheFile = _caching.IndexDataCacheFile
+_numba_save = getattr(_IndexDataCacheFile, "_emunum_unlocked_save", _IndexDataCacheFile.save)
+_INTERNALS = all(hasattr(_IndexDataCacheFile, a) for a in ("_load_index", "_save_index", "_save_data", "_data_name"))
+
+
+def _locked_save(self, key, data):
+    """numba's ``IndexDataCacheFile.save`` under an exclusive lock for emunum's directories (module doc)."""
+    if fcntl is None or not _INTERNALS or os.path.basename(self._cache_path) not in _REGISTERED.values():
+        return _numba_save(self, key, data)
+    with open(os.path.join(self._cache_path, ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        overloads = self._load_index()
+        name = overloads.get(key)
+        if name is None:
+            used = set(overloads.values())
+            name = next(n for n in map(self._data_name, itertools.count(1)) if n not in used)
+        self._save_data(name, data)  # first: an index entry never points at a missing or older file
+        if overloads.get(key) != name:
+            overloads[key] = name
+            self._save_index(overloads)
+
+
+_IndexDataCacheFile._emunum_unlocked_save = _numba_save
+_IndexDataCacheFile.save = _locked_save
 
 
 def guard(module_file: str, deps: list[str]) -> None:

@@ -32,6 +32,23 @@ SEED = 20240611  # stochastic-rounding seed used by the oracle comparisons
 
 
 # ---------------------------------------------------------------------------------------------------------
+# pytest -n (make test): the shared kernels compile once, before the workers' first test (kernel_warmup.py)
+# ---------------------------------------------------------------------------------------------------------
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
+        import kernel_warmup
+
+        kernel_warmup.start(str(config.rootpath))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    import kernel_warmup
+
+    kernel_warmup.wait()
+
+
+# ---------------------------------------------------------------------------------------------------------
 # cases
 # ---------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)

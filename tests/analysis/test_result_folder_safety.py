@@ -105,9 +105,15 @@ def _plant(path, what, tmp_path):
         path.symlink_to(path)
     elif what == "socket":
         import socket
+        import tempfile
+        # bound in a short directory, then moved: AF_UNIX paths stop at ~107 bytes, and tmp_path under pytest -n
+        # (.../popen-gw0/<test name>/...) can be longer
+        short = tempfile.mkdtemp(prefix="sock-")
         s = socket.socket(socket.AF_UNIX)
-        s.bind(str(path))
+        s.bind(os.path.join(short, "s"))
         s.close()
+        os.rename(os.path.join(short, "s"), path)
+        os.rmdir(short)
 
 
 SPECIAL = ["fifo", "symlink to a fifo", "char device", "dangling symlink", "symlink loop", "socket"]

@@ -59,3 +59,44 @@ def test_kernels_cache_under_numba_cache_dir_and_leave_other_files_alone(tmp_pat
     assert foreign.read_bytes() == b"not emunum's"
     mine = [p.name for p in cache.iterdir() if p.name.startswith("emunum-cpu-")]
     assert len(mine) == 1 and any((cache / mine[0]).glob("*.nbi"))
+
+
+def _cache_file(tmp_path, name: str):
+    """numba's IndexDataCacheFile on a registered emunum cache directory under tmp_path."""
+    from numba.core.caching import IndexDataCacheFile
+
+    mod = _module(tmp_path, f"{name}/cpu.py", "y = 2\n")
+    _cache.guard(mod, [])
+    d = tmp_path / "cache" / _cache._REGISTERED[os.path.realpath(mod)]
+    d.mkdir(parents=True, exist_ok=True)
+    return IndexDataCacheFile(str(d), "cpu.kernel-1.py311", source_stamp=d.name), d
+
+
+def test_a_save_waits_for_the_directory_lock_that_another_process_holds(tmp_path):
+    """Two processes compiling side by side (pytest -n) must not give two kernels one data file: a save
+    takes the directory's lock, so it cannot run while another holds it."""
+    import fcntl
+    import threading
+
+    cf, d = _cache_file(tmp_path, "a")
+    with open(d / ".lock", "a") as held:  # another open file description: flock conflicts with it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        t = threading.Thread(target=cf.save, args=(("sig-a",), b"kernel a"))
+        t.start()
+        t.join(1.0)
+        assert t.is_alive() and not (d / "cpu.kernel-1.py311.nbi").exists()
+    t.join(60)
+    assert not t.is_alive() and cf.load(("sig-a",)) == b"kernel a"
+
+
+def test_checkouts_with_the_same_sources_share_cache_entries_whatever_their_mtimes(tmp_path):
+    m1 = _module(tmp_path, "x/cpu.py", "def f():\n    return 1\n")
+    m2 = _module(tmp_path, "y/cpu.py", "def f():\n    return 1\n")
+    os.utime(m2, (1_000_000, 1_000_000))
+    stamps = []
+    for m in (m1, m2):
+        _cache.guard(m, [])
+        ns: dict = {}
+        exec(compile(open(m).read(), m, "exec"), ns)
+        stamps.append(_cache._DigestLocator(ns["f"], m).get_source_stamp())
+    assert stamps[0] == stamps[1]

@@ -1,0 +1,50 @@
+"""Compile the kernels that every pytest-xdist worker needs once, before the workers start their tests.
+
+Without this, at the start of ``make test`` both workers run files that round float32, float64, fixed-point and
+block-format tensors, and each compiles the same kernels at the same moment (measured with an empty cache: about
+90 CPU-seconds compiled twice). The controller starts two processes while the workers collect: one rounds
+float32 tensors, the other float64 and fixed point, each at a small size (serial and pointer kernels) and a
+large one (parallel kernels), and one block format each. The first test is held back until both have written
+numba's disk cache; the workers then load the kernels from it.
+A warm-up that fails only costs its time: the tests compile what they need, as without it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+_CODE = """
+import sys, torch, emunum
+from emunum.kernels import cpu
+dtypes = {"f32": [torch.float32], "other": [torch.float64]}[sys.argv[1]]
+fmts = [("e4m3fn", "nearest"), ("e5m2", "stochastic"), ("e5m2", "toward_zero")]
+if sys.argv[1] == "other":
+    fmts += [("int8", "nearest"), ("int8", "stochastic")]
+for n in (100, cpu.PARALLEL_MIN * 2):
+    for dtype in dtypes:
+        for fmt, mode in fmts:
+            emunum.quantize(torch.randn(n, dtype=dtype), fmt, mode, seed=1)
+block = {"f32": "nvfp4", "other": "mxfp8_e4m3"}[sys.argv[1]]  # the block formats' serial loops
+emunum.quantize(torch.randn(64, 64), block, axis=-1)
+"""
+
+_procs: list[subprocess.Popen] = []
+
+
+def start(rootdir: str) -> None:
+    """Start the two warm-up processes (the controller's pytest_configure)."""
+    for part in ("f32", "other"):
+        _procs.append(subprocess.Popen([sys.executable, "-c", _CODE, part], cwd=rootdir, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL, env={**os.environ, "NUMBA_NUM_THREADS": "2"}))
+
+
+def wait(timeout: float = 900) -> None:
+    """Wait for the warm-up (before the first test is scheduled); a stuck one is ended, not waited for."""
+    while _procs:
+        p = _procs.pop()
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

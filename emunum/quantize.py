@@ -131,11 +131,9 @@ def _run_cuda_kernel(src: torch.Tensor, dst: torch.Tensor, fmt: Format, mode: Ro
 
 # CUDA tensors with at most this many elements take the pure-torch path (``reference.quantize_torch``: the
 # same bits, from ~40 small elementwise torch ops on the device) instead of one numba-cuda launch.
-# UNMEASURED ESTIMATE (no GPU was available when it was written). Both paths cost host time, not GPU time, at
-# this size: ~40 torch launches (a few us each) against one numba launch with ~30-60 us of Python-side
-# argument marshalling, so the torch path mostly buys skipping numba's first-call JIT (about a second per
-# dtype) in programs that round only scalars and small scale/bias tensors. Measure by timing quantize with
-# this set to 0 and to 2**62 (benchmarks/gpu_check.sh does), and move it. Overridable without an edit: the
+# Measured on one H100 (benchmarks/gpu_check.sh, 2026-11-26, benchmarks/RESULTS.md): the numba launch took
+# 236-275 us at every size from 1 to 2**18 elements and the torch path 679-952 us, so the torch path never
+# wins there: 0. Measure again on other GPUs and hosts (benchmarks/gpu_check.sh). Overridable without an edit: the
 # environment variable EMUNUM_CUDA_TORCH_PATH_MAX_NUMEL (read at import), or assign this module attribute.
 # Either path gives the same bits, so the value changes speed only.
 def _env_numel(name: str, default: int) -> int:
@@ -151,7 +149,7 @@ def _env_numel(name: str, default: int) -> int:
     return value
 
 
-CUDA_TORCH_PATH_MAX_NUMEL = _env_numel("EMUNUM_CUDA_TORCH_PATH_MAX_NUMEL", 256)
+CUDA_TORCH_PATH_MAX_NUMEL = _env_numel("EMUNUM_CUDA_TORCH_PATH_MAX_NUMEL", 0)
 
 
 def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: RoundMode, seed: int, key: int,

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     fmt = emunum.CustomFormat(to_code, from_code, 8, name="user_e5m2")
     x = torch.randn(a.n, generator=torch.Generator().manual_seed(0)) * 100
     y = torch.empty_like(x)
-    run = custom_cpu.custom_runner(np.float32, fmt)
+    run = custom_cpu.custom_runner(np.float32, fmt.to_kernel_args())
     w = _VALUE_WITNESS[np.dtype(np.float32)]
     tc, fc = fmt.to_code_jit, fmt.from_code_jit
     for par, name in ((False, "serial"), (True, "parallel")):

@@ -62,7 +62,7 @@ def custom_runner(fmt: CustomFormat, dtype: torch.dtype = torch.float32):
     """The CPU kernel of a CustomFormat for a float32/float64 dtype, ``run(src, dst, n, mode, key, nbits)`` on
     raw addresses (for timing: ``run(x.data_ptr(), y.data_ptr(), x.numel(), 0, 0, 32)`` rounds to nearest)."""
     from .kernels import custom_cpu
-    return custom_cpu.custom_runner(NUMPY_DTYPES[dtype], fmt)
+    return custom_cpu.custom_runner(NUMPY_DTYPES[dtype], fmt.to_kernel_args())
 
 
 # ---- CUDA: launch(src, dst, mode, key, nbits) on flat contiguous CUDA tensors ---------------------------------
@@ -123,7 +123,7 @@ def _lookup_cuda(fmt, dtype):
                                           stream=stream)
             elif isinstance(fmt, CustomFormat):
                 from .kernels import custom_cuda
-                custom_cuda.quantize_custom(s, d, fmt, int(mode), key, nbits, stream=stream)
+                custom_cuda.quantize_custom(s, d, fmt.to_kernel_args(), int(mode), key, nbits, stream=stream)
             else:
                 from .kernels import log_cuda
                 a = fmt.to_kernel_args()
@@ -138,11 +138,11 @@ _warned_custom: set = set()
 def _custom_on_host(fmt: CustomFormat, mode: RoundMode, dtype) -> bool:
     """Whether fmt must round on the host: nearest, with functions that do not compile for CUDA (warns once)."""
     from .kernels import custom_cuda
-    if int(mode) != RoundMode.NEAREST or custom_cuda.compiles(fmt, dtype):
+    if int(mode) != RoundMode.NEAREST or custom_cuda.compiles(fmt.to_kernel_args(), dtype):
         return False
     if fmt not in _warned_custom:
         _warned_custom.add(fmt)
-        warnings.warn(f"{fmt.name}: to_code/from_code do not compile for CUDA ({custom_cuda.failure(fmt, dtype)}); "
+        warnings.warn(f"{fmt.name}: to_code/from_code do not compile for CUDA ({custom_cuda.failure(fmt.to_kernel_args(), dtype)}); "
                       "rounding on the host instead (a device -> host -> device copy per call)", RuntimeWarning,
                       stacklevel=6)
     return True

@@ -94,11 +94,18 @@ class LogArgs(NamedTuple):
 
 
 class CustomArgs(NamedTuple):
-    """A user type: its compiled ``to_code``/``from_code`` functions and its code count ``2**nbits``."""
+    """A user type: its compiled ``to_code``/``from_code`` functions and its code count ``2**nbits``; its name
+    (for messages), its compiled ``add``/``mul`` on codes (None where not given), and ``derived(mode)``, the
+    interface the spec fills for the modes derived from its value set: ``(TableArgs, ninf, pinf, negzero)``
+    of the finite values and the -inf/+inf/-0 flags, or ValueError naming a mode the type cannot round in."""
 
     to_code: Any
     from_code: Any
     ncodes: int
+    name: str = "custom"
+    add: Any = None
+    mul: Any = None
+    derived: Any = None
     KIND = Kind.CUSTOM
 
 

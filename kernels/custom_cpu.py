@@ -81,19 +81,19 @@ def nearest_parallel_at(to_code, from_code, src, dst, size, w, limit, chunks):
     return i, np.float64(s[i]) if i >= 0 else 0.0, restart
 
 
-def check_code(fmt, code: int, what: str) -> int:
-    """``code`` if it is one of fmt's codes 0 .. 2**nbits-1, else ValueError naming fmt, ``what`` (the call
-    that returned it) and the code."""
-    if not 0 <= code < (1 << fmt.nbits):
-        raise ValueError(f"{fmt.name}: {what} returned code {code}, outside the codes 0..{(1 << fmt.nbits) - 1}")
+def check_code(args, code: int, what: str) -> int:
+    """``code`` if it is one of the type's codes 0 .. ncodes-1 (``args``: its ``abi.CustomArgs``), else
+    ValueError naming the type, ``what`` (the call that returned it) and the code."""
+    if not 0 <= code < args.ncodes:
+        raise ValueError(f"{args.name}: {what} returned code {code}, outside the codes 0..{args.ncodes - 1}")
     return code
 
 
-def raise_for(fmt, x: float) -> None:
+def raise_for(args, x: float) -> None:
     """Raise what ``from_code(to_code(x))`` does, called from Python on the value a kernel stopped at:
     ValueError for a code out of range, or the user's exception."""
-    fmt.from_code_jit(check_code(fmt, int(fmt.to_code_jit(x)), f"to_code({x!r})"))
-    raise RuntimeError(f"{fmt.name}: to_code/from_code failed on {x!r} in the kernel but not when called again "
+    args.from_code(check_code(args, int(args.to_code(x)), f"to_code({x!r})"))
+    raise RuntimeError(f"{args.name}: to_code/from_code failed on {x!r} in the kernel but not when called again "
                        "(they must be deterministic functions of their argument)")
 
 
@@ -125,30 +125,28 @@ def derived_at(src, dst, size, w, par, tab, n, snap32, ninf, pinf, negzero, mode
         derived_serial(s, d, tab, n, snap32, ninf, pinf, negzero, mode, key, nbits)
 
 
-def custom_runner(dtype, fmt):
+def custom_runner(dtype, args):
     """``run(src, dst, size, mode, key, nbits, parallel=None)`` on raw addresses of ``size`` contiguous
-    float32/float64 values (dst may be src) for the CustomFormat ``fmt`` (its ``to_code_jit`` /
-    ``from_code_jit``; ``check_mode`` and ``derived()`` for the other modes, which raise ValueError where a
-    mode is not available)."""
+    float32/float64 values (dst may be src) for the user type of ``args`` (``abi.CustomArgs``: ``to_code`` /
+    ``from_code`` for nearest; ``derived(mode)`` for the other modes, which raises ValueError where a mode is
+    not available)."""
     dt = _check_dtype(dtype)
     w = _VALUE_WITNESS[dt]
-    to_code, from_code = fmt.to_code_jit, fmt.from_code_jit
+    to_code, from_code = args.to_code, args.from_code
     snap32 = np.int64(dt == np.float32)
-    limit = np.uint64(1 << fmt.nbits)
+    limit = np.uint64(args.ncodes)
 
     def run(src: int, dst: int, size: int, mode, key, nbits, parallel=None) -> None:
         if int(mode) == NEAREST:
             try:
                 bad, x = _nearest(src, dst, size, parallel)
             except Exception as e:
-                e.add_note(f"raised by {fmt.name}'s to_code/from_code (CustomFormat), rounding {size} values")
+                e.add_note(f"raised by {args.name}'s to_code/from_code (CustomFormat), rounding {size} values")
                 raise
             if bad >= 0:
-                raise_for(fmt, x)
+                raise_for(args, x)
             return
-        fmt.check_mode(mode)
-        table, ninf, pinf, negzero = fmt.derived()
-        n, tab = table.to_kernel_args()  # abi.TableArgs
+        (n, tab), ninf, pinf, negzero = args.derived(mode)  # abi.TableArgs and flags
         with _parallel.try_parallel(use_parallel(size, parallel)) as par:
             derived_at(src, dst, size, w, par, tab, np.int64(n), snap32, np.int64(ninf), np.int64(pinf),
                        np.int64(negzero), mode, np.uint64(key), nbits)
@@ -164,7 +162,7 @@ def custom_runner(dtype, fmt):
                                                limit)
                     if bad < 0:
                         raise RuntimeError(
-                            f"{fmt.name}: to_code/from_code raised in the parallel loop at or after element "
+                            f"{args.name}: to_code/from_code raised in the parallel loop at or after element "
                             f"{restart} but not when called again (they must be deterministic functions of "
                             "their argument)")
             else:
@@ -174,11 +172,12 @@ def custom_runner(dtype, fmt):
     return run
 
 
-def quantize_custom(src: np.ndarray, dst: np.ndarray, fmt, mode, key, nbits, parallel=None):
-    """Round the flat float32/float64 array ``src`` into ``dst`` (same dtype and size; may be ``src``)."""
+def quantize_custom(src: np.ndarray, dst: np.ndarray, args, mode, key, nbits, parallel=None):
+    """Round the flat float32/float64 array ``src`` into ``dst`` (same dtype and size; may be ``src``) to the
+    user type of ``args`` (``abi.CustomArgs``)."""
     if src.dtype != dst.dtype or src.size != dst.size:
         raise ValueError(f"dst must match src: {dst.size} x {dst.dtype} against {src.size} x {src.dtype}")
-    custom_runner(src.dtype, fmt)(src.ctypes.data, dst.ctypes.data, src.size, mode, key, nbits, parallel)
+    custom_runner(src.dtype, args)(src.ctypes.data, dst.ctypes.data, src.size, mode, key, nbits, parallel)
 
 
 # ---- GEMM on codes (emunum.mad.custom_matmul) -----------------------------------------------------------
@@ -235,36 +234,37 @@ def encode_values(to_code, x, out):
         out[i] = to_code(np.float64(x[i]))
 
 
-def _encode(fmt, x: np.ndarray) -> np.ndarray:
+def _encode(args, x: np.ndarray) -> np.ndarray:
     codes = np.empty(x.shape, np.int64)
-    encode_values(fmt.to_code_jit, x.reshape(-1), codes.reshape(-1))
-    bad = np.flatnonzero((codes < 0) | (codes >= (1 << fmt.nbits)))
+    encode_values(args.to_code, x.reshape(-1), codes.reshape(-1))
+    bad = np.flatnonzero((codes < 0) | (codes >= args.ncodes))
     if bad.size:
-        raise_for(fmt, float(x.reshape(-1)[bad[0]]))
+        raise_for(args, float(x.reshape(-1)[bad[0]]))
     return codes
 
 
-def _replay(fmt, ca: np.ndarray, cb: np.ndarray, zero: int, i: int, j: int) -> None:
+def _replay(args, ca: np.ndarray, cb: np.ndarray, zero: int, i: int, j: int) -> None:
     """Run out[i, j]'s dot product from Python, raising what its first failing call does."""
     acc = zero
     for kk in range(ca.shape[1]):
         a, b = int(ca[i, kk]), int(cb[kk, j])
-        p = check_code(fmt, int(fmt.mul_jit(a, b)), f"mul({a}, {b})")
-        acc = check_code(fmt, int(fmt.add_jit(acc, p)), f"add({acc}, {p})")
-    fmt.from_code_jit(acc)
-    raise RuntimeError(f"{fmt.name}: add/mul/from_code failed on out[{i}, {j}] in the kernel but not when called "
+        p = check_code(args, int(args.mul(a, b)), f"mul({a}, {b})")
+        acc = check_code(args, int(args.add(acc, p)), f"add({acc}, {p})")
+    args.from_code(acc)
+    raise RuntimeError(f"{args.name}: add/mul/from_code failed on out[{i}, {j}] in the kernel but not when called "
                        "again (they must be deterministic functions of their arguments)")
 
 
-def custom_matmul_codes(fmt, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+def custom_matmul_codes(args, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``out`` (m, n float32/float64) = the code-level GEMM of float arrays a (m, K) and b (K, n), rounded to
-    ``fmt`` by its ``to_code`` first (see ``emunum.mad.custom_matmul``). Every code that to_code, mul and add
-    return is checked (ValueError naming the call and the code), and their exceptions reach the caller."""
-    ca, cb = _encode(fmt, a), _encode(fmt, b)
-    zero = check_code(fmt, int(fmt.to_code_jit(0.0)), "to_code(0.0)")
+    the user type of ``args`` (``abi.CustomArgs`` with ``add`` and ``mul``) by its ``to_code`` first (see
+    ``emunum.mad.custom_matmul``). Every code that to_code, mul and add return is checked (ValueError naming
+    the call and the code), and their exceptions reach the caller."""
+    ca, cb = _encode(args, a), _encode(args, b)
+    zero = check_code(args, int(args.to_code(0.0)), "to_code(0.0)")
     with _parallel.exclusive():
-        failed = matmul_codes(np.int64(zero), fmt.from_code_jit, fmt.add_jit, fmt.mul_jit, ca, cb, out,
-                              np.uint64(1 << fmt.nbits))
+        failed = matmul_codes(np.int64(zero), args.from_code, args.add, args.mul, ca, cb, out,
+                              np.uint64(args.ncodes))
     rows = np.flatnonzero(failed < out.shape[1])
     if rows.size:
-        _replay(fmt, ca, cb, zero, int(rows[0]), int(failed[rows[0]]))
+        _replay(args, ca, cb, zero, int(rows[0]), int(failed[rows[0]]))

@@ -42,13 +42,13 @@ _KERNELS: dict = {}  # (format, dtype name) -> compiled kernel, or the failure m
 _NUMBA_TYPES = {"float32": types.float32, "float64": types.float64}
 
 
-def _build(to_code, from_code, dtype: str, nbits: int):
+def _build(to_code, from_code, dtype: str, ncodes: int):
     """The nearest kernel for one format and dtype, compiled now (so that failures show here); other array
     layouts compile lazily, as for any numba-cuda kernel. ``bad[0]`` (initially the size) becomes the
-    smallest index whose code is outside 0 .. 2**nbits-1; such an element's dst is not written and from_code
+    smallest index whose code is outside 0 .. ncodes-1; such an element's dst is not written and from_code
     never sees its code."""
     arr = _NUMBA_TYPES[dtype][::1]
-    limit = np.uint64(1 << nbits)
+    limit = np.uint64(ncodes)
 
     def nearest_kernel(src, dst, bad):
         i = cuda.grid(1)
@@ -71,12 +71,12 @@ def _build(to_code, from_code, dtype: str, nbits: int):
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _kernel(fmt, dtype: str):
-    key = (fmt, dtype)
+def _kernel(args, dtype: str):
+    key = (args.name, args.to_code, args.from_code, args.ncodes, dtype)
     got = _KERNELS.get(key)
     if got is None:
         try:
-            got = _build(fmt.to_code_jit, fmt.from_code_jit, dtype, fmt.nbits)
+            got = _build(args.to_code, args.from_code, dtype, args.ncodes)
         except Exception as e:  # numba's TypingError, LoweringError, NVVM errors ...
             text = _ANSI.sub("", str(e))  # numba colours its messages where a highlighter is installed
             lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Failed in ")]
@@ -87,39 +87,38 @@ def _kernel(fmt, dtype: str):
     return got
 
 
-def compiles(fmt, dtype="float32") -> bool:
-    """Whether fmt's to_code/from_code compile for CUDA (nearest kernel for ``dtype``, float32/float64)."""
-    return not isinstance(_kernel(fmt, np.dtype(dtype).name), str)
+def compiles(args, dtype="float32") -> bool:
+    """Whether the to_code/from_code of ``args`` (``abi.CustomArgs``) compile for CUDA (nearest kernel for
+    ``dtype``, float32/float64)."""
+    return not isinstance(_kernel(args, np.dtype(dtype).name), str)
 
 
-def failure(fmt, dtype="float32") -> str:
+def failure(args, dtype="float32") -> str:
     """numba's first error line where ``compiles`` is False, else ''."""
-    got = _kernel(fmt, np.dtype(dtype).name)
+    got = _kernel(args, np.dtype(dtype).name)
     return got if isinstance(got, str) else ""
 
 
-def quantize_custom(src, dst, fmt, mode, key, nbits, *, stream=None):
+def quantize_custom(src, dst, args, mode, key, nbits, *, stream=None):
     """Round the flat float32/float64 array ``src`` into ``dst`` (same dtype and size; may be ``src``) to the
-    CustomFormat ``fmt``. RuntimeError if nearest is asked for and the functions do not compile for CUDA."""
+    user type of ``args`` (``abi.CustomArgs``). RuntimeError if nearest is asked for and the functions do not compile for CUDA."""
     if src.size == 0:
         return
     if src.dtype not in (np.float32, np.float64):
         raise TypeError(f"src.dtype={src.dtype} is not supported; allowed: float32, float64")
     d_src, d_dst, host = _device_pair(src, dst)
     if int(mode) == NEAREST:
-        k = _kernel(fmt, np.dtype(src.dtype).name)
+        k = _kernel(args, np.dtype(src.dtype).name)
         if isinstance(k, str):
-            raise RuntimeError(f"{fmt.name}: to_code/from_code do not compile for CUDA: {k}")
+            raise RuntimeError(f"{args.name}: to_code/from_code do not compile for CUDA: {k}")
         bad = cuda.to_device(np.array([d_src.size], np.int64), stream=stream or 0)
         _launch(k, d_src.size, stream, d_src, d_dst, bad)
         first = int(bad.copy_to_host(stream=stream or 0)[0])  # waits for the kernel: a code error raises here
         if first < d_src.size:
             from .custom_cpu import raise_for
-            raise_for(fmt, float(d_src[first:first + 1].copy_to_host(stream=stream or 0)[0]))
+            raise_for(args, float(d_src[first:first + 1].copy_to_host(stream=stream or 0)[0]))
     else:
-        fmt.check_mode(mode)
-        table, ninf, pinf, negzero = fmt.derived()
-        n, tab = table.to_kernel_args()  # abi.TableArgs
+        (n, tab), ninf, pinf, negzero = args.derived(mode)  # abi.TableArgs and flags
         _launch(derived_kernel, d_src.size, stream, d_src, d_dst, device_table(tab), np.int64(n),
                 np.int64(src.dtype == np.float32), np.int64(ninf), np.int64(pinf), np.int64(negzero), int(mode),
                 np.uint64(key), nbits)

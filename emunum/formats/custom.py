@@ -251,7 +251,15 @@ class CustomFormat(NumberFormat):
     def to_kernel_args(self) -> CustomArgs:
         """``kernels.abi.CustomArgs``: the compiled functions themselves (the kernels take them as first-class
         function arguments) and the number of codes."""
-        return CustomArgs(to_code=self.to_code_jit, from_code=self.from_code_jit, ncodes=1 << self.nbits)
+        return CustomArgs(to_code=self.to_code_jit, from_code=self.from_code_jit, ncodes=1 << self.nbits,
+                          name=self.name, add=self.add_jit if self.add is not None else None,
+                          mul=self.mul_jit if self.mul is not None else None, derived=self.derived_args)
+
+    def derived_args(self, mode) -> tuple:
+        """``CustomArgs.derived``: (TableArgs, ninf, pinf, negzero) for ``mode`` (``check_mode``, ``derived``)."""
+        self.check_mode(mode)
+        table, ninf, pinf, negzero = self.derived()
+        return table.to_kernel_args(), ninf, pinf, negzero
 
 
 def _rebuild(to_code, from_code, nbits, name, add, mul) -> CustomFormat:

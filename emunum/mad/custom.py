@@ -44,5 +44,5 @@ def custom_matmul(A: torch.Tensor, B: torch.Tensor, fmt: CustomFormat) -> torch.
     b = B.detach().cpu().contiguous().numpy()
     out = torch.empty((A.shape[0], B.shape[1]), dtype=A.dtype)
     if out.numel():
-        custom_cpu.custom_matmul_codes(fmt, a, b, out.numpy())
+        custom_cpu.custom_matmul_codes(fmt.to_kernel_args(), a, b, out.numpy())
     return out.to(A.device)

@@ -300,8 +300,8 @@ def test_cuda_kernel_gives_the_cpu_kernels_bits(mode, dtype):
     x = e5m2_inputs(dtype)[::5].copy()  # the simulator is slow: a fifth of the inputs
     m, key = int(RoundMode.parse(mode)), seed_key(4)
     want, got = np.empty_like(x), np.empty_like(x)
-    custom_cpu.quantize_custom(x, want, MY, m, key, 32)
-    custom_cuda.quantize_custom(x, got, MY, m, key, 32)
+    custom_cpu.quantize_custom(x, want, MY.to_kernel_args(), m, key, 32)
+    custom_cuda.quantize_custom(x, got, MY.to_kernel_args(), m, key, 32)
     assert same_bits(torch.tensor(got), torch.tensor(want))
     if mode != "stochastic":  # and the built-in e5m2's bits
         assert same_bits(torch.tensor(got), emunum.quantize(torch.tensor(x), "fp8_152", mode))
@@ -316,11 +316,11 @@ def test_cuda_records_functions_that_do_not_compile_for_it(monkeypatch):
     def fail(*a):
         raise TypingError("Failed in cuda mode pipeline\nUse of unsupported NumPy function 'numpy.zeros'")
     monkeypatch.setattr(custom_cuda, "_build", fail)
-    assert not custom_cuda.compiles(fmt)
-    assert "numpy.zeros" in custom_cuda.failure(fmt)
+    assert not custom_cuda.compiles(fmt.to_kernel_args())
+    assert "numpy.zeros" in custom_cuda.failure(fmt.to_kernel_args())
     x = np.ones(4, np.float32)
     with pytest.raises(RuntimeError, match="no_cuda.*do not compile for CUDA"):
-        custom_cuda.quantize_custom(x, x.copy(), fmt, 0, 0, 32)
+        custom_cuda.quantize_custom(x, x.copy(), fmt.to_kernel_args(), 0, 0, 32)
 
 
 # ---- training and the MAD unit ------------------------------------------------------------------------------
@@ -425,8 +425,8 @@ def test_serial_and_parallel_cpu_loops_give_the_same_bits(mode):
     x = e5m2_inputs(np.float32)
     m, key = int(RoundMode.parse(mode)), seed_key(9)
     a, b = np.empty_like(x), np.empty_like(x)
-    custom_cpu.quantize_custom(x, a, MY, m, key, 32, parallel=False)
-    custom_cpu.quantize_custom(x, b, MY, m, key, 32, parallel=True)
+    custom_cpu.quantize_custom(x, a, MY.to_kernel_args(), m, key, 32, parallel=False)
+    custom_cpu.quantize_custom(x, b, MY.to_kernel_args(), m, key, 32, parallel=True)
     assert same_bits(torch.tensor(a), torch.tensor(b))
 
 

@@ -94,3 +94,41 @@ def test_the_mad_parameter_vector_is_tagged_and_sized_as_the_kernel_reads_it():
     assert p[gemm_scalar.P_KIND] == abi.Kind.FLOAT and p[gemm_scalar.P_MODE] == RoundMode.UP
     q = mad_unit.format_params(emunum.get_format("int8"), RoundMode.NEAREST)
     assert q[gemm_scalar.P_KIND] == abi.Kind.FIXED and q[gemm_scalar.P_FRAC] == 0
+
+
+
+SPEC_ONLY = {"to_code_jit", "from_code_jit", "add_jit", "mul_jit", "check_mode", "derived_args", "nbits"}
+
+
+@pytest.mark.parametrize("module", ["custom_cpu.py", "custom_cuda.py"])
+def test_custom_kernels_read_the_record_not_the_spec(module):
+    """The custom kernels take ``abi.CustomArgs``: no attribute that only the CustomFormat spec has."""
+    tree = ast.parse((Path(abi.__file__).parent / module).read_text())
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not used & SPEC_ONLY, sorted(used & SPEC_ONLY)
+
+
+def test_a_custom_record_filled_by_hand_rounds_like_the_specs():
+    import numpy as np
+    from numba import njit
+
+    from emunum.formats import CustomFormat
+    from emunum.kernels import custom_cpu
+
+    @njit
+    def to_code(x):  # the integers -8..7, nearest, saturating
+        return np.int64(min(max(round(x), -8), 7) + 8)
+
+    @njit
+    def from_code(c):
+        return np.float64(c - 8)
+
+    spec = CustomFormat(to_code, from_code, 4, name="int4_by_hand")
+    args = abi.CustomArgs(to_code, from_code, 16, "int4_by_hand", derived=spec.derived_args)
+    x = np.linspace(-9.0, 9.0, 145)
+    got, want = np.empty_like(x), np.empty_like(x)
+    for mode in (0, 2, 3):  # nearest, toward zero, up
+        custom_cpu.quantize_custom(x, got, args, mode, 0, 32)
+        custom_cpu.quantize_custom(x, want, spec.to_kernel_args(), mode, 0, 32)
+        assert np.array_equal(got, want)
+    assert np.array_equal(got, np.minimum(np.maximum(np.ceil(x), -8), 7))  # up, exactly

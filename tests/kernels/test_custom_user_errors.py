@@ -59,7 +59,7 @@ RAISE_FROM = CustomFormat(clamped_to_code, raising_from_code, 5, name="raise_fro
 def _run(fmt, x, parallel):
     flat = x.reshape(-1)
     dst = np.empty_like(flat)
-    custom_cpu.custom_runner(flat.dtype, fmt)(flat.ctypes.data, dst.ctypes.data, flat.size, 0, 0, 32, parallel)
+    custom_cpu.custom_runner(flat.dtype, fmt.to_kernel_args())(flat.ctypes.data, dst.ctypes.data, flat.size, 0, 0, 32, parallel)
     return dst
 
 
@@ -209,7 +209,7 @@ def test_cuda_kernel_checks_codes_and_passes_on_exceptions(fmt, bad, exc, words)
     x = np.full(70, 0.5, np.float32)
     x[41] = bad
     with pytest.raises(exc, match=words):
-        custom_cuda.quantize_custom(x, x.copy(), fmt, 0, 0, 32)
+        custom_cuda.quantize_custom(x, x.copy(), fmt.to_kernel_args(), 0, 0, 32)
 
 
 # ---- Multiplier.function: a user product inside the parallel GEMM and MAD kernels ------------------------------

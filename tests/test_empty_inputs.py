@@ -35,7 +35,7 @@ def test_block_formats_return_the_empty_result_on_every_axis(name, shape, dtype)
         assert emunum.quantize(x, name, axis=axis, out=out) is out
 
 
-@pytest.mark.parametrize("name", ONE_D)
+@pytest.mark.parametrize("name", [n for n in ONE_D if not BLOCK_PRESETS[n].nvfp4_path])  # no numpy encode there
 def test_block_encode_of_an_empty_tensor_is_empty(name):
     codes, scales, _ = emunum.get_format(name).encode(torch.empty(0, 64))
     assert tuple(codes.shape) == (0, 64) and scales.shape[0] == 0

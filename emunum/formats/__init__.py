@@ -11,7 +11,8 @@ from typing import Union
 
 from .base import FormatSpec, NumberFormat, Overflow, RoundMode, parse_enum
 from .custom import CustomFormat
-from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0, BlockFormat, E8M0Format
+from .block import E8M0, BlockFormat, E8M0Format
+from .block_presets import BLOCK_ALIASES, BLOCK_PRESETS
 from .scale_rule import ScaleRule
 from .fixed import FixedFormat
 from .nvfp4 import UE5M3, FourOverSix, Metric, OuterScale

@@ -21,7 +21,8 @@ from .base import FormatSpec, NumberFormat
 from .fixed import FixedFormat
 from .float import FloatFormat, Special
 from .posit import PositFormat
-from .block import BLOCK_ALIASES, BLOCK_PRESETS, E8M0, BlockFormat
+from .block import E8M0, BlockFormat
+from .block_presets import BLOCK_ALIASES, BLOCK_PRESETS
 from .scale_rule import split_rule_suffix
 from .log import LogFormat
 from .p3109 import P3109Format

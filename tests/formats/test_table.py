@@ -10,7 +10,7 @@ import torch
 
 import emunum
 from emunum.formats import TABLE_PRESETS, TableFormat
-from emunum.formats.block import BLOCK_PRESETS
+from emunum.formats.block_presets import BLOCK_PRESETS
 
 MODES = ["nearest", "nearest_away", "toward_zero", "up", "down", "odd"]
 

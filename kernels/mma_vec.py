@@ -200,10 +200,15 @@ def groups_vec(A, B, EA, SA, EB, SB, out, groups, frac, out_man):
 
 @njit(cache=True, parallel=True)
 def exponents(X, emin, EX):
-    """EX (int16) <- exp(x) of every finite float32 x of X (2-D): max(floor(log2|x|), emin), zeros -126
-    (emin > -127: float32 subnormals, biased exponent 0, are clamped to emin)."""
+    """EX (int16) <- exp(x) of every float32 x of X (2-D): max(floor(log2|x|), emin), zeros -126 (emin > -127:
+    float32 subnormals, biased exponent 0, are clamped to emin); returns the number of non-finite x."""
     R, C = X.shape
+    bad = np.zeros(R, np.int64)
     for r in prange(R):
+        cnt = 0
         for c in range(C):
             be = np.int32((np.float32(X[r, c]).view(np.uint32) >> np.uint32(23)) & np.uint32(255)) - 127
             EX[r, c] = -126 if X[r, c] == 0 else max(be, emin)
+            cnt += 1 if be == 128 else 0
+        bad[r] = cnt
+    return bad.sum()

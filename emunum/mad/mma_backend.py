@@ -53,7 +53,7 @@ def gemm(a: torch.Tensor, sa, b: torch.Tensor, sb, c: torch.Tensor, unit: MMAUni
         A, BT, SA, SBT, C = (t.numpy() for t in _scalar_operands(a32, sa, b32, sb, c32, unit))
         with parallel.exclusive():
             mma_cpu.gemm(A, BT, SA, SBT, C, out, unit.params())
-    return torch.from_numpy(out).to(torch.float32).to(device)
+    return torch.from_numpy(out.astype(np.float32)).to(device)
 
 
 def _scalar_operands(a, sa, b, sb, c, unit: MMAUnit):
@@ -63,12 +63,12 @@ def _scalar_operands(a, sa, b, sb, c, unit: MMAUnit):
             _scales_t(None if sb is None else sb.t(), N).contiguous(), c.to(torch.float32).contiguous())
 
 
-def _exponents(x: torch.Tensor, emin: int, nan: int) -> torch.Tensor:
-    """exp(x) of every value as the datapaths take it: max(floor(log2|x|), emin), zeros -126; NaN: ``nan``."""
-    x64 = x.to(torch.float64)
-    e = torch.clamp(torch.frexp(x64).exponent.to(torch.int64) - 1, min=emin)
-    e = torch.where(x64 == 0, torch.full_like(e, -126), e)
-    return torch.where(torch.isnan(x64), torch.full_like(e, nan), e)
+def _exponents(x, emin: int, nan: int) -> np.ndarray:
+    """exp(x) of every value (int64) as the datapaths take it: max(floor(log2|x|), emin), zeros -126; NaN: ``nan``."""
+    x64 = np.asarray(x.numpy() if isinstance(x, torch.Tensor) else x, np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.maximum(np.frexp(x64)[1].astype(np.int64) - 1, emin)
+    return np.where(np.isnan(x64), nan, np.where(x64 == 0, -126, e))
 
 
 def _step_scales(sa, sb, unit: MMAUnit, M: int, N: int, nsteps: int):
@@ -80,15 +80,15 @@ def _step_scales(sa, sb, unit: MMAUnit, M: int, N: int, nsteps: int):
         return None
     emin = int(unit.params()[abi.X_SC_EMIN])
     ESA, ESB = _exponents(sa, emin, NAN_EXP), _exponents(sb, emin, NAN_EXP)
-    if bool((ESA == NAN_EXP).any()) or bool((ESB == NAN_EXP).any()):
+    if (ESA == NAN_EXP).any() or (ESB == NAN_EXP).any():
         return None
-    return ESA.numpy(), ESB.contiguous().numpy()
+    return np.ascontiguousarray(ESA), np.ascontiguousarray(ESB)
 
 
 def _fused8(a32, sa, b32, sb, unit: MMAUnit, out: np.ndarray) -> bool:
     """``kernels.mma_vec.fused8_gemm`` into out; False (nothing run) where its conditions do not hold."""
     fmt = unit.element_format
-    if fmt.bits > 8 or fmt.emin <= -127 or unit.frac_bits > 25 or not (bool(torch.isfinite(a32).all()) and bool(torch.isfinite(b32).all())):
+    if fmt.bits > 8 or fmt.emin <= -127 or unit.frac_bits > 25:
         return False
     M, K = a32.shape
     N = b32.shape[1]
@@ -99,8 +99,8 @@ def _fused8(a32, sa, b32, sb, unit: MMAUnit, out: np.ndarray) -> bool:
 
     EA, EB = np.empty((M, K), np.int16), np.empty((K, N), np.int16)
     with parallel.exclusive():
-        mma_vec.exponents(a32.numpy(), fmt.emin, EA)
-        mma_vec.exponents(b32.numpy(), fmt.emin, EB)
+        if mma_vec.exponents(a32.numpy(), fmt.emin, EA) or mma_vec.exponents(b32.numpy(), fmt.emin, EB):
+            return False  # a NaN or infinite element
         mma_vec.fused8_gemm(a32.numpy(), EA, b32.numpy(), EB, *sc, out, unit.terms, unit.frac_bits, unit.out_man)
     return True
 
@@ -137,19 +137,19 @@ def _groups_vec(a32, sa, b32, sb, unit: MMAUnit, out: np.ndarray) -> bool:
     from ..kernels import mma_vec, parallel
 
     ng = K // GROUP
-    gidx = torch.arange(ng) * GROUP // unit.block
+    gidx = np.arange(ng) * GROUP // unit.block
     emin = int(unit.params()[abi.X_SC_EMIN])
-    EA, SA = _group_scales(sa[:, gidx], emin)
-    EB, SB = _group_scales(sb[gidx, :], emin)
+    EA, SA = _group_scales(sa.numpy()[:, gidx], emin)
+    EB, SB = _group_scales(sb.numpy()[gidx, :], emin)
     with parallel.exclusive():
         mma_vec.groups_vec(a32.numpy(), b32.numpy(), EA, SA, EB, SB, out, unit.terms // GROUP, unit.frac_bits,
                            unit.out_man)
     return True
 
 
-def _group_scales(s: torch.Tensor, emin: int):
-    """(exponents int32 (NaN: NAN_EXP), 8 * significands float32 (NaN: 0)) of scale values s."""
-    s64 = s.to(torch.float64)
-    e = _exponents(s64, emin, NAN_EXP)
-    sig8 = torch.where(torch.isnan(s64), torch.zeros_like(s64), s64 * torch.exp2((3 - e).to(torch.float64)))
-    return e.to(torch.int32).contiguous().numpy(), sig8.to(torch.float32).contiguous().numpy()
+def _group_scales(s: np.ndarray, emin: int):
+    """(exponents int32 (NaN: NAN_EXP), 8 * significands float32 (NaN: 0)) of scale values s (float64)."""
+    e = _exponents(s, emin, NAN_EXP)
+    with np.errstate(invalid="ignore"):
+        sig8 = np.where(np.isnan(s), 0.0, np.ldexp(s, np.where(np.isnan(s), 0, 3 - e).astype(np.int32)))
+    return np.ascontiguousarray(e, np.int32), np.ascontiguousarray(sig8, np.float32)

@@ -105,7 +105,8 @@ def fused8_gemm(A, EA, B, EB, ESA, ESB, out, n, frac, out_man):
                     k = k0
                     while k + 4 <= k1:  # four products a pass: fewer loads and stores of E
                         ea0, ea1, ea2, ea3 = EA[i, k], EA[i, k + 1], EA[i, k + 2], EA[i, k + 3]
-                        b0, b1, b2, b3 = EB[k, j0:j0 + w], EB[k + 1, j0:j0 + w], EB[k + 2, j0:j0 + w], EB[k + 3, j0:j0 + w]
+                        b0, b1 = EB[k, j0:j0 + w], EB[k + 1, j0:j0 + w]
+                        b2, b3 = EB[k + 2, j0:j0 + w], EB[k + 3, j0:j0 + w]
                         for t in range(w):
                             E[t] = max(max(E[t], ea0 + b0[t]), max(max(ea1 + b1[t], ea2 + b2[t]), ea3 + b3[t]))
                         k += 4
@@ -130,7 +131,8 @@ def fused8_gemm(A, EA, B, EB, ESA, ESB, out, n, frac, out_man):
                         k = kc
                         while k + 4 <= kend:  # four products a pass: fewer loads and stores of S32
                             a0, a1, a2, a3 = A[i, k], A[i, k + 1], A[i, k + 2], A[i, k + 3]
-                            b0, b1, b2, b3 = B[k, j0:j0 + w], B[k + 1, j0:j0 + w], B[k + 2, j0:j0 + w], B[k + 3, j0:j0 + w]
+                            b0, b1 = B[k, j0:j0 + w], B[k + 1, j0:j0 + w]
+                            b2, b3 = B[k + 2, j0:j0 + w], B[k + 3, j0:j0 + w]
                             for t in range(w):
                                 p = P[t]
                                 S32[t] += (np.int32(a0 * b0[t] * p) + np.int32(a1 * b1[t] * p)) + \

@@ -120,7 +120,8 @@ def _fused_fast(a32, sa, b32, sb, c32, unit: MMAUnit, out: np.ndarray) -> bool:
     MA, EA = np.empty((M, K), np.int32), np.empty((M, K), np.int32)
     MB, EB = np.empty((K, N), np.int32), np.empty((K, N), np.int32)
     with parallel.exclusive():
-        if not (mma_fast.split(A, fmt.emin, fmt.man, MA, EA) and mma_fast.split(b32.numpy(), fmt.emin, fmt.man, MB, EB)):
+        if not (mma_fast.split(A, fmt.emin, fmt.man, MA, EA)
+                and mma_fast.split(b32.numpy(), fmt.emin, fmt.man, MB, EB)):
             return False
         mma_fast.fused_gemm(A, BT, SA, SBT, C, MA, EA, MB, EB, *sc, fmt.man, out, unit.params())
     return True
@@ -130,7 +131,6 @@ def _groups_vec(a32, sa, b32, sb, unit: MMAUnit, out: np.ndarray) -> bool:
     """``kernels.mma_vec.groups_vec`` into out; False (nothing run) unless the elements are E2M1, groups and
     steps whole groups of 16 and F <= 36."""
     M, K = a32.shape
-    N = b32.shape[1]
     if (unit.element != "fp4_e2m1" or K % GROUP or unit.block % GROUP or unit.terms % GROUP
             or unit.frac_bits > 36):
         return False

@@ -73,7 +73,8 @@ def _arithmetic_grid(fmt):
     vals = fmt.values().astype(np.float64)
     vals = np.unique(vals[np.isfinite(vals)])
     vmax = float(vals.max())
-    grid = (np.arange(2 ** (fmt.man + 1))[None, :] * np.exp2(np.arange(fmt.emin, fmt.emax + 1) - fmt.man)[:, None]).ravel()
+    powers = np.exp2(np.arange(fmt.emin, fmt.emax + 1) - fmt.man)
+    grid = (np.arange(2 ** (fmt.man + 1))[None, :] * powers[:, None]).ravel()
     grid = grid[grid <= vmax]
     return (fmt.man, fmt.emin, vmax) if np.array_equal(np.unique(np.concatenate([grid, -grid])), vals) else None
 

@@ -56,7 +56,8 @@ def elements(shape, fmt: str, g: torch.Generator, kind: str) -> torch.Tensor:
 def scales(shape, scale: str, g: torch.Generator, nan: bool) -> torch.Tensor:
     if scale == "e8m0":
         s = torch.exp2(torch.randint(-127, 128, shape, generator=g).double())
-        s = torch.where(torch.rand(shape, generator=g) < 0.5, s, torch.exp2(torch.randint(-8, 8, shape, generator=g).double()))
+        near_one = torch.exp2(torch.randint(-8, 8, shape, generator=g).double())
+        s = torch.where(torch.rand(shape, generator=g) < 0.5, s, near_one)
     else:
         codes = torch.randint(0, 127, shape, generator=g).to(torch.uint8)  # non-negative E4M3: 0, subnormals .. 448
         s = codes.view(torch.float8_e4m3fn).double()

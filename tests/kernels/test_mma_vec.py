@@ -149,8 +149,8 @@ def test_fast_paths_follow_the_units_parameters(name, changes):
 
 
 def test_dispatch_declines_what_the_fast_paths_do_not_cover():
-    """NaN scales or non-finite elements (fused) and a K off the 16-element groups go to other paths, with
-    the scalar cores' bits."""
+    """NaN scales, non-finite elements or scales that change within a step (fused) and groups of other than
+    16 elements go to other paths, with the scalar cores' bits."""
     unit = MMA_PRESETS["b200_mxf8f6f4_e4m3"]
     a, sa, b, sb, c = operands(unit, "all", "wide", 3, nan_scales=True)
     assert not run_fast(mma_backend._fused8, a, sa, b, sb, c, unit)[0]
@@ -158,6 +158,10 @@ def test_dispatch_declines_what_the_fast_paths_do_not_cover():
     unit = MMA_PRESETS["b200_f8f6f4_e5m2"]
     a, sa, b, sb, c = operands(unit, "all", "wide", 4)
     a[0, 0] = float("inf")
+    assert not run_fast(mma_backend._fused8, a, sa, b, sb, c, unit)[0]
+    assert same_bits(mma_backend.gemm(a, sa, b, sb, c, unit).numpy(), scalar(a, sa, b, sb, c, unit))
+    unit = MMA_PRESETS["b200_mxf8f6f4_e4m3"].replace(block=16)  # scales that change within a step
+    a, sa, b, sb, c = operands(unit, "spread", "wide", 6, steps=3)
     assert not run_fast(mma_backend._fused8, a, sa, b, sb, c, unit)[0]
     assert same_bits(mma_backend.gemm(a, sa, b, sb, c, unit).numpy(), scalar(a, sa, b, sb, c, unit))
     unit = MMA_PRESETS["b200_mxf4nvf4_ue4m3"].replace(block=8, terms=8, k=8)

@@ -34,6 +34,10 @@ import warnings
 
 from numba.core import caching as _caching
 
+from . import _inline_copy
+
+_inline_copy.install()  # every kernel module imports this one before it defines its kernels
+
 try:
     import fcntl
 except ImportError:  # not POSIX: numba's own unlocked save

@@ -36,7 +36,7 @@ from numba.core import caching as _caching
 
 from . import _inline_copy
 
-_inline_copy.install()  # every kernel module imports this one before it defines its kernels
+_inline_copy.install()  # opt-in (EMUNUM_NUMBA_INLINE_COPY=1): every kernel module imports this one first
 
 try:
     import fcntl

@@ -11,7 +11,10 @@ function is numba's own invariant). Nothing else changes: a second copy still ge
 compiled code is the same bit for bit (``tests/reliability/test_inline_copy.py`` compares the assembly).
 
 It edits numba's own source text of that method at run time and installs the result only where the text is
-exactly the one expected; with another numba it does nothing. ``EMUNUM_NUMBA_INLINE_COPY=0`` turns it off.
+exactly the one expected; with another numba it does nothing. It is opt-in: ``EMUNUM_NUMBA_INLINE_COPY=1``
+installs it when a kernel module is imported. The test suite sets it (tests/conftest.py), so ``make test``
+compiles faster; a user's process keeps numba's own copy unless it asks, because patching a dependency's
+internals is not a library's call to make for its users.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ installed = False
 def install() -> bool:
     """Install the one-memo copy into numba's ``InlineWorker.inline_ir`` once; whether it is installed."""
     global installed
-    if installed or os.environ.get("EMUNUM_NUMBA_INLINE_COPY", "1") == "0":
+    if installed or os.environ.get("EMUNUM_NUMBA_INLINE_COPY", "0") != "1":
         return installed
     try:
         src = textwrap.dedent(inspect.getsource(_icc.InlineWorker.inline_ir))

@@ -13,7 +13,13 @@ namespace: other test modules use it too, so keep its names stable).
 """
 from __future__ import annotations
 
-import functools
+import os
+
+# Before any kernel module loads: numba's inliner copies with one memo (kernels/_inline_copy.py), the same
+# machine code in about half the compile time; subprocesses the tests start inherit it.
+os.environ.setdefault("EMUNUM_NUMBA_INLINE_COPY", "1")
+
+import functools  # noqa: E402
 import types
 from dataclasses import dataclass
 

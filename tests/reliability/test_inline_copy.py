@@ -49,7 +49,7 @@ def _asm_and_result(kernel):
     return re.sub(r"_ZN[0-9A-Za-z_$.]+", "<symbol>", asm), out.view(np.int64).copy()  # symbols carry unique ids
 
 
-@pytest.mark.skipif(os.environ.get("EMUNUM_NUMBA_INLINE_COPY") == "0", reason="turned off by the environment")
+@pytest.mark.skipif(os.environ.get("EMUNUM_NUMBA_INLINE_COPY") != "1", reason="not asked for (tests/conftest.py asks)")
 def test_the_one_memo_copy_is_installed_for_the_pinned_numba():
     """Without it every inline="always" kernel compiles about twice as slowly (make test's time)."""
     assert _inline_copy.installed
@@ -58,7 +58,7 @@ def test_the_one_memo_copy_is_installed_for_the_pinned_numba():
 
 def test_inlined_kernels_compile_to_the_same_machine_code_as_with_numbas_own_copy(monkeypatch):
     if not _inline_copy.installed:
-        pytest.skip("not installed (another numba, or EMUNUM_NUMBA_INLINE_COPY=0)")
+        pytest.skip("not installed (another numba, or EMUNUM_NUMBA_INLINE_COPY is not 1)")
     ours = icc.InlineWorker.inline_ir
     asm_ours, out_ours = _asm_and_result(_kernel())
     monkeypatch.setattr(icc.InlineWorker, "inline_ir", ours.__wrapped_numba__)

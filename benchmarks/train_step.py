@@ -18,6 +18,8 @@ times ``--steps`` steps of every recipe in turn (after one warm-up round that co
 figure is the median over rounds of the mean step time, and the ratio is against fp32's median.
 ``--compare-elide`` adds, for every emulated recipe, the same recipe with rounding elision off
 (``emunum.grid.set_elision(False)`` around its steps; ``docs/elision.md``), timed in the same rounds.
+``--compare-rht`` adds, for recipes with a Hadamard transform (nvfp4), the recipe with the transform taken by
+its float64 matrix product instead of the butterfly kernel (``emunum.hadamard``; same bits), in the same rounds.
 """
 from __future__ import annotations
 
@@ -58,6 +60,20 @@ class _Images:
         self.x_train = torch.randn(n, 3, 32, 32, generator=g)
         self.y_train = torch.randint(0, 10, (n,), generator=g)
         self.task = "classification"
+
+
+def _matrix_rht(step):
+    """step, run with ``emunum.hadamard.rht`` on its float64 matrix product (the butterfly switched off)."""
+    from emunum import hadamard
+
+    def run():
+        fast, hadamard._butterfly = hadamard._butterfly, lambda *a: None
+        try:
+            return step()
+        finally:
+            hadamard._butterfly = fast
+
+    return run
 
 
 def build(overrides: list[str], threads: int, model: str = "cnn1d", elide: bool = True):
@@ -124,6 +140,8 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="cnn1d", choices=("cnn1d", "cnn2d"))
     p.add_argument("--compare-elide", action="store_true",
                    help="also time every emulated recipe with rounding elision off, in the same rounds")
+    p.add_argument("--compare-rht", action="store_true",
+                   help="also time recipes with a Hadamard transform on its float64 matrix product (same bits)")
     p.add_argument("--default-malloc", action="store_true", help="keep glibc's default (the training loop "
                     "calls emunum.buffers.retain_freed_memory(), and so does this benchmark unless this is given)")
     a = p.parse_args(argv)
@@ -145,6 +163,9 @@ def main(argv=None) -> None:
     if a.compare_elide:
         for n in [n for n in names if n != "fp32"]:
             steps[f"{n}-noelide"] = build(RECIPES[n], a.threads, a.model, elide=False)[0]
+    if a.compare_rht:
+        for n in [n for n in names if n == "nvfp4"]:
+            steps[f"{n}-matrix-rht"] = _matrix_rht(build(RECIPES[n], a.threads, a.model)[0])
     names = list(steps)
     for n in names:  # warm-up: compile every kernel the recipe uses
         for _ in range(3):

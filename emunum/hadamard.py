@@ -19,6 +19,7 @@ and transforms each run of n along it; the sums are computed in float64 and roun
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import torch
@@ -69,9 +70,39 @@ def rht(x: torch.Tensor, n: int, seed: int, dim: int) -> torch.Tensor:
     d = dim % x.dim()
     length = x.shape[d]
     pad = -length % n
+    fast = _butterfly(x, n, seed, d, length + pad)
+    if fast is not None:
+        return fast
     w = x.to(torch.float64).movedim(d, -1)
     if pad:
         w = torch.nn.functional.pad(w, (0, pad))
     m = torch.tensor(rht_matrix(n, seed), device=w.device)
     out = (w.reshape(*w.shape[:-1], -1, n) @ m).reshape(w.shape)
     return out.movedim(-1, d).to(x.dtype)
+
+
+def _butterfly(x: torch.Tensor, n: int, seed: int, d: int, padded: int):
+    """``rht``'s result by the butterfly kernel (``kernels/hadamard_cpu.py``), or None where it does not apply:
+    a float32 CPU tensor outside autograd whose runs all have sums that are exact in float64 (then any order of
+    summation gives the reference's bits). The result has the reference's shape and strides: a contiguous
+    tensor with ``d`` moved last, moved back."""
+    if x.dtype != torch.float32 or not x.is_cpu or type(x) is not torch.Tensor or x.numel() == 0 \
+            or (x.requires_grad and torch.is_grad_enabled()):
+        return None
+    from .kernels.hadamard_cpu import rht_f32  # noqa: PLC0415  (compiled on first use)
+
+    shape = x.shape
+    a, b = math.prod(shape[:d]), math.prod(shape[d + 1:])
+    src = x.detach().resolve_neg().contiguous().view(a, shape[d], b).numpy()
+    moved = shape[:d] + shape[d + 1:] + (padded,)
+    out = torch.empty(moved, dtype=torch.float32)
+    if not rht_f32(src, out.numpy().reshape(a, b, padded), _signs(n, seed), n.bit_length() // 2):
+        return None
+    return out.movedim(-1, d)
+
+
+@functools.lru_cache(maxsize=16)
+def _signs(n: int, seed: int) -> np.ndarray:
+    s = sign_vector(n, seed).astype(np.float64)
+    s.setflags(write=False)
+    return s

@@ -41,7 +41,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, scalar
-from .scalar import OVF_INF, OVF_NAN, random_bits
+from .scalar import GOLDEN, ONE, OVF_INF, OVF_NAN, mix64, random_bits
 
 _cache.guard(__file__, scalar.SOURCES)
 
@@ -164,6 +164,23 @@ def _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
 
 
 @njit(inline="always")
+def _sr_loop_serial(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
+    """``_sr_loop`` as a serial loop whose generator counter key + (base + i + 1) * golden advances by one add
+    (the same uint64 value, wrapping alike): one 64-bit vector multiply fewer per 8 elements than recomputing
+    it, which LLVM does not strength-reduce (measured 1.57 -> 1.33 ns/element, 2**14 float32, one thread)."""
+    d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, big, ovf_nan = sr_params(man, emin, sub,
+                                                                                           max_bits, ovf, nbits)
+    mb = U32(max_bits)
+    ctr = U64(key) + (U64(base) + ONE) * GOLDEN
+    drop = U64(64 - nbits)
+    for i in range(src.size):
+        rnd = U32(mix64(ctr) >> drop)  # scalar.random_bits(key, base + i, nbits)
+        ctr += GOLDEN
+        dst[U64(i)] = sr_f32(src[U64(i)], rnd, d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, mb,
+                             big, ovf_nan, negzero)
+
+
+@njit(inline="always")
 def _nearest(src, dst, man, emin, sub, max_bits, ovf, negzero):
     if src.ctypes.data == dst.ctypes.data:
         _nearest_loop(dst, dst, man, emin, sub, max_bits, ovf, negzero)
@@ -194,7 +211,10 @@ def nearest_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero):
 @njit(cache=True, nogil=True)
 def sr_serial(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
     """dst[i] = ``sr_f32``(src[i]) with element base + i's random bits (``scalar.random_bits``)."""
-    _sr(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+    if src.ctypes.data == dst.ctypes.data:
+        _sr_loop_serial(dst, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+    else:
+        _sr_loop_serial(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
 
 
 @njit(cache=True, parallel=True)

@@ -97,3 +97,63 @@ def test_hadamard_policy_errors_name_the_value_and_what_is_allowed():
     with pytest.raises(TypeError, match=r"hadamard_seed=-1"):
         emunum.Policy.make("nvfp4", hadamard=16, hadamard_seed=-1)
     assert "hadamard=16/seed=0" in emunum.Policy.make("nvfp4", hadamard=16).describe()
+
+
+# ---- the butterfly kernel (float32 on the CPU) against the float64 matrix product it stands in for --------
+def _reference_rht(x, n, seed, dim, monkeypatch):
+    """rht by its float64 matrix product (the butterfly switched off)."""
+    with monkeypatch.context() as m:
+        m.setattr(had, "_butterfly", lambda *a: None)
+        return had.rht(x, n, seed, dim)
+
+
+def _bits_equal(a, b):
+    return a.shape == b.shape and a.stride() == b.stride() and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def _data(shape, kind, gen):
+    sign = torch.randint(0, 2, shape, generator=gen).float() * 2 - 1  # +-[1, 2) * 2**[-10, 10): spread <= 20
+    x = sign * (1 + torch.rand(shape, generator=gen)) * torch.exp2(torch.randint(-10, 10, shape, generator=gen).float())
+    if kind == "zeros":  # whole runs of +0 and -0 (the sign of a zero sum)
+        x = torch.where(torch.rand(shape, generator=gen) < 0.5, torch.zeros(shape), -torch.zeros(shape))
+        x[..., :1] = 1.0
+    elif kind == "sparse":
+        x[torch.rand(shape, generator=gen) < 0.6] = -0.0
+    elif kind == "subnormal":
+        x = x * 1e-40
+    return x
+
+
+@pytest.mark.parametrize("n", had.SIZES)
+@pytest.mark.parametrize("shape,dim", [((70, 24), 0), ((33, 5), 0), ((6, 50, 3), 1), ((4, 7, 130), -1), ((300,), 0)])
+@pytest.mark.parametrize("kind", ["normal", "zeros", "sparse", "subnormal"])
+def test_butterfly_gives_the_matrix_products_bits_and_strides(n, shape, dim, kind, monkeypatch):
+    x = _data(shape, kind, torch.Generator().manual_seed(n + len(shape)))
+    d = dim % x.dim()
+    fast = had._butterfly(x, n, 7, d, -(-x.shape[d] // n) * n)
+    assert fast is not None  # exponent spread <= 20: every run's float64 sums are exact
+    assert _bits_equal(fast, _reference_rht(x, n, 7, dim, monkeypatch))
+    assert _bits_equal(had.rht(x, n, 7, dim), fast)
+
+
+@pytest.mark.parametrize("planted", ["spread", "inf", "nan"])
+def test_butterfly_declines_runs_whose_sums_may_be_inexact_or_not_finite(planted, monkeypatch):
+    x = 1 + torch.rand(64, 8, generator=torch.Generator().manual_seed(3))  # [1, 2): one binade
+    if planted == "spread":  # 2**26 and 1 + 2**-23 in one run of 16: their sum needs 26 + 24 + 4 > 53 bits
+        x[17, 2], x[18, 2] = 2.0 ** 26, 1.0 + 2.0 ** -23
+    else:
+        x[40, 5] = float(planted)
+    assert had._butterfly(x, 16, 0, 0, 64) is None
+    assert _bits_equal(had.rht(x, 16, 0, 0), _reference_rht(x, 16, 0, 0, monkeypatch))
+    x[17, 2], x[18, 2] = 2.0 ** 25, 1.0  # a spread of 25 binades (n = 16): exact, the kernel's
+    x[40, 5] = 1.0
+    assert had._butterfly(x, 16, 0, 0, 64) is not None
+
+
+def test_butterfly_leaves_autograd_float64_and_its_input_alone():
+    x = torch.randn(32, 4, requires_grad=True)
+    assert had._butterfly(x, 16, 0, 0, 32) is None  # differentiable: the matrix product
+    assert had._butterfly(x.detach().double(), 16, 0, 0, 32) is None
+    y = x.detach().clone()
+    had.rht(y, 16, 0, 0)
+    assert torch.equal(y, x.detach())

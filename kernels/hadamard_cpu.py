@@ -1,0 +1,98 @@
+"""The random Hadamard transform of float32 data as a fast Walsh-Hadamard butterfly (``emunum.hadamard.rht``).
+
+``rht_f32(x, out, signs, shift)``: x is float32 viewed as (A, L, B) (the transformed dimension in the middle),
+out a float32 (A, B, Lp) array, Lp = L rounded up to a multiple of n = signs.size. Each run of n elements along
+L (zero-padded) is multiplied by the signs, transformed by the n x n Sylvester Hadamard matrix and scaled by
+2**-shift = 1/sqrt(n); the sums are taken in float64 and rounded once to float32.
+
+Why this equals the float64 product u @ M of ``rht``'s reference path, bit for bit: every term s_j H_ji u_j
+is a float32 value with its sign flipped, so every partial sum the butterfly forms (a signed sum of a subset
+of the run) is a multiple of the run's smallest unit in the last place, 2**lsb, and below the sum of the
+magnitudes, 2**(emax + 1 + log2 n). Where emax + 1 + log2 n - lsb <= 53 every such sum is exact in float64,
+in any order and grouping, so the butterfly and the matrix product (whatever its summation order) reach the
+same exact value; the power-of-two scale is exact as well. The kernel checks that condition on every run,
+with emax and lsb taken from the float32 exponent fields (a subnormal's counted as 1, which bounds both), and
+returns False as soon as a run fails it or holds an infinity or NaN; the caller then takes the reference path.
+A sum that is exactly zero is +0 in both: the product's accumulators start at +0 (a zero sum of terms that
+are not all -0 is +0 in any order under round-to-nearest; ``+ 0.0`` makes the all -0 case agree).
+Serial: the transform runs inside a training step's backward GEMM, on one thread.
+"""
+import numpy as np
+from numba import njit
+
+from . import _cache
+
+_cache.guard(__file__, [])
+
+
+U64 = np.uint64
+U32 = np.uint32
+
+
+COLUMNS = 48  # columns of x (rows of out) transformed together; measured best of 8-144 on (65536, 144)
+
+
+@njit(cache=True)
+def rht_f32(x, out, signs, shift):
+    """out[a, b, r*n + i] = float32(2**-shift * sum_j signs[j] * H[j, i] * x[a, r*n + j, b]) for every run r
+    (x read as zero beyond L); False (out partly written) where a run's sums might not be exact in float64.
+    Columns go COLUMNS at a time through every run, so that out is written as that many sequential streams
+    (B rows of out lie a power of two apart in the layers' shapes; fewer streams read x in more strided passes);
+    inner loops use unsigned indices (numba's wraparound check on signed ones keeps them from vectorising)."""
+    A, L, B = x.shape
+    n = signs.size
+    runs = out.shape[2] // n
+    log2n = 0
+    while (1 << log2n) < n:
+        log2n += 1
+    span = 29 - log2n  # the largest exponent spread with exact float64 sums (module doc)
+    scale = np.ldexp(1.0, -shift)
+    work = np.empty((n, COLUMNS), dtype=np.float64)
+    bits = x.view(np.uint32)
+    hi = np.empty(COLUMNS, dtype=np.uint32)
+    lo = np.empty(COLUMNS, dtype=np.uint32)
+    for a in range(A):
+        for b0 in range(0, B, COLUMNS):
+            nb = min(COLUMNS, B - b0)
+            for r in range(runs):
+                for c in range(nb):
+                    hi[U64(c)] = U32(0)
+                    lo[U64(c)] = U32(0xFFFFFFFF)
+                for j in range(n):
+                    t = r * n + j
+                    w = work[j]
+                    if t < L:
+                        sj = np.float64(signs[j])
+                        xr, ur = x[a, t, b0:b0 + nb], bits[a, t, b0:b0 + nb]
+                        for c in range(nb):
+                            uc = U64(c)
+                            m = U32(ur[uc] & U32(0x7FFFFFFF))
+                            hi[uc] = max(hi[uc], m)
+                            lo[uc] = min(lo[uc], m if m != U32(0) else U32(0xFFFFFFFF))
+                            w[uc] = sj * np.float64(xr[uc])
+                    else:
+                        for c in range(nb):
+                            w[U64(c)] = 0.0
+                for c in range(nb):
+                    if hi[c] >= U32(0x7F800000):  # an infinity or NaN
+                        return False
+                    if hi[c] != U32(0) and \
+                            max(np.int64(hi[c] >> U32(23)), 1) - max(np.int64(lo[c] >> U32(23)), 1) > span:
+                        return False
+                h = 1
+                while h < n:
+                    for i0 in range(0, n, 2 * h):
+                        for j in range(i0, i0 + h):
+                            p, q = work[j], work[j + h]
+                            for c in range(nb):
+                                uc = U64(c)
+                                s, d = p[uc] + q[uc], p[uc] - q[uc]
+                                p[uc] = s
+                                q[uc] = d
+                    h *= 2
+                base = r * n
+                for c in range(nb):
+                    o = out[a, b0 + c]
+                    for i in range(n):
+                        o[U64(base + i)] = np.float32((work[i, c] + 0.0) * scale)
+    return True

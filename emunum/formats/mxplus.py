@@ -53,7 +53,7 @@ class MXPlusFormat(BlockFormat):
         el = self.element
         if not isinstance(el, FloatFormat) or el.exp < 1:
             raise ValueError(f"MXPlusFormat.element={el.name}: the block max reuses the element's exponent field; "
-                             "allowed: a FloatFormat with exp >= 1 (e.g. fp4_e2m1, e2m3, e3m2, e4m3fn, e5m2)")
+                             "allowed: a FloatFormat with exp >= 1 (e.g. fp4_e2m1, fp6_e2m3, fp6_e3m2, e4m3fn, e5m2)")
         if self.scale_rule != ScaleRule.FLOOR:
             raise ValueError(f"MXPlusFormat.scale_rule={self.scale_rule.value!r}: the block max's exponent is "
                              "implied only under the OCP rule; allowed: 'floor' (= 'ocp')")

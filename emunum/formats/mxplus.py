@@ -24,7 +24,7 @@ Definition (emunum's; the paper's choices where it states them, emunum's where m
 - A block holding a NaN is all NaN (a NaN scale, as MX). An all-zero block (amax = 0) has no BM and stays zero
   (signed zeros as MX; emunum: the paper does not say how such a block is encoded). An infinite x gets the
   largest scale and, as BM, the largest BM value (further infinities of the block saturate to element max).
-- MX++ (the paper's variant with a second scale for the non-BM elements) is not implemented.
+- The paper's MX++ variant is not implemented (docs/mxplus.md: its definition was not available to pin down).
 """
 from __future__ import annotations
 

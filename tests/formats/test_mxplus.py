@@ -306,7 +306,9 @@ def test_stochastic_rounding_lands_on_a_neighbour_and_is_reproducible(name):
     lo = emunum.quantize(x, fmt, "down").numpy()
     hi = emunum.quantize(x, fmt, "up").numpy()
     got = a.numpy()
-    assert ((got == lo) | (got == hi)).all() and (got == lo).any() and (got == hi).any()
+    assert ((got == lo) | (got == hi)).all()
+    for col in range(4):  # column 0 holds each block's maximum: its extended grid rounds stochastically too
+        assert (got[col::4] == lo[col::4]).any() and (got[col::4] == hi[col::4]).any()
 
 
 def test_names_bits_and_largest_values():

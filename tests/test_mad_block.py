@@ -229,3 +229,4 @@ def test_patched_linear_with_mx_plus_formats_runs_its_gemms_as_block_matmuls():
     assert torch.equal(y.detach(), block_matmul(xd, w.t(), "mxfp4_plus", "mxfp8_e4m3_plus", units[0]) + lin.bias.detach())
     assert torch.equal(x.grad, block_matmul(gy, w, "mxfp4_plus", "mxfp8_e4m3_plus", units[1]))
     assert torch.equal(lin.weight.grad, block_matmul(gy.t(), xd, "mxfp4_plus", "mxfp4_plus", units[2]))
+    assert not torch.equal(y.detach(), block_matmul(xd, w.t(), "mxfp4", "mxfp8_e4m3", units[0]) + lin.bias.detach())

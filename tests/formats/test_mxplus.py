@@ -311,6 +311,20 @@ def test_stochastic_rounding_lands_on_a_neighbour_and_is_reproducible(name):
         assert (got[col::4] == lo[col::4]).any() and (got[col::4] == hi[col::4]).any()
 
 
+@pytest.mark.parametrize("name", ["mxfp4_e2m1", "mxfp8_e4m3"])
+def test_a_patched_linear_multiplies_the_reference_quantised_operands(name):
+    """emunum.patch(model, fmt=<MX+ preset>): the Linear's forward is F.linear of its input and weight, each
+    quantised by the reference above in blocks of 32 along in_features."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    m, x = nn.Sequential(nn.Linear(64, 8, bias=False)), torch.randn(5, 64) * 3
+    ref = lambda t: torch.from_numpy(np.stack([reference(r, name, 32, "nearest") for r in t.detach().double().numpy()]))
+    want = nn.functional.linear(ref(x).float(), ref(m[0].weight).float())
+    emunum.patch(m, fmt=name + "_plus")
+    assert torch.equal(m(x).detach(), want)
+
+
 def test_names_bits_and_largest_values():
     f = emunum.get_format("mxfp4_plus")
     assert f is MXPLUS_PRESETS["mxfp4_e2m1_plus"] and f.name == "mxfp4_e2m1_plus" and f.bits == 4.5

@@ -7,11 +7,13 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, scalar
+from . import _cache, mxplus_fast, scalar
 from . import parallel as _parallel
 from .mxplus_scalar import mxplus_block
+from .scalar.common import NEAREST
 
-_cache.guard(__file__, [*scalar.SOURCES, os.path.join(os.path.dirname(os.path.abspath(__file__)), "mxplus_scalar.py")])
+_cache.guard(__file__, [*scalar.SOURCES, *(os.path.join(os.path.dirname(os.path.abspath(__file__)), f)
+                                            for f in ("mxplus_scalar.py", "mxplus_fast.py"))])
 
 PARALLEL_MIN = 1 << 18  # the plain block kernel's figure (kernels/block_cpu.py)
 
@@ -38,6 +40,13 @@ def quantize_mxplus(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
     (emunum/mxplus_quantize.py)."""
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
+    fast = (int(tile[0]) == 1 and src.dtype == np.float32 and dst.dtype == np.float32 and mode == NEAREST
+            and mxplus_fast.fast_ok(args))
     with _parallel.try_parallel(parallel) as par:
+        if fast:  # float32, 1-D blocks, nearest: kernels/mxplus_fast.py (the same bits)
+            flat = src.reshape(-1)
+            run = mxplus_fast.fast_parallel if par else mxplus_fast.fast_serial
+            run(flat, flat.view(np.uint32), dst.reshape(-1), scales.reshape(-1), src.shape[2], int(tile[1]), *args[:9])
+            return
         run = mxplus_parallel if par else mxplus_serial
         run(src, dst, scales, int(tile[0]), int(tile[1]), *args, int(mode), np.uint64(key), int(nbits))

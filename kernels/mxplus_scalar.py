@@ -65,6 +65,7 @@ def mxplus_block(src, dst, scales, b, tr, tc, man, emin, sub, emax_e, max_e, neg
     full = math.ldexp(1.0, pow2_exponent(amax, FLOOR, emax_e, max_e, 0, lo, hi))
     scales[p, bi, bj] = full
     inv = 1.0 / full  # exact: a power of two
+    x_bm = np.float64(src[p, bm_i, bm_j])  # read before dst is written: dst may be src
     for i in range(r0, r1):
         for j in range(c0, c1):
             v = np.float64(src[p, i, j]) * inv
@@ -76,5 +77,4 @@ def mxplus_block(src, dst, scales, b, tr, tc, man, emin, sub, emax_e, max_e, neg
             dst[p, i, j] = q * full
     if amax > 0.0:
         rnd = random_bits(key, (p * R + bm_i) * C + bm_j, nbits) if mode == STOCHASTIC else np.uint64(0)
-        dst[p, bm_i, bm_j] = round_block_max(np.float64(src[p, bm_i, bm_j]) * inv, emax_e, pbits, mode, rnd,
-                                             nbits) * full
+        dst[p, bm_i, bm_j] = round_block_max(x_bm * inv, emax_e, pbits, mode, rnd, nbits) * full

@@ -10,7 +10,10 @@ round to nearest, where ``fast_ok`` holds. The same bits as ``mxplus_scalar.mxpl
   float64 loop's bits under ``fast_ok``'s conditions for the reasons kernels/block_fast.py's module docstring
   gives for its power-of-two path (the same conditions: S and 1/S float32 values, the element's half step
   above float32's normal range, Veltkamp's split exact for man + 1 <= 21 bits).
-- the block max, one per block, by the float64 core (``round_block_max``), as the slow loop does.
+- the block max, one per block, in float64: v = x / S exact; Veltkamp's split with 2**(52 - p) + 1 rounds v to
+  p + 1 significant bits, ties to even, which in v's binade [2**emax, 2**(emax+1)) is ``round_block_max``'s
+  multiple of 2**(emax - p); a carry to 2**(emax+1) (or inf, whose split is NaN) clamps to the largest BM
+  value and anything below 2**emax (a scale clipped at lo) to 2**emax, as ``round_block_max`` saturates.
 
 Arrays are flat: ``src`` float32 and its uint32 view ``bits``, rows of C elements cut into blocks of tc (the
 last of a row partial). dst may be src: the block max is read before the block is written.
@@ -22,9 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, scalar
-from .mxplus_scalar import round_block_max
 from .scalar.block import FLOOR, pow2_exponent
-from .scalar.common import NEAREST
 
 _cache.guard(__file__, [*scalar.SOURCES, os.path.join(os.path.dirname(os.path.abspath(__file__)), "mxplus_scalar.py")])
 
@@ -38,8 +39,11 @@ NAN32 = np.float32(np.nan)
 
 @njit(inline="always")
 def _blocks(src, bits, dst, scales, C, tc, tiled, split, magic, min_normal, max_bits, negzero, emax_e, max_e, lo,
-            hi, pbits, mode):
+            hi, pbits):
     nbc = scales.size // (src.size // C)
+    bm_split = math.ldexp(1.0, 52 - pbits) + 1.0
+    bm_low = math.ldexp(1.0, emax_e)
+    bm_high = math.ldexp(2.0 - math.ldexp(1.0, -pbits), emax_e)
     for b in prange(scales.size):
         if tiled:
             start, size = b * tc, tc
@@ -55,10 +59,9 @@ def _blocks(src, bits, dst, scales, C, tc, tiled, split, magic, min_normal, max_
             for k in range(size):
                 dst[U64(start + k)] = NAN32
             continue
-        bm = 0
-        while U32(bits[U64(start + bm)] & ABS) != m:
-            bm += 1
-        x_bm = np.float64(src[U64(start + bm)])
+        bm = size  # the first position holding m: a branch-free min over the block (it vectorises)
+        for k in range(size):
+            bm = min(bm, k if U32(bits[U64(start + k)] & ABS) == m else size)
         e_field = np.int64(m >> U32(23))
         if 0 < e_field < 255:
             e = min(max(e_field - 127 - emax_e, lo), hi)
@@ -68,6 +71,14 @@ def _blocks(src, bits, dst, scales, C, tc, tiled, split, magic, min_normal, max_
         scales[U64(b)] = s
         inv = np.float32(1.0 / s)
         full = np.float32(s)
+        # round_block_max to nearest on |x_bm| = amax (from m, not from the block max's position: a shorter
+        # dependency chain): Veltkamp's split to pbits + 1 bits (the BM's binade), clamped
+        v = np.float64(U32(m).view(np.float32)) * (1.0 / s)
+        c = v * bm_split
+        y = c - (c - v)
+        y = bm_high if not y <= bm_high else y  # a carry out of the binade, or inf (y NaN)
+        y = bm_low if y < bm_low else y  # below the binade: only under a scale clipped at lo
+        q_bm = np.float32(y * s).view(U32) | (bits[U64(start + bm)] & SIGN)  # x_bm's sign (dst may be src)
         for k in range(size):
             u = bits[U64(start + k)]
             v = src[U64(start + k)] * inv
@@ -78,8 +89,8 @@ def _blocks(src, bits, dst, scales, C, tc, tiled, split, magic, min_normal, max_
             a = min(U32(np.float32(y).view(U32) & ABS), max_bits)  # NaN (c overflowed, or x was inf) -> max
             sign = u & SIGN if (a != 0) | (negzero != 0) else U32(0)
             dst[U64(start + k)] = U32(a | sign).view(np.float32) * full
-        if m != 0:
-            dst[U64(start + bm)] = np.float32(round_block_max(x_bm / s, emax_e, pbits, mode, U64(0), 32) * s)
+        if m != 0:  # an all-zero block has no block max
+            dst[U64(start + bm)] = U32(q_bm).view(np.float32)
 
 
 @njit(inline="always")
@@ -91,10 +102,10 @@ def _rows(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero,
     max_bits = f32(max_e).view(U32)
     if tc == 32 and C % 32 == 0:  # a constant trip count for the element loop: LLVM unrolls it
         _blocks(src, bits, dst, scales, C, 32, True, split, magic, min_normal, max_bits, negzero, emax_e, max_e, lo,
-                hi, pbits, NEAREST)
+                hi, pbits)
     else:
         _blocks(src, bits, dst, scales, C, tc, False, split, magic, min_normal, max_bits, negzero, emax_e, max_e, lo,
-                hi, pbits, NEAREST)
+                hi, pbits)
 
 
 @njit(cache=True)

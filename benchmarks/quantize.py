@@ -197,6 +197,39 @@ def mxplus(n: int, device: str, repeats: int) -> None:
                         lambda name=name: emunum.quantize(x, name, mode, seed=1, out=out), device, 1))
             print(f"{el + '_plus':<18} {mode:<10} {best[names[1]] * 1e3:>8.2f} {best[el] * 1e3:>9.2f} "
                   f"{100 * best[el] / best[names[1]]:>16.0f}%")
+    if device == "cpu":
+        mxplus_serial_kernels(x.numpy(), out.numpy(), repeats)
+
+
+def mxplus_serial_kernels(x, out, repeats: int) -> None:
+    """The serial float32 round-to-nearest kernels alone (one thread, no dispatch): MX+'s fast path
+    (kernels/mxplus_fast.py) beside plain MX's (kernels/block_fast.py pow2), alternately, best of 6 * repeats."""
+    from emunum.block_quantize import block_args
+    from emunum.kernels import block_fast, mxplus_fast
+    from emunum.mxplus_quantize import mxplus_args
+
+    flat, dst = x.reshape(-1), out.reshape(-1)
+    bits, dbits, sc = flat.view(np.uint32), dst.view(np.uint32), np.empty(flat.size // 32)
+    print(f"\nserial kernels alone, {flat.size} float32 elements in blocks of 32, nearest, best of {6 * repeats}")
+    print(f"{'format':<18} {'plus ms':>8} {'plain ms':>9} {'plus/plain speed':>17}")
+    for el in MXPLUS_ELEMENTS:
+        b = block_args(emunum.get_format(el), 1.0)
+        kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, _ = b
+        runs = {"plain": lambda: block_fast.pow2_serial(flat, bits, dst, dbits, sc, 32, 32, man, emin, sub, emax_e,
+                                                        max_e, negzero, lo, hi, s_man, s_emin, s_sub, s_max, s_min,
+                                                        rule),
+                "plus": lambda: mxplus_fast.fast_serial(flat, bits, dst, sc, 32, 32,
+                                                        *mxplus_args(emunum.get_format(el + "_plus"))[:9])}
+        best = dict.fromkeys(runs, float("inf"))
+        for fn in runs.values():
+            fn()
+        for _ in range(6 * repeats):
+            for k, fn in runs.items():
+                t = time.perf_counter()
+                fn()
+                best[k] = min(best[k], time.perf_counter() - t)
+        print(f"{el + '_plus':<18} {best['plus'] * 1e3:>8.2f} {best['plain'] * 1e3:>9.2f} "
+              f"{100 * best['plain'] / best['plus']:>16.0f}%")
 
 
 def report(rows, n: int, device: str, repeats: int) -> None:

@@ -23,12 +23,17 @@ def formats_table() -> str:
 
 
 def block_formats_table() -> str:
-    head = f"{'block format':<12} {'element':<9} {'block':>7} {'scale':<7} {'rule':<5} {'tensor':<6} {'bits/elem':>9}"
+    """Block presets: element, block, scale format and rule, outer (second-level) scale, 4/6 selection."""
+    w = max(12, *(len(n) for n in BLOCK_PRESETS))
+    head = (f"{'block format':<{w}} {'element':<9} {'block':>7} {'scale':<7} {'rule':<5} {'outer':<6} "
+            f"{'bits/elem':>9} 4/6")
     rows = [head, "-" * len(head)]
     for name, f in BLOCK_PRESETS.items():
         bs = "x".join(map(str, f.block_size)) if isinstance(f.block_size, tuple) else str(f.block_size)
-        rows.append(f"{name:<12} {f.element.name:<9} {bs:>7} {f.scale.name:<7} {f.scale_rule.value:<5} "
-                    f"{'fp32' if f.tensor_scale else '-':<6} {f.bits:>9.4g}")
+        fos = "-" if f.four_over_six is None else f"{f.four_over_six.metric.value},{f.four_over_six.bound}"
+        rows.append(f"{name:<{w}} {f.element.name:<9} {bs:>7} {f.scale.name:<7} {f.scale_rule.value:<5} "
+                    f"{f.outer_scale.value:<6} {f.bits:>9.4g} {fos}")
+    rows.append("<mx preset>_<floor|ceil|even|rceil>: the same preset with that power-of-two scale rule")
     return "\n".join(rows)
 
 
@@ -55,6 +60,7 @@ def codebook_formats_table() -> str:
         f = get_format(name)
         rows.append(f"{name:<12} {'':>6} {f.bits:>4} {f.min:>10.4g} {f.max:>10.4g} {f.min_positive:>10.4g}")
     rows.append("lns<int_bits>_<frac_bits> / ulns...: any LogFormat by name")
+    rows.append("p3109_k<K>p<P>[u][f]: any IEEE P3109 format by name (emunum.P3109Format; u unsigned, f finite)")
     rows.append("emunum.CustomFormat(to_code, from_code, nbits): your own type from two njit functions (no name)")
     return "\n".join(rows)
 
@@ -71,7 +77,8 @@ def _cmd_formats(args) -> int:
 
 
 def units_table() -> str:
-    """The tensor-core MAD-unit presets: name, datapath, source of the parameters."""
+    """The tensor-core MAD-unit presets (name, datapath, source of the parameters), then the
+    matrix-instruction presets (``emunum.mad.mma.MMA_PRESETS``)."""
     from .mad import MADUnit
     from .mad.presets import ALIASES, describe
 
@@ -79,6 +86,22 @@ def units_table() -> str:
     for name, src in describe():
         rows += [name, f"    {MADUnit.preset(name)}", f"    source: {src}"]
     rows.append("aliases: " + ", ".join(f"{a} -> {b}" for a, b in ALIASES.items()) + " (e.g. h200_fp8_e4m3)")
+    return "\n".join(rows) + "\n\n" + mma_units_table()
+
+
+def mma_units_table() -> str:
+    """The matrix-instruction presets: datapath kind, element, K, products per step, fraction bits F of the
+    step sum, output fraction bits, block scales, and the MMA-Sim instruction each follows."""
+    from .mad.mma import MMA_PRESETS
+
+    head = (f"{'matrix instruction':<20} {'kind':<13} {'element':<9} {'k':>3} {'terms':>5} {'F':>3} {'out':>3} "
+            "scales")
+    rows = [head, "-" * len(head)]
+    for name, u in MMA_PRESETS.items():
+        scales = f"{u.scale} x{u.block}" if u.scale else "-"
+        rows += [f"{name:<20} {u.kind.name.lower():<13} {u.element:<9} {u.k:>3} {u.terms:>5} {u.frac_bits:>3} "
+                 f"{u.out_man:>3} {scales}", f"    source: {u.source}"]
+    rows.append("use: patch(model, fmt, mad=<name>) or emunum.mad.scaled_mm(a, a_scale, b, b_scale, c, <name>)")
     return "\n".join(rows)
 
 

@@ -73,3 +73,40 @@ def test_formats_lists_the_posit_presets_in_their_own_table(capsys):
     assert set(rows) == set(POSIT_PRESETS)
     for name, fmt in POSIT_PRESETS.items():
         assert rows[name][1:] == [str(fmt.nbits), str(fmt.es), f"{fmt.max:.6g}", f"{fmt.min_positive:.6g}"]
+
+
+def test_units_lists_every_mad_preset_and_every_matrix_instruction(capsys):
+    from emunum.mad import MADUnit
+    from emunum.mad.mma import MMA_PRESETS
+    from emunum.mad.presets import describe
+
+    assert main(["units"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    names = {line for line in lines if line and not line.startswith((" ", "aliases", "-", "matrix", "use"))}
+    mad_names = {name for name, _ in describe()}
+    assert mad_names <= names
+    for name in mad_names:
+        i = lines.index(name)
+        assert lines[i + 1].strip() == str(MADUnit.preset(name))
+    rows = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in MMA_PRESETS}
+    assert set(rows) == set(MMA_PRESETS)
+    for name, u in MMA_PRESETS.items():
+        fields = rows[name].split()
+        assert fields[1:7] == [u.kind.name.lower(), u.element, str(u.k), str(u.terms), str(u.frac_bits),
+                               str(u.out_man)], rows[name]
+        assert fields[7:] == ([u.scale, f"x{u.block}"] if u.scale else ["-"]), rows[name]
+        assert lines[lines.index(rows[name]) + 1] == f"    source: {u.source}"
+
+
+def test_block_table_names_each_presets_outer_scale_and_four_over_six(capsys):
+    from emunum.formats import BLOCK_PRESETS
+
+    assert main(["formats"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()
+            and line.split()[0] in BLOCK_PRESETS}
+    assert set(rows) == set(BLOCK_PRESETS)
+    for name, f in BLOCK_PRESETS.items():
+        fos = "-" if f.four_over_six is None else f"{f.four_over_six.metric.value},{f.four_over_six.bound}"
+        assert rows[name][5] == f.outer_scale.value and rows[name][-1] == fos, (name, rows[name])

@@ -36,3 +36,17 @@ def test_out_and_stochastic_with_a_fixed_seed_compile_with_eagers_bits(fmt):
     g(x, o_eager)
     assert torch.equal(o_compiled.view(torch.int32), o_eager.view(torch.int32))
     assert torch.equal(r, o_compiled)
+
+
+def test_quantize_compiles_fullgraph_in_a_program_that_imported_only_emunum():
+    """``import emunum`` loads the custom ops lazily: the first traced quantize must register them itself."""
+    import subprocess
+    import sys
+
+    code = ("import torch, emunum\n"
+            "f = torch.compile(lambda x: emunum.quantize(x, 'e4m3fn'), fullgraph=True, backend='aot_eager')\n"
+            "x = torch.randn(64, generator=torch.Generator().manual_seed(0))\n"
+            "print(torch.equal(f(x), emunum.quantize(x, 'e4m3fn')))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "True"

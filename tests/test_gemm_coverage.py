@@ -145,3 +145,17 @@ def test_multihead_attention_rounds_p_after_its_dropout_so_every_gemm_operand_is
     with counter:
         patched[0](x, x, x)[0].square().sum().backward()
     assert counter.fraction == 1.0
+
+
+@pytest.mark.parametrize("fmt,unit", [("nvfp4", "b200_mxf4nvf4_ue4m3"), ("mxfp4_e2m1", "b200_mxf4nvf4_ue8m0"),
+                                      ("mxfp8_e4m3", "b200_mxf8f6f4_e4m3")])
+def test_matrix_instruction_gemms_are_counted_once_with_the_plain_models_flops(fmt, unit):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16))
+    x = torch.randn(8, 64)
+    plain = emunum.coverage(copy.deepcopy(model), x)
+    emunum.patch(model, fmt, mad=unit)
+    cov = emunum.coverage(model, x)
+    assert cov.fraction == 1.0, str(cov)
+    fwd = lambda c: sum(r.flops for r in c.records if r.phase == "forward")  # noqa: E731
+    assert fwd(plain) > 0 and fwd(cov) == fwd(plain), (str(plain), str(cov))

@@ -69,3 +69,18 @@ def test_import_emunum_costs_at_most_0_15_s_beyond_torch_and_pulls_no_dynamo():
         runs.append(r.stdout.split())
     assert all(dyn == "0" and tf == "0" for _, dyn, tf in runs)  # torch._dynamo alone costs about 2 s
     assert min(float(t) for t, _, _ in runs) <= 0.15, runs
+
+
+def test_lazy_names_resolve_to_the_public_objects_even_after_their_modules_load():
+    code = ("import types, emunum\n"
+            "import emunum.patch, emunum.arithmetic\n"
+            "from emunum.patch import patched\n"
+            "from emunum.arithmetic import emulated\n"
+            "assert isinstance(emunum.patch, types.FunctionType) and emunum.patch.__name__ == 'patch'\n"
+            "assert isinstance(emunum.arithmetic, types.FunctionType) and emunum.patched is patched\n"
+            "assert emunum.emulated is emulated and isinstance(emunum.nn, types.ModuleType)\n"
+            "assert set(emunum.__all__) <= set(dir(emunum))\n"
+            "try:\n    emunum.no_such_name\nexcept AttributeError as e:\n    print('ok', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ok module 'emunum' has no attribute 'no_such_name'")

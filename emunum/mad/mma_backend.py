@@ -1,6 +1,10 @@
-"""Dispatch of ``scaled_mm`` to the matrix-instruction kernels (``kernels/mma_cpu``, ``kernels/mma_cuda``,
-and the exact fast path of ``kernels/mma_fast`` for mxf4nvf4), on checked operands; kernels load on first
-use."""
+"""Dispatch of ``scaled_mm`` to the matrix-instruction kernels, on checked operands; kernels load on first use.
+
+CPU: the vectorised exact paths of ``kernels/mma_vec`` where their conditions hold (mxf4nvf4 on E2M1 elements;
+NVIDIA fused steps on elements of <= 8 bits, F <= 25, scales constant over a step, finite elements and
+scales), else the integer fast path of ``kernels/mma_fast`` (other NVIDIA fused steps with finite operands and
+scales constant over a step), else the scalar cores (``kernels/mma_cpu``). CUDA: ``kernels/mma_cuda``. Every
+path gives the scalar cores' bits (tests/kernels/test_mma_vec.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +14,7 @@ from ..kernels import abi
 from .mma import MMAKind, MMAUnit
 
 GROUP = 16  # mxf4nvf4's exactly summed group
+NAN_EXP = 1 << 20  # kernels/mma_vec.py's exponent of a NaN scale
 
 
 def _scales_t(s, rows: int) -> torch.Tensor:
@@ -22,88 +27,129 @@ def gemm(a: torch.Tensor, sa, b: torch.Tensor, sb, c: torch.Tensor, unit: MMAUni
     and sb (K/block, N) (None without scales) and c (M, N) fp32 values."""
     M, N = a.shape[0], b.shape[1]
     device = a.device
-    A = a.to(torch.float32).contiguous()
-    BT = b.to(torch.float32).t().contiguous()
-    SA = _scales_t(sa, M).contiguous()
-    SBT = _scales_t(None if sb is None else sb.t(), N).contiguous()
-    C = c.to(torch.float32).contiguous()
     if device.type == "cuda":
         from ..kernels import cuda as kcuda, mma_cuda
 
+        A, BT, SA, SBT, C = _scalar_operands(a, sa, b, sb, c, unit)
         out = torch.empty(M, N, dtype=torch.float64, device=device)
         args = [kcuda.as_device_array(t.to(device)) for t in (A, BT, SA, SBT, C)]
         with kcuda.device_of(out):
             mma_cuda.gemm(*args, kcuda.as_device_array(out), unit.params())
         return out.to(torch.float32)
-    from ..kernels import mma_cpu, parallel
+    from ..kernels import parallel
 
-    out = np.empty((M, N), np.float64)
-    A, BT, SA, SBT, C = (t.cpu() for t in (A, BT, SA, SBT, C))
-    if unit.kind == MMAKind.NV_GROUPS:
-        from ..kernels import mma_fast
-
-        P, EA, EBT = _group_operands(A, BT, SA, SBT, unit)
-        with parallel.exclusive():
-            mma_fast.groups_gemm(A.numpy(), BT.numpy(), SA.numpy(), SBT.numpy(), C.numpy(), P, EA, EBT, out,
-                                 unit.params())
-    elif unit.kind == MMAKind.NV_FUSED and _fused_fast(A, BT, SA, SBT, C, unit, out):
+    a32 = a.to(torch.float32).cpu().contiguous()
+    b32 = b.to(torch.float32).cpu().contiguous()
+    c32 = c.to(torch.float32).cpu().contiguous()
+    out = c32.numpy().astype(np.float64)
+    if unit.kind == MMAKind.NV_GROUPS and _groups_vec(a32, sa, b32, sb, unit, out):
+        pass
+    elif unit.kind == MMAKind.NV_FUSED and (_fused8(a32, sa, b32, sb, unit, out)
+                                            or _fused_fast(a32, sa, b32, sb, c32, unit, out)):
         pass
     else:
+        from ..kernels import mma_cpu
+
+        A, BT, SA, SBT, C = (t.numpy() for t in _scalar_operands(a32, sa, b32, sb, c32, unit))
         with parallel.exclusive():
-            mma_cpu.gemm(A.numpy(), BT.numpy(), SA.numpy(), SBT.numpy(), C.numpy(), out, unit.params())
-    return torch.from_numpy(out).to(torch.float32).to(device)
+            mma_cpu.gemm(A, BT, SA, SBT, C, out, unit.params())
+    return torch.from_numpy(out.astype(np.float32)).to(device)
 
 
-def _fused_fast(A, BT, SA, SBT, C, unit: MMAUnit, out: np.ndarray) -> bool:
-    """Run ``kernels.mma_fast.fused_gemm`` into out; False (nothing run) when an element or scale is not finite."""
-    from ..kernels import mma_fast, parallel
+def _scalar_operands(a, sa, b, sb, c, unit: MMAUnit):
+    """(A, BT, SA, SBT, C) float32 contiguous: the scalar kernels' layout (B and its scales transposed)."""
+    M, N = a.shape[0], b.shape[1]
+    return (a.to(torch.float32).contiguous(), b.to(torch.float32).t().contiguous(), _scales_t(sa, M).contiguous(),
+            _scales_t(None if sb is None else sb.t(), N).contiguous(), c.to(torch.float32).contiguous())
 
-    fmt = unit.element_format
-    M, K = A.shape
-    N = BT.shape[0]
-    B = BT.t().contiguous()
-    MA, EA = np.empty((M, K), np.int32), np.empty((M, K), np.int32)
-    MB, EB = np.empty((K, N), np.int32), np.empty((K, N), np.int32)
-    nsteps = max(-(-K // unit.terms), 1)
+
+def _exponents(x, emin: int, nan: int) -> np.ndarray:
+    """exp(x) of every value (int64) as the datapaths take it: max(floor(log2|x|), emin), zeros -126; NaN: ``nan``."""
+    x64 = np.asarray(x.numpy() if isinstance(x, torch.Tensor) else x, np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.maximum(np.frexp(x64)[1].astype(np.int64) - 1, emin)
+    return np.where(np.isnan(x64), nan, np.where(x64 == 0, -126, e))
+
+
+def _step_scales(sa, sb, unit: MMAUnit, M: int, N: int, nsteps: int):
+    """(ESA (M, nsteps), ESB (nsteps, N)) int64 scale exponents of each step (zeros without scales), or None
+    when a scale is NaN or the scales change within a step."""
     if unit.scale is None:
-        ESA, ESB = np.zeros((M, nsteps), np.int64), np.zeros((nsteps, N), np.int64)
-    else:
-        ESA = np.ascontiguousarray(_scale_exponents(SA[:, ::unit.terms // unit.block], -127))
-        ESB = np.ascontiguousarray(_scale_exponents(SBT[:, ::unit.terms // unit.block], -127).T)
-        if ESA.max(initial=0) >= 10**6 or ESB.max(initial=0) >= 10**6:  # a NaN scale
-            return False
+        return np.zeros((M, nsteps), np.int64), np.zeros((nsteps, N), np.int64)
+    if unit.block != unit.terms:
+        return None
+    emin = int(unit.params()[abi.X_SC_EMIN])
+    ESA, ESB = _exponents(sa, emin, NAN_EXP), _exponents(sb, emin, NAN_EXP)
+    if (ESA == NAN_EXP).any() or (ESB == NAN_EXP).any():
+        return None
+    return np.ascontiguousarray(ESA), np.ascontiguousarray(ESB)
+
+
+def _fused8(a32, sa, b32, sb, unit: MMAUnit, out: np.ndarray) -> bool:
+    """``kernels.mma_vec.fused8_gemm`` into out; False (nothing run) where its conditions do not hold."""
+    fmt = unit.element_format
+    if fmt.bits > 8 or fmt.emin <= -127 or unit.frac_bits > 25:
+        return False
+    M, K = a32.shape
+    N = b32.shape[1]
+    sc = _step_scales(sa, sb, unit, M, N, -(-K // unit.terms))
+    if sc is None:
+        return False
+    from ..kernels import mma_vec, parallel
+
+    EA, EB = np.empty((M, K), np.int16), np.empty((K, N), np.int16)
     with parallel.exclusive():
-        if not (mma_fast.split(A.numpy(), fmt.emin, fmt.man, MA, EA)
-                and mma_fast.split(B.numpy(), fmt.emin, fmt.man, MB, EB)):
-            return False
-        mma_fast.fused_gemm(A.numpy(), BT.numpy(), SA.numpy(), SBT.numpy(), C.numpy(), MA, EA, MB, EB, ESA, ESB,
-                            fmt.man, out, unit.params())
+        if mma_vec.exponents(a32.numpy(), fmt.emin, EA) or mma_vec.exponents(b32.numpy(), fmt.emin, EB):
+            return False  # a NaN or infinite element
+        mma_vec.fused8_gemm(a32.numpy(), EA, b32.numpy(), EB, *sc, out, unit.terms, unit.frac_bits, unit.out_man)
     return True
 
 
-def _scale_exponents(s: torch.Tensor, emin: int) -> np.ndarray:
-    """sig_exp's exponent of every scale (zero: -126; NaN: a huge value, so the fast path declines)."""
-    s64 = s.to(torch.float64)
-    e = torch.clamp(torch.frexp(s64).exponent.to(torch.int64) - 1, min=emin)
-    e = torch.where(s64 == 0, torch.full_like(e, -126), e)
-    return torch.where(torch.isnan(s64), torch.full_like(e, 10**6), e).numpy()
+def _fused_fast(a32, sa, b32, sb, c32, unit: MMAUnit, out: np.ndarray) -> bool:
+    """``kernels.mma_fast.fused_gemm`` into out; False (nothing run) when an element or scale is not finite or
+    the scales change within a step."""
+    from ..kernels import mma_fast, parallel
+
+    fmt = unit.element_format
+    M, K = a32.shape
+    N = b32.shape[1]
+    sc = _step_scales(sa, sb, unit, M, N, max(-(-K // unit.terms), 1))
+    if sc is None:
+        return False
+    A, BT, SA, SBT, C = (t.numpy() for t in _scalar_operands(a32, sa, b32, sb, c32, unit))
+    MA, EA = np.empty((M, K), np.int32), np.empty((M, K), np.int32)
+    MB, EB = np.empty((K, N), np.int32), np.empty((K, N), np.int32)
+    with parallel.exclusive():
+        if not (mma_fast.split(A, fmt.emin, fmt.man, MA, EA)
+                and mma_fast.split(b32.numpy(), fmt.emin, fmt.man, MB, EB)):
+            return False
+        mma_fast.fused_gemm(A, BT, SA, SBT, C, MA, EA, MB, EB, *sc, fmt.man, out, unit.params())
+    return True
 
 
-def _group_operands(A, BT, SA, SBT, unit: MMAUnit):
-    """(P, EA, EBT) of ``kernels.mma_fast.groups_gemm``: P (nsteps, M, N) the float64 GEMM of each step's
-    scaled products, EA (M, ngroups) / EBT (N, ngroups) each 16-element group's scale exponent."""
-    M, K = A.shape
-    N = BT.shape[0]
-    n = unit.terms
-    nsteps = -(-K // n)
-    ng = -(-K // GROUP)
-    gidx = torch.arange(ng) * GROUP // unit.block
-    emin = unit.params()[abi.X_SC_EMIN]
-    EA = np.ascontiguousarray(_scale_exponents(SA[:, gidx], emin))
-    EBT = np.ascontiguousarray(_scale_exponents(SBT[:, gidx], emin))
-    pad = nsteps * n - K
-    a = torch.nn.functional.pad(A.to(torch.float64) * SA.to(torch.float64).repeat_interleave(unit.block, 1), (0, pad))
-    bt = torch.nn.functional.pad(BT.to(torch.float64) * SBT.to(torch.float64).repeat_interleave(unit.block, 1),
-                                 (0, pad))
-    P = torch.bmm(a.reshape(M, nsteps, n).transpose(0, 1), bt.reshape(N, nsteps, n).permute(1, 2, 0))
-    return P.contiguous().numpy(), EA, EBT
+def _groups_vec(a32, sa, b32, sb, unit: MMAUnit, out: np.ndarray) -> bool:
+    """``kernels.mma_vec.groups_vec`` into out; False (nothing run) unless the elements are E2M1, groups and
+    steps whole groups of 16 and F <= 36."""
+    M, K = a32.shape
+    if (unit.element != "fp4_e2m1" or K % GROUP or unit.block % GROUP or unit.terms % GROUP
+            or unit.frac_bits > 36):
+        return False
+    from ..kernels import mma_vec, parallel
+
+    ng = K // GROUP
+    gidx = np.arange(ng) * GROUP // unit.block
+    emin = int(unit.params()[abi.X_SC_EMIN])
+    EA, SA = _group_scales(sa.numpy()[:, gidx], emin)
+    EB, SB = _group_scales(sb.numpy()[gidx, :], emin)
+    with parallel.exclusive():
+        mma_vec.groups_vec(a32.numpy(), b32.numpy(), EA, SA, EB, SB, out, unit.terms // GROUP, unit.frac_bits,
+                           unit.out_man)
+    return True
+
+
+def _group_scales(s: np.ndarray, emin: int):
+    """(exponents int32 (NaN: NAN_EXP), 8 * significands float32 (NaN: 0)) of scale values s (float64)."""
+    e = _exponents(s, emin, NAN_EXP)
+    with np.errstate(invalid="ignore"):
+        sig8 = np.where(np.isnan(s), 0.0, np.ldexp(s, np.where(np.isnan(s), 0, 3 - e).astype(np.int32)))
+    return np.ascontiguousarray(e, np.int32), np.ascontiguousarray(sig8, np.float32)

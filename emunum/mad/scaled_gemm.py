@@ -20,6 +20,7 @@ import math
 import numpy as np
 import torch
 
+from .. import gemm_listener
 from ..quantize import check_tensor, quantize
 from . import mma_backend
 from .mma import MMAUnit, mma_preset
@@ -66,15 +67,40 @@ def _on_grid(x: torch.Tensor, fmt) -> torch.Tensor:
     return (q == x64) | (torch.isnan(q) & torch.isnan(x64))
 
 
+@functools.lru_cache(maxsize=None)
+def _arithmetic_grid(fmt):
+    """(man, emin, largest value) when fmt's finite values are exactly {m * 2**(e - man): integers m, emin <= e <=
+    emax} up to its largest value (``kernels.mma_check.count_off_grid`` tests those), else None."""
+    vals = fmt.values().astype(np.float64)
+    vals = np.unique(vals[np.isfinite(vals)])
+    vmax = float(vals.max())
+    powers = np.exp2(np.arange(fmt.emin, fmt.emax + 1) - fmt.man)
+    grid = (np.arange(2 ** (fmt.man + 1))[None, :] * powers[:, None]).ravel()
+    grid = grid[grid <= vmax]
+    return (fmt.man, fmt.emin, vmax) if np.array_equal(np.unique(np.concatenate([grid, -grid])), vals) else None
+
+
+def _all_on_grid(x: torch.Tensor, fmt) -> bool:
+    """Whether every value of x is a value of fmt (as ``_on_grid``), in one parallel pass; False also where the
+    fast test does not apply (then ``_on_grid`` decides)."""
+    grid = _arithmetic_grid(fmt) if fmt.bits <= 8 else None
+    if grid is None:
+        return False
+    from ..kernels import parallel
+    from ..kernels.mma_check import count_off_grid
+
+    flat = x.detach().cpu().contiguous().reshape(-1)
+    if flat.dtype not in (torch.float32, torch.float64):
+        flat = flat.to(torch.float64)
+    _, nan, inf = _value_set(fmt)
+    with parallel.exclusive():
+        return count_off_grid(flat.numpy(), *grid, nan, inf) == 0
+
+
 def check_elements(x: torch.Tensor, name: str, unit: MMAUnit) -> None:
     fmt = unit.element_format
-    if fmt.bits <= 8:  # a search in the value set (kernels/mma_check.py), stopping at the first miss
-        from ..kernels.mma_check import first_off_grid
-
-        vals, nan, inf = _value_set(fmt)
-        flat = x.detach().to(torch.float64).cpu().contiguous().reshape(-1)
-        if first_off_grid(flat.numpy(), np.sort(vals.numpy()), nan, inf) < 0:
-            return
+    if _all_on_grid(x, fmt):
+        return
     ok = _on_grid(x, fmt)
     if not bool(ok.all()):
         raise ValueError(f"{name}{_first_bad(x, ok)} is not a {unit.element} value; allowed: values of "
@@ -96,6 +122,8 @@ def check_scales(s, name: str, unit: MMAUnit, shape: tuple) -> torch.Tensor:
         m, e = torch.frexp(s64)
         ok = ((m == 0.5) & (e >= -126) & (e <= 128)) | torch.isnan(s64)
         allowed = "E8M0 values: powers of two 2**-127 .. 2**127, or NaN"
+    elif _all_on_grid(s, unit.scale_format) and not bool(torch.signbit(s).any()):
+        return s64
     else:
         ok = _on_grid(s64, unit.scale_format) & ~torch.signbit(s64)
         allowed = "UE4M3 values: non-negative E4M3 values (0 .. 448), or NaN"
@@ -125,7 +153,7 @@ def scaled_mm(a: torch.Tensor, a_scale, b: torch.Tensor, b_scale, c, unit) -> to
     sa = check_scales(a_scale, "a_scale", unit, (M, nb))
     sb = check_scales(b_scale, "b_scale", unit, (nb, N))
     if c is None:
-        c32 = torch.zeros(M, N, dtype=torch.float32)
+        c32 = torch.from_numpy(np.zeros((M, N), np.float32))
     else:
         check_tensor(c, "c")
         c64 = c.detach().to(torch.float64)
@@ -136,5 +164,5 @@ def scaled_mm(a: torch.Tensor, a_scale, b: torch.Tensor, b_scale, c, unit) -> to
             c32 = torch.broadcast_to(c64.to(torch.float32), (M, N)).cpu()
         except RuntimeError:
             raise ValueError(f"c.shape={tuple(c.shape)} does not broadcast to (M, N)={(M, N)}") from None
-    with torch.no_grad():
+    with torch.no_grad(), gemm_listener.native("mma_gemm", 2 * M * N * K):  # emunum.coverage counts it
         return mma_backend.gemm(a.detach(), sa, b.detach(), sb, c32, unit)

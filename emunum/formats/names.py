@@ -133,8 +133,8 @@ def get_format(name_or_spec) -> FormatSpec:
         raise ValueError(
             f"fmt={name_or_spec!r} is not a known format; presets: {', '.join(known_names())}; block formats: "
             f"{', '.join(sorted(BLOCK_PRESETS) + sorted(BLOCK_ALIASES))}, "
-            f"{', '.join(sorted(MXPLUS_PRESETS) + sorted(MXPLUS_ALIASES))} (MX+), e8m0 (a power-of-two one with a scale "
-            "rule suffix _floor, _ceil, _even or _rceil: mxfp8_e4m3_rceil); codebooks: "
+            f"{', '.join(sorted(MXPLUS_PRESETS) + sorted(MXPLUS_ALIASES))} (MX+), e8m0 (a power-of-two one with a "
+            "scale rule suffix _floor, _ceil, _even or _rceil: mxfp8_e4m3_rceil); codebooks: "
             f"{', '.join(TABLE_PRESETS)}; or write fp<N>_<s><e><m>, e<E>m<M>[fn|fnuz|none], fixed<bits>_<frac>, "
             "posit<N>_<es>, [u]lns<int_bits>_<frac_bits>, p3109_k<K>p<P>[u][f]"
         )

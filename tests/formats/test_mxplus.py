@@ -360,3 +360,19 @@ def test_encode_and_block_scaled_instructions_refuse_mx_plus_by_name():
 def test_rounding_codes_match_the_modes_the_reference_names():
     assert [RoundMode.parse(m) for m in MODES] == [RoundMode.NEAREST, RoundMode.NEAREST_AWAY, RoundMode.TOWARD_ZERO,
                                                      RoundMode.UP, RoundMode.DOWN, RoundMode.ODD]
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 64)])
+def test_empty_and_meta_tensors_keep_their_shape(shape):
+    x = torch.empty(shape)
+    assert emunum.quantize(x, "mxfp4_plus").shape == x.shape
+    m = torch.empty((4, 64), device="meta")
+    assert emunum.quantize(m, "mxfp8_plus").shape == (4, 64) and emunum.quantize(m, "mxfp8_plus").is_meta
+
+
+def test_out_is_written_in_place_with_the_reference_bits():
+    x = torch.tensor([5.5, -1.0, 0.25, 3.0] * 8)
+    want = torch.from_numpy(reference(x.numpy(), "mxfp4_e2m1", 32, "nearest").astype(np.float32))
+    y = x.clone()
+    emunum.quantize(y, "mxfp4_plus", out=y)
+    assert torch.equal(y, want) and y[0] == 5.5

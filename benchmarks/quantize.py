@@ -8,6 +8,7 @@
     python benchmarks/quantize.py --new-formats        # P3109, MXINT4, NVINT4 beside today's path for their element
     python benchmarks/quantize.py --scale-rules        # each power-of-two scale rule beside floor (OCP), per element
     python benchmarks/quantize.py --nvfp4-family       # the NVFP4 family (docs/nvfp4.md) beside nvfp4, same run
+    python benchmarks/quantize.py --mxplus             # each MX+ preset (docs/mxplus.md) beside its plain MX preset
 
 Every figure is the best of --repeats timings (after one untimed warm-up call, which also compiles), in
 millions of elements per second; "% copy" is the share of out.copy_(x)'s rate (read 4 + write 4 bytes per
@@ -171,6 +172,66 @@ def nvfp4_family(n: int, device: str, repeats: int) -> None:
         print(f"{name:<22} {sec * 1e3:>9.2f} {rate:>10.1f} {100 * rate / base:>7.0f}%")
 
 
+MXPLUS_ELEMENTS = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1")
+
+
+def mxplus(n: int, device: str, repeats: int) -> None:
+    """quantize(x, "<preset>_plus", mode, out=out) beside the plain MX preset of the same element type (today's
+    path, the baseline), same x, timed alternately round after round (``repeats`` rounds), each keeping its
+    best; "plus/plain speed" is the plain time over the MX+ time (the speed rule: >= 80%)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(n // 32, 32, device=device, generator=g) * torch.logspace(-8, 8, n // 32, device=device)[:, None]
+    out = torch.empty_like(x)
+    print(f"\nMX+: n = {x.numel()} float32 elements on {device} (rows of one block, amax over 2**+-27), best of "
+          f"{repeats} interleaved rounds, out=out")
+    print(f"{'format':<18} {'mode':<10} {'plus ms':>8} {'plain ms':>9} {'plus/plain speed':>17}")
+    for el in MXPLUS_ELEMENTS:
+        for mode in ("nearest", "stochastic"):
+            names = (el, el + "_plus")
+            best = dict.fromkeys(names, float("inf"))
+            for name in names:
+                emunum.quantize(x, name, mode, seed=1, out=out)  # warm-up (and compilation)
+            for _ in range(repeats):
+                for name in names:
+                    best[name] = min(best[name], best_seconds(
+                        lambda name=name: emunum.quantize(x, name, mode, seed=1, out=out), device, 1))
+            print(f"{el + '_plus':<18} {mode:<10} {best[names[1]] * 1e3:>8.2f} {best[el] * 1e3:>9.2f} "
+                  f"{100 * best[el] / best[names[1]]:>16.0f}%")
+    if device == "cpu":
+        mxplus_serial_kernels(x.numpy(), out.numpy(), repeats)
+
+
+def mxplus_serial_kernels(x, out, repeats: int) -> None:
+    """The serial float32 round-to-nearest kernels alone (one thread, no dispatch): MX+'s fast path
+    (kernels/mxplus_fast.py) beside plain MX's (kernels/block_fast.py pow2), alternately, best of 6 * repeats."""
+    from emunum.block_quantize import block_args
+    from emunum.kernels import block_fast, mxplus_fast
+    from emunum.mxplus_quantize import mxplus_args
+
+    flat, dst = x.reshape(-1), out.reshape(-1)
+    bits, dbits, sc = flat.view(np.uint32), dst.view(np.uint32), np.empty(flat.size // 32)
+    print(f"\nserial kernels alone, {flat.size} float32 elements in blocks of 32, nearest, best of {6 * repeats}")
+    print(f"{'format':<18} {'plus ms':>8} {'plain ms':>9} {'plus/plain speed':>17}")
+    for el in MXPLUS_ELEMENTS:
+        b = block_args(emunum.get_format(el), 1.0)
+        kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, _ = b
+        runs = {"plain": lambda: block_fast.pow2_serial(flat, bits, dst, dbits, sc, 32, 32, man, emin, sub, emax_e,
+                                                        max_e, negzero, lo, hi, s_man, s_emin, s_sub, s_max, s_min,
+                                                        rule),
+                "plus": lambda: mxplus_fast.fast_serial(flat, bits, dst, sc, 32, 32,
+                                                        *mxplus_args(emunum.get_format(el + "_plus"))[:9])}
+        best = dict.fromkeys(runs, float("inf"))
+        for fn in runs.values():
+            fn()
+        for _ in range(6 * repeats):
+            for k, fn in runs.items():
+                t = time.perf_counter()
+                fn()
+                best[k] = min(best[k], time.perf_counter() - t)
+        print(f"{el + '_plus':<18} {best['plus'] * 1e3:>8.2f} {best['plain'] * 1e3:>9.2f} "
+              f"{100 * best['plain'] / best['plus']:>16.0f}%")
+
+
 def report(rows, n: int, device: str, repeats: int) -> None:
     """The table: ms, Melem/s and the share of the first row's (copy_'s) rate."""
 
@@ -293,6 +354,7 @@ def main(argv=None) -> int:
     p.add_argument("--scale-rules", action="store_true",
                    help="only the power-of-two scale rules (ceil, even, rceil) beside floor, per MX element type")
     p.add_argument("--nvfp4-family", action="store_true", help="only the NVFP4 family beside nvfp4 (docs/nvfp4.md)")
+    p.add_argument("--mxplus", action="store_true", help="only the MX+ presets beside their plain MX presets")
     args = p.parse_args(argv)
     if args.n < 1:
         p.error(f"--n={args.n} must be >= 1")
@@ -309,6 +371,9 @@ def main(argv=None) -> int:
         return 0
     if args.nvfp4_family:
         nvfp4_family(args.n, args.device, args.repeats)
+        return 0
+    if args.mxplus:
+        mxplus(args.n, args.device, args.repeats)
         return 0
     throughput(args.n, args.device, args.repeats, args.format, args.blocks_only)
     if args.crossover:

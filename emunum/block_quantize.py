@@ -14,6 +14,7 @@ import torch
 from . import buffers
 from .formats import BlockFormat, FloatFormat, RoundMode, TableFormat
 from .formats.block import _axis
+from .formats.mxplus import MXPlusFormat
 
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
 
@@ -94,6 +95,9 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
         q, s = table_blocks(work, fmt, tile, mode, key, nbits)
         dst.copy_(q)
         scales.copy_(s)
+    elif x.numel() and isinstance(fmt, MXPlusFormat):  # the MX+ block max (emunum/mxplus_quantize.py)
+        from .mxplus_quantize import quantize_mxplus
+        quantize_mxplus(work, dst, scales, fmt, tile, mode, key, nbits)
     elif x.numel() and fmt.nvfp4_path:  # per-row outer scales, 4/6 selection (emunum/nvfp4_quantize.py)
         from .nvfp4_quantize import quantize_lines
         quantize_lines(work, dst, scales, fmt, tile, block_args(fmt, 1.0)[:-1], mode, key, nbits)

@@ -182,3 +182,52 @@ def test_patched_attention_runs_its_batched_products_as_block_matmuls_on_the_uni
     assert torch.equal(out.detach(), want.view(L, N, E))
     out.sum().backward()
     assert torch.isfinite(x.grad).all() and torch.isfinite(mha.in_proj_weight.grad).all()
+
+
+def _mxplus_split(x: torch.Tensor, fmt, axis: int):
+    """MX+ operands: values from ``emunum.quantize`` (tests/formats/test_mxplus.py checks them against the
+    definition), each block's scale 2**clip(floor(log2 amax) - emax, -127, 127) recomputed here."""
+    q = emunum.quantize(x.double(), fmt, axis=axis).numpy()
+    w = np.moveaxis(x.double().numpy(), axis, -1)
+    L = fmt.block_size
+    s = np.empty_like(w)
+    for j0 in range(0, w.shape[-1], L):
+        amax = np.abs(w[..., j0:j0 + L]).max(axis=-1, keepdims=True)
+        e = np.clip(np.frexp(amax)[1] - 1 - fmt.element_emax, -127, 127)
+        s[..., j0:j0 + L] = np.ldexp(1.0, e)
+    s = np.moveaxis(s, -1, axis)
+    return q / s, s, 1.0
+
+
+@pytest.mark.parametrize("fa,fb", [("mxfp4_plus", "mxfp4_plus"), ("mxfp8_e4m3_plus", "mxfp6_e2m3_plus"),
+                                   ("mxfp6_e3m2_plus", "mxfp8_plus")])
+@pytest.mark.parametrize("acc", ["fp32", "bf16"])
+@pytest.mark.parametrize("K", [96, 100])
+def test_mx_plus_block_matmul_equals_the_exact_fraction_datapath(fa, fb, acc, K):
+    A, B = _data((3, K), K), _data((4, K), K + 1).t().contiguous()
+    unit = MADUnit(acc, acc)
+    f_a, f_b = get_format(fa), get_format(fb)
+    want = _datapath(*_mxplus_split(A, f_a, -1), *_mxplus_split(B, f_b, -2), False, ACC[acc], unit.acc_rounding, 32)
+    assert torch.equal(block_matmul(A, B, fa, fb, unit).double(), want)
+    assert not torch.equal(want, block_matmul(A, B, fa.replace("_plus", ""), fb.replace("_plus", ""), unit).double())
+
+
+def test_patched_linear_with_mx_plus_formats_runs_its_gemms_as_block_matmuls():
+    from torch import nn
+
+    torch.manual_seed(8)
+    lin = nn.Linear(64, 16)
+    units = (MADUnit("bf16", "bf16"), MADUnit("fp32", "fp32"), MADUnit("fp16", "fp16"))
+    pol = emunum.Policy.make("mxfp4_plus", weight="mxfp8_e4m3_plus", grad_rounding="nearest", mad=units[0],
+                             mad_backward=units[1:])
+    emu = emunum.patch(nn.Sequential(lin), policy=pol)
+    x = torch.randn(48, 64, requires_grad=True)
+    y = emu(x)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    xd, w = x.detach(), lin.weight.detach()
+    bias = lin.bias.detach()
+    assert torch.equal(y.detach(), block_matmul(xd, w.t(), "mxfp4_plus", "mxfp8_e4m3_plus", units[0]) + bias)
+    assert torch.equal(x.grad, block_matmul(gy, w, "mxfp4_plus", "mxfp8_e4m3_plus", units[1]))
+    assert torch.equal(lin.weight.grad, block_matmul(gy.t(), xd, "mxfp4_plus", "mxfp4_plus", units[2]))
+    assert not torch.equal(y.detach(), block_matmul(xd, w.t(), "mxfp4", "mxfp8_e4m3", units[0]) + bias)

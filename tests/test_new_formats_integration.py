@@ -73,7 +73,7 @@ def test_mad_unit_refuses_unsigned_p3109_by_name():
         emunum.MADUnit("fp32", "p3109_k8p3u")
 
 
-@pytest.mark.parametrize("name", ["mxint4", "nvint4", "p3109_k8p3"])
+@pytest.mark.parametrize("name", ["mxint4", "nvint4", "p3109_k8p3", "mxfp4_plus", "mxfp8_e4m3_plus"])
 def test_a_patched_linear_computes_the_quantised_operands_product(name):
     """A patched Linear's forward is F.linear of its rounded input and weight (block formats: blocks along
     in_features), with the output role's rounding where the policy has one (element formats)."""

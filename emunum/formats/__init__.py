@@ -2,7 +2,7 @@
 
 ``base`` (RoundMode; FormatSpec, what every spec has; NumberFormat, an element format's interface), ``float``
 (FloatFormat), ``fixed`` (FixedFormat), ``posit`` (PositFormat), ``block`` (BlockFormat), ``scale_rule`` (its
-scale rules), ``nvfp4`` (the NVFP4 family's options), ``table`` (TableFormat, codebooks), ``log`` (LogFormat),
+scale rules), ``nvfp4`` (the NVFP4 family's options), ``mxplus`` (MXPlusFormat, MX+ block formats), ``table`` (TableFormat, codebooks), ``log`` (LogFormat),
 ``p3109`` (P3109Format), ``custom`` (CustomFormat, user-defined types), ``interned`` (ids for custom ops),
 ``exact`` (float64-exact rounding used by ``encode``), ``presets`` (the catalogue), ``names``
 (get_format).
@@ -13,6 +13,7 @@ from .base import FormatSpec, NumberFormat, Overflow, RoundMode, parse_enum
 from .custom import CustomFormat
 from .block import E8M0, BlockFormat, E8M0Format
 from .block_presets import BLOCK_ALIASES, BLOCK_PRESETS
+from .mxplus import MXPLUS_ALIASES, MXPLUS_PRESETS, MXPlusFormat
 from .scale_rule import ScaleRule
 from .fixed import FixedFormat
 from .nvfp4 import UE5M3, FourOverSix, Metric, OuterScale
@@ -33,4 +34,5 @@ __all__ = [
     "BlockFormat", "E8M0Format", "E8M0", "ScaleRule", "BLOCK_PRESETS", "BLOCK_ALIASES",
     "TableFormat", "LogFormat", "TABLE_PRESETS", "CustomFormat", "P3109Format",
     "FourOverSix", "Metric", "OuterScale", "UE5M3",
+    "MXPlusFormat", "MXPLUS_PRESETS", "MXPLUS_ALIASES",
 ]

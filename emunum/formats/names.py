@@ -10,6 +10,7 @@ Names are case-insensitive. Grammar (besides the presets):
 - ``p3109_k<K>p<P>[u][f]``: IEEE P3109 (``P3109Format``), ``u`` unsigned, ``f`` finite; gfloat's spellings
   ``p3109_k<K>p<P>{s|u}{e|f}`` too (``p3109_k8p3se`` is ``p3109_k8p3``).
 - codebooks (``TABLE_PRESETS``): ``nf4``, ``af4``, ``fp4_bnb``; block-scaled ``nf4_b64`` (a BlockFormat).
+- MX+ block formats (``MXPLUS_PRESETS``, formats/mxplus.py): ``mxfp4_e2m1_plus`` (``mxfp4_plus``), ...
 - ``<block preset>_<rule>``, rule one of floor, ceil, even, rceil (``ocp`` = floor): the preset with that
   ``scale_rule`` (``mxfp8_e4m3_rceil``, ``mxfp8_rceil``, ``mxfp4_even``; formats/scale_rule.py).
 """
@@ -23,6 +24,7 @@ from .float import FloatFormat, Special
 from .posit import PositFormat
 from .block import E8M0, BlockFormat
 from .block_presets import BLOCK_ALIASES, BLOCK_PRESETS
+from .mxplus import MXPLUS_ALIASES, MXPLUS_PRESETS
 from .scale_rule import split_rule_suffix
 from .log import LogFormat
 from .p3109 import P3109Format
@@ -117,6 +119,9 @@ def get_format(name_or_spec) -> FormatSpec:
     key = BLOCK_ALIASES.get(key, key)
     if key in BLOCK_PRESETS:
         return BLOCK_PRESETS[key]
+    key = MXPLUS_ALIASES.get(key, key)
+    if key in MXPLUS_PRESETS:
+        return MXPLUS_PRESETS[key]
     if key == "e8m0":
         return E8M0
     fmt = _PARSED.get(key)
@@ -127,8 +132,9 @@ def get_format(name_or_spec) -> FormatSpec:
     if fmt is None:
         raise ValueError(
             f"fmt={name_or_spec!r} is not a known format; presets: {', '.join(known_names())}; block formats: "
-            f"{', '.join(sorted(BLOCK_PRESETS) + sorted(BLOCK_ALIASES))}, e8m0 (a power-of-two one with a scale "
-            "rule suffix _floor, _ceil, _even or _rceil: mxfp8_e4m3_rceil); codebooks: "
+            f"{', '.join(sorted(BLOCK_PRESETS) + sorted(BLOCK_ALIASES))}, "
+            f"{', '.join(sorted(MXPLUS_PRESETS) + sorted(MXPLUS_ALIASES))} (MX+), e8m0 (a power-of-two one with a "
+            "scale rule suffix _floor, _ceil, _even or _rceil: mxfp8_e4m3_rceil); codebooks: "
             f"{', '.join(TABLE_PRESETS)}; or write fp<N>_<s><e><m>, e<E>m<M>[fn|fnuz|none], fixed<bits>_<frac>, "
             "posit<N>_<es>, [u]lns<int_bits>_<frac_bits>, p3109_k<K>p<P>[u][f]"
         )

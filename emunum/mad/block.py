@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from ..block_quantize import quantize_block_checked, tensor_scale, working_layout
-from ..formats import BlockFormat, E8M0Format, FixedFormat, FloatFormat, RoundMode, get_format
+from ..formats import BlockFormat, E8M0Format, FixedFormat, FloatFormat, MXPlusFormat, RoundMode, get_format
 from ..quantize import check_sr_bits, check_tensor, resolve_seed
 from ..rng import mix64_int, seed_key
 from . import backend
@@ -66,10 +66,14 @@ def _derived(seed: int, offset: int) -> int:
     return mix64_int(seed_key(seed) + offset) & (2**63 - 1)
 
 
-def _element_int_bound(el) -> int:
-    """Ia: the largest |element| in units of the element format's quantum."""
+def _element_int_bound(fmt: BlockFormat) -> int:
+    """Ia: the largest |element| in units of the element format's quantum; for MX+ the largest block max,
+    2**emax * (2 - 2**-p), in units of the finer of that quantum and the block max's 2**(emax - p)."""
+    el = fmt.element
     if isinstance(el, FixedFormat):
         return 1 << (el.bits - 1)
+    if isinstance(fmt, MXPlusFormat):
+        return int(math.ldexp(fmt.bm_max, -min(el.emin - el.man, fmt.element_emax - fmt.bm_bits)))
     return int(math.ldexp(el.max, el.man - el.emin))
 
 
@@ -79,7 +83,7 @@ def _scale_sig_bound(sc) -> int:
 
 def exact_bound_bits(fmt_a: BlockFormat, fmt_b: BlockFormat, length: int) -> float:
     """log2(L * Ia * Ib * Ma * Mb): the block-pair sums are exact in binary64 when it is at most 53."""
-    bound = (length * _element_int_bound(fmt_a.element) * _element_int_bound(fmt_b.element)
+    bound = (length * _element_int_bound(fmt_a) * _element_int_bound(fmt_b)
              * _scale_sig_bound(fmt_a.scale) * _scale_sig_bound(fmt_b.scale))
     return math.log2(bound)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..formats import BlockFormat, E8M0Format, FloatFormat, RoundMode, get_format
+from ..formats import BlockFormat, E8M0Format, FloatFormat, MXPlusFormat, RoundMode, get_format
 from ..quantize import check_sr_bits, check_tensor, resolve_seed
 from ..rng import seed_key
 from .block import _SEED_A, _SEED_B, _derived, _k_length, _split
@@ -30,6 +30,10 @@ def check_formats(fa, fb, unit: MMAUnit) -> None:
     for name, f, k_last in (("fmt_a", fa, True), ("fmt_b", fb, False)):
         if not isinstance(f, BlockFormat):
             raise ValueError(f"{name}={f.name}: {unit.name} takes block-scaled operands; allowed: a BlockFormat")
+        if isinstance(f, MXPlusFormat):
+            raise ValueError(f"{name}={f.name}: {unit.name} decodes every element with its exponent field and has no "
+                             "MX+ block max; allowed: a plain MX or NVFP4 format (MX+ runs on MAD units: "
+                             "emunum.mad.block_matmul)")
         if unit.scale is None:
             raise ValueError(f"{unit.name} takes no block scales; allowed with block formats: a block-scaled preset "
                              "(b200_mxf8f6f4_e4m3, b200_mxf4nvf4_ue4m3, b200_mxf4nvf4_ue8m0)")

@@ -67,6 +67,10 @@ def line_arrays(work: torch.Tensor, fmt: BlockFormat) -> tuple:
 def quantize_lines(work: torch.Tensor, dst: torch.Tensor, scales: torch.Tensor, fmt: BlockFormat, tile,
                    args: tuple, mode: RoundMode, key: int, nbits: int) -> None:
     """Run the NVFP4-family kernel for work's device (args: ``block_args`` of fmt, its tensor scale dropped)."""
+    if work.device.type == "cpu" and fmt.four_over_six is None:
+        from .kernels import nvfp4_cpu
+        if nvfp4_cpu.quantize_rows(work.numpy(), dst.numpy(), scales.numpy(), tile, args, int(mode), key, nbits):
+            return  # the float32 fast path, which computes each row's outer scale itself
     lines = line_arrays(work, fmt)
     if work.device.type == "cuda":
         from .kernels import cuda as kc, nvfp4_cuda

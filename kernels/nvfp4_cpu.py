@@ -58,6 +58,17 @@ def fast_ok(src: np.ndarray, dst: np.ndarray, tile, fos: bool, args: tuple, mode
     return int(tile[0]) == 1 and man + 2 + s_man + 1 + 24 <= 53 and 2.0**-1000 < s_min <= s_max < 2.0**1000
 
 
+def row_amax(src: np.ndarray, parallel=None) -> np.ndarray:
+    """The largest finite |x| of each row (float64, P * R) of a (P, R, C) C-contiguous float32 array."""
+    if parallel is None:
+        parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
+    out = np.empty(src.shape[0] * src.shape[1], np.float64)
+    with _parallel.try_parallel(parallel) as par:
+        (nvfp4_fast.row_amax_parallel if par else nvfp4_fast.row_amax_serial)(src.reshape(-1).view(np.uint32), out,
+                                                                              src.shape[2])
+    return out
+
+
 def quantize_rows(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, args: tuple, mode: int, key: int,
                   nbits: int, parallel=None) -> bool:
     """Per-row outer scales by kernels/nvfp4_fast.py, T_r computed there, where ``fast_ok`` holds and no T_r is 0;

@@ -74,6 +74,20 @@ def row_scales_parallel(bits, t, C, prod):
         t[U64(r)] = _row_scale(bits, r, C, prod)
 
 
+@njit(cache=True, error_model="numpy")
+def row_amax_serial(bits, out, C):
+    """out[r] = the largest finite |x| of row r of C float32 elements (bits: their uint32 view), as float64."""
+    for r in range(out.size):
+        out[U64(r)] = np.float64(U32(finite_max_bits(bits, r * C, C)).view(np.float32))
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def row_amax_parallel(bits, out, C):
+    """``row_amax_serial``, parallel over rows."""
+    for r in prange(out.size):
+        out[U64(r)] = np.float64(U32(finite_max_bits(bits, r * C, C)).view(np.float32))
+
+
 @njit(error_model="numpy")
 def _row_chunk(bits, dbits, sc, t, C, nbc, tc, mids, ups, vals, max_e, negzero, s_max, s_min, s_split, s_magic,
                s_min_normal, b0, b1):

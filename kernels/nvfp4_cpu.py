@@ -83,7 +83,8 @@ def quantize_rows(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, ar
     bits = src.reshape(-1).view(np.uint32)
     dbits = dst.reshape(-1).view(np.uint32)
     with _parallel.try_parallel(parallel) as par:
-        (nvfp4_fast.row_scales_parallel if par else nvfp4_fast.row_scales_serial)(bits, t, src.shape[2],
+        (nvfp4_fast.row_scales_parallel if par else nvfp4_fast.row_scales_serial)(bits, scales.reshape(-1), t,
+                                                                                  src.shape[2], int(tile[1]),
                                                                                   max_e * s_max)
         if (t == 0.0).any():  # a row's T underflowed: the scalar core
             return False

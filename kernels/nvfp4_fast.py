@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, block_fast, scalar
-from .block_fast import INF_BITS, NAN32, SIGN, ABS, _table_block, _threshold, finite_max_bits
+from .block_fast import ABS, INF_BITS, NAN32, SIGN, _threshold, finite_max_bits
 from .nvfp4_scalar import F32, _encode_scale
 from .scalar.float import round_nearest_value
 
@@ -41,7 +41,7 @@ _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
 
 U32 = np.uint32
 U64 = np.uint64
-CHUNK = 64  # blocks per task
+CHUNK = 256  # blocks per task
 
 
 @njit(inline="always", error_model="numpy")
@@ -54,24 +54,39 @@ def _split_constants(s_man, s_emin, s_sub):
 # ---- per-row outer scales -----------------------------------------------------------------------------------
 
 @njit(error_model="numpy")
-def _row_scale(bits, r, C, prod):
-    m = finite_max_bits(bits, r * C, C)
-    amax = np.float64(U32(m).view(np.float32))
+def _row_scale(bits, sc, r, C, nbc, tc, prod):
+    """T_r of row r, its blocks' largest |x| (NaN where a block holds one) into sc as float64, as
+    block_fast.py's amax pass."""
+    fin = U32(0)
+    for bj in range(nbc):
+        start = r * C + bj * tc
+        size = min(tc, C - bj * tc)
+        m = U32(0)
+        if tc == 16 and size == 16:
+            for k in range(16):
+                m = max(m, U32(bits[U64(start + k)] & ABS))
+        else:
+            for k in range(size):
+                m = max(m, U32(bits[U64(start + k)] & ABS))
+        sc[U64(r * nbc + bj)] = np.float64(U32(m).view(np.float32))
+        fin = max(fin, finite_max_bits(bits, start, size) if m >= INF_BITS else m)
+    amax = np.float64(U32(fin).view(np.float32))
     return np.float64(np.float32(amax / prod)) if amax != 0.0 else 1.0
 
 
 @njit(cache=True, error_model="numpy")
-def row_scales_serial(bits, t, C, prod):
-    """t[r] = T_r of every row r of C elements (float64; module doc); prod: element max * scale max."""
+def row_scales_serial(bits, sc, t, C, tc, prod):
+    """t[r] = T_r of every row r of C elements in blocks of tc (float64; module doc), and each block's largest
+    |x| into the flat scales sc; prod: element max * scale max."""
     for r in range(t.size):
-        t[U64(r)] = _row_scale(bits, r, C, prod)
+        t[U64(r)] = _row_scale(bits, sc, r, C, sc.size // t.size, tc, prod)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def row_scales_parallel(bits, t, C, prod):
+def row_scales_parallel(bits, sc, t, C, tc, prod):
     """``row_scales_serial``, parallel over rows."""
     for r in prange(t.size):
-        t[U64(r)] = _row_scale(bits, r, C, prod)
+        t[U64(r)] = _row_scale(bits, sc, r, C, sc.size // t.size, tc, prod)
 
 
 @njit(cache=True, error_model="numpy")
@@ -90,33 +105,67 @@ def row_amax_parallel(bits, out, C):
 
 @njit(error_model="numpy")
 def _row_chunk(bits, dbits, sc, t, C, nbc, tc, mids, ups, vals, max_e, negzero, s_max, s_min, s_split, s_magic,
-               s_min_normal, b0, b1):
-    """Blocks b0..b1-1 (module doc); every T_r > 0."""
-    thr = np.empty(8, np.uint32)
-    val = np.empty(8, np.uint32)
-    for b in range(b0, b1):
-        r = b // nbc
-        c0 = (b - r * nbc) * tc
-        size = min(tc, C - c0)
+               s_min_normal, b0, b1, tb, full, thr, val):
+    """Blocks b0..b1-1 (module doc; every T_r > 0; sc holds their amaxes, ``row_scales_*``): their T_r, then their
+    scales and thresholds in vector loops across the blocks (tb, full: float64 buffers of CHUNK; thr, val: uint32
+    buffers of 7 * CHUNK, threshold i of block b0 + j at i * CHUNK + j), then the elements."""
+    n = b1 - b0
+    tiled = tc == 16 and C % 16 == 0
+    r0 = b0 // nbc
+    c00 = (b0 - r0 * nbc) * tc
+    r, c0 = r0, c00
+    for j in range(n):
+        tb[U64(j)] = t[U64(r)]
+        c0 += tc
+        if c0 >= C:
+            r, c0 = r + 1, 0
+    for j in range(n):
+        amax = sc[U64(b0 + j)]
+        tt = tb[U64(j)]
+        want = min(amax / max_e / tt, s_max)
+        q = max(round_nearest_value(want, s_split, s_magic, s_min_normal, s_max, s_max, 0), s_min)
+        sc[U64(b0 + j)] = q if amax == amax else math.nan
+        full[U64(j)] = q * tt  # exact
+    for i in range(7):
+        mi, ui, vi = mids[i], ups[i], vals[i]
+        for j in range(n):
+            thr[U64(i * CHUNK + j)] = _threshold(mi * full[U64(j)], ui)
+            val[U64(i * CHUNK + j)] = np.float32(vi * full[U64(j)]).view(U32)
+    r, c0 = r0, c00
+    for j in range(n):
         start = r * C + c0
-        m = U32(0)
-        for k in range(size):
-            m = max(m, U32(bits[U64(start + k)] & ABS))
-        if m > INF_BITS:  # a NaN
-            sc[U64(b)] = math.nan
+        size = min(tc, C - c0)
+        if sc[U64(b0 + j)] != sc[U64(b0 + j)]:
             for k in range(size):
                 dbits[U64(start + k)] = NAN32
-            continue
-        tt = t[U64(r)]
-        amax = np.float64(U32(m).view(np.float32))
-        want = min(amax / max_e / tt, s_max)
-        s = max(round_nearest_value(want, s_split, s_magic, s_min_normal, s_max, s_max, 0), s_min)
-        sc[U64(b)] = s
-        full = s * tt  # exact
-        for i in range(7):
-            thr[i] = _threshold(mids[i] * full, ups[i])
-            val[i] = np.float32(vals[i] * full).view(U32)
-        _table_block(bits, dbits, start, size, thr, val, U64(0), negzero)
+        elif tiled:
+            _table_block_strided(bits, dbits, start, 16, thr, val, U64(j), negzero)
+        else:
+            _table_block_strided(bits, dbits, start, size, thr, val, U64(j), negzero)
+        c0 += tc
+        if c0 >= C:
+            r, c0 = r + 1, 0
+
+
+@njit(inline="always", error_model="numpy")
+def _table_block_strided(bits, dbits, start, size, thr, val, o, negzero):
+    """block_fast's ``_table_block`` with threshold i at o + i * CHUNK."""
+    st = U64(CHUNK)
+    t0, t1, t2, t3, t4, t5, t6 = thr[o], thr[o + st], thr[o + 2 * st], thr[o + 3 * st], thr[o + 4 * st], \
+        thr[o + 5 * st], thr[o + 6 * st]
+    v0, v1, v2, v3, v4, v5, v6 = val[o], val[o + st], val[o + 2 * st], val[o + 3 * st], val[o + 4 * st], \
+        val[o + 5 * st], val[o + 6 * st]
+    for k in range(size):
+        u = bits[U64(start + k)]
+        a = u & ABS
+        r = v0 if a > t0 else U32(0)
+        r = v1 if a > t1 else r
+        r = v2 if a > t2 else r
+        r = v3 if a > t3 else r
+        r = v4 if a > t4 else r
+        r = v5 if a > t5 else r
+        r = v6 if a > t6 else r
+        dbits[U64(start + k)] = r | (u & SIGN if (a > t0) | (negzero != 0) else U32(0))
 
 
 @njit(cache=True, error_model="numpy")
@@ -125,9 +174,11 @@ def row_serial(bits, dbits, sc, t, C, tc, mids, ups, vals, max_e, negzero, s_man
     flat float64 scales, one per block."""
     s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
     nbc = sc.size // t.size
+    tb, full = np.empty(CHUNK), np.empty(CHUNK)
+    thr, val = np.empty(7 * CHUNK, np.uint32), np.empty(7 * CHUNK, np.uint32)
     for ch in range(-(-sc.size // CHUNK)):
         _row_chunk(bits, dbits, sc, t, C, nbc, tc, mids, ups, vals, max_e, negzero, s_max, s_min, s_split, s_magic,
-                   s_min_normal, ch * CHUNK, min(ch * CHUNK + CHUNK, sc.size))
+                   s_min_normal, ch * CHUNK, min(ch * CHUNK + CHUNK, sc.size), tb, full, thr, val)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -136,8 +187,10 @@ def row_parallel(bits, dbits, sc, t, C, tc, mids, ups, vals, max_e, negzero, s_m
     s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
     nbc = sc.size // t.size
     for ch in prange(-(-sc.size // CHUNK)):
+        tb, full = np.empty(CHUNK), np.empty(CHUNK)
+        thr, val = np.empty(7 * CHUNK, np.uint32), np.empty(7 * CHUNK, np.uint32)
         _row_chunk(bits, dbits, sc, t, C, nbc, tc, mids, ups, vals, max_e, negzero, s_max, s_min, s_split, s_magic,
-                   s_min_normal, ch * CHUNK, min(ch * CHUNK + CHUNK, sc.size))
+                   s_min_normal, ch * CHUNK, min(ch * CHUNK + CHUNK, sc.size), tb, full, thr, val)
 
 
 # ---- 4/6 selection --------------------------------------------------------------------------------------------

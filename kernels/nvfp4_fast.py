@@ -204,7 +204,7 @@ def _scale(v, s_split, s_magic, s_min_normal, s_max):
 
 @njit(inline="always", error_model="numpy")
 def _e2m1(v, m, vl):
-    """e2m1(v) of a float32 v >= 0 (or inf): m, vl the float32 midpoints (a tie going up stored as the next
+    """e2m1(v) of a float32 v >= 0 (inf, or NaN kept): m, vl the float32 midpoints (a tie going up stored as the next
     float32 below the midpoint) and values (module doc)."""
     q = vl[0] if v > m[0] else F32(0.0)
     q = vl[1] if v > m[1] else q
@@ -213,7 +213,7 @@ def _e2m1(v, m, vl):
     q = vl[4] if v > m[4] else q
     q = vl[5] if v > m[5] else q
     q = vl[6] if v > m[6] else q
-    return q
+    return v if v != v else q  # inf * enc = inf * 0 where S * gds overflows: NaN, as the scalar core rounds it
 
 
 @njit(inline="always", error_model="numpy")

@@ -69,6 +69,10 @@ def git_state() -> str:
 def header(device: str) -> None:
     import numba
 
+    # emunum's kernel modules pick numba's threading layer on import (kernels/block_cpu.py: workqueue beside torch's
+    # OpenMP); asking numba for its thread count first would start its default layer instead, for the whole run
+    from emunum.kernels import block_cpu  # noqa: F401
+
     print(f"# {datetime.datetime.now().isoformat(timespec='seconds')}  commit {git_state()}")
     print(f"# {platform.platform()}, {os.cpu_count()} CPUs; python {platform.python_version()}, torch {torch.__version__}, "
           f"numba {numba.__version__} ({numba.get_num_threads()} threads, layer {numba.config.THREADING_LAYER}), "

@@ -26,6 +26,12 @@ _FLT_MAX = float(np.finfo(np.float32).max)
 
 def _finite_amax(work: torch.Tensor, per_row: bool) -> torch.Tensor:
     """float64 largest finite |v| per (p, r) row (flat, P * R) or of the whole tensor (one value)."""
+    if work.device.type == "cpu" and work.dtype == torch.float32 and work.is_contiguous() and work.numel():
+        from .kernels import block_cpu, nvfp4_cpu  # one pass over the bits
+        src = work.detach().numpy()
+        if per_row:
+            return torch.from_numpy(nvfp4_cpu.row_amax(src))
+        return torch.tensor([block_cpu.finite_amax(src)], dtype=torch.float64)
     a = work.detach().abs().to(torch.float64)
     a = torch.where(torch.isfinite(a), a, 0.0)
     if per_row:
@@ -67,6 +73,10 @@ def line_arrays(work: torch.Tensor, fmt: BlockFormat) -> tuple:
 def quantize_lines(work: torch.Tensor, dst: torch.Tensor, scales: torch.Tensor, fmt: BlockFormat, tile,
                    args: tuple, mode: RoundMode, key: int, nbits: int) -> None:
     """Run the NVFP4-family kernel for work's device (args: ``block_args`` of fmt, its tensor scale dropped)."""
+    if work.device.type == "cpu" and fmt.four_over_six is None:
+        from .kernels import nvfp4_cpu
+        if nvfp4_cpu.quantize_rows(work.numpy(), dst.numpy(), scales.numpy(), tile, args, int(mode), key, nbits):
+            return  # the float32 fast path, which computes each row's outer scale itself
     lines = line_arrays(work, fmt)
     if work.device.type == "cuda":
         from .kernels import cuda as kc, nvfp4_cuda

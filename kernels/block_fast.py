@@ -302,6 +302,9 @@ def _table_rows(bits, dbits, scales, scanned, C, tc, thr, val, k0, negzero, max_
     if tc == 16 and C % 16 == 0:  # a constant trip count for the element loop (~12% faster, measured)
         _table_blocks(bits, dbits, scales, scanned, C, 16, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
                       s_split, s_magic, s_min_normal)
+    elif tc == 32 and C % 32 == 0:  # NVFP4 with blocks of 32
+        _table_blocks(bits, dbits, scales, scanned, C, 32, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
+                      s_split, s_magic, s_min_normal)
     elif C % tc == 0:
         _table_blocks(bits, dbits, scales, scanned, C, tc, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
                       s_split, s_magic, s_min_normal)
@@ -345,6 +348,8 @@ def _amax_rows(bits, amaxes, C, tc):
     part = np.zeros(-(-amaxes.size // AMAX_CHUNK), U32)
     if tc == 16 and C % 16 == 0:
         _amax_blocks(bits, amaxes, part, C, 16, True)
+    elif tc == 32 and C % 32 == 0:
+        _amax_blocks(bits, amaxes, part, C, 32, True)
     elif C % tc == 0:
         _amax_blocks(bits, amaxes, part, C, tc, True)
     else:

@@ -1,15 +1,17 @@
 """Numba CPU kernels of the NVFP4 family's per-row outer scales and 4/6 selection (cores in
 kernels/nvfp4_scalar.py), parallel over blocks (``prange``) for large tensors; every block is computed with the
-same arguments on any thread count, so the bits never depend on it."""
+same arguments on any thread count, so the bits never depend on it. Float32 data rounded to nearest with an
+e2m1-like element takes kernels/nvfp4_fast.py (the same bits) where its conditions hold (``fast_ok``)."""
 import os
 
 import numba
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, scalar
+from . import _cache, block_fast, nvfp4_fast, scalar
 from . import parallel as _parallel
 from .nvfp4_scalar import fos_block, row_block
+from .scalar.common import NEAREST
 
 _cache.guard(__file__, [*scalar.SOURCES, os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvfp4_scalar.py")])
 
@@ -43,12 +45,72 @@ def nvfp4_parallel(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, met
               negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits, b)
 
 
-def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, lines: tuple, args: tuple, mode: int,
-                   key: int, nbits: int, parallel=None) -> None:
-    """src, dst: (P, R, C) C-contiguous float32/float64; scales (P, nbr, nbc) float64; lines: (fos, t, ges, gds,
-    gamax, denom, metric) from emunum/nvfp4_quantize.py; args: ``block_args`` without its tensor scale."""
+def fast_ok(src: np.ndarray, dst: np.ndarray, tile, fos: bool, args: tuple, mode: int) -> bool:
+    """Whether kernels/nvfp4_fast.py holds: float32 src and dst, round to nearest, an element of seven positive
+    values (e2m1), an amax rule into a float scale format with man >= 1; for per-row outer scales 1-D blocks and
+    every M_i * S * T exact in float64 (kernels/block_fast.py's ``table_ok``), for 4/6 blocks of 1 or 16 rows."""
+    kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min = args
+    if not (src.dtype == np.float32 and dst.dtype == np.float32 and mode == NEAREST and rule == 1 and s_man >= 1
+            and block_fast.element_table(tuple(args[:6])) is not None):
+        return False
+    if fos:
+        return int(tile[0]) in (1, 16)
+    return int(tile[0]) == 1 and man + 2 + s_man + 1 + 24 <= 53 and 2.0**-1000 < s_min <= s_max < 2.0**1000
+
+
+def row_amax(src: np.ndarray, parallel=None) -> np.ndarray:
+    """The largest finite |x| of each row (float64, P * R) of a (P, R, C) C-contiguous float32 array."""
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
+    out = np.empty(src.shape[0] * src.shape[1], np.float64)
+    with _parallel.try_parallel(parallel) as par:
+        (nvfp4_fast.row_amax_parallel if par else nvfp4_fast.row_amax_serial)(src.reshape(-1).view(np.uint32), out,
+                                                                              src.shape[2])
+    return out
+
+
+def quantize_rows(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, args: tuple, mode: int, key: int,
+                  nbits: int, parallel=None) -> bool:
+    """Per-row outer scales by kernels/nvfp4_fast.py, T_r computed there, where ``fast_ok`` holds and no T_r is 0;
+    whether it ran (else the caller runs ``quantize_nvfp4``). Arguments as ``quantize_nvfp4``'s."""
+    if not fast_ok(src, dst, tile, False, args, mode):
+        return False
+    if parallel is None:
+        parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
+    kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min = args
+    mids, ups, vals = block_fast.element_table(tuple(args[:6]))
+    t = np.empty(src.shape[0] * src.shape[1], np.float64)
+    bits = src.reshape(-1).view(np.uint32)
+    dbits = dst.reshape(-1).view(np.uint32)
+    with _parallel.try_parallel(parallel) as par:
+        (nvfp4_fast.row_scales_parallel if par else nvfp4_fast.row_scales_serial)(bits, scales.reshape(-1), t,
+                                                                                  src.shape[2], int(tile[1]),
+                                                                                  max_e * s_max)
+        if (t == 0.0).any():  # a row's T underflowed: the scalar core
+            return False
+        run = nvfp4_fast.row_parallel if par else nvfp4_fast.row_serial
+        run(bits, dbits, scales.reshape(-1), t, src.shape[2], int(tile[1]), mids, ups, vals, max_e, negzero, s_man,
+            s_emin, s_sub, s_max, s_min)
+    return True
+
+
+def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, lines: tuple, args: tuple, mode: int,
+                   key: int, nbits: int, parallel=None, fast: bool = True) -> None:
+    """src, dst: (P, R, C) C-contiguous float32/float64; scales (P, nbr, nbc) float64; lines: (fos, t, ges, gds,
+    gamax, denom, metric) from emunum/nvfp4_quantize.py; args: ``block_args`` without its tensor scale; fast:
+    4/6 may take kernels/nvfp4_fast.py (False: the scalar cores alone, for tests)."""
+    if parallel is None:
+        parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
+    fos, _, ges, gds, gamax, denom, metric = lines
+    if fast and fos and fast_ok(src, dst, tile, True, args, mode):
+        m, vl = nvfp4_fast.e2m1_constants(*block_fast.element_table(tuple(args[:6])))
+        s_man, s_emin, s_sub, s_max = args[10:14]
+        with _parallel.try_parallel(parallel) as par:
+            run = nvfp4_fast.fos_parallel if par else nvfp4_fast.fos_serial
+            run(src.reshape(-1), src.reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint32), scales,
+                src.shape[1], src.shape[2], int(tile[0]), int(tile[1]), ges, gds, gamax, np.float32(denom),
+                int(metric), m, vl, args[6], s_man, s_emin, s_sub, s_max)
+        return
     with _parallel.try_parallel(parallel) as par:
         run = nvfp4_parallel if par else nvfp4_serial
         run(src, dst, scales, int(tile[0]), int(tile[1]), *lines, *args, int(mode), np.uint64(key), int(nbits))

@@ -23,6 +23,7 @@ from .base import FormatSpec, NumberFormat, RoundMode, as_codes, check_bool, che
 from .fixed import FixedFormat
 from .float import FloatFormat
 from .nvfp4 import UE5M3, FourOverSix, OuterScale, check_family
+from .nvfp4_encode import encode_fos, row_outer_scale
 from ..kernels.abi import ScaleArgs
 from .presets import ALIASES, PRESETS
 from .scale_rule import ScaleRule, pow2_exponents
@@ -298,24 +299,27 @@ class BlockFormat(FormatSpec):
         Element codes (int64) have x's shape; scale codes (int64) have x's shape with the block axis (for tiles,
         the last two axes) shrunk to the number of blocks. T is a float (1.0 without tensor_scale). Semantics
         as in the class docstring; stochastic rounding here uses seed 0 (``emunum.quantize`` takes seeds).
-        Formats with a per-row outer scale or 4/6 selection have no numpy reference here: ValueError.
+        A per-row outer scale (1-D blocks) comes back as T: an array of x's shape with the block axis of length 1;
+        4/6 selection (emunum/formats/nvfp4_encode.py) gives its outer decode scale as T.
         """
-        if self.nvfp4_path:
-            raise ValueError(f"{self.name}.encode: per-row outer scales and 4/6 selection are quantised by "
-                             "emunum.quantize(x, fmt, return_scales=True) (emunum/nvfp4_quantize.py)")
         v = np.asarray(x, dtype=np.float64)
         blocks, shape, unblock = _blocked(v, self.tile, axis)
-        t = self.tensor_scale_of(v)
-        s = self.block_scales(np.max(np.abs(np.where(np.isnan(blocks), 0.0, blocks)), axis=(-3, -1), keepdims=True),
-                              t)
-        nan = np.any(np.isnan(blocks), axis=(-3, -1), keepdims=True)
-        s = np.where(nan, np.nan, s)
         el = self.element
-        with np.errstate(invalid="ignore"):
-            scaled = np.clip(blocks / (s * t), el.min if isinstance(el, (FixedFormat, TableFormat)) else -el.max,
-                             el.max)
-        scaled = np.where(np.isnan(scaled), 0.0, scaled)  # NaN blocks: element codes of 0 under a NaN scale
-        codes = unblock(el.encode(scaled, rounding))
+        if self.four_over_six is not None:
+            q, s, t = encode_fos(self, blocks, rounding)
+            codes = unblock(el.encode(q))
+        else:
+            t = row_outer_scale(self, blocks) if self.outer_scale == OuterScale.ROW else self.tensor_scale_of(v)
+            s = self.block_scales(np.max(np.abs(np.where(np.isnan(blocks), 0.0, blocks)), axis=(-3, -1),
+                                         keepdims=True), t)
+            nan = np.any(np.isnan(blocks), axis=(-3, -1), keepdims=True)
+            s = np.where(nan, np.nan, s)
+            with np.errstate(invalid="ignore"):
+                scaled = np.clip(blocks / (s * t), el.min if isinstance(el, (FixedFormat, TableFormat)) else -el.max,
+                                 el.max)
+            scaled = np.where(np.isnan(scaled), 0.0, scaled)  # NaN blocks: element codes of 0 under a NaN scale
+            codes = unblock(el.encode(scaled, rounding))
+        t = float(t) if np.ndim(t) == 0 else _scale_layout(np.asarray(t, np.float64), shape, self.tile, axis)
         if isinstance(self.scale, E8M0Format):
             scodes = self.scale.encode(s)
         else:
@@ -335,7 +339,7 @@ class BlockFormat(FormatSpec):
             if values.ndim < 2:
                 raise ValueError(f"{self.name}: tiles need at least 2 dimensions, got codes of shape {values.shape}")
             full = np.repeat(np.repeat(s, r, axis=-2), c, axis=-1)[..., :values.shape[-2], :values.shape[-1]]
-        return values * (full * float(tensor_scale))
+        return values * (full * np.asarray(tensor_scale, dtype=np.float64))  # a float, or per row
 
     def tensor_scale_of(self, v: np.ndarray) -> float:
         """T for float64 values ``v`` (1.0 without tensor_scale)."""

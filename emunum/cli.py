@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .formats import BLOCK_PRESETS, POSIT_PRESETS, FloatFormat, PRESETS, TABLE_PRESETS, get_format
+from .formats import BLOCK_PRESETS, MXPLUS_PRESETS, POSIT_PRESETS, FloatFormat, PRESETS, TABLE_PRESETS, get_format
 
 
 def formats_table() -> str:
@@ -23,12 +23,13 @@ def formats_table() -> str:
 
 
 def block_formats_table() -> str:
-    """Block presets: element, block, scale format and rule, outer (second-level) scale, 4/6 selection."""
-    w = max(12, *(len(n) for n in BLOCK_PRESETS))
+    """Block presets (MX+ included): element, block, scale format and rule, outer (second-level) scale, 4/6."""
+    presets = {**BLOCK_PRESETS, **MXPLUS_PRESETS}
+    w = max(12, *(len(n) for n in presets))
     head = (f"{'block format':<{w}} {'element':<9} {'block':>7} {'scale':<7} {'rule':<5} {'outer':<6} "
             f"{'bits/elem':>9} 4/6")
     rows = [head, "-" * len(head)]
-    for name, f in BLOCK_PRESETS.items():
+    for name, f in presets.items():
         bs = "x".join(map(str, f.block_size)) if isinstance(f.block_size, tuple) else str(f.block_size)
         fos = "-" if f.four_over_six is None else f"{f.four_over_six.metric.value},{f.four_over_six.bound}"
         rows.append(f"{name:<{w}} {f.element.name:<9} {bs:>7} {f.scale.name:<7} {f.scale_rule.value:<5} "

@@ -100,13 +100,14 @@ def test_units_lists_every_mad_preset_and_every_matrix_instruction(capsys):
 
 
 def test_block_table_names_each_presets_outer_scale_and_four_over_six(capsys):
-    from emunum.formats import BLOCK_PRESETS
+    from emunum.formats import BLOCK_PRESETS, MXPLUS_PRESETS
 
+    presets = {**BLOCK_PRESETS, **MXPLUS_PRESETS}
     assert main(["formats"]) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()
-            and line.split()[0] in BLOCK_PRESETS}
-    assert set(rows) == set(BLOCK_PRESETS)
-    for name, f in BLOCK_PRESETS.items():
+            and line.split()[0] in presets}
+    assert set(rows) == set(presets)
+    for name, f in presets.items():
         fos = "-" if f.four_over_six is None else f"{f.four_over_six.metric.value},{f.four_over_six.bound}"
         assert rows[name][5] == f.outer_scale.value and rows[name][-1] == fos, (name, rows[name])

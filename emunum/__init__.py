@@ -5,8 +5,8 @@
 from . import approx  # noqa: E402  (emunum.approx: approximate tanh/sigmoid/softmax operators)
 from .arithmetic import arithmetic, emulated
 from .autograd import Quantizer, quantize_ste
-from .formats import (BlockFormat, CustomFormat, FixedFormat, FloatFormat, FourOverSix, LogFormat, P3109Format, PRESETS,
-                      PositFormat, RoundMode, Special, TableFormat, get_format)
+from .formats import (BlockFormat, CustomFormat, FixedFormat, FloatFormat, FourOverSix, HiFloat8Format, LogFormat,
+                      P3109Format, PRESETS, PositFormat, RoundMode, Special, TableFormat, get_format)
 from . import mad  # noqa: E402  (emunum.mad: the MAD-unit package; mad.elementwise is the element-wise MAD)
 from .mad import MADUnit, addmm, baddbmm, conv1d, conv2d, linear, matmul
 from .optim import LossScaler, OptimLP
@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BlockFormat", "FourOverSix", "FloatFormat", "FixedFormat", "PositFormat", "RoundMode", "Special", "PRESETS",
-    "get_format", "quantize", "TableFormat", "LogFormat", "CustomFormat", "P3109Format",
+    "get_format", "quantize", "TableFormat", "LogFormat", "CustomFormat", "P3109Format", "HiFloat8Format",
     "OptimLP", "LossScaler",
     "patch", "unpatch", "patched", "register", "coverage", "Coverage", "Policy", "Role", "RoleSpec", "Scaling", "trace",
     "Quantizer", "quantize_ste", "arithmetic", "emulated", "approx", "distributed",

@@ -171,8 +171,8 @@ def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: Rou
 def format_to_args(fmt) -> list[int]:
     """A format as plain ints for a custom op: float ``[0, exp, man, bias, subnormals, special, saturate]``,
     fixed ``[1, bits, frac_bits, signed, saturate]``, posit ``[2, nbits, es]``, any other element spec
-    (TableFormat, LogFormat, CustomFormat, P3109Format, HiFloat8Format) ``[3, id]`` with ``id = formats.interned.intern(fmt)``. ``None``
-    gives ``[]`` (no rounding)."""
+    (TableFormat, LogFormat, CustomFormat, P3109Format, HiFloat8Format) ``[3, id]`` with
+    ``id = formats.interned.intern(fmt)``. ``None`` gives ``[]`` (no rounding)."""
     if fmt is None:
         return []
     fmt = get_format(fmt)

@@ -22,27 +22,30 @@ U32 = np.uint32
 U64 = np.uint64
 
 
+@njit(inline="always")
+def _nearest_loop(src, dst, big):
+    for i in prange(src.size):  # unsigned indices: signed ones turn the loads into gathers
+        dst[U64(i)] = nearest_ta_f32(src[U64(i)], big)
+
+
 @functools.lru_cache(maxsize=None)
 def f32_loop(MODE: int, PARALLEL: bool):
-    """``loop(src, dst, ovf, key, nbits)``: dst = src rounded in mode MODE; src, dst uint32 (float32 bits)."""
+    """``loop(src, dst, ovf, key, nbits)``: dst = src rounded in mode MODE; src, dst uint32 (float32 bits).
+    Only MODE and PARALLEL are closure variables (numba's cache key includes them; a captured dispatcher would
+    give a new key in every process)."""
 
-    @njit(inline="always")
-    def body(src, dst, ovf, key, nbits):
+    @njit(cache=True, parallel=PARALLEL)
+    def loop(src, dst, ovf, key, nbits):
         if MODE == NEAREST or MODE == NEAREST_AWAY:
             big = U32(HIF8_MAX_BITS32) if ovf == OVF_SAT else U32(0x7F800000)
-            for i in prange(src.size):  # unsigned indices: signed ones turn the loads into gathers
-                dst[U64(i)] = nearest_ta_f32(src[U64(i)], big)
+            if src.ctypes.data == dst.ctypes.data:  # one array: LLVM's overlap check would take the scalar loop
+                _nearest_loop(dst, dst, big)
+            else:
+                _nearest_loop(src, dst, big)
         else:
             for i in prange(src.size):
                 rnd = random_bits(key, U64(i), nbits) if MODE == STOCHASTIC else U64(0)
                 dst[U64(i)] = U32(round_hif8_f32(src[U64(i)], ovf, MODE, rnd, nbits))
-
-    @njit(cache=True, parallel=PARALLEL)
-    def loop(src, dst, ovf, key, nbits):
-        if src.ctypes.data == dst.ctypes.data:  # one array: LLVM's overlap check would take the scalar loop
-            body(dst, dst, ovf, key, nbits)
-        else:
-            body(src, dst, ovf, key, nbits)
 
     return loop
 

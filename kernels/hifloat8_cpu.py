@@ -1,7 +1,8 @@
 """Numba CPU kernels for HiFloat8 (``emunum.formats.hifloat8``; cores in ``kernels/scalar/hifloat8.py``).
 
 float32: loops specialised per rounding mode (the mode a closure constant, so each vectorises): nearest and
-nearest_away (one rule, ties away) on uint32 lanes (``nearest_ta_f32``), the other modes through the
+nearest_away (one rule, ties away) and stochastic with at least 23 random bits on uint32 lanes
+(``nearest_ta_f32``, ``sr_f32``), the other modes (and fewer random bits) through the
 branch-free float32 core (``round_hif8_f32``). float64: one loop over ``round_hif8_bits`` with the mode as an
 argument. Serial and ``prange`` loops visit element i alike, so the bits never depend on the thread count.
 ``hif8_runner`` binds a dtype and overflow code for ``emunum.quantize`` (raw addresses)."""
@@ -16,7 +17,7 @@ _cache.guard(__file__, scalar.SOURCES)
 
 from .cpu import MODES, _check_dtype, _runner, _runtime_mode, _voidptr  # noqa: E402
 from .scalar import (HIF8_MAX_BITS32, HIF8_MAX_BITS64, NEAREST, NEAREST_AWAY, OVF_SAT, STOCHASTIC,  # noqa: E402
-                     nearest_ta_f32, random_bits, round_hif8_bits, round_hif8_f32)
+                     hif8_sr_f32, nearest_ta_f32, random_bits, round_hif8_bits, round_hif8_f32)
 
 U32 = np.uint32
 U64 = np.uint64
@@ -28,20 +29,37 @@ def _nearest_loop(src, dst, big):
         dst[U64(i)] = nearest_ta_f32(src[U64(i)], big)
 
 
+@njit(inline="always")
+def _sr_loop(src, dst, big, key, nbits):
+    pw = U32(1 << (32 - nbits))
+    pn = np.float32(2.0**nbits)
+    two_n = U32((1 << nbits) & 0xFFFFFFFF)
+    for i in prange(src.size):
+        rnd = U32(random_bits(key, U64(i), nbits))
+        dst[U64(i)] = hif8_sr_f32(src[U64(i)], rnd, pw, pn, two_n, big)
+
+
 @functools.lru_cache(maxsize=None)
 def f32_loop(MODE: int, PARALLEL: bool):
     """``loop(src, dst, ovf, key, nbits)``: dst = src rounded in mode MODE; src, dst uint32 (float32 bits).
-    Only MODE and PARALLEL are closure variables (numba's cache key includes them; a captured dispatcher would
-    give a new key in every process)."""
+    numba's cache key holds the closure's variables, which must be exactly MODE and PARALLEL: without PARALLEL
+    the serial and prange loops share a key and a process may load the other one (a thread-pool launch per
+    call: 15 us on 10 elements, measured); a captured dispatcher would give a new key in every process."""
 
     @njit(cache=True, parallel=PARALLEL)
     def loop(src, dst, ovf, key, nbits):
+        _ = PARALLEL  # puts PARALLEL in the closure, so in the cache key
+        big = U32(HIF8_MAX_BITS32) if ovf == OVF_SAT else U32(0x7F800000)
         if MODE == NEAREST or MODE == NEAREST_AWAY:
-            big = U32(HIF8_MAX_BITS32) if ovf == OVF_SAT else U32(0x7F800000)
             if src.ctypes.data == dst.ctypes.data:  # one array: LLVM's overlap check would take the scalar loop
                 _nearest_loop(dst, dst, big)
             else:
                 _nearest_loop(src, dst, big)
+        elif MODE == STOCHASTIC and nbits >= 23:
+            if src.ctypes.data == dst.ctypes.data:
+                _sr_loop(dst, dst, big, key, nbits)
+            else:
+                _sr_loop(src, dst, big, key, nbits)
         else:
             for i in prange(src.size):
                 rnd = random_bits(key, U64(i), nbits) if MODE == STOCHASTIC else U64(0)

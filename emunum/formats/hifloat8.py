@@ -14,28 +14,7 @@ dot field gives the exponent's stored width D and so the mantissa's width:
 So a value whose binade is e (2**e <= |v| < 2**(e+1)) has ``mantissa_bits(e)`` = 3 for |e| <= 3, 2 for
 4 <= |e| <= 7, 1 for 8 <= |e| <= 15 and 0 in the denormal binades -22 .. -16.
 
-Rounding x (float32 and float64 from their own value; float16/bfloat16 through float32, exact), for x in the
-binade e, among the values of that binade and 2**(e+1), i.e. as a float with mantissa_bits(e) fraction bits
-(below 2**-22: the multiples of 2**-22, namely 0 and 2**-22):
-- ``nearest``: to nearest, ties away from zero: the paper's TA, and the only rounding ``en_dtypes`` does
-  (its ``RoundBitsHalfToAway``). HiF8 defines no ties-to-even, so ``nearest_away`` is the same rounding.
-  Midpoints are arithmetic: 15.5 (between 15 and 16) goes to 16, 1.5 * 2**-17 to 2**-16, 2**-23 to 2**-22.
-- ``toward_zero``, ``up``, ``down``: the neighbour in that direction. ``odd``: toward zero, then, when x is
-  not a value, the neighbour whose *code* is odd (its last mantissa bit; in the denormal binades M's parity,
-  and 2**-22 (code 1) rather than 0 below 2**-22): rounding to odd at 53 bits, then to HiF8, equals rounding
-  once (the MAD units rely on it).
-- ``stochastic``: to the upper neighbour with probability (|x| - lo) / (hi - lo), quantised to ``sr_bits``
-  bits as for every float format (``FloatFormat``): unbiased for |x| <= max.
-- Overflow (a rounded magnitude above 32768): ``nearest``, ``nearest_away``, ``stochastic``, and ``up`` /
-  ``down`` away from zero -> +-inf, as en_dtypes (so |x| >= 40960, the midpoint of 32768 and 1.5 * 2**15,
-  is inf in nearest; en_dtypes' own threshold test at 49152 is reached only after its rounding); ``toward_zero``,
-  ``odd`` and ``up`` / ``down`` toward zero -> +-32768. With ``saturate=True`` every mode gives +-32768, for
-  +-inf inputs too (``en_dtypes``' unexposed ``kSaturate`` keeps inf inputs infinite; emunum follows its own
-  ``FloatFormat(saturate=True)``).
-- A zero result is +0 (-0 and negative underflow included); NaN in -> NaN out (the input NaN, quietened).
-``en_dtypes`` rounds float64 (and float16/bfloat16) through float32 first, so a float64 input within one float32
-rounding of a midpoint can differ there; emunum rounds float64 once (tests check both against the definition).
-
+Rounding: see ``HiFloat8Format``.
 The kernels (``kernels/scalar/hifloat8.py``) are the float cores with the exponent-dependent mantissa width.
 """
 from __future__ import annotations
@@ -94,8 +73,33 @@ _ORDER = _FINITE[np.argsort(_TABLE[_FINITE], kind="stable")]  # codes of the fin
 
 @dataclass(frozen=True)
 class HiFloat8Format(NumberFormat):
-    """HiFloat8 (module docstring): 8 bits, tapered precision, max 32768, smallest 2**-22, +-inf, one NaN.
-    ``saturate``: overflow (and +-inf inputs) to +-32768 in every mode instead of +-inf."""
+    """HiFloat8 (codes in the module docstring): 8 bits, tapered precision, max 32768, smallest 2**-22, +-inf,
+    one NaN. ``saturate``: overflow (and +-inf inputs) to +-32768 in every mode instead of +-inf.
+
+    Rounding x (float32 and float64 from their own value; float16/bfloat16 through float32, exact), for x in the
+    binade e, among the values of that binade and 2**(e+1), i.e. as a float with mantissa_bits(e) fraction bits
+    (below 2**-22: the multiples of 2**-22, namely 0 and 2**-22):
+    - ``nearest``: to nearest, ties away from zero: the paper's TA, and the only rounding ``en_dtypes`` does
+      (its ``RoundBitsHalfToAway``). HiF8 defines no ties-to-even, so ``nearest_away`` is the same rounding.
+      Midpoints are arithmetic: 15.5 (between 15 and 16) goes to 16, 1.5 * 2**-17 to 2**-16, 2**-23 to 2**-22.
+    - ``toward_zero``, ``up``, ``down``: the neighbour in that direction. ``odd``: toward zero, then, when x is
+      not a value, the neighbour whose *code* is odd (its last mantissa bit; in the denormal binades M's parity,
+      and 2**-22 (code 1) rather than 0 below 2**-22): rounding to odd at 53 bits, then to HiF8, equals rounding
+      once (the MAD units rely on it).
+    - ``stochastic``: to the upper neighbour with probability (|x| - lo) / (hi - lo), quantised to ``sr_bits``
+      bits as for every float format (``FloatFormat``): unbiased for |x| <= max.
+    - Overflow (a rounded magnitude above 32768): ``nearest``, ``nearest_away``, ``stochastic``, and ``up`` /
+      ``down`` away from zero -> +-inf, as en_dtypes (so |x| >= 40960, the midpoint of 32768 and 1.5 * 2**15,
+      is inf in nearest; en_dtypes' own threshold test at 49152 is reached only after its rounding); ``toward_zero``,
+      ``odd`` and ``up`` / ``down`` toward zero -> +-32768. With ``saturate=True`` every mode gives +-32768, for
+      +-inf inputs too (``en_dtypes``' unexposed ``kSaturate`` keeps inf inputs infinite; emunum follows its own
+      ``FloatFormat(saturate=True)``).
+    - A zero result is +0 (-0 and negative underflow included); NaN in -> NaN out (the input NaN, quietened).
+    ``en_dtypes`` rounds float64 (and float16/bfloat16) through float32 first, so a float64 input within one float32
+    rounding of a midpoint can differ there; emunum rounds float64 once (tests check both against the definition).
+    The paper's hybrid rounding (HR) is not offered: en_dtypes implements none, so there is no reference to test
+    it against; ``stochastic`` is plain stochastic rounding.
+    """
 
     _: KW_ONLY
     saturate: bool = False

@@ -5,7 +5,7 @@
     python benchmarks/quantize.py --crossover          # serial vs parallel CPU kernel, 2**10..2**20 elements
     python benchmarks/quantize.py --cold               # import + first call in a fresh process, empty numba cache
     python benchmarks/quantize.py --blocks-only        # copy_ and the MXFP8 / NVFP4 rows alone
-    python benchmarks/quantize.py --new-formats        # P3109, MXINT4, NVINT4 beside today's path for their element
+    python benchmarks/quantize.py --new-formats        # P3109, MXINT4, NVINT4, HiFloat8 beside today's path for their element
     python benchmarks/quantize.py --scale-rules        # each power-of-two scale rule beside floor (OCP), per element
     python benchmarks/quantize.py --nvfp4-family       # the NVFP4 family (docs/nvfp4.md) beside nvfp4, same run
     python benchmarks/quantize.py --mxplus             # each MX+ preset (docs/mxplus.md) beside its plain MX preset
@@ -328,12 +328,14 @@ def cold(fmt: str) -> None:
 # format of the nearest existing element): P3109 signed formats are the float kernel's FloatFormat twin
 # (e5m2fnuz has p3109_k8p3f's values); unsigned ones add the x < 0 -> NaN pass to the float kernel of the
 # same precision and exponent width; the integer block presets run the BlockFormat path of integer elements
-# (mxint8's); nvint4 is also shown beside nvfp4, whose e2m1 elements have a fast path of their own.
+# (mxint8's); nvint4 is also shown beside nvfp4, whose e2m1 elements have a fast path of their own. HiFloat8
+# (its own kernel, kernels/hifloat8_cpu.py) is shown beside e4m3, the float kernel of its widest precision.
 NEW_FORMAT_PAIRS = (("p3109_k8p3", "e5m2fnuz"), ("p3109_k8p3f", "e5m2fnuz"), ("p3109_k8p4", "e4m3fnuz"),
-                    ("p3109_k8p4uf", "e5m3"), ("mxint4", "mxint8"), ("nvint4", "mxint8"), ("nvint4", "nvfp4"))
+                    ("p3109_k8p4uf", "e5m3"), ("mxint4", "mxint8"), ("nvint4", "mxint8"), ("nvint4", "nvfp4"),
+                    ("hifloat8", "e4m3"))
 
 
-def new_formats(n: int, device: str, repeats: int) -> None:
+def new_formats(n: int, device: str, repeats: int, only: str | None = None) -> None:
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(n, device=device, generator=g) * 100
     out = torch.empty_like(x)
@@ -342,6 +344,8 @@ def new_formats(n: int, device: str, repeats: int) -> None:
           "timings taken alternately with the baseline's")
     print(f"{'format':<14} {'baseline':<10} {'mode':<10} {'new ms':>8} {'base ms':>8} {'new/base speed':>15}")
     for new, base in NEW_FORMAT_PAIRS:
+        if only is not None and new != only:
+            continue
         for mode in ("nearest", "stochastic"):
             tb = tn = float("inf")
             for _ in range(repeats):  # interleaved, so that load drift hits both alike
@@ -360,6 +364,7 @@ def main(argv=None) -> int:
     p.add_argument("--cold", action="store_true", help="import + first call in fresh processes, empty numba cache")
     p.add_argument("--blocks-only", action="store_true", help="only copy_ and the block-format rows (MXFP8, NVFP4)")
     p.add_argument("--new-formats", action="store_true", help="only the 2026 formats beside their baselines")
+    p.add_argument("--only", default=None, help="with --new-formats: only the rows of this new format (e.g. hifloat8)")
     p.add_argument("--scale-rules", action="store_true",
                    help="only the power-of-two scale rules (ceil, even, rceil) beside floor, per MX element type")
     p.add_argument("--nvfp4-family", action="store_true", help="only the NVFP4 family beside nvfp4 (docs/nvfp4.md)")
@@ -373,7 +378,7 @@ def main(argv=None) -> int:
         p.error("--device cuda: torch sees no CUDA device")
     header(args.device)
     if args.new_formats:
-        new_formats(args.n, args.device, args.repeats)
+        new_formats(args.n, args.device, args.repeats, args.only)
         return 0
     if args.scale_rules:
         scale_rules(args.n, args.device, args.repeats)

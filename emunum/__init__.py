@@ -9,8 +9,8 @@ import importlib.util
 import sys
 import types
 
-from .formats import (BlockFormat, CustomFormat, FixedFormat, FloatFormat, FourOverSix, LogFormat, MXPlusFormat,
-                      P3109Format, PRESETS, PositFormat, RoundMode, Special, TableFormat, get_format)
+from .formats import (BlockFormat, CustomFormat, FixedFormat, FloatFormat, FourOverSix, HiFloat8Format, LogFormat,
+                      MXPlusFormat, P3109Format, PRESETS, PositFormat, RoundMode, Special, TableFormat, get_format)
 from .quantize import quantize
 from . import ops as _ops  # noqa: F401,E402  (registers emunum::quantize, which a traced quantize calls)
 
@@ -68,7 +68,7 @@ def __dir__():
 __all__ = [
     "BlockFormat", "MXPlusFormat", "FourOverSix", "FloatFormat", "FixedFormat", "PositFormat", "RoundMode", "Special",
     "PRESETS",
-    "get_format", "quantize", "TableFormat", "LogFormat", "CustomFormat", "P3109Format",
+    "get_format", "quantize", "TableFormat", "LogFormat", "CustomFormat", "P3109Format", "HiFloat8Format",
     "OptimLP", "LossScaler",
     "patch", "unpatch", "patched", "register", "coverage", "Coverage", "Policy", "Role", "RoleSpec", "Scaling", "trace",
     "Quantizer", "quantize_ste", "arithmetic", "emulated", "approx", "distributed",

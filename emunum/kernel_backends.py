@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from . import backends
-from .formats import (CustomFormat, FixedFormat, FloatFormat, LogFormat, P3109Format, PositFormat, RoundMode,
-                      TableFormat)
+from .formats import (CustomFormat, FixedFormat, FloatFormat, HiFloat8Format, LogFormat, P3109Format, PositFormat,
+                      RoundMode, TableFormat)
 
 # dtypes the CPU kernels read in place, and their numpy twins
 NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
@@ -170,6 +170,34 @@ def _p3109_cuda(fmt: P3109Format, dtype):
     return launch_unsigned
 
 
+# ---- HiFloat8: kernels/hifloat8_cpu.py and hifloat8_cuda.py ------------------------------------------------
+def _hif8_cpu(fmt: HiFloat8Format, dtype):
+    from .kernels import hifloat8_cpu
+    return hifloat8_cpu.hif8_runner(NUMPY_DTYPES[dtype], fmt.to_kernel_args().overflow)
+
+
+def _hif8_cuda(fmt: HiFloat8Format, dtype):
+    """float32/float64 in place; 16-bit dtypes through float32 (exact both ways: every HiF8 value is a
+    float16 and a bfloat16 value), as on the CPU."""
+    if dtype in _LAYOUT16:
+        inner = backends.runner(fmt, "cuda", torch.float32)
+
+        def launch16(src, dst, mode, key, nbits):
+            work = src.float()
+            inner(work, work, mode, key, nbits)
+            dst.copy_(work)
+        return launch16
+    ovf = fmt.to_kernel_args().overflow
+
+    def launch(src, dst, mode, key, nbits):
+        from .kernels import hifloat8_cuda
+        kc = cuda_module()
+        with kc.device_of(src):
+            hifloat8_cuda.quantize_hif8(kc.as_device_array(src), kc.as_device_array(dst), ovf, int(mode), key, nbits,
+                                        stream=kc.torch_stream(src.device))
+    return launch
+
+
 for _t, _cpu_factory, _cuda_factory in (
         (FloatFormat, _float_cpu, _elementwise_cuda("quantize_float")),
         (FixedFormat, _fixed_cpu, _elementwise_cuda("quantize_fixed")),
@@ -177,7 +205,8 @@ for _t, _cpu_factory, _cuda_factory in (
         (TableFormat, _table_cpu, _lookup_cuda),
         (LogFormat, _log_cpu, _lookup_cuda),
         (CustomFormat, custom_runner, _lookup_cuda),
-        (P3109Format, _p3109_cpu, _p3109_cuda)):
+        (P3109Format, _p3109_cpu, _p3109_cuda),
+        (HiFloat8Format, _hif8_cpu, _hif8_cuda)):
     backends.register(_t, "cpu", _cpu_factory)
     backends.register(_t, "cuda", _cuda_factory)
 del _t, _cpu_factory, _cuda_factory

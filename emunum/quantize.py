@@ -9,8 +9,8 @@ import torch
 
 from . import backends, buffers, kernel_backends
 from .block_quantize import quantize_block_checked
-from .formats import (BlockFormat, CustomFormat, FixedFormat, FloatFormat, Format, LogFormat, P3109Format, PositFormat,
-                      RoundMode, TableFormat, get_format)
+from .formats import (BlockFormat, CustomFormat, FixedFormat, FloatFormat, Format, HiFloat8Format, LogFormat,
+                      P3109Format, PositFormat, RoundMode, TableFormat, get_format)
 from .formats.interned import intern as _intern
 from .kernels.abi import Kind
 from .rng import seed_key
@@ -171,14 +171,14 @@ def _quantize_cuda(x: torch.Tensor, result: torch.Tensor, fmt: Format, mode: Rou
 def format_to_args(fmt) -> list[int]:
     """A format as plain ints for a custom op: float ``[0, exp, man, bias, subnormals, special, saturate]``,
     fixed ``[1, bits, frac_bits, signed, saturate]``, posit ``[2, nbits, es]``, any other element spec
-    (TableFormat, LogFormat, CustomFormat, P3109Format) ``[3, id]`` with ``id = formats.interned.intern(fmt)``. ``None``
-    gives ``[]`` (no rounding)."""
+    (TableFormat, LogFormat, CustomFormat, P3109Format, HiFloat8Format) ``[3, id]`` with
+    ``id = formats.interned.intern(fmt)``. ``None`` gives ``[]`` (no rounding)."""
     if fmt is None:
         return []
     fmt = get_format(fmt)
     if isinstance(fmt, PositFormat):
         return [int(Kind.POSIT), fmt.nbits, fmt.es]
-    if isinstance(fmt, (TableFormat, LogFormat, CustomFormat, P3109Format)):
+    if isinstance(fmt, (TableFormat, LogFormat, CustomFormat, P3109Format, HiFloat8Format)):
         return [int(Kind.INTERNED), intern(fmt)]
     if not isinstance(fmt, (FloatFormat, FixedFormat)):
         raise TypeError(f"{fmt.name} is not an element format (FloatFormat/FixedFormat); block formats apply to "
@@ -266,7 +266,8 @@ def quantize_checked(x: torch.Tensor, fmt: Format, mode: RoundMode, seed: int | 
 
     with torch.no_grad():
         dev = x.device.type
-        if dev not in ("cpu", "cuda") and isinstance(fmt, (TableFormat, LogFormat, CustomFormat, P3109Format)):
+        if dev not in ("cpu", "cuda") and isinstance(fmt, (TableFormat, LogFormat, CustomFormat, P3109Format,
+                                                           HiFloat8Format)):
             result.copy_(quantize_checked(x.detach().cpu(), fmt, mode, seed, nbits).to(x.device))
             return result
         if dev not in ("cpu", "cuda"):

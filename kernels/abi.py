@@ -23,6 +23,7 @@ class Kind(enum.IntEnum):
     LOG = 5
     CUSTOM = 6
     SCALE = 7  # a power-of-two block scale (E8M0)
+    HIF8 = 8  # HiFloat8 (its MAD parameter vector's P_KIND; P_OVF holds its overflow code)
 
 
 class Mode(enum.IntEnum):
@@ -107,6 +108,13 @@ class CustomArgs(NamedTuple):
     mul: Any = None
     derived: Any = None
     KIND = Kind.CUSTOM
+
+
+class HiF8Args(NamedTuple):
+    """HiFloat8: everything but the overflow code (inf or saturate) is fixed by the format."""
+
+    overflow: int
+    KIND = Kind.HIF8
 
 
 class ScaleArgs(NamedTuple):

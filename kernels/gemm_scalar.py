@@ -13,7 +13,8 @@ IEEE TC 2008). Stochastic rounding and two's-complement wrap are defined on this
 ``emunum.mad``).
 
 Format parameter vectors (int64 arrays of length ``NPARAM``) carry one format and its rounding mode:
-  P_KIND 0 float / 1 fixed; float: P_MAN, P_EMIN, P_SUB, P_MAXBITS (binary64 bits of max), P_OVF, P_NEGZERO;
+  P_KIND 0 float / 1 fixed / 8 HiFloat8 (``abi.Kind``; it reads P_OVF and P_MODE only);
+  float: P_MAN, P_EMIN, P_SUB, P_MAXBITS (binary64 bits of max), P_OVF, P_NEGZERO;
   fixed: P_FRAC, P_CMIN, P_CMAX, P_SAT; both: P_MODE (rounding-mode code of ``kernels/scalar/common.py``).
 Stochastic-rounding streams (index into the ``keys`` array): see ``emunum.mad``.
 """
@@ -22,10 +23,12 @@ import math
 import numpy as np
 from numba import njit
 
-from .scalar import STOCHASTIC, random_bits, round_fixed_value, round_float_bits
+from .scalar import HIF8_MAX_BITS64, STOCHASTIC, random_bits, round_fixed_value, round_float_bits, round_hif8_bits
 
-from .abi import (NPARAM, P_CMAX, P_CMIN, P_EMIN, P_FRAC, P_KIND, P_MAN, P_MAXBITS, P_MODE, P_NEGZERO,  # noqa: F401
-                  P_OVF, P_SAT, P_SUB)
+from .abi import (Kind, NPARAM, P_CMAX, P_CMIN, P_EMIN, P_FRAC, P_KIND, P_MAN, P_MAXBITS, P_MODE,  # noqa: F401
+                  P_NEGZERO, P_OVF, P_SAT, P_SUB)
+
+KIND_HIF8 = int(Kind.HIF8)  # a global int: numba freezes it as a constant
 
 # stochastic-rounding streams: index into the keys array
 S_MUL, S_ACC, S_CHUNK, S_REDUCE, S_BIAS = 0, 1, 2, 3, 4
@@ -76,6 +79,9 @@ def round_value(x, p, rnd, nbits):
         r = round_float_bits(f64_bits(x), 63, 52, 1023, p[P_MAN], p[P_EMIN], p[P_SUB], np.uint64(p[P_MAXBITS]),
                              p[P_OVF], p[P_NEGZERO], p[P_MODE], rnd, nbits)
         return bits_f64(r)
+    if p[P_KIND] == KIND_HIF8:
+        return bits_f64(round_hif8_bits(f64_bits(x), 63, 52, 1023, np.uint64(HIF8_MAX_BITS64), p[P_OVF], p[P_MODE],
+                                        rnd, nbits))
     return round_fixed_value(x, p[P_FRAC], p[P_CMIN], p[P_CMAX], p[P_SAT], p[P_MODE], rnd, nbits)
 
 

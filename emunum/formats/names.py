@@ -9,6 +9,7 @@ Names are case-insensitive. Grammar (besides the presets):
 - ``lns<int_bits>_<frac_bits>`` / ``ulns<int_bits>_<frac_bits>``: LogFormat (signed / unsigned).
 - ``p3109_k<K>p<P>[u][f]``: IEEE P3109 (``P3109Format``), ``u`` unsigned, ``f`` finite; gfloat's spellings
   ``p3109_k<K>p<P>{s|u}{e|f}`` too (``p3109_k8p3se`` is ``p3109_k8p3``).
+- ``hifloat8`` / ``hif8``: HiFloat8 (``HiFloat8Format``); ``hifloat8_sat`` saturates instead of inf.
 - codebooks (``TABLE_PRESETS``): ``nf4``, ``af4``, ``fp4_bnb``; block-scaled ``nf4_b64`` (a BlockFormat).
 - MX+ block formats (``MXPLUS_PRESETS``, formats/mxplus.py): ``mxfp4_e2m1_plus`` (``mxfp4_plus``), ...
 - ``<block preset>_<rule>``, rule one of floor, ceil, even, rceil (``ocp`` = floor): the preset with that
@@ -28,6 +29,7 @@ from .mxplus import MXPLUS_ALIASES, MXPLUS_PRESETS
 from .scale_rule import split_rule_suffix
 from .log import LogFormat
 from .p3109 import P3109Format
+from .hifloat8 import HiFloat8Format
 from .table import TABLE_PRESETS
 from .presets import ALIASES, POSIT_PRESETS, PRESETS, known_names
 
@@ -39,6 +41,7 @@ _INT = re.compile(r"(u?)int(\d+)$")
 _POSIT = re.compile(r"posit(\d+)(?:_(\d+))?$")
 _LNS = re.compile(r"(u?)lns(\d+)_(\d+)$")
 _P3109 = re.compile(r"p3109_k(\d+)p(\d+)(s|u)?(e|f)?$")
+_HIF8 = re.compile(r"(?:hifloat8|hif8)(_sat)?$")
 
 
 def _special(suffix: str | None) -> Special:
@@ -82,6 +85,9 @@ def _parse(name: str) -> NumberFormat | None:
     m = _P3109.match(name)
     if m:
         return P3109Format(int(m.group(1)), int(m.group(2)), signed=m.group(3) != "u", extended=m.group(4) != "f")
+    m = _HIF8.match(name)
+    if m:
+        return HiFloat8Format(saturate=m.group(1) is not None)
     return None
 
 
@@ -136,7 +142,7 @@ def get_format(name_or_spec) -> FormatSpec:
             f"{', '.join(sorted(MXPLUS_PRESETS) + sorted(MXPLUS_ALIASES))} (MX+), e8m0 (a power-of-two one with a "
             "scale rule suffix _floor, _ceil, _even or _rceil: mxfp8_e4m3_rceil); codebooks: "
             f"{', '.join(TABLE_PRESETS)}; or write fp<N>_<s><e><m>, e<E>m<M>[fn|fnuz|none], fixed<bits>_<frac>, "
-            "posit<N>_<es>, [u]lns<int_bits>_<frac_bits>, p3109_k<K>p<P>[u][f]"
+            "posit<N>_<es>, [u]lns<int_bits>_<frac_bits>, p3109_k<K>p<P>[u][f], hifloat8[_sat] (hif8)"
         )
     return fmt
 

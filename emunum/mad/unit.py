@@ -81,7 +81,8 @@ from typing import Union
 
 import numpy as np
 
-from ..formats import FixedFormat, FloatFormat, Format, P3109Format, RoundMode, format_or_none, parse_enum
+from ..formats import (FixedFormat, FloatFormat, Format, HiFloat8Format, P3109Format, RoundMode, format_or_none,
+                       parse_enum)
 from ..kernels import abi
 from ..kernels.abi import MAX_LANES, MAX_TERMS, NPARAM
 from ..rng import mix64_int, seed_key
@@ -185,7 +186,7 @@ class MADUnit:
         for field in ("mul_fmt", "acc_fmt"):
             v = getattr(self, field)
             if v is not None and v != EXACT and not _float_kernel_format(v):
-                allowed = ("a FloatFormat, FixedFormat or signed P3109Format"
+                allowed = ("a FloatFormat, FixedFormat, HiFloat8Format or signed P3109Format"
                            + (" or 'exact'" if field == "acc_fmt" else ""))
                 raise ValueError(f"MADUnit.{field}={v.name}: allowed: {allowed} (round tensors to "
                                  f"{type(v).__name__}s with emunum.quantize or emunum.patch)")
@@ -367,8 +368,10 @@ class MADUnit:
 
 def _float_kernel_format(fmt) -> bool:
     """Whether the MAD kernels' rounding steps take fmt: a float or fixed-point record (a signed P3109 format
-    rounds as its FloatArgs say; an unsigned one also needs x < 0 -> NaN, which they do not do)."""
-    return isinstance(fmt, (FloatFormat, FixedFormat)) or (isinstance(fmt, P3109Format) and fmt.signed)
+    rounds as its FloatArgs say; an unsigned one also needs x < 0 -> NaN, which they do not do), or HiFloat8
+    (its own kind: ``gemm_scalar.round_value``)."""
+    return (isinstance(fmt, (FloatFormat, FixedFormat, HiFloat8Format))
+            or (isinstance(fmt, P3109Format) and fmt.signed))
 
 
 def format_params(fmt: Format, mode: RoundMode) -> np.ndarray:
@@ -376,7 +379,9 @@ def format_params(fmt: Format, mode: RoundMode) -> np.ndarray:
     p = np.zeros(NPARAM, np.int64)
     a = fmt.to_kernel_args()
     p[abi.P_KIND] = a.KIND
-    if isinstance(a, abi.FloatArgs):
+    if isinstance(a, abi.HiF8Args):
+        p[abi.P_OVF] = a.overflow
+    elif isinstance(a, abi.FloatArgs):
         p[abi.P_MAN], p[abi.P_EMIN], p[abi.P_SUB], p[abi.P_OVF], p[abi.P_NEGZERO] = (
             a.man, a.emin, a.subnormals, a.overflow, a.negzero)
         p[abi.P_MAXBITS] = int(np.array(a.max, dtype=np.float64).view(np.int64))

@@ -15,7 +15,7 @@ from emunum.kernels import gemm_scalar
 from emunum.mad.multiplier import Multiplier, MultiplierKind
 
 SPECS = {"e5m2": abi.FloatArgs, "int8": abi.FixedArgs, "posit8": abi.PositArgs, "nf4": abi.TableArgs,
-         "e4m3fn": abi.FloatArgs}
+         "e4m3fn": abi.FloatArgs, "hifloat8": abi.HiF8Args}
 
 
 def test_the_abi_module_imports_nothing_from_emunum():
@@ -39,7 +39,8 @@ def test_overflow_codes_are_the_specs_and_the_scalar_cores():
 def test_kinds_are_unique_and_every_record_carries_its_own():
     kinds = [k.value for k in abi.Kind]
     assert len(kinds) == len(set(kinds))
-    records = [abi.FloatArgs, abi.FixedArgs, abi.PositArgs, abi.TableArgs, abi.LogArgs, abi.CustomArgs, abi.ScaleArgs]
+    records = [abi.FloatArgs, abi.FixedArgs, abi.PositArgs, abi.TableArgs, abi.LogArgs, abi.CustomArgs, abi.ScaleArgs,
+               abi.HiF8Args]
     assert len({r.KIND for r in records}) == len(records)
 
 

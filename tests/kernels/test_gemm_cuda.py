@@ -48,6 +48,8 @@ UNITS = {
                                            sr_bits=9),
     "e4m3_sr-fixed16_12_odd": MADUnit("fp8_143", "fixed16_12", mul_rounding="stochastic", acc_rounding="odd"),
     "fp16_down-e4m3fn_up_lanes4": MADUnit("fp16", "e4m3fn", mul_rounding="down", acc_rounding="up", lanes=4),
+    "hifloat8_sr-hifloat8sat_odd_chunk2": MADUnit("hifloat8", "hifloat8_sat", mul_rounding="stochastic",
+                                                  acc_rounding="odd", chunk=2, lanes=2),
 }
 
 

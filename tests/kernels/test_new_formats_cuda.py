@@ -1,9 +1,13 @@
-"""The 2026 element formats on CUDA: quantize's CUDA launcher for P3109 (through ``emunum.backends``) gives the
+"""The 2026 element formats on CUDA: quantize's CUDA launcher for P3109 and HiFloat8 (``emunum.backends``) gives the
 CPU kernel's bits in every mode, stochastic included, for float32 and float64; on numba's simulator, with
 the launchers' torch interop swapped for host views (the simulator cannot see torch CUDA tensors). The integer
 block presets (mxint4, nvint4): the CUDA block kernel gives the CPU block kernel's bits and scales."""
 import contextlib
 import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
 import types
 
 import numpy as np
@@ -17,7 +21,7 @@ from emunum.rng import seed_key
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba_cuda") is None, reason="needs numba-cuda")
 MODES = ["nearest", "nearest_away", "toward_zero", "up", "down", "odd", "stochastic"]
-FORMATS = ["p3109_k8p3", "p3109_k8p4uf", "p3109_k6p1f", "p3109_k7p7u"]
+FORMATS = ["p3109_k8p3", "p3109_k8p4uf", "p3109_k6p1f", "p3109_k7p7u", "hifloat8", "hifloat8_sat"]
 
 
 def host_backend():
@@ -79,3 +83,43 @@ def test_cuda_block_kernel_gives_the_cpu_kernels_bits_for_the_integer_block_pres
         block_cuda.quantize_blocks(src, d_gpu, s_gpu, tile, args, int(mode), key, 8)
         assert np.array_equal(d_cpu.view(np.uint8), d_gpu.view(np.uint8)), mode
         assert np.array_equal(s_cpu, s_gpu, equal_nan=True), mode
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("mode", MODES)
+def test_hifloat8_cuda_launcher_rounds_16bit_tensors_as_the_cpu(mode, dtype, monkeypatch):
+    monkeypatch.setattr(kernel_backends, "cuda_module", host_backend)
+    fmt, m, key = emunum.get_format("hifloat8"), RoundMode.parse(mode), seed_key(4)
+    x = inputs(torch.float32).clamp(-60000, 60000).to(dtype)
+    want = emunum.quantize(x, fmt, mode, seed=4)
+    got = torch.empty_like(x)
+    backends.runner(fmt, "cuda", dtype)(x, got, m, key, 32)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+_LOWER_HIF8 = textwrap.dedent("""
+    import sys, types as pytypes
+    import numba.cuda.dispatcher as disp
+    from numba import types
+    from numba.cuda.compiler import compile_cuda
+    if not hasattr(disp, "get_current_device"):
+        print("SKIP numba-cuda internals changed: no dispatcher.get_current_device"); sys.exit(0)
+    disp.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=(8, 0))
+    from emunum.kernels import hifloat8_cuda as h
+    i64, u64 = types.int64, types.uint64
+    for name, arr in (("binary32", types.uint32[::1]), ("binary64", types.uint64[::1])):
+        cres = compile_cuda(h.hif8_kernel.py_func, types.void, (arr, arr, i64, i64, i64, u64, i64, i64, u64, i64),
+                            cc=(8, 0))
+        assert "define" in cres.library.get_llvm_str()
+        print("LOWERED", name)
+""")
+
+
+def test_hifloat8_kernel_lowers_for_the_cuda_target():
+    """Typing and lowering to NVVM IR, as on a GPU (no GPU or CUDA toolkit needed; the simulator cannot)."""
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    r = subprocess.run([sys.executable, "-c", _LOWER_HIF8], capture_output=True, text=True, timeout=600, env=env)
+    if r.stdout.startswith("SKIP"):
+        pytest.skip(r.stdout.strip())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["LOWERED binary32", "LOWERED binary64"], r.stdout

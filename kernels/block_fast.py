@@ -133,7 +133,9 @@ def _pow2_scale(m, rule, emax_e, max_e, mbits, lo, hi, s_man, s_emin, s_sub, s_m
 
 
 @njit(inline="always")
-def _pow2_block(src, bits, dst, dbits, start, size, s, split, magic, min_normal, max_bits, negzero):
+def pow2_block(src, bits, dst, start, size, s, split, magic, min_normal, max_bits, negzero):
+    """One block's elements: src[start:start+size] / s rounded to nearest on the element grid, times s, into dst
+    (dst may be src; bits: src's uint32 view)."""
     inv = np.float32(1.0 / s)  # exact: s is a power of two in [2**-127, 2**127]
     full = np.float32(s)
     for k in range(size):
@@ -161,7 +163,7 @@ def _pow2_blocks(src, bits, dst, dbits, scales, C, tc, tiled, split, magic, min_
             for k in range(size):
                 dbits[U64(start + k)] = NAN32
         else:
-            _pow2_block(src, bits, dst, dbits, start, size, s, split, magic, min_normal, max_bits, negzero)
+            pow2_block(src, bits, dst, start, size, s, split, magic, min_normal, max_bits, negzero)
 
 
 @njit(inline="always")

@@ -13,7 +13,7 @@ from .mxplus_scalar import mxplus_block
 from .scalar.common import NEAREST
 
 _cache.guard(__file__, [*scalar.SOURCES, *(os.path.join(os.path.dirname(os.path.abspath(__file__)), f)
-                                            for f in ("mxplus_scalar.py", "mxplus_fast.py"))])
+                                            for f in ("mxplus_scalar.py", "mxplus_fast.py", "nvfp4_scalar.py"))])
 
 PARALLEL_MIN = 1 << 18  # the plain block kernel's figure (kernels/block_cpu.py)
 

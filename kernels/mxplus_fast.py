@@ -25,9 +25,11 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, scalar
+from .block_fast import pow2_block
 from .scalar.block import FLOOR, pow2_exponent
 
-_cache.guard(__file__, [*scalar.SOURCES, os.path.join(os.path.dirname(os.path.abspath(__file__)), "mxplus_scalar.py")])
+_cache.guard(__file__, [*scalar.SOURCES, *(os.path.join(os.path.dirname(os.path.abspath(__file__)), f)
+                                         for f in ("mxplus_scalar.py", "block_fast.py"))])
 
 U32 = np.uint32
 U64 = np.uint64
@@ -69,8 +71,6 @@ def _blocks(src, bits, dst, scales, C, tc, tiled, split, magic, min_normal, max_
             e = pow2_exponent(np.float64(U32(m).view(np.float32)), FLOOR, emax_e, max_e, 0, lo, hi)
         s = np.int64((e + 1023) << 52).view(np.float64)
         scales[U64(b)] = s
-        inv = np.float32(1.0 / s)
-        full = np.float32(s)
         # round_block_max to nearest on |x_bm| = amax (from m, not from the block max's position: a shorter
         # dependency chain): Veltkamp's split to pbits + 1 bits (the BM's binade), clamped
         v = np.float64(U32(m).view(np.float32)) * (1.0 / s)
@@ -79,16 +79,7 @@ def _blocks(src, bits, dst, scales, C, tc, tiled, split, magic, min_normal, max_
         y = bm_high if not y <= bm_high else y  # a carry out of the binade, or inf (y NaN)
         y = bm_low if y < bm_low else y  # below the binade: only under a scale clipped at lo
         q_bm = np.float32(y * s).view(U32) | (bits[U64(start + bm)] & SIGN)  # x_bm's sign (dst may be src)
-        for k in range(size):
-            u = bits[U64(start + k)]
-            v = src[U64(start + k)] * inv
-            c = v * split
-            y = c - (c - v)
-            low = (v + magic) - magic
-            y = low if abs(v) < min_normal else y
-            a = min(U32(np.float32(y).view(U32) & ABS), max_bits)  # NaN (c overflowed, or x was inf) -> max
-            sign = u & SIGN if (a != 0) | (negzero != 0) else U32(0)
-            dst[U64(start + k)] = U32(a | sign).view(np.float32) * full
+        pow2_block(src, bits, dst, start, size, s, split, magic, min_normal, max_bits, negzero)  # plain MX
         if m != 0:  # an all-zero block has no block max
             dst[U64(start + bm)] = U32(q_bm).view(np.float32)
 

@@ -10,6 +10,7 @@ import math
 import numpy as np
 from numba import njit
 
+from .nvfp4_scalar import block_at
 from .scalar.block import FLOOR, pow2_exponent, round_float_value_sat
 from .scalar.common import NEAREST, STOCHASTIC, random_bits
 from .scalar.fixed import round_fixed_value
@@ -34,15 +35,7 @@ def round_block_max(v, emax_e, pbits, mode, rnd, nbits):
 def mxplus_block(src, dst, scales, b, tr, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits, split, magic,
                  min_normal, mode, key, nbits):
     P, R, C = src.shape
-    nbr, nbc = scales.shape[1], scales.shape[2]
-    per = nbr * nbc
-    p = b // per
-    bi = (b % per) // nbc
-    bj = b % nbc
-    r0 = bi * tr
-    r1 = min(r0 + tr, R)
-    c0 = bj * tc
-    c1 = min(c0 + tc, C)
+    p, bi, bj, r0, r1, c0, c1 = block_at(b, scales.shape[1], scales.shape[2], tr, tc, R, C)
     amax = 0.0
     has_nan = False
     bm_i = r0

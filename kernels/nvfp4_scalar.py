@@ -120,7 +120,7 @@ def _tile_error(src, p, r0, r1, c0, c1, R, C, S, gds, gamax, denom, metric, p0, 
 
 
 @_core
-def _block_at(b, nbr, nbc, tr, tc, R, C):
+def block_at(b, nbr, nbc, tr, tc, R, C):
     """Block b of a (P, nbr, nbc) grid of tr x tc blocks over (P, R, C): (p, bi, bj, r0, r1, c0, c1), the
     block's rows r0..r1-1 and columns c0..c1-1 clipped to the tensor."""
     per = nbr * nbc
@@ -137,7 +137,7 @@ def fos_block(src, dst, scales, b, tr, tc, ges, gds, gamax, denom, metric, p0, p
               s_sub, s_max, mode, key, nbits):
     """Block b (flat index over scales) by 4/6 selection."""
     P, R, C = src.shape
-    p, bi, bj, r0, r1, c0, c1 = _block_at(b, scales.shape[1], scales.shape[2], tr, tc, R, C)
+    p, bi, bj, r0, r1, c0, c1 = block_at(b, scales.shape[1], scales.shape[2], tr, tc, R, C)
     vmax = F32(0.0)
     has_nan = False
     for i in range(r0, r1):
@@ -180,7 +180,7 @@ def row_block(src, dst, scales, b, tr, tc, t, kind, p0, p1, p2, emax_e, max_e, n
     """Block b of 1-D blocks with the plain amax rule and the outer scale t[p * R + row] of its row
     (``BlockFormat``'s float64 semantics, T per row instead of per tensor)."""
     P, R, C = src.shape
-    p, bi, bj, i, _, c0, c1 = _block_at(b, scales.shape[1], scales.shape[2], 1, tc, R, C)
+    p, bi, bj, i, _, c0, c1 = block_at(b, scales.shape[1], scales.shape[2], 1, tc, R, C)
     amax = 0.0
     has_nan = False
     for j in range(c0, c1):

@@ -41,12 +41,14 @@ GOAL_COPY_SHARE = 0.70
 GOAL_GMACS = 300.0
 
 # The CUDA test files: every number system's elementwise kernels (float, fixed, posit, table, log, custom,
-# block formats), the RNG, and every MAD unit's CUDA GEMM (general, multi-term, approximate multipliers).
+# block formats, the NVFP4 family, MX+, P3109, HiFloat8), the RNG, every MAD unit's CUDA GEMM (general,
+# multi-term, approximate multipliers) and the matrix instructions.
 CUDA_TESTS = [
     "tests/kernels/test_cuda.py", "tests/kernels/test_block_cuda.py", "tests/kernels/test_posit_kernels.py",
     "tests/kernels/test_table_log_kernels.py", "tests/kernels/test_gemm_cuda.py",
     "tests/kernels/test_gemm_multiterm_cuda.py", "tests/formats/test_custom.py", "tests/test_mad_multiplier.py",
-    "tests/test_fasi_vectors.py", "tests/test_rng.py",
+    "tests/test_fasi_vectors.py", "tests/test_rng.py", "tests/kernels/test_nvfp4_cuda.py",
+    "tests/kernels/test_mxplus_cuda.py", "tests/kernels/test_new_formats_cuda.py", "tests/kernels/test_mma_cuda.py",
 ]
 SECTIONS = ("quantize", "crossover", "gemm", "recipe", "tests")
 LIMITS = {"quantize": 60, "crossover": 60, "gemm": 90, "recipe": 90}  # seconds on a GPU; tests get the rest

@@ -92,18 +92,23 @@ def _posit_cuda(fmt, dtype):
     return launch
 
 
+def _through_float32_cuda(fmt):
+    """A 16-bit launcher: the tensor rounded in a float32 copy by fmt's float32 CUDA runner, cast back."""
+    inner = backends.runner(fmt, "cuda", torch.float32)
+
+    def launch16(src, dst, mode, key, nbits):
+        work = src.float()
+        inner(work, work, mode, key, nbits)
+        dst.copy_(work)
+    return launch16
+
+
 def _lookup_cuda(fmt, dtype):
     """TableFormat / LogFormat / CustomFormat: float32/float64 in place of the kernel's arrays; 16-bit dtypes
     are rounded through float32 and cast back (nearest-even), as on the CPU. A CustomFormat whose functions do
     not compile for CUDA rounds on the host (a copy there and back), after one warning."""
     if dtype in _LAYOUT16:
-        inner = backends.runner(fmt, "cuda", torch.float32)
-
-        def launch16(src, dst, mode, key, nbits):
-            work = src.float()
-            inner(work, work, mode, key, nbits)
-            dst.copy_(work)
-        return launch16
+        return _through_float32_cuda(fmt)
 
     def launch(src, dst, mode, key, nbits):
         if isinstance(fmt, CustomFormat) and _custom_on_host(fmt, mode, NUMPY_DTYPES[src.dtype]):
@@ -180,13 +185,7 @@ def _hif8_cuda(fmt: HiFloat8Format, dtype):
     """float32/float64 in place; 16-bit dtypes through float32 (exact both ways: every HiF8 value is a
     float16 and a bfloat16 value), as on the CPU."""
     if dtype in _LAYOUT16:
-        inner = backends.runner(fmt, "cuda", torch.float32)
-
-        def launch16(src, dst, mode, key, nbits):
-            work = src.float()
-            inner(work, work, mode, key, nbits)
-            dst.copy_(work)
-        return launch16
+        return _through_float32_cuda(fmt)
     ovf = fmt.to_kernel_args().overflow
 
     def launch(src, dst, mode, key, nbits):

@@ -1,5 +1,5 @@
 """Small third-party models built from their configs with random weights (nothing is downloaded): transformers'
-GPT-2, Llama (SDPA attention), BERT, T5, ViT and ResNet (torchvision's wheel does not import on the CPU torch,
+GPT-2, Llama (SDPA attention), BERT, T5, BLOOM (keyword ``torch.baddbmm`` calls), ViT and ResNet (torchvision's wheel does not import on the CPU torch,
 so the vision models are transformers' own). Each builder returns (model, args, kwargs) for one forward."""
 from __future__ import annotations
 
@@ -46,6 +46,13 @@ def t5():
     return T.T5ForConditionalGeneration(cfg), (ids,), {"labels": ids}
 
 
+def bloom():
+    import transformers as T
+    cfg = T.BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0,
+                        pad_token_id=0)
+    return T.BloomForCausalLM(cfg), (_ids(),), {}
+
+
 def vit():
     import transformers as T
     cfg = T.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -60,7 +67,7 @@ def resnet():
     return T.ResNetForImageClassification(cfg), (_image(),), {}
 
 
-MODELS = {"gpt2": gpt2, "llama": llama, "bert": bert, "t5": t5, "vit": vit, "resnet": resnet}
+MODELS = {"gpt2": gpt2, "llama": llama, "bert": bert, "t5": t5, "bloom": bloom, "vit": vit, "resnet": resnet}
 
 
 def loss_of(out) -> torch.Tensor:

@@ -29,9 +29,21 @@ def _no_out(out):
         raise Unsupported("out= (the emulated product is a new tensor)")
 
 
+# Each handler takes the torch function's own parameter names (torch has checked them before a mode sees the
+# call), so keyword calls such as BLOOM's ``torch.baddbmm(input=c, batch1=a, batch2=b)`` bind.
 def _matmul(emu, input, other, *, out=None):
     _no_out(out)
     return emu.matmul(input, other)
+
+
+def _mm(emu, input, mat2, *, out=None):
+    _no_out(out)
+    return emu.matmul(input, mat2)
+
+
+def _mv(emu, input, vec, *, out=None):
+    _no_out(out)
+    return emu.matmul(input, vec)
 
 
 def _rmatmul(emu, self, other):
@@ -41,6 +53,11 @@ def _rmatmul(emu, self, other):
 def _addmm(emu, input, mat1, mat2, *, beta=1, alpha=1, out=None):
     _no_out(out)
     return emu.addmm(input, mat1, mat2, beta, alpha)
+
+
+def _baddbmm(emu, input, batch1, batch2, *, beta=1, alpha=1, out=None):
+    _no_out(out)
+    return emu.addmm(input, batch1, batch2, beta, alpha)
 
 
 def _linear(emu, input, weight, bias=None):
@@ -66,9 +83,9 @@ HANDLERS: dict = {}
 for _name, _fns, _h in (
         ("matmul", (torch.matmul, Tensor.matmul, Tensor.__matmul__, torch.linalg.matmul), _matmul),
         ("matmul", (Tensor.__rmatmul__,), _rmatmul),
-        ("mm", (torch.mm, Tensor.mm), _matmul), ("bmm", (torch.bmm, Tensor.bmm), _matmul),
-        ("mv", (torch.mv, Tensor.mv), _matmul),
-        ("addmm", (torch.addmm, Tensor.addmm), _addmm), ("baddbmm", (torch.baddbmm, Tensor.baddbmm), _addmm),
+        ("mm", (torch.mm, Tensor.mm), _mm), ("bmm", (torch.bmm, Tensor.bmm), _mm),
+        ("mv", (torch.mv, Tensor.mv), _mv),
+        ("addmm", (torch.addmm, Tensor.addmm), _addmm), ("baddbmm", (torch.baddbmm, Tensor.baddbmm), _baddbmm),
         ("linear", (F.linear,), _linear), ("einsum", (torch.einsum,), _einsum),
         ("scaled_dot_product_attention", (F.scaled_dot_product_attention,), _sdpa),
         ("conv1d", (F.conv1d,), _conv(1)), ("conv2d", (F.conv2d,), _conv(2)), ("conv3d", (F.conv3d,), _conv(3))):

@@ -96,7 +96,27 @@ CASES = {  # name: (fn(module, *xs), input shapes, weight shape or None, referen
                lambda q, xs, ps: q(F.linear(q(xs[0]), q(ps[0]), q(ps[1])))),
     "conv2d": (lambda m, x: F.conv2d(x, m.w, m.b, padding=1), [(2, 3, 6, 6)], (4, 3, 3, 3),
                lambda q, xs, ps: q(F.conv2d(q(xs[0]), q(ps[0]), q(ps[1]), padding=1))),
+    # torch's own keyword names (BLOOM's attention calls torch.baddbmm(input=, batch1=, batch2=, beta=, alpha=))
+    "kw_matmul": (lambda m, a, b: torch.matmul(input=a, other=b), [(2, 5, 8), (2, 8, 4)], None,
+                  lambda q, xs, ps: q(q(xs[0]) @ q(xs[1]))),
+    "kw_mm": (lambda m, a: torch.mm(input=a, mat2=m.w), [(4, 8)], (8, 5), lambda q, xs, ps: q(q(xs[0]) @ q(ps[0]))),
+    "kw_bmm_method": (lambda m, a, b: a.bmm(mat2=b), [(3, 4, 8), (3, 8, 2)], None,
+                      lambda q, xs, ps: q(torch.bmm(q(xs[0]), q(xs[1])))),
+    "kw_mv": (lambda m, a, v: torch.mv(a, vec=v), [(5, 8), (8,)], None,
+              lambda q, xs, ps: q(torch.mv(q(xs[0]), q(xs[1])))),
+    "kw_addmm": (lambda m, x: torch.addmm(input=m.b, mat1=x, mat2=m.w, beta=1.0, alpha=1.0), [(6, 8)], (8, 5),
+                 lambda q, xs, ps: q(torch.addmm(q(ps[1]), q(xs[0]), q(ps[0])))),
+    "kw_baddbmm": (lambda m, c, a, b: torch.baddbmm(input=c, batch1=a, batch2=b, beta=0.5, alpha=0.25),
+                   [(2, 4, 3), (2, 4, 8), (2, 8, 3)], None,
+                   lambda q, xs, ps: q(torch.baddbmm(xs[0], q(xs[1]), q(xs[2]), beta=0.5, alpha=0.25))),
+    "kw_baddbmm_method": (lambda m, c, a, b: c.baddbmm(batch1=a, batch2=b), [(2, 4, 3), (2, 4, 8), (2, 8, 3)], None,
+                          lambda q, xs, ps: q(torch.baddbmm(xs[0], q(xs[1]), q(xs[2])))),
+    "kw_linear": (lambda m, x: F.linear(input=x, weight=m.w, bias=m.b), [(2, 4, 8)], (5, 8),
+                  lambda q, xs, ps: q(F.linear(q(xs[0]), q(ps[0]), q(ps[1])))),
+    "kw_conv2d": (lambda m, x: F.conv2d(input=x, weight=m.w, bias=m.b, padding=1), [(2, 3, 6, 6)], (4, 3, 3, 3),
+                  lambda q, xs, ps: q(F.conv2d(q(xs[0]), q(ps[0]), q(ps[1]), padding=1))),
 }
+BIASED = {"addmm_conv1d_style": 1, "kw_addmm": 1, "linear": 0, "kw_linear": 0, "conv2d": 0, "kw_conv2d": 0}
 
 
 @pytest.mark.parametrize("fmt", ELEMENT)
@@ -107,9 +127,8 @@ def test_a_functional_gemm_rounds_its_operands_output_and_gradients_like_a_layer
     params = []
     if wshape is not None:
         params = [tame(*wshape, seed=7)]
-        if case in ("addmm_conv1d_style", "linear", "conv2d"):
-            n = wshape[1] if case == "addmm_conv1d_style" else wshape[0]
-            params.append(tame(n, seed=8))
+        if case in BIASED:  # the bias has the weight's output dimension
+            params.append(tame(wshape[BIASED[case]], seed=8))
     module = Fn(fn, *params)
     got = run(module, xs, nearest_policy(fmt))
     q = refq(fmt)

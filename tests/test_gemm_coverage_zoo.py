@@ -1,0 +1,43 @@
+"""Every GEMM of 25 more transformers architectures runs on the format (exhaustive tier: ``pytest -m exhaustive``):
+decoders with GQA, MoE routing, rotary and ALiBi attention, encoders, encoder-decoders, speech (1-D
+convolutions), vision (depthwise and strided convolutions, windowed attention) and a state-space model."""
+import copy
+import warnings
+
+import pytest
+import torch
+
+import emunum
+from third_party_models import loss_of
+from third_party_zoo import ZOO
+
+pytestmark = pytest.mark.exhaustive
+
+POLICIES = {"e4m3fn/e5m2": {"fmt": "e4m3fn", "grad": "e5m2"}, "mxfp8": {"fmt": "mxfp8_e4m3"},
+            "nvfp4": {"fmt": "nvfp4"}}
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_every_gemm_of_the_model_runs_on_the_format_and_a_step_trains(name, policy):
+    torch.manual_seed(0)
+    model, args, kw = ZOO[name]()
+    plain = emunum.coverage(copy.deepcopy(model), *args, loss_fn=_loss, **kw)
+    assert plain.fraction == 0.0 and plain.total_flops > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # layers that override forward (named, not silent)
+        emunum.patch(model, **POLICIES[policy])
+    cov = emunum.coverage(model, *args, loss_fn=_loss, **kw)
+    assert cov.fraction == 1.0, str(cov)
+    assert cov.total_flops == plain.total_flops  # the same GEMMs, now on the format
+    model.zero_grad()
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = _loss(model(*args, **kw))
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=1e-3).step()
+    assert torch.isfinite(loss)
+    assert sum(not torch.equal(b, p) for b, p in zip(before, model.parameters())) > len(before) // 2
+
+
+def _loss(out):
+    return loss_of(out)

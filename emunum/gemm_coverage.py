@@ -3,7 +3,9 @@
 Every GEMM that torch executes is counted where it executes, at the aten level (``TorchDispatchMode``):
 ``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``addbmm``, ``mv``, ``addmv``, ``dot``, ``convolution`` and its
 backward, and the fused attention kernels (``_scaled_dot_product_*``); GEMMs in emunum's own MAD kernels report
-themselves (``emunum.gemm_listener``). FLOPs are 2 per multiply-add (a fused attention kernel: its two
+themselves (``emunum.gemm_listener``) with the count torch gives the same op (not the padding a MAD unit's
+convolution gradient runs over, nor its bias-gradient sums), so a patched model's total equals the unpatched
+one's. FLOPs are 2 per multiply-add (a fused attention kernel: its two
 products forward, four backward).
 
 Each GEMM is attributed to the innermost module running it (forward) or to the module whose forward created

@@ -131,8 +131,28 @@ def test_mad_unit_gemms_run_in_emunums_kernels_and_are_counted():
     emunum.patch(model, "e4m3fn", mad="h100_fp8_e4m3")
     cov = emunum.coverage(model, x)
     assert cov.fraction == 1.0, str(cov)
-    fwd = lambda c: sum(r.flops for r in c.records if r.phase == "forward")  # noqa: E731
-    assert fwd(cov) == fwd(plain)  # backward differs: the unit computes the bias gradient as a GEMM too
+    assert cov.total_flops == plain.total_flops
+
+
+@pytest.mark.parametrize("conv", [lambda: nn.Conv2d(8, 8, 7, padding=3, groups=8),  # ConvNeXt's depthwise conv
+                                  lambda: nn.Conv2d(8, 6, 3, stride=2, padding=1),
+                                  lambda: nn.Conv2d(8, 4, (3, 2), padding="same", dilation=2, bias=False),
+                                  lambda: nn.Conv1d(8, 6, 5, stride=2, padding=2, groups=2)],
+                         ids=["depthwise", "strided", "same-dilated", "conv1d"])
+def test_a_mad_unit_counts_the_flops_torch_counts_not_its_padding_zeros_or_bias_sums(conv):
+    """The unit computes an input gradient over the padding and a stride's inserted zeros, and a bias gradient
+    as a GEMM against ones; coverage counts what torch counts for the same ops, so the totals agree."""
+    torch.manual_seed(0)
+    model = nn.Sequential(conv(), nn.ReLU(), nn.Flatten(1), nn.LazyLinear(3))
+    x = torch.randn(2, 8, 6, 6) if isinstance(model[0], nn.Conv2d) else torch.randn(2, 8, 12)
+    model(x)  # materialise the lazy layer
+    plain = emunum.coverage(copy.deepcopy(model), x.clone().requires_grad_())
+    emunum.patch(model, "e4m3fn", mad="h100_fp8_e4m3")
+    cov = emunum.coverage(model, x.clone().requires_grad_())
+    assert cov.fraction == 1.0, str(cov)
+    for phase in ("forward", "backward"):
+        flops = lambda c: sum(r.flops for r in c.records if r.phase == phase)  # noqa: E731
+        assert flops(cov) == flops(plain) > 0, (phase, str(plain), str(cov))
 
 
 @pytest.mark.parametrize("batch_first", [False, True])

@@ -86,12 +86,16 @@ def check_accumulator_input(unit: MADUnit) -> None:
 
 
 def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias: torch.Tensor | None = None,
-         nb: int | None = None, c: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+         nb: int | None = None, c: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
+         flops: int | None = None) -> torch.Tensor:
     """out (nb, M, N) float64: out[b] = A[b % bA] @ B[b % bB] (+ bias[b]) on ``unit``.
 
     A: (bA, M, K), B: (bB, K, N), float32-representable values (already checked); bias: None or a tensor
     broadcastable to (nb, M, N), any float values; nb defaults to max(bA, bB). ``seed`` is the resolved
     stochastic-rounding seed. Order.ANY units run torch.matmul in float32 instead (see ``MADUnit``).
+    ``flops``: what ``emunum.coverage`` counts for it (default 2 * nb * M * N * K), the count torch gives the op
+    this GEMM computes, where the emulation computes more (a bias gradient's sum, a convolution's input
+    gradient over the padding).
     """
     bA, M, K = A.shape
     bB, K2, N = B.shape
@@ -99,7 +103,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias: torch
         raise ValueError(f"inner dimensions differ: A is {tuple(A.shape)}, B is {tuple(B.shape)}")
     nb = max(bA, bB) if nb is None else nb
     if gemm_listener.LISTENERS:  # emunum.coverage counts this GEMM's FLOPs
-        with gemm_listener.native("mad_gemm", 2 * nb * M * N * K):
+        with gemm_listener.native("mad_gemm", 2 * nb * M * N * K if flops is None else flops):
             return _gemm(A, B, unit, seed, bias, nb, c, dtype)
     return _gemm(A, B, unit, seed, bias, nb, c, dtype)
 

@@ -51,7 +51,7 @@ def _padding(padding, kernel: tuple, dilation: tuple, stride: tuple, n: int) -> 
     return tuple((p, p) for p in _pair(padding, "padding", n, 0))
 
 
-def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, bias=None):
+def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, bias=None, flops=None):
     """Unpadded 2-D convolution as one batched GEMM: x (N, C, H, W), weight (O, C/groups, kh, kw) -> float64."""
     N, C, H, W = x.shape
     O, Cg, kh, kw = weight.shape
@@ -66,7 +66,7 @@ def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, bias=None):
     b = None
     if bias is not None:
         b = bias.reshape(1, G, Og, 1).expand(N, G, Og, L).reshape(N * G, Og, L)
-    out = backend.gemm(Am, Bm, unit, seed, bias=b, nb=N * G)
+    out = backend.gemm(Am, Bm, unit, seed, bias=b, nb=N * G, flops=flops)
     return out.reshape(N, O, Ho, Wo)
 
 
@@ -102,7 +102,9 @@ class _Conv2dFn(torch.autograd.Function):
             extra_w = W - ((Wo - 1) * stride[1] + 1 + dilation[1] * (kw - 1))
             up = F.pad(up, (pw, pw + extra_w, ph, ph + extra_h))
             wf = weight.reshape(G, Og, Cg, kh, kw).transpose(1, 2).flip(-1, -2).reshape(G * Cg, Og, kh, kw)
-            gx = _conv_gemm(up, wf, (1, 1), dilation, G, u_in, _bwd_seed(u_in, seed, ROLE_GRAD_INPUT))
+            # counted as torch counts an input gradient (the forward's FLOPs), not over the padding and zeros
+            gx = _conv_gemm(up, wf, (1, 1), dilation, G, u_in, _bwd_seed(u_in, seed, ROLE_GRAD_INPUT),
+                            flops=2 * grad.numel() * Cg * kh * kw)
             grad_x = gx.to(x.dtype)
         if ctx.needs_input_grad[1] or (has_bias and ctx.needs_input_grad[2]):
             g = grad.reshape(N, G, Og, L)
@@ -115,7 +117,7 @@ class _Conv2dFn(torch.autograd.Function):
         if has_bias and ctx.needs_input_grad[2]:
             Am = grad.permute(1, 0, 2, 3).reshape(1, O, N * L)
             ones = torch.ones((1, N * L, 1), dtype=torch.float32, device=grad.device)
-            gb = backend.gemm(Am, ones, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_BIAS))
+            gb = backend.gemm(Am, ones, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_BIAS), flops=0)  # torch: a sum
             grad_b = gb.reshape(O).to(bias_dtype)
         return grad_x, grad_w, grad_b, None, None, None, None, None, None, None
 

@@ -197,7 +197,7 @@ class _LinearFn(torch.autograd.Function):
             grad_w = gw.reshape(out_f, in_f).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             ones = torch.ones((1, 1, g.shape[1]), dtype=torch.float32, device=g.device)
-            gb = backend.gemm(ones, g, u_w, _bwd_seed(u_w, ctx.seed, ROLE_GRAD_BIAS))
+            gb = backend.gemm(ones, g, u_w, _bwd_seed(u_w, ctx.seed, ROLE_GRAD_BIAS), flops=0)  # torch: a sum
             grad_b = gb.reshape(out_f).to(ctx.bias_dtype)
         return grad_x, grad_w, grad_b, None, None, None, None
 

@@ -82,14 +82,17 @@ def _bm_blocks(fmt, tc, seed):
     return blocks
 
 
+@pytest.mark.parametrize("tail", [0, 3], ids=["rows_of_whole_blocks", "rows_ending_in_a_partial_block"])
 @pytest.mark.parametrize("tc", [32, 16, 7, 64])
 @pytest.mark.parametrize("name", sorted(MXPLUS_PRESETS))
-def test_fast_path_equals_the_float64_loop_on_every_block_max_code_and_midpoint(name, tc):
+def test_fast_path_equals_the_float64_loop_on_every_block_max_code_and_midpoint(name, tc, tail):
     fmt = MXPLUS_PRESETS[name]
     args = mxplus_args(fmt)
-    src = _bm_blocks(fmt, tc, tc)
-    src = src.reshape(1, -1, 2 * tc) if src.shape[0] % 2 == 0 else src.reshape(1, -1, tc)  # 2 blocks a row, or 1
-    nb = (1, src.shape[1], src.shape[2] // tc)
+    blocks = _bm_blocks(fmt, tc, tc)
+    rows = blocks[: blocks.shape[0] // 2 * 2].reshape(-1, 2 * tc)  # two blocks a row
+    extra = np.random.default_rng(tc).standard_normal((rows.shape[0], tail)).astype(np.float32)
+    src = np.ascontiguousarray(np.concatenate([rows, extra], axis=1))[None]
+    nb = (1, src.shape[1], -(-src.shape[2] // tc))
     want, s_want = np.empty_like(src), np.empty(nb)
     mxplus_cpu.mxplus_serial(src, want, s_want, 1, tc, *args, 0, np.uint64(0), 32)
     for parallel in (False, True):

@@ -19,13 +19,13 @@ round to nearest, where ``fast_ok`` holds. The same bits as ``mxplus_scalar.mxpl
   largest BM value and anything below 2**emax (a scale clipped at lo) to 2**emax, as ``round_block_max``
   saturates.
 
-The blocks go in chunks of CHUNK: the keys of the chunk first, then each block's scale and elements. Each block's
-work is a chain (the max's reduction, the scale, the elements, the block max's store); over a chunk the chains of
-the key pass are short and independent, and the out-of-order core overlaps them (one pass per block measured
-about half of plain MX's speed).
+Each block's work is a chain (the key's reduction, the scale, the elements, the block max's store); run one after
+the other, the chains left the out-of-order core idle (half of plain MX's speed, measured). So the key of block
+b + AHEAD is taken in block b's step: the chains of a step are independent, and the reads run ahead of the writes
+as in plain MX's single pass. Tasks of CHUNK blocks (``prange``) each start their own look-ahead.
 
 Arrays are flat: ``src`` float32 and its uint32 view ``bits``, rows of C elements cut into blocks of tc (the
-last of a row partial). dst may be src: a chunk's keys are taken before any of its blocks is written.
+last of a row partial). dst may be src: a block's key is taken before the block is written.
 """
 import math
 import os
@@ -46,7 +46,8 @@ ABS = U32(0x7FFFFFFF)
 SIGN = U32(0x80000000)
 INF_BITS = U32(0x7F800000)
 NAN32 = np.float32(np.nan)
-CHUNK = 128  # blocks per step: keys, then elements
+CHUNK = 128  # blocks per task of the parallel loop
+AHEAD = 8  # blocks between a key and its use (a power of two)
 
 
 @njit(inline="always")
@@ -74,6 +75,17 @@ def _block_range(b, nbc, tc, C, tiled):
 
 
 @njit(inline="always")
+def _key(bits, b, nbc, tc, C, tiled, P, top_k):
+    """Block b's largest key (module doc): amax bits, first position holding it, its sign."""
+    start, size = _block_range(b, nbc, tc, C, tiled)
+    key = U64(0)
+    for k in range(size):
+        u = bits[U64(start + k)]
+        key = max(key, U64(U64(u & ABS) << U64(P + 1)) | U64((top_k - U64(k)) << U64(1)) | U64(u >> U32(31)))
+    return key
+
+
+@njit(inline="always")
 def _blocks(src, bits, dst, scales, C, tc, tiled, P, split, magic, min_normal, max_bits, negzero, emax_e, max_e, lo,
             hi, pbits):
     nb = scales.size
@@ -86,17 +98,15 @@ def _blocks(src, bits, dst, scales, C, tc, tiled, P, split, magic, min_normal, m
     for ch in prange(-(-nb // CHUNK)):
         b0 = ch * CHUNK
         b1 = min(b0 + CHUNK, nb)
-        keys = np.empty(CHUNK, np.uint64)
+        keys = np.empty(AHEAD, np.uint64)
+        for b in range(b0, min(b0 + AHEAD, b1)):
+            keys[U64(b - b0)] = _key(bits, b, nbc, tc, C, tiled, P, top_k)
         for b in range(b0, b1):
+            j = U64((b - b0) & (AHEAD - 1))
+            key = keys[j]
+            if b + AHEAD < b1:
+                keys[j] = _key(bits, b + AHEAD, nbc, tc, C, tiled, P, top_k)
             start, size = _block_range(b, nbc, tc, C, tiled)
-            key = U64(0)
-            for k in range(size):
-                u = bits[U64(start + k)]
-                key = max(key, U64(U64(u & ABS) << U64(P + 1)) | U64((top_k - U64(k)) << U64(1)) | U64(u >> U32(31)))
-            keys[U64(b - b0)] = key
-        for b in range(b0, b1):
-            start, size = _block_range(b, nbc, tc, C, tiled)
-            key = keys[U64(b - b0)]
             m = np.int64(key >> U64(P + 1))
             if m > np.int64(INF_BITS):  # a NaN
                 scales[U64(b)] = math.nan

@@ -7,7 +7,7 @@ round to nearest, where ``fast_ok`` holds. The same bits as ``mxplus_scalar.mxpl
   inf's), so the largest key holds amax, then the first position holding it, then that element's sign (the
   position is unique, so the sign never decides). The scale is 2**clip(e_field - 127 - emax, lo, hi) off amax's
   exponent field for a normal amax, ``pow2_exponent`` otherwise (zero, subnormal, inf), exactly the OCP rule.
-- the other elements: kernels/block_fast.py's ``pow2_block`` (plain MX in float32 arithmetic, 16 lanes), which
+- the other elements: kernels/block_fast.py's ``pow2_block`` (plain MX in float32 arithmetic, vectorised), which
   gives the float64 loop's bits under ``fast_ok``'s conditions (``block_fast.pow2_ok``'s: S and 1/S float32
   values, the element's half step above float32's normal range, Veltkamp's split exact for man + 1 <= 21 bits).
 - the block max, one per block: for a normal amax whose exponent is not clipped, |x_bm| / S lies in the BM's

@@ -5,8 +5,8 @@ float with ``hif8_man(e)`` fraction bits, smallest normal exponent -22 and subno
 multiples of 2**-22), largest finite value 2**15. So ``round_float_bits`` / ``round_f32_fast`` with
 man = hif8_man(e), emin = -22 round HiF8 exactly, the code parity of ``odd`` included (with man = 0 they take
 the biased exponent's parity, e + 23, which is the denormal code's M). ``nearest`` is HiF8's ties-away rule.
-``nearest_ta_f32`` and ``sr_f32`` are round to nearest (ties away) and stochastic rounding on float32 bits in
-uint32 lanes, for the vectorised loops; each gives ``round_hif8_f32``'s bits.
+``nearest_ta_f32`` and ``sr_f32`` are round to nearest (ties away) and stochastic rounding of float32 bits on
+32-bit lanes (float32 and uint32 arithmetic), for the vectorised loops; each gives ``round_hif8_f32``'s bits.
 """
 import numpy as np
 from numba import njit
@@ -72,17 +72,27 @@ def _finish(u, a, r, big):
 @njit(inline="always")
 def nearest_ta_f32(u, big):
     """Round to nearest, ties away, of the float32 bits u (uint32) to HiF8: the result's bits. ``big``: the bits
-    an overflow becomes (inf, or max when saturating; an infinite input too). Adding half the quantum
-    (2**(22 - man) units of u's last place) and clearing below the quantum is ties-away rounding; a carry is the
-    next binade's encoding. Below 2**-22 the result is 2**-22 from 2**-23 on (ties away), else +0; from 40960
-    (the midpoint of max and 1.5 * 2**15) on it is ``big``. NaN comes back quietened."""
+    an overflow becomes (inf, or max when saturating; an infinite input too). Float32 arithmetic with a magic
+    number: for x in the binade e (|x| >= 2**-22) with quantum q = 2**(e - man), man = ``hif8_man(e)``, and
+    M = 1.5 * 2**(e + 23 - man), x + M lies in M's binade (|x| < 2**(e + 1) < M / 2**19), whose step is q, so
+    (x + M) - M is x rounded to a multiple of q, ties to even, signs symmetric, a carry into 2**(e + 1) included;
+    below 2**-22, M = 3 = 1.5 * 2**(-22 + 23) gives the multiples of 2**-22 (0 or 2**-22), a zero as +0. Ties go
+    away instead because x's last bit is set first: a tie has at least 19 zero bits below q / 2, so the bit puts
+    it just above the midpoint, and it moves no other x across one (a midpoint minus one unit already has that
+    bit). M's exponent field is max(e_field, 105) + 20 + (3 - man), with 3 - man = clamp(floor(log2 |e|) - 1, 0,
+    3) read off float32(clamp(|e|, 2, 16))'s exponent field; |e| comes off the larger of a and 0x7F7FFFFF - a,
+    which maps the binade e onto -e. From 40960 (the midpoint of max and 1.5 * 2**15) on the result is ``big``,
+    x's sign on; NaN comes back quietened. Subnormal inputs give +0 and no step makes a subnormal, so flushing
+    them (FTZ/DAZ) changes nothing. Each step stays on 32-bit lanes (``_classes``)."""
     a = U32(u & U32(0x7FFFFFFF))
-    sign = U32(u & U32(0x80000000))
-    c3, c7, c15 = _classes(a)
-    half = U32(0x80000) if c3 else (U32(0x100000) if c7 else (U32(0x200000) if c15 else U32(0x400000)))
-    r = U32(U32(U32(a + half) & U32(U32(0) - U32(half + half))) | sign)  # -(2 half) = ~(quantum - 1)
-    r = (U32(0x34800000 | sign) if a >= U32(0x34000000) else U32(0)) if a < U32(0x34800000) else r
-    return (U32(u | U32(0x400000)) if a > U32(0x7F800000) else U32(big | sign)) if a >= U32(0x47200000) else r
+    d = max(a, U32(U32(0x7F7FFFFF) - a))  # exponent field 127 + |e| (a < inf; other lanes are overridden)
+    v = U32(min(max(U32(d >> U32(23)), U32(129)), U32(143)) - U32(127))  # clamp(|e|, 2, 16)
+    n = U32(np.float32(np.int32(v)).view(U32) & U32(0x7F800000))  # (127 + floor(log2 v)) << 23 = (128 + 3 - man) << 23
+    m = U32(U32(max(a, U32(0x34800000)) & U32(0x7F800000)) + U32(n - U32((108 << 23) - 0x400000)))
+    mf = m.view(np.float32)
+    r = np.float32(np.float32(U32(u | U32(1)).view(np.float32) + mf) - mf).view(U32)
+    r = U32(big | U32(u & U32(0x80000000))) if a >= U32(0x47200000) else r
+    return U32(u | U32(0x400000)) if a > U32(0x7F800000) else r
 
 
 @njit(inline="always")

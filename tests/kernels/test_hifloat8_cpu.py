@@ -10,7 +10,7 @@ from numba import njit
 from emunum import HiFloat8Format
 from emunum.formats import RoundMode
 from emunum.kernels import hifloat8_cpu
-from emunum.kernels.scalar import HIF8_MAX_BITS32, random_bits, round_hif8_bits
+from emunum.kernels.scalar import HIF8_MAX_BITS32, random_bits, round_hif8_bits, round_hif8_f32
 from emunum.rng import seed_key
 
 
@@ -61,6 +61,52 @@ def test_float32_loops_give_the_generic_cores_bits(fmt, mode, nbits):
         inplace = src.copy()
         run(inplace.ctypes.data, inplace.ctypes.data, src.size, int(mode), key, nbits, parallel)
         assert same_bits(inplace, want), parallel
+
+
+@njit(cache=False)
+def f32_core_loop(src, dst, ovf, mode):
+    """The branch-free float32 core (the loops' path for the other modes), element by element."""
+    for i in range(src.size):
+        dst[i] = np.uint32(round_hif8_f32(src[i], ovf, mode, np.uint64(0), 32))
+
+
+def values_and_midpoints() -> np.ndarray:
+    """float32 bits: every HiF8 value, every midpoint between neighbours (0 and 2**-22, max and 1.5 * 2**15
+    included), and the float32 neighbours of each, both signs; plus float32 subnormals, zeros, inf and NaNs."""
+    pos = np.unique(np.abs(HiFloat8Format().values()[np.isfinite(HiFloat8Format().values())]))
+    grid = np.concatenate([pos, [1.5 * 2.0**15]])
+    x = np.concatenate([pos, (grid[:-1] + grid[1:]) / 2]).astype(np.float32).view(np.uint32)
+    x = np.concatenate([x, x - np.uint32(1), x + np.uint32(1), np.uint32([1, 0x7FFFFF, 0x7F800000, 0x7F800001,
+                                                                           0x7FBFFFFF, 0x7FC00000, 0x7FFFFFFF])])
+    return np.concatenate([x, x ^ np.uint32(0x80000000)])
+
+
+@pytest.mark.parametrize("mode", [RoundMode.NEAREST, RoundMode.NEAREST_AWAY], ids=lambda m: m.name.lower())
+@pytest.mark.parametrize("fmt", [HiFloat8Format(), HiFloat8Format(saturate=True)], ids=str)
+def test_nearest_loop_gives_the_cores_bits_on_every_value_and_midpoint(fmt, mode):
+    src = values_and_midpoints()
+    ovf = fmt.to_kernel_args().overflow
+    want, core = np.empty_like(src), np.empty_like(src)
+    reference_loop(src, want, ovf, int(mode), np.uint64(0), 32)
+    f32_core_loop(src, core, ovf, int(mode))
+    assert same_bits(core, want)
+    got = np.empty_like(src)
+    hifloat8_cpu.f32_loop(int(mode), False)(src, got, ovf, np.uint64(0), 32)
+    assert same_bits(got, want)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("fmt", [HiFloat8Format(), HiFloat8Format(saturate=True)], ids=str)
+def test_nearest_loop_gives_the_f32_cores_bits_on_every_float32(fmt):
+    ovf = fmt.to_kernel_args().overflow
+    loop = hifloat8_cpu.f32_loop(int(RoundMode.NEAREST), False)
+    step = 1 << 26
+    for start in range(0, 1 << 32, step):
+        src = np.arange(start, start + step, dtype=np.uint64).astype(np.uint32)
+        want, got = np.empty_like(src), np.empty_like(src)
+        f32_core_loop(src, want, ovf, int(RoundMode.NEAREST))
+        loop(src, got, ovf, np.uint64(0), 32)
+        assert same_bits(got, want), hex(start)
 
 
 @pytest.mark.parametrize("mode", list(RoundMode), ids=lambda m: m.name.lower())

@@ -45,3 +45,86 @@ def test_fast_path_equals_the_float64_loop(name, shape, tc, parallel):
     slow_inplace = src.copy()  # the float64 loop in place too
     mxplus_cpu.mxplus_serial(slow_inplace, slow_inplace, np.empty(nb), 1, tc, *args, 0, np.uint64(0), 32)
     assert np.array_equal(want.view(np.uint32), slow_inplace.view(np.uint32))
+
+
+def _bm_magnitudes(fmt):
+    """Every block-max value |x| / S of the format (2**emax * (1 + k / 2**p)), every midpoint between two of them
+    and the float32 neighbours of each midpoint (ties to even, and either side of them), and the values just
+    below 2**(emax + 1) that round up out of the binade (a carry: saturation)."""
+    p, emax = fmt.bm_bits, fmt.element_emax
+    k = np.arange(2**p, dtype=np.float64)
+    codes = np.ldexp(1.0 + k / 2**p, emax)
+    mids = np.ldexp(1.0 + (k + 0.5) / 2**p, emax).astype(np.float32)
+    top = np.float32(2.0 ** (emax + 1))
+    return np.concatenate([codes.astype(np.float32), mids, np.nextafter(mids, np.float32(0)),
+                           np.nextafter(mids, np.float32(np.inf)), np.nextafter(top, np.float32(0))[None]])
+
+
+def _bm_blocks(fmt, tc, seed):
+    """Blocks of tc float32 elements: each has one block max from ``_bm_magnitudes`` times a power of two S (from
+    float32's subnormal range, where the scale clips at 2**-127, to the top of its range), at a position that
+    cycles through the block, with a random sign; the others are random fractions of it, and every third block
+    repeats the maximum magnitude later with the opposite sign (the first of equal maxima is the block max)."""
+    rng = np.random.default_rng(seed)
+    mags = _bm_magnitudes(fmt)
+    exps = [-149 - fmt.element_emax, -140, -127 - fmt.element_emax, -126, -60, -3, 0, 7, 127 - fmt.element_emax]
+    vals = np.concatenate([np.ldexp(mags.astype(np.float64), e) for e in exps])
+    vals = vals[(vals > 0) & (vals < 2.0**128)].astype(np.float32)
+    blocks = (rng.random((vals.size, tc)) * vals[:, None]).astype(np.float32)
+    blocks *= rng.choice(np.float32([-1, 1]), blocks.shape)
+    rows = np.arange(vals.size)
+    pos = rows % tc
+    sign = rng.choice(np.float32([-1, 1]), vals.size)
+    blocks[rows, pos] = vals * sign
+    dup = (rows % 3 == 0) & (pos + 1 < tc)
+    later = np.minimum(pos + 1 + rows % 5, tc - 1)
+    blocks[rows[dup], later[dup]] = -vals[dup] * sign[dup]
+    return blocks
+
+
+@pytest.mark.parametrize("tail", [0, 3], ids=["rows_of_whole_blocks", "rows_ending_in_a_partial_block"])
+@pytest.mark.parametrize("tc", [32, 16, 7, 64])
+@pytest.mark.parametrize("name", sorted(MXPLUS_PRESETS))
+def test_fast_path_equals_the_float64_loop_on_every_block_max_code_and_midpoint(name, tc, tail):
+    fmt = MXPLUS_PRESETS[name]
+    args = mxplus_args(fmt)
+    blocks = _bm_blocks(fmt, tc, tc)
+    rows = blocks[: blocks.shape[0] // 2 * 2].reshape(-1, 2 * tc)  # two blocks a row
+    extra = np.random.default_rng(tc).standard_normal((rows.shape[0], tail)).astype(np.float32)
+    src = np.ascontiguousarray(np.concatenate([rows, extra], axis=1))[None]
+    nb = (1, src.shape[1], -(-src.shape[2] // tc))
+    want, s_want = np.empty_like(src), np.empty(nb)
+    mxplus_cpu.mxplus_serial(src, want, s_want, 1, tc, *args, 0, np.uint64(0), 32)
+    for parallel in (False, True):
+        got, s_got = np.empty_like(src), np.empty(nb)
+        mxplus_cpu.quantize_mxplus(src, got, s_got, (1, tc), args, 0, 0, 32, parallel=parallel)
+        assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
+        assert np.array_equal(s_want, s_got)
+
+
+@pytest.mark.parametrize("name", sorted(MXPLUS_PRESETS))
+def test_fast_path_equals_the_float64_loop_on_every_element_code_and_midpoint(name):
+    """The elements beside the block max: every float32 value of the element grid times S, the midpoints between
+    neighbours and their float32 neighbours, under one block max of 2**emax * S per block (S over float32's
+    range, clipped at 2**-127 included)."""
+    fmt = MXPLUS_PRESETS[name]
+    args = mxplus_args(fmt)
+    el = fmt.element
+    pos = np.array(sorted({abs(float(v)) for v in el.values() if np.isfinite(v)}))
+    mids = (pos[:-1] + pos[1:]) / 2
+    grid = np.concatenate([pos, mids]).astype(np.float32)
+    grid = np.concatenate([grid, np.nextafter(grid, np.float32(0)), np.nextafter(grid, np.float32(np.inf))])
+    grid = grid[grid < 2.0 ** fmt.element_emax]
+    tc = 32
+    grid = np.concatenate([grid, np.zeros(-grid.size % (tc - 1), np.float32)]).reshape(-1, tc - 1)
+    blocks = np.concatenate([np.full((grid.shape[0], 1), 2.0 ** fmt.element_emax, np.float32), grid], axis=1)
+    blocks[1::2] = -blocks[1::2, ::-1]
+    src = np.concatenate([np.ldexp(blocks.astype(np.float64), e).astype(np.float32)
+                          for e in (-150, -135, -127, -40, 0, 40, 127 - fmt.element_emax)])[None]
+    nb = (1, src.shape[1], 1)
+    want, s_want = np.empty_like(src), np.empty(nb)
+    mxplus_cpu.mxplus_serial(src, want, s_want, 1, tc, *args, 0, np.uint64(0), 32)
+    got, s_got = np.empty_like(src), np.empty(nb)
+    mxplus_cpu.quantize_mxplus(src, got, s_got, (1, tc), args, 0, 0, 32, parallel=False)
+    assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
+    assert np.array_equal(s_want, s_got)

@@ -8,7 +8,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, block_fast, nvfp4_fast, scalar
+from . import _cache, block_fast, nvfp4_fast, nvfp4_fos_fast, scalar
 from . import parallel as _parallel
 from .nvfp4_scalar import fos_block, row_block
 from .scalar.common import NEAREST
@@ -105,11 +105,14 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
     if fast and fos and fast_ok(src, dst, tile, True, args, mode):
         m, vl = nvfp4_fast.e2m1_constants(*block_fast.element_table(tuple(args[:6])))
         s_man, s_emin, s_sub, s_max = args[10:14]
+        flat = (src.reshape(-1), src.reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint32), scales,
+                src.shape[1], src.shape[2], int(tile[0]))
+        rest = (ges, gds, gamax, np.float32(denom), int(metric), m, vl, args[6], s_man, s_emin, s_sub, s_max)
         with _parallel.try_parallel(parallel) as par:
-            run = nvfp4_fast.fos_parallel if par else nvfp4_fast.fos_serial
-            run(src.reshape(-1), src.reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint32), scales,
-                src.shape[1], src.shape[2], int(tile[0]), int(tile[1]), ges, gds, gamax, np.float32(denom),
-                int(metric), m, vl, args[6], s_man, s_emin, s_sub, s_max)
+            if int(tile[1]) == 16:  # the error sums vectorised across blocks
+                (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(*flat, *rest)
+            else:
+                (nvfp4_fast.fos_parallel if par else nvfp4_fast.fos_serial)(*flat, int(tile[1]), *rest)
         return
     with _parallel.try_parallel(parallel) as par:
         run = nvfp4_parallel if par else nvfp4_serial

@@ -1,0 +1,242 @@
+"""4/6 selection with the error sums vectorised across blocks (lanes = blocks): the float32 fast path of
+kernels/nvfp4_fast.py (``fos_*``, whose module doc gives the element-level reasoning) for blocks that tile
+their row of blocks, the same bits (tests/kernels/test_nvfp4_fast.py compares both with the scalar cores).
+
+A task is a run of up to LANES whole blocks of 16 columns side by side in one row of blocks (1 row for 1-D
+blocks, up to 16 for 16 x 16 tiles); the row's last block when C % 16 != 0 is left to ``nvfp4_fast``'s block
+loop. Every block is computed with the same arguments on any thread count.
+
+**Summation order.** The scalar core (as TransformerEngine's reference) adds a block row's 16 float32 error
+terms one after another in element order, each sum rounded to float32; float32 addition is not associative, so
+that order is kept: lane j holds block j's running sum, and term k is added to every lane at step k
+(``err[j] = err[j] + term(x[j * 16 + k])`` for k = 0..15), the same chain per block as the scalar core's,
+with the blocks' chains side by side in one vector instead of one after another. The 16 row sums of a tile
+are then joined by the scalar core's tree, again lane-wise. (Sums in float64 would not do: 16 float32 terms
+need not add exactly in float64, and the reference rounds each partial sum to float32.)
+
+**Values.** Per lane: the candidates' scales S6, S4 and encode scales as ``nvfp4_fast._fos_chunk``; per
+element |x| once, both candidates' e2m1(|x| * enc) and error terms (``nvfp4_fast`` module doc). The kept
+candidate's elements are rounded again in element order from |x| (the same float32 operations, so the same
+q) and stored as float32(+-q * (float64(S) * float64(gds_row))), as the scalar core stores them.
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from . import _cache, block_fast, scalar
+from .block_fast import ABS, INF_BITS, NAN32, SIGN
+from . import nvfp4_fast
+from .nvfp4_fast import _fos_chunk, _join, _scale, _split_constants
+from .nvfp4_scalar import F32, _encode_scale
+
+_cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
+                        __file__.replace("nvfp4_fos_fast.py", "nvfp4_fast.py"),
+                        __file__.replace("nvfp4_fos_fast.py", "nvfp4_scalar.py")])
+
+U32 = np.uint32
+U64 = np.uint64
+LANES = 64  # blocks side by side in the vector loops
+TASK_ELEMS = 16384  # elements per parallel task at least (its buffers are made once per task)
+
+
+@njit(inline="always", error_model="numpy")
+def _e2m1(v, m0, m1, m2, m3, m4, m5, m6, v0, v1, v2, v3, v4, v5, v6):
+    """``nvfp4_fast._e2m1`` with its constants in registers (read from arrays, LLVM reloads them after every
+    store: the stores might alias them)."""
+    q = v0 if v > m0 else F32(0.0)
+    q = v1 if v > m1 else q
+    q = v2 if v > m2 else q
+    q = v3 if v > m3 else q
+    q = v4 if v > m4 else q
+    q = v5 if v > m5 else q
+    q = v6 if v > m6 else q
+    return v if v != v else q
+
+
+@njit(inline="always", error_model="numpy")
+def _row_errors(src, rb, n, gamax, denom, metric, m, vl, enc6, enc4, s6, s4, e6, e4):
+    """e6[j], e4[j]: the error of the 16 elements src[rb + 16 j ...] under each candidate, j < n, each a chain
+    in element order (module doc)."""
+    m0, m1, m2, m3, m4, m5, m6 = m[0], m[1], m[2], m[3], m[4], m[5], m[6]
+    v0, v1, v2, v3, v4, v5, v6 = vl[0], vl[1], vl[2], vl[3], vl[4], vl[5], vl[6]
+    for j in range(n):
+        e6[U64(j)] = F32(0.0)
+        e4[U64(j)] = F32(0.0)
+    for k in range(16):
+        for j in range(n):
+            a = abs(src[U64(rb + 16 * j + k)])
+            S6, S4 = s6[U64(j)], s4[U64(j)]
+            q6 = _e2m1(F32(a * enc6[U64(j)]), m0, m1, m2, m3, m4, m5, m6, v0, v1, v2, v3, v4, v5, v6)
+            q4 = _e2m1(F32(a * enc4[U64(j)]), m0, m1, m2, m3, m4, m5, m6, v0, v1, v2, v3, v4, v5, v6)
+            d6 = abs(F32(F32(F32(F32(q6 * S6) * gamax) / denom) - a))
+            d4 = abs(F32(F32(F32(F32(q4 * S4) * gamax) / denom) - a))
+            t6 = F32(d6 * d6) if metric == 1 else d6
+            t4 = F32(d4 * d4) if metric == 1 else d4
+            e6[U64(j)] = max(e6[U64(j)], t6) if metric == 2 else F32(e6[U64(j)] + t6)
+            e4[U64(j)] = max(e4[U64(j)], t4) if metric == 2 else F32(e4[U64(j)] + t4)
+
+
+@njit(error_model="numpy")
+def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split, s_magic,
+          s_min_normal, line, bj0, n, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob):
+    """Blocks bj0..bj0+n-1 (whole, 16 columns) of row of blocks ``line`` (= p * nbr + bi); sc: the scales as
+    (P * nbr, nbc); buffers of LANES
+    (r6, r4: 16 * LANES, row i of the tile at i * LANES)."""
+    p = line // nbr
+    bi = line - p * nbr
+    row0 = p * R + bi * tr  # the flat row of the blocks' first row
+    rows = min(tr, R - bi * tr)
+    c00 = bj0 * 16
+    for j in range(n):
+        mx[U64(j)] = U32(0)
+    for i in range(rows):
+        rb = (row0 + i) * C + c00
+        for j in range(n):
+            v = U32(0)
+            for k in range(16):
+                v = max(v, U32(bits[U64(rb + 16 * j + k)] & ABS))
+            mx[U64(j)] = max(mx[U64(j)], v)
+    g0, a0, ge0 = gds[U64(row0)], gamax[U64(row0)], ges[U64(row0)]
+    for j in range(n):
+        base = F32(F32(U32(mx[U64(j)]).view(np.float32) / F32(6.0)) * ge0)
+        S6 = _scale(base, s_split, s_magic, s_min_normal, s_max)
+        S4 = _scale(F32(base * F32(1.5)), s_split, s_magic, s_min_normal, s_max)
+        s6[U64(j)] = S6
+        s4[U64(j)] = S4
+        enc6[U64(j)] = _encode_scale(S6, g0)
+        enc4[U64(j)] = _encode_scale(S4, g0)
+    if tr == 1:
+        _row_errors(src, row0 * C + c00, n, a0, denom, metric, m, vl, enc6, enc4, s6, s4, e6, e4)
+    else:
+        for i in range(16):
+            if i < rows:
+                _row_errors(src, (row0 + i) * C + c00, n, a0, denom, metric, m, vl, enc6, enc4, s6, s4,
+                            r6[i * LANES:], r4[i * LANES:])
+            else:
+                for j in range(n):
+                    r6[U64(i * LANES + j)] = F32(0.0)
+                    r4[U64(i * LANES + j)] = F32(0.0)
+        for j in range(n):  # the scalar core's tree of the 16 row errors (nvfp4_fast._tree)
+            t6 = F32(0.0)
+            t4 = F32(0.0)
+            for jj in range(2):
+                c6 = F32(0.0)
+                c4 = F32(0.0)
+                for kk in range(2):
+                    kq = jj + 2 * kk
+                    b6 = F32(0.0)
+                    b4 = F32(0.0)
+                    for mm in range(2):
+                        mi = (kq + 4 * mm) * LANES + j
+                        b6 = _join(b6, _join(r6[U64(mi)], r6[U64(mi + 8 * LANES)], metric), metric)
+                        b4 = _join(b4, _join(r4[U64(mi)], r4[U64(mi + 8 * LANES)], metric), metric)
+                    c6 = _join(c6, b6, metric)
+                    c4 = _join(c4, b4, metric)
+                t6 = _join(t6, c6, metric)
+                t4 = _join(t4, c4, metric)
+            e6[U64(j)] = t6
+            e4[U64(j)] = t4
+    for j in range(n):
+        keep4 = e4[U64(j)] < e6[U64(j)]  # a tie keeps S6
+        s6[U64(j)] = s4[U64(j)] if keep4 else s6[U64(j)]  # the kept scale
+        sc[line, bj0 + j] = s6[U64(j)] if mx[U64(j)] <= INF_BITS else math.nan
+    for i in range(rows):
+        _store_row(src, bits, dbits, row0 + i, C, c00, n, gds[U64(row0 + i)], m, vl, negzero, mx, s6, enc6, ob)
+
+
+@njit(inline="always", error_model="numpy")
+def _store_row(src, bits, dbits, r, C, c00, n, g, m, vl, negzero, mx, s, enc, ob):
+    """Row r of the blocks: each element float32(+-q * (float64(S) * float64(g))), q = e2m1(|x| * enc) with S
+    the kept scale, by compares and a select among the bits of the 7 products made per block (ob: 7 * LANES,
+    product i of block j at i * LANES + j). A block whose enc is 0 (S * g overflowed float32: |x| * enc is
+    NaN for an infinite x) is rounded element by element as ``nvfp4_fast``."""
+    m0, m1, m2, m3, m4, m5, m6 = m[0], m[1], m[2], m[3], m[4], m[5], m[6]
+    st = U64(LANES)
+    for j in range(n):
+        enc[U64(j)] = _encode_scale(s[U64(j)], g)
+        full = np.float64(s[U64(j)]) * np.float64(g)
+        for i in range(7):
+            ob[U64(i * LANES + j)] = np.float32(np.float64(vl[i]) * full).view(U32)
+    rb = r * C + c00
+    for j in range(n):
+        e = enc[U64(j)]
+        o = U64(j)
+        if mx[o] > INF_BITS:
+            for k in range(16):
+                dbits[U64(rb + 16 * j + k)] = NAN32
+        elif e == 0:
+            full = np.float64(s[o]) * np.float64(g)
+            for k in range(16):
+                x = U64(rb + 16 * j + k)
+                q = nvfp4_fast._e2m1(F32(abs(src[x]) * e), m, vl)
+                res = np.float32(np.float64(q) * full).view(U32)
+                dbits[x] = res | (bits[x] & SIGN if (q != 0.0) | (negzero != 0) else U32(0))
+        else:
+            t0, t1, t2, t3, t4, t5, t6 = ob[o], ob[o + st], ob[o + 2 * st], ob[o + 3 * st], ob[o + 4 * st], \
+                ob[o + 5 * st], ob[o + 6 * st]
+            for k in range(16):
+                x = U64(rb + 16 * j + k)
+                u = bits[x]
+                v = F32(abs(src[x]) * e)
+                q = t0 if v > m0 else U32(0)
+                q = t1 if v > m1 else q
+                q = t2 if v > m2 else q
+                q = t3 if v > m3 else q
+                q = t4 if v > m4 else q
+                q = t5 if v > m5 else q
+                q = t6 if v > m6 else q
+                dbits[x] = q | (u & SIGN if (v > m0) | (negzero != 0) else U32(0))
+
+
+@njit(inline="always", error_model="numpy")
+def _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
+           s_magic, s_min_normal):
+    """Every block (module doc): units of up to LANES whole blocks of a row of blocks, UNIT_ELEMS elements or
+    more per task (its buffers made once), the partial last block of a row of blocks by ``_fos_chunk``."""
+    nbr, nbc = scales.shape[1], scales.shape[2]
+    lines = scales.shape[0] * nbr
+    sc = scales.reshape(lines, nbc)
+    flat = scales.reshape(-1)
+    whole = C // 16
+    per = -(-whole // LANES) if whole > 0 else 1
+    upt = max(1, TASK_ELEMS // (LANES * 16 * tr))
+    units = per * lines
+    for t in prange(-(-units // upt)):
+        mx, ob = np.empty(LANES, U32), np.empty(7 * LANES, U32)
+        s6, s4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)
+        enc6, enc4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)
+        e6, e4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)
+        r6, r4 = np.empty(16 * LANES, np.float32), np.empty(16 * LANES, np.float32)
+        q6, q4 = np.empty(16 * tr, np.float32), np.empty(16 * tr, np.float32)
+        t6, t4 = np.empty(16 * tr, np.float32), np.empty(16 * tr, np.float32)
+        w6, w4 = np.zeros(16, np.float32), np.zeros(16, np.float32)
+        for u in range(t * upt, min(t * upt + upt, units)):
+            line = u // per
+            bj0 = (u - line * per) * LANES
+            n = min(LANES, whole - bj0)
+            if n > 0:
+                _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max,
+                      s_split, s_magic, s_min_normal, line, bj0, n, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob)
+            if C % 16 != 0 and bj0 + LANES >= whole:  # the partial last block
+                b = line * nbc + nbc - 1
+                _fos_chunk(src, bits, dbits, flat, nbr, nbc, R, C, tr, 16, ges, gds, gamax, denom, metric, m, vl,
+                           negzero, s_max, s_split, s_magic, s_min_normal, b, b + 1, q6, q4, t6, t4, w6, w4)
+
+
+@njit(cache=True, error_model="numpy")
+def fos_lanes_serial(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_man,
+                     s_emin, s_sub, s_max):
+    """4/6 selection, blocks of tr x 16 (tr 1 or 16) of (P, R, C) data; arguments as ``nvfp4_fast.fos_serial``."""
+    s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
+    _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
+           s_magic, s_min_normal)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def fos_lanes_parallel(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_man,
+                       s_emin, s_sub, s_max):
+    """``fos_lanes_serial``, parallel over tasks."""
+    s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
+    _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
+           s_magic, s_min_normal)

@@ -41,36 +41,32 @@ TASK_ELEMS = 16384  # elements per parallel task at least (its buffers are made 
 
 
 @njit(inline="always", error_model="numpy")
-def _e2m1(v, m0, m1, m2, m3, m4, m5, m6, v0, v1, v2, v3, v4, v5, v6):
-    """``nvfp4_fast._e2m1`` with its constants in registers (read from arrays, LLVM reloads them after every
-    store: the stores might alias them)."""
-    q = v0 if v > m0 else F32(0.0)
-    q = v1 if v > m1 else q
-    q = v2 if v > m2 else q
-    q = v3 if v > m3 else q
-    q = v4 if v > m4 else q
-    q = v5 if v > m5 else q
-    q = v6 if v > m6 else q
-    return v if v != v else q
+def _pick(v, m0, m1, m2, m3, m4, m5, m6, t, o):
+    """t[o + c * LANES], c + 1 = #{i : v > m_i} (0 if none): the entry of e2m1(v) in a lane's table."""
+    st = U64(LANES)
+    r = t[o] if v > m0 else F32(0.0)
+    r = t[o + st] if v > m1 else r
+    r = t[o + 2 * st] if v > m2 else r
+    r = t[o + 3 * st] if v > m3 else r
+    r = t[o + 4 * st] if v > m4 else r
+    r = t[o + 5 * st] if v > m5 else r
+    r = t[o + 6 * st] if v > m6 else r
+    return r
 
 
 @njit(inline="always", error_model="numpy")
-def _row_errors(src, rb, n, gamax, denom, metric, m, vl, enc6, enc4, s6, s4, e6, e4):
+def _row_errors(src, rb, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
     """e6[j], e4[j]: the error of the 16 elements src[rb + 16 j ...] under each candidate, j < n, each a chain
-    in element order (module doc)."""
+    in element order (module doc); vt6, vt4: each lane's dequantised values (``_task``)."""
     m0, m1, m2, m3, m4, m5, m6 = m[0], m[1], m[2], m[3], m[4], m[5], m[6]
-    v0, v1, v2, v3, v4, v5, v6 = vl[0], vl[1], vl[2], vl[3], vl[4], vl[5], vl[6]
     for j in range(n):
         e6[U64(j)] = F32(0.0)
         e4[U64(j)] = F32(0.0)
     for k in range(16):
         for j in range(n):
             a = abs(src[U64(rb + 16 * j + k)])
-            S6, S4 = s6[U64(j)], s4[U64(j)]
-            q6 = _e2m1(F32(a * enc6[U64(j)]), m0, m1, m2, m3, m4, m5, m6, v0, v1, v2, v3, v4, v5, v6)
-            q4 = _e2m1(F32(a * enc4[U64(j)]), m0, m1, m2, m3, m4, m5, m6, v0, v1, v2, v3, v4, v5, v6)
-            d6 = abs(F32(F32(F32(F32(q6 * S6) * gamax) / denom) - a))
-            d4 = abs(F32(F32(F32(F32(q4 * S4) * gamax) / denom) - a))
+            d6 = abs(F32(_pick(F32(a * enc6[U64(j)]), m0, m1, m2, m3, m4, m5, m6, vt6, U64(j)) - a))
+            d4 = abs(F32(_pick(F32(a * enc4[U64(j)]), m0, m1, m2, m3, m4, m5, m6, vt4, U64(j)) - a))
             t6 = F32(d6 * d6) if metric == 1 else d6
             t4 = F32(d4 * d4) if metric == 1 else d4
             e6[U64(j)] = max(e6[U64(j)], t6) if metric == 2 else F32(e6[U64(j)] + t6)
@@ -79,10 +75,33 @@ def _row_errors(src, rb, n, gamax, denom, metric, m, vl, enc6, enc4, s6, s4, e6,
 
 @njit(error_model="numpy")
 def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split, s_magic,
-          s_min_normal, line, bj0, n, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob):
-    """Blocks bj0..bj0+n-1 (whole, 16 columns) of row of blocks ``line`` (= p * nbr + bi); sc: the scales as
-    (P * nbr, nbc); buffers of LANES
-    (r6, r4: 16 * LANES, row i of the tile at i * LANES)."""
+          s_min_normal, u0, u1, per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob, vt6, vt4, q6, q4, t6, t4, w6, w4):
+    """Units u0..u1-1: unit u holds the whole blocks (16 columns) bj0..bj0+n-1, bj0 = (u % per) * LANES, of row
+    of blocks ``line`` = u // per (= p * nbr + bi); sc: the scales as (P * nbr, nbc); buffers of LANES (r6, r4,
+    ob, vt6, vt4: 16 or 7 rows of LANES), and for ``_fos_chunk``."""
+    whole = C // 16
+    for u in range(u0, u1):
+        line = u // per
+        bj0 = (u - line * per) * LANES
+        n = min(LANES, whole - bj0)
+        if n > 0:
+            _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
+                  (s_max, s_split, s_magic, s_min_normal), line, bj0, n, mx, ob,
+                  (s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4))
+        if C % 16 != 0 and bj0 + LANES >= whole:  # the partial last block
+            b = line * sc.shape[1] + sc.shape[1] - 1
+            _fos_chunk(src, bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, 16, ges, gds, gamax, denom,
+                       metric, m, vl, negzero, s_max, s_split, s_magic, s_min_normal, b, b + 1, q6, q4, t6, t4, w6,
+                       w4)
+
+
+@njit(inline="always", error_model="numpy")
+def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk, line, bj0, n, mx, ob,
+          fb):
+    """Blocks bj0..bj0+n-1 of row of blocks ``line`` (``_task``); sk: the scale format's constants; fb: the float32
+    buffers (grouped: an inlined call takes at most 30 arguments)."""
+    s_max, s_split, s_magic, s_min_normal = sk
+    s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4 = fb
     p = line // nbr
     bi = line - p * nbr
     row0 = p * R + bi * tr  # the flat row of the blocks' first row
@@ -98,51 +117,63 @@ def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
                 v = max(v, U32(bits[U64(rb + 16 * j + k)] & ABS))
             mx[U64(j)] = max(mx[U64(j)], v)
     g0, a0, ge0 = gds[U64(row0)], gamax[U64(row0)], ges[U64(row0)]
+    for j in range(n):  # simple loops, each vectorised
+        s4[U64(j)] = F32(F32(U32(mx[U64(j)]).view(np.float32) / F32(6.0)) * ge0)  # base
     for j in range(n):
-        base = F32(F32(U32(mx[U64(j)]).view(np.float32) / F32(6.0)) * ge0)
-        S6 = _scale(base, s_split, s_magic, s_min_normal, s_max)
-        S4 = _scale(F32(base * F32(1.5)), s_split, s_magic, s_min_normal, s_max)
-        s6[U64(j)] = S6
-        s4[U64(j)] = S4
-        enc6[U64(j)] = _encode_scale(S6, g0)
-        enc4[U64(j)] = _encode_scale(S4, g0)
-    if tr == 1:
-        _row_errors(src, row0 * C + c00, n, a0, denom, metric, m, vl, enc6, enc4, s6, s4, e6, e4)
+        base = s4[U64(j)]
+        s6[U64(j)] = _scale(base, s_split, s_magic, s_min_normal, s_max)
+        s4[U64(j)] = _scale(F32(base * F32(1.5)), s_split, s_magic, s_min_normal, s_max)
+    nz = 0
+    for j in range(n):
+        enc6[U64(j)] = _encode_scale(s6[U64(j)], g0)
+        enc4[U64(j)] = _encode_scale(s4[U64(j)], g0)
+        nz += (enc6[U64(j)] == 0) | (enc4[U64(j)] == 0)
+    if nz != 0:  # S * gds overflowed: |x| * enc may be NaN (module doc), the block loop
+        b0 = line * sc.shape[1] + bj0
+        _fos_chunk(src, bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, 16, ges, gds, gamax, denom,
+                   metric, m, vl, negzero, s_max, s_split, s_magic, s_min_normal, b0, b0 + n, q6, q4, t6, t4, w6, w4)
     else:
-        for i in range(16):
-            if i < rows:
-                _row_errors(src, (row0 + i) * C + c00, n, a0, denom, metric, m, vl, enc6, enc4, s6, s4,
-                            r6[i * LANES:], r4[i * LANES:])
-            else:
-                for j in range(n):
-                    r6[U64(i * LANES + j)] = F32(0.0)
-                    r4[U64(i * LANES + j)] = F32(0.0)
-        for j in range(n):  # the scalar core's tree of the 16 row errors (nvfp4_fast._tree)
-            t6 = F32(0.0)
-            t4 = F32(0.0)
-            for jj in range(2):
-                c6 = F32(0.0)
-                c4 = F32(0.0)
-                for kk in range(2):
-                    kq = jj + 2 * kk
-                    b6 = F32(0.0)
-                    b4 = F32(0.0)
-                    for mm in range(2):
-                        mi = (kq + 4 * mm) * LANES + j
-                        b6 = _join(b6, _join(r6[U64(mi)], r6[U64(mi + 8 * LANES)], metric), metric)
-                        b4 = _join(b4, _join(r4[U64(mi)], r4[U64(mi + 8 * LANES)], metric), metric)
-                    c6 = _join(c6, b6, metric)
-                    c4 = _join(c4, b4, metric)
-                t6 = _join(t6, c6, metric)
-                t4 = _join(t4, c4, metric)
-            e6[U64(j)] = t6
-            e4[U64(j)] = t4
-    for j in range(n):
-        keep4 = e4[U64(j)] < e6[U64(j)]  # a tie keeps S6
-        s6[U64(j)] = s4[U64(j)] if keep4 else s6[U64(j)]  # the kept scale
-        sc[line, bj0 + j] = s6[U64(j)] if mx[U64(j)] <= INF_BITS else math.nan
-    for i in range(rows):
-        _store_row(src, bits, dbits, row0 + i, C, c00, n, gds[U64(row0 + i)], m, vl, negzero, mx, s6, enc6, ob)
+        for i in range(7):
+            for j in range(n):
+                vt6[U64(i * LANES + j)] = F32(F32(F32(vl[i] * s6[U64(j)]) * a0) / denom)
+                vt4[U64(i * LANES + j)] = F32(F32(F32(vl[i] * s4[U64(j)]) * a0) / denom)
+        if tr == 1:
+            _row_errors(src, row0 * C + c00, n, metric, m, enc6, enc4, vt6, vt4, e6, e4)
+        else:
+            for i in range(16):
+                if i < rows:
+                    _row_errors(src, (row0 + i) * C + c00, n, metric, m, enc6, enc4, vt6, vt4, r6[i * LANES:],
+                                r4[i * LANES:])
+                else:
+                    for j in range(n):
+                        r6[U64(i * LANES + j)] = F32(0.0)
+                        r4[U64(i * LANES + j)] = F32(0.0)
+            for j in range(n):  # the scalar core's tree of the 16 row errors (nvfp4_fast._tree)
+                z6 = F32(0.0)
+                z4 = F32(0.0)
+                for jj in range(2):
+                    c6 = F32(0.0)
+                    c4 = F32(0.0)
+                    for kk in range(2):
+                        kq = jj + 2 * kk
+                        b6 = F32(0.0)
+                        b4 = F32(0.0)
+                        for mm in range(2):
+                            mi = (kq + 4 * mm) * LANES + j
+                            b6 = _join(b6, _join(r6[U64(mi)], r6[U64(mi + 8 * LANES)], metric), metric)
+                            b4 = _join(b4, _join(r4[U64(mi)], r4[U64(mi + 8 * LANES)], metric), metric)
+                        c6 = _join(c6, b6, metric)
+                        c4 = _join(c4, b4, metric)
+                    z6 = _join(z6, c6, metric)
+                    z4 = _join(z4, c4, metric)
+                e6[U64(j)] = z6
+                e4[U64(j)] = z4
+        for j in range(n):
+            keep4 = e4[U64(j)] < e6[U64(j)]  # a tie keeps S6
+            s6[U64(j)] = s4[U64(j)] if keep4 else s6[U64(j)]  # the kept scale
+            sc[line, bj0 + j] = s6[U64(j)] if mx[U64(j)] <= INF_BITS else math.nan
+        for i in range(rows):
+            _store_row(src, bits, dbits, row0 + i, C, c00, n, gds[U64(row0 + i)], m, vl, negzero, mx, s6, enc6, ob)
 
 
 @njit(inline="always", error_model="numpy")
@@ -197,13 +228,13 @@ def _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m
     nbr, nbc = scales.shape[1], scales.shape[2]
     lines = scales.shape[0] * nbr
     sc = scales.reshape(lines, nbc)
-    flat = scales.reshape(-1)
     whole = C // 16
     per = -(-whole // LANES) if whole > 0 else 1
     upt = max(1, TASK_ELEMS // (LANES * 16 * tr))
     units = per * lines
     for t in prange(-(-units // upt)):
         mx, ob = np.empty(LANES, U32), np.empty(7 * LANES, U32)
+        vt6, vt4 = np.empty(7 * LANES, np.float32), np.empty(7 * LANES, np.float32)
         s6, s4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)
         enc6, enc4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)
         e6, e4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)
@@ -211,17 +242,9 @@ def _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m
         q6, q4 = np.empty(16 * tr, np.float32), np.empty(16 * tr, np.float32)
         t6, t4 = np.empty(16 * tr, np.float32), np.empty(16 * tr, np.float32)
         w6, w4 = np.zeros(16, np.float32), np.zeros(16, np.float32)
-        for u in range(t * upt, min(t * upt + upt, units)):
-            line = u // per
-            bj0 = (u - line * per) * LANES
-            n = min(LANES, whole - bj0)
-            if n > 0:
-                _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max,
-                      s_split, s_magic, s_min_normal, line, bj0, n, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob)
-            if C % 16 != 0 and bj0 + LANES >= whole:  # the partial last block
-                b = line * nbc + nbc - 1
-                _fos_chunk(src, bits, dbits, flat, nbr, nbc, R, C, tr, 16, ges, gds, gamax, denom, metric, m, vl,
-                           negzero, s_max, s_split, s_magic, s_min_normal, b, b + 1, q6, q4, t6, t4, w6, w4)
+        _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
+              s_magic, s_min_normal, t * upt, min(t * upt + upt, units), per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4,
+              ob, vt6, vt4, q6, q4, t6, t4, w6, w4)
 
 
 @njit(cache=True, error_model="numpy")

@@ -62,12 +62,8 @@ def _row_scale(bits, sc, r, C, nbc, tc, prod):
         start = r * C + bj * tc
         size = min(tc, C - bj * tc)
         m = U32(0)
-        if tc == 16 and size == 16:
-            for k in range(16):
-                m = max(m, U32(bits[U64(start + k)] & ABS))
-        else:
-            for k in range(size):
-                m = max(m, U32(bits[U64(start + k)] & ABS))
+        for k in range(min(size, bits.size - start)):  # (= size) not a constant: LLVM vectorises the max
+            m = max(m, U32(bits[U64(start + k)] & ABS))
         sc[U64(r * nbc + bj)] = np.float64(U32(m).view(np.float32))
         fin = max(fin, finite_max_bits(bits, start, size) if m >= INF_BITS else m)
     amax = np.float64(U32(fin).view(np.float32))

@@ -113,7 +113,7 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
         rb = (row0 + i) * C + c00
         for j in range(n):
             v = U32(0)
-            for k in range(16):
+            for k in range(min(16, bits.size - (rb + 16 * j))):  # (= 16) not a constant: LLVM vectorises the max
                 v = max(v, U32(bits[U64(rb + 16 * j + k)] & ABS))
             mx[U64(j)] = max(mx[U64(j)], v)
     g0, a0, ge0 = gds[U64(row0)], gamax[U64(row0)], ges[U64(row0)]
@@ -186,9 +186,10 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, m, vl, negzero, mx, s, enc, ob
     st = U64(LANES)
     for j in range(n):
         enc[U64(j)] = _encode_scale(s[U64(j)], g)
-        full = np.float64(s[U64(j)]) * np.float64(g)
-        for i in range(7):
-            ob[U64(i * LANES + j)] = np.float32(np.float64(vl[i]) * full).view(U32)
+    for i in range(7):
+        vi = np.float64(vl[i])
+        for j in range(n):
+            ob[U64(i * LANES + j)] = np.float32(vi * (np.float64(s[U64(j)]) * np.float64(g))).view(U32)
     rb = r * C + c00
     for j in range(n):
         e = enc[U64(j)]

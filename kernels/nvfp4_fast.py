@@ -41,7 +41,8 @@ _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
 
 U32 = np.uint32
 U64 = np.uint64
-CHUNK = 256  # blocks per task
+CHUNK = 256  # blocks per step
+TASK_CHUNKS = 8  # steps per parallel task
 
 
 @njit(inline="always", error_model="numpy")
@@ -182,11 +183,13 @@ def row_parallel(bits, dbits, sc, t, C, tc, mids, ups, vals, max_e, negzero, s_m
     """``row_serial``, parallel over chunks of blocks."""
     s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
     nbc = sc.size // t.size
-    for ch in prange(-(-sc.size // CHUNK)):
-        tb, full = np.empty(CHUNK), np.empty(CHUNK)
+    nch = -(-sc.size // CHUNK)
+    for task in prange(-(-nch // TASK_CHUNKS)):
+        tb, full = np.empty(CHUNK), np.empty(CHUNK)  # once per task: allocations in parallel threads are costly
         thr, val = np.empty(7 * CHUNK, np.uint32), np.empty(7 * CHUNK, np.uint32)
-        _row_chunk(bits, dbits, sc, t, C, nbc, tc, mids, ups, vals, max_e, negzero, s_max, s_min, s_split, s_magic,
-                   s_min_normal, ch * CHUNK, min(ch * CHUNK + CHUNK, sc.size), tb, full, thr, val)
+        for ch in range(task * TASK_CHUNKS, min(task * TASK_CHUNKS + TASK_CHUNKS, nch)):
+            _row_chunk(bits, dbits, sc, t, C, nbc, tc, mids, ups, vals, max_e, negzero, s_max, s_min, s_split,
+                       s_magic, s_min_normal, ch * CHUNK, min(ch * CHUNK + CHUNK, sc.size), tb, full, thr, val)
 
 
 # ---- 4/6 selection --------------------------------------------------------------------------------------------

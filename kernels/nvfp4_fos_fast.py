@@ -170,26 +170,33 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
                 e4[U64(j)] = z4
         for j in range(n):
             keep4 = e4[U64(j)] < e6[U64(j)]  # a tie keeps S6
-            s6[U64(j)] = s4[U64(j)] if keep4 else s6[U64(j)]  # the kept scale
+            s6[U64(j)] = s4[U64(j)] if keep4 else s6[U64(j)]  # the kept scale, and its enc for gds[row0]
+            enc6[U64(j)] = enc4[U64(j)] if keep4 else enc6[U64(j)]
             sc[line, bj0 + j] = s6[U64(j)] if mx[U64(j)] <= INF_BITS else math.nan
         for i in range(rows):
-            _store_row(src, bits, dbits, row0 + i, C, c00, n, gds[U64(row0 + i)], m, vl, negzero, mx, s6, enc6, ob)
+            g = gds[U64(row0 + i)]
+            _store_row(src, bits, dbits, row0 + i, C, c00, n, g, g != g0, (i == 0) | (g != g0), m, vl, negzero, mx,
+                       s6, enc6, ob)
+            g0 = g  # enc6 and ob now hold this row's
 
 
 @njit(inline="always", error_model="numpy")
-def _store_row(src, bits, dbits, r, C, c00, n, g, m, vl, negzero, mx, s, enc, ob):
+def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negzero, mx, s, enc, ob):
     """Row r of the blocks: each element float32(+-q * (float64(S) * float64(g))), q = e2m1(|x| * enc) with S
     the kept scale, by compares and a select among the bits of the 7 products made per block (ob: 7 * LANES,
-    product i of block j at i * LANES + j). A block whose enc is 0 (S * g overflowed float32: |x| * enc is
-    NaN for an infinite x) is rounded element by element as ``nvfp4_fast``."""
+    product i of block j at i * LANES + j; new_enc, new_tab: whether enc and ob must be made for this g, or
+    hold it from the previous row). A block whose enc is 0 (S * g overflowed float32: |x| * enc is NaN for an
+    infinite x) is rounded element by element as ``nvfp4_fast``."""
     m0, m1, m2, m3, m4, m5, m6 = m[0], m[1], m[2], m[3], m[4], m[5], m[6]
     st = U64(LANES)
-    for j in range(n):
-        enc[U64(j)] = _encode_scale(s[U64(j)], g)
-    for i in range(7):
-        vi = np.float64(vl[i])
+    if new_enc:
         for j in range(n):
-            ob[U64(i * LANES + j)] = np.float32(vi * (np.float64(s[U64(j)]) * np.float64(g))).view(U32)
+            enc[U64(j)] = _encode_scale(s[U64(j)], g)
+    if new_tab:
+        for i in range(7):
+            vi = np.float64(vl[i])
+            for j in range(n):
+                ob[U64(i * LANES + j)] = np.float32(vi * (np.float64(s[U64(j)]) * np.float64(g))).view(U32)
     rb = r * C + c00
     for j in range(n):
         e = enc[U64(j)]

@@ -23,8 +23,9 @@ element has no -0), val = +-float32(...(|q|)...), and |d| = |float32(|val| - a)|
 computed in a vector loop and added in element order afterwards, as the scalar core adds them. e2m1(|v|) of a
 float32 |v| is V[c - 1], c = #{i : |v| > M_i, or |v| == M_i where the tie goes up} (M_i float32 values, exact
 compares; |v| = inf saturates to 6 as the scalar core does). The kept candidate's rounded magnitudes are kept
-from the error pass, not rounded again; the result is float32(+-q * (float64(S) * float64(gds))), as the
-scalar core stores it.
+from the error pass, not rounded again (a row of a tile whose gds differs from the first row's, which rounded
+the errors, is rounded again with its own); the result is float32(+-q * (float64(S) * float64(gds))), as the
+scalar core stores it. kernels/nvfp4_fos_fast.py runs the same steps with blocks side by side.
 """
 import math
 
@@ -306,8 +307,11 @@ def _fos_chunk(src, bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, de
         sc[U64(b)] = s
         qb = q4 if keep4 else q6
         for i in range(rows):
-            full = np.float64(s) * np.float64(gds[U64(row0 + i)])
+            g = gds[U64(row0 + i)]
+            full = np.float64(s) * np.float64(g)
             start = (row0 + i) * C + c0
+            if g != g0:  # the row's own encode scale, as the scalar core's (no preset makes gds vary in a tile)
+                _terms(src, start, size, i * tc, s, g, a0, denom, metric, m, vl, qb, e6)
             for k in range(size):
                 u = bits[U64(start + k)]
                 q = np.float64(qb[U64(i * tc + k)])

@@ -1,7 +1,8 @@
 """Numba CPU kernels of the NVFP4 family's per-row outer scales and 4/6 selection (cores in
 kernels/nvfp4_scalar.py), parallel over blocks (``prange``) for large tensors; every block is computed with the
 same arguments on any thread count, so the bits never depend on it. Float32 data rounded to nearest with an
-e2m1-like element takes kernels/nvfp4_fast.py (the same bits) where its conditions hold (``fast_ok``)."""
+e2m1-like element takes kernels/nvfp4_fast.py (4/6 in blocks of 16 columns: kernels/nvfp4_fos_fast.py), the same
+bits, where its conditions hold (``fast_ok``)."""
 import os
 
 import numba
@@ -98,7 +99,7 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
                    key: int, nbits: int, parallel=None, fast: bool = True) -> None:
     """src, dst: (P, R, C) C-contiguous float32/float64; scales (P, nbr, nbc) float64; lines: (fos, t, ges, gds,
     gamax, denom, metric) from emunum/nvfp4_quantize.py; args: ``block_args`` without its tensor scale; fast:
-    4/6 may take kernels/nvfp4_fast.py (False: the scalar cores alone, for tests)."""
+    4/6 may take the fast paths (False: the scalar cores alone, for tests)."""
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     fos, _, ges, gds, gamax, denom, metric = lines

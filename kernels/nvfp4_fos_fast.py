@@ -1,10 +1,11 @@
 """4/6 selection with the error sums vectorised across blocks (lanes = blocks): the float32 fast path of
-kernels/nvfp4_fast.py (``fos_*``, whose module doc gives the element-level reasoning) for blocks that tile
-their row of blocks, the same bits (tests/kernels/test_nvfp4_fast.py compares both with the scalar cores).
+kernels/nvfp4_fast.py (``fos_*``, whose module doc gives the element-level reasoning) for blocks of 16 columns,
+the same bits (tests/kernels/test_nvfp4_fos_fast.py compares it with the scalar core, kernels/nvfp4_scalar.py).
 
-A task is a run of up to LANES whole blocks of 16 columns side by side in one row of blocks (1 row for 1-D
-blocks, up to 16 for 16 x 16 tiles); the row's last block when C % 16 != 0 is left to ``nvfp4_fast``'s block
-loop. Every block is computed with the same arguments on any thread count.
+A unit is a run of up to LANES whole blocks side by side in one row of blocks (1 row for 1-D blocks, up to 16
+for 16 x 16 tiles); a parallel task takes consecutive units (TASK_ELEMS elements or more). The last block of a
+row of blocks when C % 16 != 0, and a unit where an encode scale is 0, run ``nvfp4_fast``'s block loop. Every
+block is computed with the same arguments on any thread count.
 
 **Summation order.** The scalar core (as TransformerEngine's reference) adds a block row's 16 float32 error
 terms one after another in element order, each sum rounded to float32; float32 addition is not associative, so
@@ -14,19 +15,22 @@ with the blocks' chains side by side in one vector instead of one after another.
 are then joined by the scalar core's tree, again lane-wise. (Sums in float64 would not do: 16 float32 terms
 need not add exactly in float64, and the reference rounds each partial sum to float32.)
 
-**Values.** Per lane: the candidates' scales S6, S4 and encode scales as ``nvfp4_fast._fos_chunk``; per
-element |x| once, both candidates' e2m1(|x| * enc) and error terms (``nvfp4_fast`` module doc). The kept
-candidate's elements are rounded again in element order from |x| (the same float32 operations, so the same
-q) and stored as float32(+-q * (float64(S) * float64(gds_row))), as the scalar core stores them.
+**Values.** Per lane: the candidates' scales S6, S4 and encode scales enc as ``nvfp4_fast._fos_chunk``, and
+per candidate the 7 dequantised values float32(float32(float32(V_i * S) * gamax) / denom), the scalar core's
+val for q = V_i (q = 0 gives 0: gamax is finite). Per element |x| once; per candidate c + 1 = #{i : float32(|x|
+* enc) > m_i} (m_i: ``nvfp4_fast.e2m1_constants``) picks val, so q = e2m1 is never formed; the error term is
+a function of |val - |x|| (``nvfp4_fast`` module doc). enc > 0 is finite here, so float32(|x| * enc) is never
+NaN (a block holding a NaN is stored as NaN whatever its errors). The kept candidate's elements are rounded
+again in element order by the same compares, selecting among the bits of float32(V_i * (float64(S) *
+float64(gds_row))) made per block, with x's sign where q != 0 or the element has -0: the scalar core's stores.
 """
 import math
 
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, block_fast, scalar
+from . import _cache, block_fast, nvfp4_fast, scalar
 from .block_fast import ABS, INF_BITS, NAN32, SIGN
-from . import nvfp4_fast
 from .nvfp4_fast import _fos_chunk, _join, _scale, _split_constants
 from .nvfp4_scalar import F32, _encode_scale
 
@@ -231,7 +235,7 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
 @njit(inline="always", error_model="numpy")
 def _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
            s_magic, s_min_normal):
-    """Every block (module doc): units of up to LANES whole blocks of a row of blocks, UNIT_ELEMS elements or
+    """Every block (module doc): units of up to LANES whole blocks of a row of blocks, TASK_ELEMS elements or
     more per task (its buffers made once), the partial last block of a row of blocks by ``_fos_chunk``."""
     nbr, nbc = scales.shape[1], scales.shape[2]
     lines = scales.shape[0] * nbr

@@ -1,14 +1,15 @@
 """Numba CPU kernels of the NVFP4 family's per-row outer scales and 4/6 selection (cores in
 kernels/nvfp4_scalar.py), parallel over blocks (``prange``) for large tensors; every block is computed with the
 same arguments on any thread count, so the bits never depend on it. Float32 data rounded to nearest with an
-e2m1-like element takes kernels/nvfp4_fast.py (the same bits) where its conditions hold (``fast_ok``)."""
+e2m1-like element takes kernels/nvfp4_fast.py (4/6 in blocks of 16 columns: kernels/nvfp4_fos_fast.py), the same
+bits, where its conditions hold (``fast_ok``)."""
 import os
 
 import numba
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, block_fast, nvfp4_fast, scalar
+from . import _cache, block_fast, nvfp4_fast, nvfp4_fos_fast, scalar
 from . import parallel as _parallel
 from .nvfp4_scalar import fos_block, row_block
 from .scalar.common import NEAREST
@@ -98,18 +99,21 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
                    key: int, nbits: int, parallel=None, fast: bool = True) -> None:
     """src, dst: (P, R, C) C-contiguous float32/float64; scales (P, nbr, nbc) float64; lines: (fos, t, ges, gds,
     gamax, denom, metric) from emunum/nvfp4_quantize.py; args: ``block_args`` without its tensor scale; fast:
-    4/6 may take kernels/nvfp4_fast.py (False: the scalar cores alone, for tests)."""
+    4/6 may take the fast paths (False: the scalar cores alone, for tests)."""
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     fos, _, ges, gds, gamax, denom, metric = lines
     if fast and fos and fast_ok(src, dst, tile, True, args, mode):
         m, vl = nvfp4_fast.e2m1_constants(*block_fast.element_table(tuple(args[:6])))
         s_man, s_emin, s_sub, s_max = args[10:14]
+        flat = (src.reshape(-1), src.reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint32), scales,
+                src.shape[1], src.shape[2], int(tile[0]))
+        rest = (ges, gds, gamax, np.float32(denom), int(metric), m, vl, args[6], s_man, s_emin, s_sub, s_max)
         with _parallel.try_parallel(parallel) as par:
-            run = nvfp4_fast.fos_parallel if par else nvfp4_fast.fos_serial
-            run(src.reshape(-1), src.reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint32), scales,
-                src.shape[1], src.shape[2], int(tile[0]), int(tile[1]), ges, gds, gamax, np.float32(denom),
-                int(metric), m, vl, args[6], s_man, s_emin, s_sub, s_max)
+            if int(tile[1]) == 16:  # the error sums vectorised across blocks
+                (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(*flat, *rest)
+            else:
+                (nvfp4_fast.fos_parallel if par else nvfp4_fast.fos_serial)(*flat, int(tile[1]), *rest)
         return
     with _parallel.try_parallel(parallel) as par:
         run = nvfp4_parallel if par else nvfp4_serial

@@ -23,8 +23,9 @@ element has no -0), val = +-float32(...(|q|)...), and |d| = |float32(|val| - a)|
 computed in a vector loop and added in element order afterwards, as the scalar core adds them. e2m1(|v|) of a
 float32 |v| is V[c - 1], c = #{i : |v| > M_i, or |v| == M_i where the tie goes up} (M_i float32 values, exact
 compares; |v| = inf saturates to 6 as the scalar core does). The kept candidate's rounded magnitudes are kept
-from the error pass, not rounded again; the result is float32(+-q * (float64(S) * float64(gds))), as the
-scalar core stores it.
+from the error pass, not rounded again (a row of a tile whose gds differs from the first row's, which rounded
+the errors, is rounded again with its own); the result is float32(+-q * (float64(S) * float64(gds))), as the
+scalar core stores it. kernels/nvfp4_fos_fast.py runs the same steps with blocks side by side.
 """
 import math
 
@@ -41,7 +42,8 @@ _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
 
 U32 = np.uint32
 U64 = np.uint64
-CHUNK = 256  # blocks per task
+CHUNK = 256  # blocks per step
+TASK_CHUNKS = 8  # steps per parallel task
 
 
 @njit(inline="always", error_model="numpy")
@@ -62,12 +64,8 @@ def _row_scale(bits, sc, r, C, nbc, tc, prod):
         start = r * C + bj * tc
         size = min(tc, C - bj * tc)
         m = U32(0)
-        if tc == 16 and size == 16:
-            for k in range(16):
-                m = max(m, U32(bits[U64(start + k)] & ABS))
-        else:
-            for k in range(size):
-                m = max(m, U32(bits[U64(start + k)] & ABS))
+        for k in range(min(size, bits.size - start)):  # (= size) not a constant: LLVM vectorises the max
+            m = max(m, U32(bits[U64(start + k)] & ABS))
         sc[U64(r * nbc + bj)] = np.float64(U32(m).view(np.float32))
         fin = max(fin, finite_max_bits(bits, start, size) if m >= INF_BITS else m)
     amax = np.float64(U32(fin).view(np.float32))
@@ -186,11 +184,13 @@ def row_parallel(bits, dbits, sc, t, C, tc, mids, ups, vals, max_e, negzero, s_m
     """``row_serial``, parallel over chunks of blocks."""
     s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
     nbc = sc.size // t.size
-    for ch in prange(-(-sc.size // CHUNK)):
-        tb, full = np.empty(CHUNK), np.empty(CHUNK)
+    nch = -(-sc.size // CHUNK)
+    for task in prange(-(-nch // TASK_CHUNKS)):
+        tb, full = np.empty(CHUNK), np.empty(CHUNK)  # once per task: allocations in parallel threads are costly
         thr, val = np.empty(7 * CHUNK, np.uint32), np.empty(7 * CHUNK, np.uint32)
-        _row_chunk(bits, dbits, sc, t, C, nbc, tc, mids, ups, vals, max_e, negzero, s_max, s_min, s_split, s_magic,
-                   s_min_normal, ch * CHUNK, min(ch * CHUNK + CHUNK, sc.size), tb, full, thr, val)
+        for ch in range(task * TASK_CHUNKS, min(task * TASK_CHUNKS + TASK_CHUNKS, nch)):
+            _row_chunk(bits, dbits, sc, t, C, nbc, tc, mids, ups, vals, max_e, negzero, s_max, s_min, s_split,
+                       s_magic, s_min_normal, ch * CHUNK, min(ch * CHUNK + CHUNK, sc.size), tb, full, thr, val)
 
 
 # ---- 4/6 selection --------------------------------------------------------------------------------------------
@@ -307,8 +307,11 @@ def _fos_chunk(src, bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, de
         sc[U64(b)] = s
         qb = q4 if keep4 else q6
         for i in range(rows):
-            full = np.float64(s) * np.float64(gds[U64(row0 + i)])
+            g = gds[U64(row0 + i)]
+            full = np.float64(s) * np.float64(g)
             start = (row0 + i) * C + c0
+            if g != g0:  # the row's own encode scale, as the scalar core's (no preset makes gds vary in a tile)
+                _terms(src, start, size, i * tc, s, g, a0, denom, metric, m, vl, qb, e6)
             for k in range(size):
                 u = bits[U64(start + k)]
                 q = np.float64(qb[U64(i * tc + k)])

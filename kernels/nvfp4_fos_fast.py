@@ -1,0 +1,277 @@
+"""4/6 selection with the error sums vectorised across blocks (lanes = blocks): the float32 fast path of
+kernels/nvfp4_fast.py (``fos_*``, whose module doc gives the element-level reasoning) for blocks of 16 columns,
+the same bits (tests/kernels/test_nvfp4_fos_fast.py compares it with the scalar core, kernels/nvfp4_scalar.py).
+
+A unit is a run of up to LANES whole blocks side by side in one row of blocks (1 row for 1-D blocks, up to 16
+for 16 x 16 tiles); a parallel task takes consecutive units (TASK_ELEMS elements or more). The last block of a
+row of blocks when C % 16 != 0, and a unit where an encode scale is 0, run ``nvfp4_fast``'s block loop. Every
+block is computed with the same arguments on any thread count.
+
+**Summation order.** The scalar core (as TransformerEngine's reference) adds a block row's 16 float32 error
+terms one after another in element order, each sum rounded to float32; float32 addition is not associative, so
+that order is kept: lane j holds block j's running sum, and term k is added to every lane at step k
+(``err[j] = err[j] + term(x[j * 16 + k])`` for k = 0..15), the same chain per block as the scalar core's,
+with the blocks' chains side by side in one vector instead of one after another. The 16 row sums of a tile
+are then joined by the scalar core's tree, again lane-wise. (Sums in float64 would not do: 16 float32 terms
+need not add exactly in float64, and the reference rounds each partial sum to float32.)
+
+**Values.** Per lane: the candidates' scales S6, S4 and encode scales enc as ``nvfp4_fast._fos_chunk``, and
+per candidate the 7 dequantised values float32(float32(float32(V_i * S) * gamax) / denom), the scalar core's
+val for q = V_i (q = 0 gives 0: gamax is finite). Per element |x| once; per candidate c + 1 = #{i : float32(|x|
+* enc) > m_i} (m_i: ``nvfp4_fast.e2m1_constants``) picks val, so q = e2m1 is never formed; the error term is
+a function of |val - |x|| (``nvfp4_fast`` module doc). enc > 0 is finite here, so float32(|x| * enc) is never
+NaN (a block holding a NaN is stored as NaN whatever its errors). The kept candidate's elements are rounded
+again in element order by the same compares, selecting among the bits of float32(V_i * (float64(S) *
+float64(gds_row))) made per block, with x's sign where q != 0 or the element has -0: the scalar core's stores.
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from . import _cache, block_fast, nvfp4_fast, scalar
+from .block_fast import ABS, INF_BITS, NAN32, SIGN
+from .nvfp4_fast import _fos_chunk, _join, _scale, _split_constants
+from .nvfp4_scalar import F32, _encode_scale
+
+_cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
+                        __file__.replace("nvfp4_fos_fast.py", "nvfp4_fast.py"),
+                        __file__.replace("nvfp4_fos_fast.py", "nvfp4_scalar.py")])
+
+U32 = np.uint32
+U64 = np.uint64
+LANES = 64  # blocks side by side in the vector loops
+TASK_ELEMS = 16384  # elements per parallel task at least (its buffers are made once per task)
+
+
+@njit(inline="always", error_model="numpy")
+def _pick(v, m0, m1, m2, m3, m4, m5, m6, t, o):
+    """t[o + c * LANES], c + 1 = #{i : v > m_i} (0 if none): the entry of e2m1(v) in a lane's table."""
+    st = U64(LANES)
+    r = t[o] if v > m0 else F32(0.0)
+    r = t[o + st] if v > m1 else r
+    r = t[o + 2 * st] if v > m2 else r
+    r = t[o + 3 * st] if v > m3 else r
+    r = t[o + 4 * st] if v > m4 else r
+    r = t[o + 5 * st] if v > m5 else r
+    r = t[o + 6 * st] if v > m6 else r
+    return r
+
+
+@njit(inline="always", error_model="numpy")
+def _row_errors(src, rb, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
+    """e6[j], e4[j]: the error of the 16 elements src[rb + 16 j ...] under each candidate, j < n, each a chain
+    in element order (module doc); vt6, vt4: each lane's dequantised values (``_task``)."""
+    m0, m1, m2, m3, m4, m5, m6 = m[0], m[1], m[2], m[3], m[4], m[5], m[6]
+    for j in range(n):
+        e6[U64(j)] = F32(0.0)
+        e4[U64(j)] = F32(0.0)
+    for k in range(16):
+        for j in range(n):
+            a = abs(src[U64(rb + 16 * j + k)])
+            d6 = abs(F32(_pick(F32(a * enc6[U64(j)]), m0, m1, m2, m3, m4, m5, m6, vt6, U64(j)) - a))
+            d4 = abs(F32(_pick(F32(a * enc4[U64(j)]), m0, m1, m2, m3, m4, m5, m6, vt4, U64(j)) - a))
+            t6 = F32(d6 * d6) if metric == 1 else d6
+            t4 = F32(d4 * d4) if metric == 1 else d4
+            e6[U64(j)] = max(e6[U64(j)], t6) if metric == 2 else F32(e6[U64(j)] + t6)
+            e4[U64(j)] = max(e4[U64(j)], t4) if metric == 2 else F32(e4[U64(j)] + t4)
+
+
+@njit(error_model="numpy")
+def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split, s_magic,
+          s_min_normal, u0, u1, per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob, vt6, vt4, q6, q4, t6, t4, w6, w4):
+    """Units u0..u1-1: unit u holds the whole blocks (16 columns) bj0..bj0+n-1, bj0 = (u % per) * LANES, of row
+    of blocks ``line`` = u // per (= p * nbr + bi); sc: the scales as (P * nbr, nbc); buffers of LANES (r6, r4,
+    ob, vt6, vt4: 16 or 7 rows of LANES), and for ``_fos_chunk``."""
+    whole = C // 16
+    for u in range(u0, u1):
+        line = u // per
+        bj0 = (u - line * per) * LANES
+        n = min(LANES, whole - bj0)
+        if n > 0:
+            _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
+                  (s_max, s_split, s_magic, s_min_normal), line, bj0, n, mx, ob,
+                  (s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4))
+        if C % 16 != 0 and bj0 + LANES >= whole:  # the partial last block
+            b = line * sc.shape[1] + sc.shape[1] - 1
+            _fos_chunk(src, bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, 16, ges, gds, gamax, denom,
+                       metric, m, vl, negzero, s_max, s_split, s_magic, s_min_normal, b, b + 1, q6, q4, t6, t4, w6,
+                       w4)
+
+
+@njit(inline="always", error_model="numpy")
+def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk, line, bj0, n, mx, ob,
+          fb):
+    """Blocks bj0..bj0+n-1 of row of blocks ``line`` (``_task``); sk: the scale format's constants; fb: the float32
+    buffers (grouped: an inlined call takes at most 30 arguments)."""
+    s_max, s_split, s_magic, s_min_normal = sk
+    s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4 = fb
+    p = line // nbr
+    bi = line - p * nbr
+    row0 = p * R + bi * tr  # the flat row of the blocks' first row
+    rows = min(tr, R - bi * tr)
+    c00 = bj0 * 16
+    for j in range(n):
+        mx[U64(j)] = U32(0)
+    for i in range(rows):
+        rb = (row0 + i) * C + c00
+        for j in range(n):
+            v = U32(0)
+            for k in range(min(16, bits.size - (rb + 16 * j))):  # (= 16) not a constant: LLVM vectorises the max
+                v = max(v, U32(bits[U64(rb + 16 * j + k)] & ABS))
+            mx[U64(j)] = max(mx[U64(j)], v)
+    g0, a0, ge0 = gds[U64(row0)], gamax[U64(row0)], ges[U64(row0)]
+    for j in range(n):  # simple loops, each vectorised
+        s4[U64(j)] = F32(F32(U32(mx[U64(j)]).view(np.float32) / F32(6.0)) * ge0)  # base
+    for j in range(n):
+        base = s4[U64(j)]
+        s6[U64(j)] = _scale(base, s_split, s_magic, s_min_normal, s_max)
+        s4[U64(j)] = _scale(F32(base * F32(1.5)), s_split, s_magic, s_min_normal, s_max)
+    nz = 0
+    for j in range(n):
+        enc6[U64(j)] = _encode_scale(s6[U64(j)], g0)
+        enc4[U64(j)] = _encode_scale(s4[U64(j)], g0)
+        nz += (enc6[U64(j)] == 0) | (enc4[U64(j)] == 0)
+    if nz != 0:  # S * gds overflowed: |x| * enc may be NaN (module doc), the block loop
+        b0 = line * sc.shape[1] + bj0
+        _fos_chunk(src, bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, 16, ges, gds, gamax, denom,
+                   metric, m, vl, negzero, s_max, s_split, s_magic, s_min_normal, b0, b0 + n, q6, q4, t6, t4, w6, w4)
+    else:
+        for i in range(7):
+            for j in range(n):
+                vt6[U64(i * LANES + j)] = F32(F32(F32(vl[i] * s6[U64(j)]) * a0) / denom)
+                vt4[U64(i * LANES + j)] = F32(F32(F32(vl[i] * s4[U64(j)]) * a0) / denom)
+        if tr == 1:
+            _row_errors(src, row0 * C + c00, n, metric, m, enc6, enc4, vt6, vt4, e6, e4)
+        else:
+            for i in range(16):
+                if i < rows:
+                    _row_errors(src, (row0 + i) * C + c00, n, metric, m, enc6, enc4, vt6, vt4, r6[i * LANES:],
+                                r4[i * LANES:])
+                else:
+                    for j in range(n):
+                        r6[U64(i * LANES + j)] = F32(0.0)
+                        r4[U64(i * LANES + j)] = F32(0.0)
+            for j in range(n):  # the scalar core's tree of the 16 row errors (nvfp4_fast._tree)
+                z6 = F32(0.0)
+                z4 = F32(0.0)
+                for jj in range(2):
+                    c6 = F32(0.0)
+                    c4 = F32(0.0)
+                    for kk in range(2):
+                        kq = jj + 2 * kk
+                        b6 = F32(0.0)
+                        b4 = F32(0.0)
+                        for mm in range(2):
+                            mi = (kq + 4 * mm) * LANES + j
+                            b6 = _join(b6, _join(r6[U64(mi)], r6[U64(mi + 8 * LANES)], metric), metric)
+                            b4 = _join(b4, _join(r4[U64(mi)], r4[U64(mi + 8 * LANES)], metric), metric)
+                        c6 = _join(c6, b6, metric)
+                        c4 = _join(c4, b4, metric)
+                    z6 = _join(z6, c6, metric)
+                    z4 = _join(z4, c4, metric)
+                e6[U64(j)] = z6
+                e4[U64(j)] = z4
+        for j in range(n):
+            keep4 = e4[U64(j)] < e6[U64(j)]  # a tie keeps S6
+            s6[U64(j)] = s4[U64(j)] if keep4 else s6[U64(j)]  # the kept scale, and its enc for gds[row0]
+            enc6[U64(j)] = enc4[U64(j)] if keep4 else enc6[U64(j)]
+            sc[line, bj0 + j] = s6[U64(j)] if mx[U64(j)] <= INF_BITS else math.nan
+        for i in range(rows):
+            g = gds[U64(row0 + i)]
+            _store_row(src, bits, dbits, row0 + i, C, c00, n, g, g != g0, (i == 0) | (g != g0), m, vl, negzero, mx,
+                       s6, enc6, ob)
+            g0 = g  # enc6 and ob now hold this row's
+
+
+@njit(inline="always", error_model="numpy")
+def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negzero, mx, s, enc, ob):
+    """Row r of the blocks: each element float32(+-q * (float64(S) * float64(g))), q = e2m1(|x| * enc) with S
+    the kept scale, by compares and a select among the bits of the 7 products made per block (ob: 7 * LANES,
+    product i of block j at i * LANES + j; new_enc, new_tab: whether enc and ob must be made for this g, or
+    hold it from the previous row). A block whose enc is 0 (S * g overflowed float32: |x| * enc is NaN for an
+    infinite x) is rounded element by element as ``nvfp4_fast``."""
+    m0, m1, m2, m3, m4, m5, m6 = m[0], m[1], m[2], m[3], m[4], m[5], m[6]
+    st = U64(LANES)
+    if new_enc:
+        for j in range(n):
+            enc[U64(j)] = _encode_scale(s[U64(j)], g)
+    if new_tab:
+        for i in range(7):
+            vi = np.float64(vl[i])
+            for j in range(n):
+                ob[U64(i * LANES + j)] = np.float32(vi * (np.float64(s[U64(j)]) * np.float64(g))).view(U32)
+    rb = r * C + c00
+    for j in range(n):
+        e = enc[U64(j)]
+        o = U64(j)
+        if mx[o] > INF_BITS:
+            for k in range(16):
+                dbits[U64(rb + 16 * j + k)] = NAN32
+        elif e == 0:
+            full = np.float64(s[o]) * np.float64(g)
+            for k in range(16):
+                x = U64(rb + 16 * j + k)
+                q = nvfp4_fast._e2m1(F32(abs(src[x]) * e), m, vl)
+                res = np.float32(np.float64(q) * full).view(U32)
+                dbits[x] = res | (bits[x] & SIGN if (q != 0.0) | (negzero != 0) else U32(0))
+        else:
+            t0, t1, t2, t3, t4, t5, t6 = ob[o], ob[o + st], ob[o + 2 * st], ob[o + 3 * st], ob[o + 4 * st], \
+                ob[o + 5 * st], ob[o + 6 * st]
+            for k in range(16):
+                x = U64(rb + 16 * j + k)
+                u = bits[x]
+                v = F32(abs(src[x]) * e)
+                q = t0 if v > m0 else U32(0)
+                q = t1 if v > m1 else q
+                q = t2 if v > m2 else q
+                q = t3 if v > m3 else q
+                q = t4 if v > m4 else q
+                q = t5 if v > m5 else q
+                q = t6 if v > m6 else q
+                dbits[x] = q | (u & SIGN if (v > m0) | (negzero != 0) else U32(0))
+
+
+@njit(inline="always", error_model="numpy")
+def _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
+           s_magic, s_min_normal):
+    """Every block (module doc): units of up to LANES whole blocks of a row of blocks, TASK_ELEMS elements or
+    more per task (its buffers made once), the partial last block of a row of blocks by ``_fos_chunk``."""
+    nbr, nbc = scales.shape[1], scales.shape[2]
+    lines = scales.shape[0] * nbr
+    sc = scales.reshape(lines, nbc)
+    whole = C // 16
+    per = -(-whole // LANES) if whole > 0 else 1
+    upt = max(1, TASK_ELEMS // (LANES * 16 * tr))
+    units = per * lines
+    for t in prange(-(-units // upt)):
+        mx, ob = np.empty(LANES, U32), np.empty(7 * LANES, U32)
+        vt6, vt4 = np.empty(7 * LANES, np.float32), np.empty(7 * LANES, np.float32)
+        s6, s4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)
+        enc6, enc4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)
+        e6, e4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)
+        r6, r4 = np.empty(16 * LANES, np.float32), np.empty(16 * LANES, np.float32)
+        q6, q4 = np.empty(16 * tr, np.float32), np.empty(16 * tr, np.float32)
+        t6, t4 = np.empty(16 * tr, np.float32), np.empty(16 * tr, np.float32)
+        w6, w4 = np.zeros(16, np.float32), np.zeros(16, np.float32)
+        _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
+              s_magic, s_min_normal, t * upt, min(t * upt + upt, units), per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4,
+              ob, vt6, vt4, q6, q4, t6, t4, w6, w4)
+
+
+@njit(cache=True, error_model="numpy")
+def fos_lanes_serial(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_man,
+                     s_emin, s_sub, s_max):
+    """4/6 selection, blocks of tr x 16 (tr 1 or 16) of (P, R, C) data; arguments as ``nvfp4_fast.fos_serial``."""
+    s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
+    _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
+           s_magic, s_min_normal)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def fos_lanes_parallel(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_man,
+                       s_emin, s_sub, s_max):
+    """``fos_lanes_serial``, parallel over tasks."""
+    s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
+    _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
+           s_magic, s_min_normal)

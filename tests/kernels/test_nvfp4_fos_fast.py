@@ -1,0 +1,136 @@
+"""4/6 selection with the error sums vectorised across blocks (kernels/nvfp4_fos_fast.py) gives the bits and
+scales of the scalar core (kernels/nvfp4_scalar.py, ``quantize_nvfp4(fast=False)``), with zero tolerance, on
+tensors wide enough for several units of LANES blocks per row of blocks (and a unit of fewer), partial last
+blocks and 16-row tiles, several parallel tasks; over near-tie blocks (quarter-integers under a tensor amax of
+5, where the candidates' float32 error sums tie or differ by an ulp, so that any other summation order or tie
+rule picks differently somewhere), float32 subnormals and blocks whose scales are subnormal or 0, zeros and -0,
+inf and NaN, and line arrays whose S * gds overflows (encode scale 0). Every other rounding mode, and float64
+data, leave the fast paths to the scalar cores: ``quantize`` gives their bits in every mode."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import emunum
+from emunum.block_quantize import block_args
+from emunum.formats import BLOCK_PRESETS, BlockFormat, FourOverSix, RoundMode
+from emunum.kernels import nvfp4_cpu, nvfp4_fos_fast
+from emunum.nvfp4_quantize import line_arrays
+
+NEAREST = int(RoundMode.NEAREST)
+KEY = 977
+
+FORMATS = [
+    BLOCK_PRESETS["nvfp4_4over6"],
+    BLOCK_PRESETS["nvfp4_4over6_mse"],
+    BLOCK_PRESETS["nvfp4_4over6_2d"],
+    BlockFormat("fp4_e2m1", 16, "e4m3fn", scale_rule="amax", tensor_scale=True,
+                four_over_six=FourOverSix("absmax", 448)),
+    BlockFormat("fp4_e2m1", 16, "e4m3fn", scale_rule="amax", outer_scale="row",
+                four_over_six=FourOverSix("mse", 448)),
+    BlockFormat("fp4_e2m1", 16, "ue5m3", scale_rule="amax", four_over_six=FourOverSix("mae", 256)),
+    BlockFormat("fp4_e2m1", (16, 16), "e4m3fn", scale_rule="amax", tensor_scale=True,
+                four_over_six=FourOverSix("mse", 448)),
+]
+# (P, R, C): two units per row of blocks (LANES = 64 blocks), the second short; a partial last block and
+# partial tiles; many short rows (several parallel tasks of whole rows, one block each)
+SHAPES = [(1, 48, 16 * (nvfp4_fos_fast.LANES + 9)), (2, 37, 16 * (nvfp4_fos_fast.LANES + 3) + 5), (1, 2100, 16)]
+
+
+def near_ties(rng, shape):
+    x = rng.integers(-12, 13, shape) * 0.25
+    x.reshape(-1)[0] = 5.0
+    return x.astype(np.float32)
+
+
+def subnormals(rng, shape):
+    """Near ties scaled into float32's subnormals by row (tiny blocks under a large amax: e4m3-subnormal and
+    zero scales), with whole rows of float32 subnormals."""
+    x = near_ties(rng, shape) * np.float32(2.0) ** rng.integers(-140, 1, shape[:2] + (1,))
+    x[0, 1] = np.float32(1e-45) * rng.integers(-3, 4, shape[2])
+    x[0, 2] = np.float32(2.0 ** -126) * rng.uniform(-1, 1, shape[2]).astype(np.float32)
+    return x.astype(np.float32)
+
+
+def specials(rng, shape):
+    x = (rng.standard_normal(shape) * 2.0 ** rng.integers(-30, 31, shape[:2] + (1,))).astype(np.float32)
+    x[0, 3] = 0.0
+    x[0, 4, : shape[2] // 2] = -0.0
+    x[0, 5, 7] = np.nan
+    x[0, 6, 3] = np.inf
+    x[0, 7, 17 % shape[2]] = -np.inf
+    x[0, 8] = np.float32(3e38) * rng.uniform(-1, 1, shape[2]).astype(np.float32)
+    x[-1, -1, -1] = np.nan  # in the partial last block or tile where there is one
+    return x
+
+
+def run(x, fmt, fast, parallel, lines=None, mode=NEAREST):
+    tile = fmt.tile if fmt.tile[0] else (1, fmt.tile[1])
+    P, R, C = x.shape
+    scales = np.full((P, -(-R // tile[0]), -(-C // tile[1])), 7.0)
+    dst = np.full_like(x, 7.0)
+    if lines is None:
+        lines = tuple(v.numpy() if isinstance(v, torch.Tensor) else v for v in line_arrays(torch.from_numpy(x), fmt))
+    nvfp4_cpu.quantize_nvfp4(x, dst, scales, tile, lines, block_args(fmt, 1.0)[:-1], mode, KEY, 32,
+                             parallel=parallel, fast=fast)
+    return scales, dst
+
+
+def assert_same(x, fmt, parallel, lines=None):
+    tile = fmt.tile if fmt.tile[0] else (1, fmt.tile[1])
+    assert nvfp4_cpu.fast_ok(x, x, tile, True, block_args(fmt, 1.0)[:-1], NEAREST) and tile[1] == 16
+    want_s, want = run(x, fmt, False, False, lines)
+    got_s, got = run(x, fmt, True, parallel, lines)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(got_s.view(np.uint64), want_s.view(np.uint64))
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("make", [near_ties, subnormals, specials], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_lanes_path_equals_scalar_core_bits_and_scales(fmt, make, shape, parallel):
+    assert_same(make(np.random.default_rng(len(fmt.name) + shape[2]), shape), fmt, parallel)
+
+
+@pytest.mark.parametrize("tile_rows", [1, 16])
+def test_encode_scale_zero_and_per_row_decode_scales_equal_scalar_core(tile_rows):
+    # line arrays no preset makes: gds huge, so S * gds overflows float32 in a block holding inf (encode scale
+    # 0, |x| * 0 = NaN there: the block loop), and gds varying by row inside 16-row tiles (the stores' encode
+    # scales and products made per row)
+    fmt = FORMATS[0] if tile_rows == 1 else FORMATS[2]
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((1, 48, 16 * 66)) * 100).astype(np.float32)
+    x[0, 3, 40] = np.inf
+    x[0, 20, 1000] = -np.inf
+    n = x.shape[1]
+    gds = np.where(np.arange(n) % 3 == 0, np.float32(1e38), np.float32(2.0) ** rng.integers(-8, 9, n)).astype(
+        np.float32)
+    ges = (np.float32(1.0) / gds).astype(np.float32)
+    gamax = np.full(n, np.float32(100.0))
+    lines = (True, np.ones(n), ges, gds, gamax, np.float32(1536.0), 0)
+    for parallel in (False, True):
+        assert_same(x, fmt, parallel, lines)
+
+
+MODES = [m for m in RoundMode]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name.lower())
+@pytest.mark.parametrize("name", ["nvfp4_4over6", "nvfp4_4over6_2d", "nvfp4_row"])
+def test_quantize_equals_the_scalar_core_in_every_mode(name, mode, monkeypatch):
+    # the fast paths hold for round-to-nearest float32 only; in every other mode (and for float64 data) the
+    # scalar core runs, with the same stochastic bits
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(-12, 13, (40, 16 * 67 + 5), generator=g).float() * 0.25
+    x[0, 0] = 5.0
+    x[1, 3:40] = x[1, 3:40] * 2.0 ** -133
+    x[2, 7], x[3, 9], x[4, 11] = float("nan"), float("inf"), -0.0
+    for data in (x, x.double()):
+        got = emunum.quantize(data, name, mode, seed=11)
+        with monkeypatch.context() as mp:
+            mp.setattr(nvfp4_cpu, "fast_ok", lambda *a, **k: False)
+            want = emunum.quantize(data, name, mode, seed=11)
+        itype = torch.int64 if data.dtype == torch.float64 else torch.int32
+        assert torch.equal(got.view(itype), want.view(itype))

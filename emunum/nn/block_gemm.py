@@ -63,6 +63,7 @@ from ..quantize import check_sr_bits, quantize
 from .. import block_ops  # noqa: F401  (registers emunum::quantize_block)
 from ..formats.interned import intern
 from ..ops import eager_ok
+from .im2col import im2col_rows
 
 
 @dataclass(frozen=True)
@@ -278,9 +279,11 @@ def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPla
             x = x.unsqueeze(-2)
             k, st, padding, dil = (1, k[0]), (1, st[0]), (0, padding[0]), (1, dil[0])
         out = [(x.shape[-2 + i] + 2 * padding[i] - dil[i] * (k[i] - 1) - 1) // st[i] + 1 for i in range(2)]
-        cols = F.unfold(x, k, dilation=dil, padding=padding, stride=st)  # (n, C*kh*kw, L), channel-major
-    n = cols.shape[0]
-    x2 = cols.transpose(1, 2).reshape(-1, cols.shape[1])
+        cols = im2col_rows(x, k, st, padding, dil)  # (n*L, C*kh*kw) in one pass, where it applies
+        if cols is None:
+            cols = F.unfold(x, k, dilation=dil, padding=padding, stride=st)  # (n, C*kh*kw, L), channel-major
+    n = x.shape[0]
+    x2 = cols if cols.dim() == 2 else cols.transpose(1, 2).reshape(-1, cols.shape[1])
     w2 = w.reshape(w.shape[0], -1)  # (out, C/groups*prod(k))
     g = module.groups
     kg, og = w2.shape[1], w2.shape[0] // g

@@ -20,6 +20,8 @@ figure is the median over rounds of the mean step time, and the ratio is against
 (``emunum.grid.set_elision(False)`` around its steps; ``docs/elision.md``), timed in the same rounds.
 ``--compare-rht`` adds, for recipes with a Hadamard transform (nvfp4), the recipe with the transform taken by
 its float64 matrix product instead of the butterfly kernel (``emunum.hadamard``; same bits), in the same rounds.
+``--compare-old`` adds nvfp4 with the general stochastic block loop, F.unfold's im2col and per-GEMM weight
+quantisation (``_old_paths``; same bits), in the same rounds.
 """
 from __future__ import annotations
 
@@ -72,6 +74,25 @@ def _matrix_rht(step):
             return step()
         finally:
             hadamard._butterfly = fast
+
+    return run
+
+
+def _old_paths(step):
+    """step, run with this branch's NVFP4 step paths switched off (same bits): the general loop for
+    stochastic block rounding (kernels/block_sr.py), F.unfold + a transposing copy for the block convolutions'
+    im2col (emunum/nn/im2col.py), and W quantised again for the grad-input GEMM."""
+    from emunum.kernels import block_sr
+    from emunum.nn import block_gemm
+
+    def run():
+        saved = block_sr.sr_ok, block_gemm.im2col_rows, block_gemm.BlockPlan.reuses_weight
+        block_sr.sr_ok, block_gemm.im2col_rows = (lambda args: False), (lambda *a: None)
+        block_gemm.BlockPlan.reuses_weight = lambda self, trace=None: False
+        try:
+            return step()
+        finally:
+            block_sr.sr_ok, block_gemm.im2col_rows, block_gemm.BlockPlan.reuses_weight = saved
 
     return run
 
@@ -142,6 +163,8 @@ def main(argv=None) -> None:
                    help="also time every emulated recipe with rounding elision off, in the same rounds")
     p.add_argument("--compare-rht", action="store_true",
                    help="also time recipes with a Hadamard transform on its float64 matrix product (same bits)")
+    p.add_argument("--compare-old", action="store_true",
+                   help="also time nvfp4 with the stochastic block path, one-pass im2col and weight reuse off")
     p.add_argument("--default-malloc", action="store_true", help="keep glibc's default (the training loop "
                     "calls emunum.buffers.retain_freed_memory(), and so does this benchmark unless this is given)")
     a = p.parse_args(argv)
@@ -166,6 +189,9 @@ def main(argv=None) -> None:
     if a.compare_rht:
         for n in [n for n in names if n == "nvfp4"]:
             steps[f"{n}-matrix-rht"] = _matrix_rht(build(RECIPES[n], a.threads, a.model)[0])
+    if a.compare_old:
+        for n in [n for n in names if n == "nvfp4"]:
+            steps[f"{n}-old-paths"] = _old_paths(build(RECIPES[n], a.threads, a.model)[0])
     names = list(steps)
     for n in names:  # warm-up: compile every kernel the recipe uses
         for _ in range(3):

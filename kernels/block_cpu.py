@@ -7,7 +7,8 @@ Arrays are 3-D, (P, R, C), C-contiguous; a block is a (tr, tc) tile (1-D blocks 
 
 ``quantize_blocks`` dispatches float32 data in 1-D blocks rounded to nearest to kernels/block_fast.py (power-of-two
 scales in float32 arithmetic; NVFP4-like amax scales by exact thresholds, no division) where its proofs hold
-(``fast_path_of``), else to the float64 loops here; all give the bits of ``block_serial``.
+(``fast_path_of``), float32 data in 1-D blocks with amax scales rounded stochastically to kernels/block_sr.py
+(``sr_ok``), else to the float64 loops here; all give the bits of ``block_serial``.
 """
 import functools
 import math
@@ -17,7 +18,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, block_fast, scalar
+from . import _cache, block_fast, block_sr, scalar
 from . import parallel as _parallel
 from .scalar.block import AMAX, FLOOR, block_scale, element_mbits, round_element
 from .scalar.common import NEAREST, STOCHASTIC, random_bits
@@ -333,8 +334,12 @@ def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     kind, man, emin, sub = args[:4]
-    fast = int(tile[0]) == 1 and src.dtype == np.float32 and dst.dtype == np.float32 and kind == 0 and mode == NEAREST
+    f32_rows = int(tile[0]) == 1 and src.dtype == np.float32 and dst.dtype == np.float32
+    fast = f32_rows and kind == 0 and mode == NEAREST
     with _parallel.try_parallel(parallel) as par:  # one parallel section per process (kernels/parallel.py)
+        if f32_rows and mode == STOCHASTIC and block_sr.sr_ok(args):
+            block_sr.quantize_sr(src, dst, scales, int(tile[1]), args, key, int(nbits), par, scanned)
+            return
         if fast and _fast_path(src, dst, scales, int(tile[1]), args, par, scanned):
             return
         if fast:

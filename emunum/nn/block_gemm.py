@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..autograd import STE
-from ..formats import BlockFormat
+from ..formats import BlockFormat, RoundMode
 from ..hadamard import rht
 from ..mad.block import block_matmul, check_pair, check_unit
 from ..mad.functional import parse_backward_units
@@ -63,6 +63,7 @@ from ..quantize import check_sr_bits, quantize
 from .. import block_ops  # noqa: F401  (registers emunum::quantize_block)
 from ..formats.interned import intern
 from ..ops import eager_ok
+from .im2col import im2col_rows
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,14 @@ class BlockPlan:
         seed = None if trace is None else trace.block_matmul_seed(a, b, ra, sa, rb, sb, self.units[i], self.sr_bits)
         return block_matmul(a, b, sa.fmt, sb.fmt, self.units[i], rounding=sa.rounding, rounding_b=sb.rounding,
                             seed=seed, sr_bits=self.sr_bits or 32).to(a.dtype)
+
+    def reuses_weight(self, trace=None) -> bool:
+        """Whether the grad-input GEMM takes W as the forward GEMM quantised it: W in 2-D tiles (the same
+        blocks for W and W^T), rounded without random bits (no seed drawn, the same bits every time), no
+        MAD unit and no trace observer (which counts each rounding)."""
+        spec = self.weight
+        return (trace is None and self.units is None and is_block(spec) and spec.fmt.tile[0] != 0
+                and spec.rounding != RoundMode.STOCHASTIC)
 
     def q(self, t: Tensor, role: Role, axis: int, trace=None) -> Tensor:
         """t quantised to role's format: a block format along ``axis``, an element format element-wise."""
@@ -189,18 +198,24 @@ class _BlockGemm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2: Tensor, w: Tensor, plan: BlockPlan) -> Tensor:
         ctx.plan, ctx.trace = plan, plan.observer()
-        ctx.save_for_backward(x2, w)
         if plan.units is not None:
+            ctx.save_for_backward(x2, w)
             return plan.mm(x2, w.t(), _I, _W, 0, 0, ctx.trace)
-        return plan.q(x2, _I, -1, ctx.trace) @ plan.q(w, _W, 1, ctx.trace).t()
+        qx = plan.q(x2, _I, -1, ctx.trace)  # before W: the order of the seed draws
+        qw = plan.q(w, _W, 1, ctx.trace)
+        ctx.save_for_backward(x2, w, qw if plan.reuses_weight(ctx.trace) else None)
+        return qx @ qw.t()
 
     @staticmethod
     def backward(ctx, gy: Tensor):
-        x2, w = ctx.saved_tensors
+        x2, w, *qw = ctx.saved_tensors
         p, tr = ctx.plan, ctx.trace
         gx = gw = None
         if ctx.needs_input_grad[0]:
-            gx = p.mm(gy, w, _G, _W, 0, 1, tr)  # K = out_features
+            if qw and qw[0] is not None:  # W's tiles, quantised in forward: the same bits as quantising again
+                gx = p.q(gy, _G, -1, tr) @ qw[0]
+            else:
+                gx = p.mm(gy, w, _G, _W, 0, 1, tr)  # K = out_features
         if ctx.needs_input_grad[1]:
             if p.hadamard is not None:  # the NVFP4 recipe's RHT on both Wgrad operands, along K = tokens
                 gy, x2 = (rht(t, p.hadamard, p.hadamard_seed, 0) for t in (gy, x2))
@@ -278,9 +293,11 @@ def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPla
             x = x.unsqueeze(-2)
             k, st, padding, dil = (1, k[0]), (1, st[0]), (0, padding[0]), (1, dil[0])
         out = [(x.shape[-2 + i] + 2 * padding[i] - dil[i] * (k[i] - 1) - 1) // st[i] + 1 for i in range(2)]
-        cols = F.unfold(x, k, dilation=dil, padding=padding, stride=st)  # (n, C*kh*kw, L), channel-major
-    n = cols.shape[0]
-    x2 = cols.transpose(1, 2).reshape(-1, cols.shape[1])
+        cols = im2col_rows(x, k, st, padding, dil)  # (n*L, C*kh*kw) in one pass, where it applies
+        if cols is None:
+            cols = F.unfold(x, k, dilation=dil, padding=padding, stride=st)  # (n, C*kh*kw, L), channel-major
+    n = x.shape[0]
+    x2 = cols if cols.dim() == 2 else cols.transpose(1, 2).reshape(-1, cols.shape[1])
     w2 = w.reshape(w.shape[0], -1)  # (out, C/groups*prod(k))
     g = module.groups
     kg, og = w2.shape[1], w2.shape[0] // g

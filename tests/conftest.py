@@ -18,6 +18,9 @@ import os
 # Before any kernel module loads: numba's inliner copies with one memo (kernels/_inline_copy.py), the same
 # machine code in about half the compile time; subprocesses the tests start inherit it.
 os.environ.setdefault("EMUNUM_NUMBA_INLINE_COPY", "1")
+# torch.compile tests: inductor compiles in this process, not in a pool of workers that each import torch again
+# (same generated code; about 10 CPU-s less per test process that compiles, measured on one compile test)
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import functools  # noqa: E402
 import types

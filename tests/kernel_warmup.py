@@ -3,7 +3,7 @@
 Without this, at the start of ``make test`` both workers run files that round float32, float64, fixed-point and
 block-format tensors, and each compiles the same kernels at the same moment (measured with an empty cache: about
 90 CPU-seconds compiled twice). The controller starts two processes while the workers collect: one rounds
-float32 tensors, the other float64 and fixed point, each at a small size (serial and pointer kernels) and a
+float32 tensors (float and fixed-point formats), the other float64, in every rounding mode, each at a small size (serial and pointer kernels) and a
 large one (parallel kernels), and one block format each. The first test is held back until both have written
 numba's disk cache; the workers then load the kernels from it.
 A warm-up that fails only costs its time: the tests compile what they need, as without it.
@@ -17,15 +17,19 @@ import sys
 _CODE = """
 import sys, torch, emunum
 from emunum.kernels import cpu
-dtypes = {"f32": [torch.float32], "other": [torch.float64]}[sys.argv[1]]
-fmts = [("e4m3fn", "nearest"), ("e5m2", "stochastic"), ("e5m2", "toward_zero")]
-if sys.argv[1] == "other":
-    fmts += [("int8", "nearest"), ("int8", "stochastic")]
+part = sys.argv[1]
+modes = ["nearest", "nearest_away", "toward_zero", "up", "down", "odd", "stochastic"]
+# (dtype, format): float32 has a loop per mode for float formats and for fixed point (float64 takes the mode
+# as an argument for float formats, a loop per mode for fixed point); every mode, since the test files of
+# both workers use them all
+cases = {"f32": [(torch.float32, "e5m2")], "other": [(torch.float64, "e5m2"), (torch.float64, "int8")]}[part]
+if part == "f32":
+    cases.append((torch.float32, "int8"))
 for n in (100, cpu.PARALLEL_MIN * 2):
-    for dtype in dtypes:
-        for fmt, mode in fmts:
+    for dtype, fmt in cases:
+        for mode in modes:
             emunum.quantize(torch.randn(n, dtype=dtype), fmt, mode, seed=1)
-block = {"f32": "nvfp4", "other": "mxfp8_e4m3"}[sys.argv[1]]  # the block formats' serial loops
+block = {"f32": "nvfp4", "other": "mxfp8_e4m3"}[part]  # the block formats' serial loops
 emunum.quantize(torch.randn(64, 64), block, axis=-1)
 """
 

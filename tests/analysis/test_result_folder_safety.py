@@ -1,16 +1,14 @@
 """Result folders are data (docs/guarantees.md): the analysis commands write only regular files they create
 under their output directory, never through a link; they read only regular files (a FIFO, socket or device is
 skipped with a note, never waited on); absurd values in any file they read end the command with exit status 2
-and a message naming the file. Commands that could hang or crash run in a subprocess with a timeout."""
+and a message naming the file. Commands that could hang or crash run in a forked child process with a timeout."""
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-
 import pytest
 
+import forked_cli
 from emunum import cli
 
 GOOD = {"format": "fp32", "status": "reached", "iterations_to_accuracy": 100, "iterations_run": 100, "seed": 0}
@@ -28,9 +26,8 @@ def _sweep(tmp_path, n=2):
 
 
 def _cli(*argv):
-    """emunum in a subprocess (a hang or a crash fails the test instead of the session)."""
-    p = subprocess.run([sys.executable, "-m", "emunum.cli", *map(str, argv)], capture_output=True, text=True,
-                       timeout=TIMEOUT)
+    """emunum in a forked child process (a hang or a crash fails the test instead of the session)."""
+    p = forked_cli.run(argv, TIMEOUT)
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
     return p
 

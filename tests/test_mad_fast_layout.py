@@ -1,7 +1,8 @@
 """emunum.mad's layouts for the fast kernel (``backend.fast_layout``) give the bits of the layouts they replace.
 
-Where ``gemm_fast`` runs a unit, a convolution runs as one GEMM per group over every sample's columns (forward and
-grad-input) and its bias gradient as ones^T @ grad's rows; elsewhere (and with ``fast_layout`` patched off, the
+Where ``gemm_fast`` runs a unit, a convolution with output rows narrower than a kernel tile runs as one GEMM per
+group over every sample's columns (forward and grad-input; wider rows: per sample, the "wide rows" cases) and its
+bias gradient as ones^T @ grad's rows; elsewhere (and with ``fast_layout`` patched off, the
 reference here) it runs one GEMM per sample and group, as before. Each gradient and output is compared bit for
 bit (zero tolerance, signs of zeros and NaN payload-free NaN positions included). The im2col view that replaced
 ``F.unfold`` is compared with ``F.unfold`` on its own.

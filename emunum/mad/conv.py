@@ -62,6 +62,14 @@ def _patches(x, kh: int, kw: int, stride: tuple, dilation: tuple) -> torch.Tenso
                         (sn, sc, dilation[0] * sh, dilation[1] * sw, stride[0] * sh, stride[1] * sw), x.storage_offset())
 
 
+def _narrow() -> int:
+    """Output rows narrower than this fill a tile of gemm_fast only when the samples are laid side by side
+    (wider ones run per sample, as the kernel reads them best)."""
+    from ..kernels.gemm_cpu import TN
+
+    return TN
+
+
 def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias=None):
     """Unpadded 2-D convolution as batched GEMMs: x (N, C, H, W), weight (O, C/groups, kh, kw) -> (N, O, Ho, Wo)
     in ``dtype``, each output element the dot over (c, i, j) of ``unit``'s datapath, counters its flat index."""
@@ -73,8 +81,9 @@ def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias=None
     Ho, Wo = p.shape[4], p.shape[5]
     L, K = Ho * Wo, Cg * kh * kw
     Am = weight.reshape(G, Og, K)
-    if backend.fast_layout(unit, x.device):
-        # one GEMM per group over every sample's columns, written straight into that layout by one copy
+    if L < _narrow() and backend.fast_layout(unit, x.device):
+        # one GEMM per group over every sample's narrow rows (the layout gemm_cpu would build from the
+        # per-sample GEMMs by transposing copies), written straight into that layout by one copy
         Bm = p.reshape(N, G, Cg, kh, kw, Ho, Wo).permute(1, 2, 3, 4, 0, 5, 6).reshape(G, K, N * L)
         b = None if bias is None else bias.reshape(G, Og, 1)
         out = backend.gemm(Am, Bm, unit, seed, bias=b).view(G, Og, N, Ho, Wo).permute(2, 0, 1, 3, 4)

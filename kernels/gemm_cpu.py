@@ -31,15 +31,17 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, gemm_scalar, gemm_vec, operand_scan, parallel as _parallel, scalar
+from . import _cache, gemm_scalar, gemm_vec, parallel as _parallel, scalar
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
-from .gemm_scalar import (  # noqa: E402
-    NSTREAMS, P_EMIN, P_KIND, P_MAN, P_MAXBITS, P_MODE, P_OVF, P_SUB, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE,
-    add_round, mac, reduce_lanes, round_odd, two_sum,
+from .gemm_fast_plan import (  # noqa: E402,F401  (the planners' names, as before the split)
+    _abs_range, _significant_bits, fast_applies, fast_consts, fast_params, fast_plan,
 )
-from .scalar import NEAREST, round_nearest_fast  # noqa: E402
+from .gemm_scalar import (  # noqa: E402
+    NSTREAMS, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, mac, reduce_lanes, round_odd, two_sum,
+)
+from .scalar import round_nearest_fast  # noqa: E402
 
 TM, TN = 8, 64  # output tile: rows x columns
 
@@ -169,86 +171,6 @@ def mad_elementwise(a, b, c, out, fused, mulp, accp, keys, nbits):
         out[i] = mac(a[i], b[i], c[i], fused, mulp, accp, keys[S_MUL], keys[S_ACC], i, nbits)
 
 
-def fast_params(p: np.ndarray, dtype=np.float64) -> np.ndarray:
-    """(split, magic, min_normal, max, overflow value) of ``round_nearest_fast`` for a float parameter vector,
-    in ``dtype`` arithmetic (float64: 53-bit significands; float32: 24)."""
-    t = 53 if np.dtype(dtype) == np.float64 else 24
-    man, emin, sub = int(p[P_MAN]), int(p[P_EMIN]), int(p[P_SUB])
-    max_value = float(np.array(p[P_MAXBITS], dtype=np.int64).view(np.float64))
-    q = emin - man if sub else emin
-    ovf = (np.inf, np.nan, max_value)[int(p[P_OVF])]
-    return np.array([2.0 ** (t - 1 - man) + 1.0, 1.5 * 2.0 ** (t - 1 + q), 2.0**emin, max_value, ovf], dtype=dtype)
-
-
-def fast_applies(fused: int, mulp: np.ndarray, accp: np.ndarray) -> bool:
-    """Whether ``gemm_fast`` can run the unit's datapath exactly: both roundings to nearest-even FloatFormats,
-    not fused, the product format no wider than the accumulator (see the module docstring), and at least one
-    mantissa bit in each (with none, ties go to the even *code*, i.e. the even exponent, which Veltkamp's
-    split does not see)."""
-    return bool(not fused and mulp[P_KIND] == 0 and accp[P_KIND] == 0 and mulp[P_MODE] == NEAREST
-                and accp[P_MODE] == NEAREST and 1 <= mulp[P_MAN] <= accp[P_MAN])
-
-
-def _abs_range(x: np.ndarray) -> tuple[float, float]:
-    """(max |x|, smallest nonzero |x|) as float64; (0, inf) when x holds no nonzero value. The numpy reading
-    that ``operand_scan.scan`` reproduces in one pass (``fast_plan`` uses the scan; tests compare the two)."""
-    a = np.abs(x.astype(np.float64, copy=False))
-    nz = a[a != 0]
-    return (float(a.max()) if a.size else 0.0), (float(nz.min()) if nz.size else np.inf)
-
-
-def _significant_bits(x: np.ndarray) -> int:
-    """Most significant bits (leading to last set bit) of any nonzero float32 value of x (0 if none)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).reshape(-1)
-    sig = (u & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
-    sig = sig[(u & np.uint32(0x7FFFFFFF)) != 0]
-    if sig.size == 0:
-        return 0
-    low = sig & (~sig + np.uint32(1))  # lowest set bit
-    return int(24 - np.log2(low.astype(np.float64)).min())
-
-
-def fast_plan(A, B, fused, mulp, accp):
-    """None when ``gemm_fast`` does not apply; else (work dtype, mul_sub, acc_sub, checks).
-
-    The flags drop work that provably cannot change a result for these operands:
-    mul_sub: some nonzero |a*b| may fall below the product format's min_normal;
-    acc_sub: some sum may fall below the accumulator's min_normal (never when the products' quantum,
-      2**(emin - man) of mul, is at least that min_normal: every sum is a multiple of it);
-    checks: a product or sum may overflow, or an operand is not finite (bound: K terms of |round(a*b)| <=
-      max|a| max|b| (1 + 2**-mul man), then at most 2K + 8 accumulator roundings on any path, each growing
-      a magnitude by a factor of at most 1 + 2**-acc man).
-    float32 work: exact when every product is exact in binary32 (significant bits of a plus those of b <= 24,
-    no underflow), every product and partial sum stays below 2**100 (so Veltkamp's c = x * split cannot
-    overflow), both formats' smallest quanta are >= 2**-100-ish, and 2 * (acc man + 1) <= 21, which keeps the
-    binary32 sums as good as exact (module docstring's argument with 24-bit instead of 53-bit sums).
-    """
-    if not fast_applies(fused, mulp, accp):
-        return None
-    K = A.shape[2]
-    amax, amin, abits = operand_scan.scan(A)  # one pass each: _abs_range and _significant_bits, same results
-    bmax, bmin, bbits = operand_scan.scan(B)
-    mul_man, mul_emin = int(mulp[P_MAN]), int(mulp[P_EMIN])
-    acc_man, acc_emin = int(accp[P_MAN]), int(accp[P_EMIN])
-    mul_max = float(np.array(mulp[P_MAXBITS], dtype=np.int64).view(np.float64))
-    acc_max = float(np.array(accp[P_MAXBITS], dtype=np.int64).view(np.float64))
-    finite = bool(np.isfinite(amax) and np.isfinite(bmax))
-    mul_sub = not (amin * bmin >= 2.0**mul_emin)
-    acc_sub = not (mul_emin - mul_man >= acc_emin)
-    top = amax * bmax
-    log_bound = np.inf  # log2 of a bound on every |product| and |partial sum|
-    if finite:
-        log_bound = -np.inf if top == 0.0 else (np.log2(max(K, 1)) + np.log2(top) + np.log2(1.0 + 2.0**-mul_man)
-                                                + (2 * K + 8) * np.log2(1.0 + 2.0**-acc_man))
-    checks = not (finite and top <= mul_max and log_bound < np.log2(acc_max) - 1e-9)
-    dtype = np.float64
-    if (2 * (acc_man + 1) <= 21 and log_bound <= 100 and amin * bmin >= 2.0**-100
-            and mul_emin - (mul_man if mulp[P_SUB] else 0) >= -100 and acc_emin >= -100
-            and abits + bbits <= 24):
-        dtype = np.float32
-    return dtype, mul_sub, acc_sub, checks
-
-
 def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=None):
     """out[b] = A[b % bA] @ B[b % bB] (+ bias[b]) on the unit's datapath.
 
@@ -363,8 +285,7 @@ def _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, plan):
         return
     dtype, mul_sub, acc_sub, checks = plan
     gemm_fast(np.ascontiguousarray(A, dtype=dtype), np.ascontiguousarray(B, dtype=dtype), bias, has_bias, out,
-              fast_params(mulp, dtype), fast_params(accp, dtype), fast_params(accp), lanes, chunk,
-              bool(mul_sub), bool(acc_sub), bool(checks))
+              *fast_consts(mulp, accp, dtype), lanes, chunk, bool(mul_sub), bool(acc_sub), bool(checks))
 
 
 def mad(a, b, c, out, fused, mulp, accp, keys, nbits):

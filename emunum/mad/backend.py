@@ -17,6 +17,40 @@ from . import approx_backend
 from .unit import MADUnit, Order, stream_keys
 
 _warned_devices: set[str] = set()
+_UNIT_CACHE: dict[int, tuple] = {}  # id(unit) -> (unit, kernel_params(), fast_applies): few units per run
+_ZERO_KEYS: list = []  # stream_keys(0), the keys of every deterministic unit
+
+
+def _unit_entry(unit: MADUnit) -> tuple:
+    """(unit, its kernel parameter vectors, whether gemm_fast runs it), computed once per unit object (the
+    arrays are shared between calls and never written)."""
+    entry = _UNIT_CACHE.get(id(unit))
+    if entry is None or entry[0] is not unit:
+        from ..kernels import gemm_fast_plan
+
+        mulp, accp = unit.kernel_params()
+        if len(_UNIT_CACHE) >= 64:
+            _UNIT_CACHE.clear()
+        entry = _UNIT_CACHE[id(unit)] = (unit, (mulp, accp), gemm_fast_plan.fast_applies(int(unit.fused), mulp, accp))
+    return entry
+
+
+def _keys(seed: int):
+    if seed != 0:
+        return stream_keys(seed)
+    if not _ZERO_KEYS:
+        _ZERO_KEYS.append(stream_keys(0))
+    return _ZERO_KEYS[0]
+
+
+def fast_layout(unit: MADUnit, device: torch.device) -> bool:
+    """Whether ``gemm`` runs ``unit`` on ``device`` with ``kernels.gemm_cpu.gemm_fast`` (a CPU, round-to-nearest
+    float unit: ``gemm_fast_plan.fast_applies``). That kernel computes every output element alone, in a fixed
+    order of its K terms, and draws no random bits, so callers may lay a GEMM's products out as they like
+    (one GEMM over a batch, operands swapped): each output element gets the same bits."""
+    if device.type != "cpu" or unit.multiplier is not None or unit.is_multiterm or unit.order == Order.ANY:
+        return False
+    return _unit_entry(unit)[2]
 
 
 def check_operand(x, name: str) -> None:
@@ -142,9 +176,9 @@ def _gemm(A, B, unit, seed, bias, nb, c, dtype):
         if bias is not None:
             bias_np = np.ascontiguousarray(
                 np.broadcast_to(bias.detach().to(torch.float64).numpy(), (nb, M, N)))
-        mulp, accp = unit.kernel_params()
+        mulp, accp = _unit_entry(unit)[1]
         gemm_cpu.gemm(_np32(A), _np32(B), bias_np, out, int(unit.fused), mulp, accp, unit.lanes, unit.chunk or 0,
-                      stream_keys(seed), unit.sr_bits)
+                      _keys(seed), unit.sr_bits)
         return torch.from_numpy(out)
 
 

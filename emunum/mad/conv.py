@@ -51,23 +51,49 @@ def _padding(padding, kernel: tuple, dilation: tuple, stride: tuple, n: int) -> 
     return tuple((p, p) for p in _pair(padding, "padding", n, 0))
 
 
-def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, bias=None, flops=None):
-    """Unpadded 2-D convolution as one batched GEMM: x (N, C, H, W), weight (O, C/groups, kh, kw) -> float64."""
+def _patches(x, kh: int, kw: int, stride: tuple, dilation: tuple) -> torch.Tensor:
+    """The im2col view of x (N, C, H, W), no copy: (N, C, kh, kw, Ho, Wo) with element [n, c, i, j, y, z] =
+    x[n, c, y*sh + i*dh, z*sw + j*dw] (``F.unfold``'s values, before its reshape to (N, C*kh*kw, Ho*Wo))."""
     N, C, H, W = x.shape
+    Ho = (H - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    Wo = (W - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    sn, sc, sh, sw = x.stride()
+    return x.as_strided((N, C, kh, kw, Ho, Wo),
+                        (sn, sc, dilation[0] * sh, dilation[1] * sw, stride[0] * sh, stride[1] * sw), x.storage_offset())
+
+
+def _narrow() -> int:
+    """Output rows narrower than this fill a tile of gemm_fast only when the samples are laid side by side
+    (wider ones run per sample, as the kernel reads them best)."""
+    from ..kernels.gemm_cpu import TN
+
+    return TN
+
+
+def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias=None, flops=None):
+    """Unpadded 2-D convolution as batched GEMMs: x (N, C, H, W), weight (O, C/groups, kh, kw) -> (N, O, Ho, Wo)
+    in ``dtype``, each output element the dot over (c, i, j) of ``unit``'s datapath, counters its flat index."""
+    N = x.shape[0]
     O, Cg, kh, kw = weight.shape
     G = groups
     Og = O // G
-    Ho = (H - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    Wo = (W - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    L = Ho * Wo
-    cols = F.unfold(x, (kh, kw), dilation=dilation, stride=stride)  # (N, C*kh*kw, L), exact copies
-    Bm = cols.reshape(N * G, Cg * kh * kw, L)
-    Am = weight.reshape(G, Og, Cg * kh * kw)
+    p = _patches(x, kh, kw, stride, dilation)
+    Ho, Wo = p.shape[4], p.shape[5]
+    L, K = Ho * Wo, Cg * kh * kw
+    Am = weight.reshape(G, Og, K)
+    if L < _narrow() and backend.fast_layout(unit, x.device):
+        # one GEMM per group over every sample's narrow rows (the layout gemm_cpu would build from the
+        # per-sample GEMMs by transposing copies), written straight into that layout by one copy
+        Bm = p.reshape(N, G, Cg, kh, kw, Ho, Wo).permute(1, 2, 3, 4, 0, 5, 6).reshape(G, K, N * L)
+        b = None if bias is None else bias.reshape(G, Og, 1)
+        out = backend.gemm(Am, Bm, unit, seed, bias=b, flops=flops)
+        out = out.view(G, Og, N, Ho, Wo).permute(2, 0, 1, 3, 4)
+        return torch.empty((N, G, Og, Ho, Wo), dtype=dtype, device=x.device).copy_(out).view(N, O, Ho, Wo)
     b = None
     if bias is not None:
         b = bias.reshape(1, G, Og, 1).expand(N, G, Og, L).reshape(N * G, Og, L)
-    out = backend.gemm(Am, Bm, unit, seed, bias=b, nb=N * G, flops=flops)
-    return out.reshape(N, O, Ho, Wo)
+    out = backend.gemm(Am, p.reshape(N * G, K, L), unit, seed, bias=b, nb=N * G, flops=flops)
+    return out.reshape(N, O, Ho, Wo).to(dtype)
 
 
 class _Conv2dFn(torch.autograd.Function):
@@ -75,11 +101,11 @@ class _Conv2dFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, stride, dilation, groups, unit, units_bwd, seed, dtype):
-        out = _conv_gemm(x, weight, stride, dilation, groups, unit, seed, bias)
+        out = _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias)
         ctx.save_for_backward(x, weight)
         ctx.conf = (stride, dilation, groups, units_bwd, seed, bias is not None,
                     None if bias is None else bias.dtype)
-        return out.to(dtype)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -94,30 +120,30 @@ class _Conv2dFn(torch.autograd.Function):
         if any(ctx.needs_input_grad[:3]):
             backend.check_operand(grad, "grad_output")
         if ctx.needs_input_grad[0]:
-            # zero-upsample by stride, pad by dilation*(k-1) (+ the rows/cols the forward dropped), flip the kernel
-            up = grad.new_zeros((N, O, (Ho - 1) * stride[0] + 1, (Wo - 1) * stride[1] + 1))
-            up[:, :, ::stride[0], ::stride[1]] = grad
+            # zero-upsample by stride, pad by dilation*(k-1) before and up to the input size after (the rows
+            # and columns the forward dropped), flip the kernel; one buffer of zeros, grad copied into it
             ph, pw = dilation[0] * (kh - 1), dilation[1] * (kw - 1)
-            extra_h = H - ((Ho - 1) * stride[0] + 1 + dilation[0] * (kh - 1))
-            extra_w = W - ((Wo - 1) * stride[1] + 1 + dilation[1] * (kw - 1))
-            up = F.pad(up, (pw, pw + extra_w, ph, ph + extra_h))
+            up = grad.new_zeros((N, O, H + ph, W + pw))
+            up[:, :, ph:ph + (Ho - 1) * stride[0] + 1:stride[0], pw:pw + (Wo - 1) * stride[1] + 1:stride[1]] = grad
             wf = weight.reshape(G, Og, Cg, kh, kw).transpose(1, 2).flip(-1, -2).reshape(G * Cg, Og, kh, kw)
             # counted as torch counts an input gradient (the forward's FLOPs), not over the padding and zeros
-            gx = _conv_gemm(up, wf, (1, 1), dilation, G, u_in, _bwd_seed(u_in, seed, ROLE_GRAD_INPUT),
-                            flops=2 * grad.numel() * Cg * kh * kw)
-            grad_x = gx.to(x.dtype)
-        if ctx.needs_input_grad[1] or (has_bias and ctx.needs_input_grad[2]):
-            g = grad.reshape(N, G, Og, L)
+            grad_x = _conv_gemm(up, wf, (1, 1), dilation, G, u_in, _bwd_seed(u_in, seed, ROLE_GRAD_INPUT), x.dtype,
+                                flops=2 * grad.numel() * Cg * kh * kw)
         if ctx.needs_input_grad[1]:
-            cols = F.unfold(x, (kh, kw), dilation=dilation, stride=stride).reshape(N, G, Cg * kh * kw, L)
-            Am = g.permute(1, 2, 0, 3).reshape(G, Og, N * L)
-            Bm = cols.permute(1, 0, 3, 2).reshape(G, N * L, Cg * kh * kw)
+            p = _patches(x, kh, kw, stride, dilation).reshape(N, G, Cg, kh, kw, Ho, Wo)
+            Am = grad.reshape(N, G, Og, L).permute(1, 2, 0, 3).reshape(G, Og, N * L)
+            Bm = p.permute(1, 0, 5, 6, 2, 3, 4).reshape(G, N * L, Cg * kh * kw)
             gw = backend.gemm(Am, Bm, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_WEIGHT))
             grad_w = gw.reshape(O, Cg, kh, kw).to(weight.dtype)
         if has_bias and ctx.needs_input_grad[2]:
-            Am = grad.permute(1, 0, 2, 3).reshape(1, O, N * L)
             ones = torch.ones((1, N * L, 1), dtype=torch.float32, device=grad.device)
-            gb = backend.gemm(Am, ones, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_BIAS), flops=0)  # torch: a sum
+            if backend.fast_layout(u_w, grad.device):  # ones^T @ grad's rows: the layout gemm_fast takes
+                rows = grad.permute(0, 2, 3, 1).reshape(1, N * L, O)
+                gb = backend.gemm(ones.reshape(1, 1, N * L), rows, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_BIAS),
+                                  flops=0)  # torch: a sum, not a GEMM
+            else:
+                Am = grad.permute(1, 0, 2, 3).reshape(1, O, N * L)
+                gb = backend.gemm(Am, ones, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_BIAS), flops=0)  # torch: a sum
             grad_b = gb.reshape(O).to(bias_dtype)
         return grad_x, grad_w, grad_b, None, None, None, None, None, None, None
 

@@ -4,6 +4,7 @@
     python benchmarks/real_models.py --policy mad           # ResNet-18 on mad="h100_fp8_e4m3" (32x32, batch 2)
     python benchmarks/real_models.py --models bert,llama --rounds 9 --profile llama
     python benchmarks/real_models.py --models cnn2d,resnet18,bert,llama --compare-elide
+    python benchmarks/real_models.py --models cnn2d,resnet18,bert,llama --compare-fused
 
 Models (random weights, built from configs; nothing is downloaded):
 - ``cnn2d``: a small 2-D CNN written here, tuned by no benchmark: conv3x3(3->16)-ReLU-conv3x3(16->32)-ReLU-
@@ -25,7 +26,8 @@ same plus ``mad="h100_fp8_e4m3"`` (GEMMs on the emulated H100 FP8 tensor core; r
 numba thread unless ``--threads``. Each round times ``--steps`` steps of every (model, fp32/policy) pair in turn,
 after a warm-up round that compiles the kernels (and runs the patched model's first-forward coverage check); the figure is the median over rounds of the mean step time, and
 the ratio is against that model's fp32 median from the same run. ``--compare-elide`` adds the policy with
-``elide=False`` (every rounding run; ``docs/elision.md``) to the same rounds. Only public API is used
+``elide=False`` (every rounding run; ``docs/elision.md``) to the same rounds; ``--compare-fused`` adds the
+policy with the one-node-per-layer path off (``emunum.nn.fused.fused(False)`` around each step). Only public API is used
 (``emunum.patch``), so the script measures whatever the patch emulates today.
 """
 from __future__ import annotations
@@ -160,6 +162,16 @@ def make_step(model: nn.Module, make_loss):
     return step
 
 
+def _unfused(step):
+    from emunum.nn.fused import fused
+
+    def run():
+        with fused(False):
+            step()
+
+    return run
+
+
 # ------------------------------------------------------------------------------------------------- main
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -175,6 +187,8 @@ def main(argv=None) -> None:
     p.add_argument("--cnn-batch", type=int, default=64)
     p.add_argument("--compare-elide", action="store_true",
                    help="also time the policy with elide=False (every rounding run), interleaved")
+    p.add_argument("--compare-fused", action="store_true",
+                   help="also time the policy with the fused GEMM node off (one node per rounding), interleaved")
     p.add_argument("--layers-only", action="store_true",
                    help="also time the policy with functional=False (swapped layers only, no functional GEMMs)")
     p.add_argument("--profile", default=None, metavar="MODEL",
@@ -221,11 +235,16 @@ def main(argv=None) -> None:
             mo, losso, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
             emunum.patch(mo, elide=False, **policy)
             runs[(n, "elide-off")] = make_step(mo, losso)
+        if a.compare_fused:
+            mf, lossf, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
+            emunum.patch(mf, **policy)
+            runs[(n, "fused-off")] = _unfused(make_step(mf, lossf))
         if a.layers_only:
             ml, lossl, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
             emunum.patch(ml, functional=False, **policy)
             runs[(n, "layers-only")] = make_step(ml, lossl)
     configs = (("fp32", a.policy) + (("elide-off",) if a.compare_elide else ())
+               + (("fused-off",) if a.compare_fused else ())
                + (("layers-only",) if a.layers_only else ()))
     pairs = [(n, k) for n in names for k in configs]
     t_warm = time.perf_counter()

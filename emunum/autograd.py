@@ -109,14 +109,18 @@ class _EagerSTE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         p = ctx.plan
-        if not p.clipped and p.backward is not None and not (grad.requires_grad and torch.is_grad_enabled()) \
-                and eager_ok(grad):  # what ste_gradient -> quantize_args do here, less their Python
-            g = _round_cpu(grad, p.backward, p.backward_mode, p.backward_seed, p.sr_bits)
-            if g is not None:
-                return g, None
-        x = ctx.saved_tensors[0] if p.clipped else None
-        return ste_gradient(grad, x, p.forward, p.backward, p.args[2], p.backward_mode, p.backward_seed,
-                            p.sr_bits), None
+        return eager_ste_gradient(p, grad, ctx.saved_tensors[0] if p.clipped else None), None
+
+
+def eager_ste_gradient(p: _Plan, grad: Tensor, x) -> Tensor:
+    """The gradient ``_EagerSTE`` passes to its input: ``grad`` (masked where the saved input x lay out of range,
+    for a clipped plan; x is None otherwise) rounded to ``p.backward``."""
+    if not p.clipped and p.backward is not None and not (grad.requires_grad and torch.is_grad_enabled()) \
+            and eager_ok(grad):  # what ste_gradient -> quantize_args do here, less their Python
+        g = _round_cpu(grad, p.backward, p.backward_mode, p.backward_seed, p.sr_bits)
+        if g is not None:
+            return g
+    return ste_gradient(grad, x, p.forward, p.backward, p.args[2], p.backward_mode, p.backward_seed, p.sr_bits)
 
 
 # ``_EagerSTE.apply`` less its Python preamble: with ``eager_ok`` (no functorch transform active) and no

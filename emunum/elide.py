@@ -122,7 +122,8 @@ def _hook_history(x: Tensor) -> None:
         node = nxt[0][0]
 
 
-def _forward(x: Tensor, plan) -> Tensor:
+def forward_eliding(x: Tensor, plan) -> Tensor:
+    """``plan``'s forward value of x (``_ElideSTE``'s forward): skipped where x is on its grid; the result tagged."""
     f = plan.forward
     have = input_grid(x)
     if f is None:
@@ -148,27 +149,32 @@ class _ElideSTE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, plan) -> Tensor:
         ctx.plan = plan
-        return _forward(x, plan)
+        return forward_eliding(x, plan)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        p = ctx.plan
-        if p.backward is None:
-            return grad, None
-        if grid.nests(grid.grid_of(grad), p.backward):
-            if p.backward_mode is _STOCHASTIC and p.backward_seed is None:
-                resolve_seed(None)
-            grid.elided["backward"] += 1
-            return _in_rounding_layout(grad), None
-        g = None
-        if not (grad.requires_grad and torch.is_grad_enabled()) and eager_ok(grad):
-            g = _round_cpu(grad, p.backward, p.backward_mode, p.backward_seed, p.sr_bits)
-        if g is None:
-            g = ste_gradient(grad, None, p.forward, p.backward, p.args[2], p.backward_mode, p.backward_seed,
-                             p.sr_bits)
-        if grid.taggable(p.backward, g):
-            grid.mark(g, p.backward)
-        return g, None
+        return backward_eliding(ctx.plan, grad), None
+
+
+def backward_eliding(p, grad: Tensor) -> Tensor:
+    """The gradient ``_ElideSTE`` passes to its input: ``grad`` rounded to ``p.backward``, or passed on (laid out
+    as the rounding's result, its seed drawn) where it is on that grid; the rounded result is tagged."""
+    if p.backward is None:
+        return grad
+    if grid.nests(grid.grid_of(grad), p.backward):
+        if p.backward_mode is _STOCHASTIC and p.backward_seed is None:
+            resolve_seed(None)
+        grid.elided["backward"] += 1
+        return _in_rounding_layout(grad)
+    g = None
+    if not (grad.requires_grad and torch.is_grad_enabled()) and eager_ok(grad):
+        g = _round_cpu(grad, p.backward, p.backward_mode, p.backward_seed, p.sr_bits)
+    if g is None:
+        g = ste_gradient(grad, None, p.forward, p.backward, p.args[2], p.backward_mode, p.backward_seed,
+                         p.sr_bits)
+    if grid.taggable(p.backward, g):
+        grid.mark(g, p.backward)
+    return g
 
 
 _elide_apply = super(torch.autograd.Function, _ElideSTE).apply  # as autograd._eager_ste_apply
@@ -188,4 +194,4 @@ def round_eliding(plan, x: Tensor) -> Tensor:
         if plan.backward is not None:
             _hook_history(x)
         return _elide_apply(_unwrap_if_dead(x), plan)
-    return _forward(x, plan)
+    return forward_eliding(x, plan)

@@ -16,6 +16,7 @@ from typing import Union
 import torch
 from torch import Tensor, nn
 
+from .backends import GENERATION as _GENERATION
 from .buffers import HUGE_MIN_BYTES
 from .formats import FixedFormat, FloatFormat, RoundMode, format_or_none, parse_enum
 from .ops import derive_seed, eager_ok, format_to_args, ste_gradient
@@ -90,8 +91,23 @@ def _round_cpu(x: Tensor, fmt, mode: RoundMode, seed, nbits: int):
         return None
     key = seed_key(resolve_seed(seed)) if mode is RoundMode.STOCHASTIC else _KEY0
     y = torch.empty_like(x)
-    _cpu_runner(fmt, x.dtype)(x.data_ptr(), y.data_ptr(), n, int(mode), key, nbits)
+    _runner(fmt, x.dtype)(x.data_ptr(), y.data_ptr(), n, int(mode), key, nbits)
     return y
+
+
+_runners: dict = {}  # (id(fmt), dtype) -> (fmt, runner, backends.GENERATION): no dataclass hash per rounding
+
+
+def _runner(fmt, dtype):
+    """``backends.cpu_runner(fmt, dtype)``, looked up by the format's identity."""
+    entry = _runners.get((id(fmt), dtype))
+    if entry is not None and entry[0] is fmt and entry[2] == _GENERATION[0]:
+        return entry[1]
+    if len(_runners) > 256:
+        _runners.clear()
+    run = _cpu_runner(fmt, dtype)
+    _runners[(id(fmt), dtype)] = (fmt, run, _GENERATION[0])
+    return run
 
 
 class _EagerSTE(torch.autograd.Function):

@@ -105,21 +105,45 @@ def _propagate(grad_inputs, grad_outputs):
     return None
 
 
+# nodes whose gradients for their inputs are always new tensors: a grid tag on what they receive reaches no rounding
+_SINK_NODES = frozenset({
+    "MmBackward0", "BmmBackward0", "MulBackward0", "DivBackward0", "SoftmaxBackward0", "NativeLayerNormBackward0",
+    "NativeBatchNormBackward0", "GeluBackward0", "SiluBackward0", "EmbeddingBackward0", "MeanBackward0",
+    "MeanBackward1", "MaskedFillBackward0",
+})
+
+
+def _sink(node) -> bool:
+    """Whether ``node`` (the first node past a chain of grid-keeping nodes) drops every grid tag it receives:
+    it is None, in ``_SINK_NODES``, or an expand whose backward sums (a no-op expand passes its gradient on)."""
+    if node is None:
+        return True
+    name = type(node).__name__
+    if name == "ExpandBackward0":
+        return tuple(node._saved_self_sym_sizes) != tuple(node._input_metadata[0].shape)
+    return name in _SINK_NODES
+
+
 def _hook_history(x: Tensor) -> None:
-    """Register ``_propagate`` on the grid-keeping nodes that produced x, up to the previous rounding."""
-    node = x.grad_fn
+    """Register ``_propagate`` on the grid-keeping nodes that produced x, up to the previous rounding; not where
+    the chain ends in a node that drops the tags (``_sink``): there the tags would reach no rounding."""
+    node, chain, ends = x.grad_fn, [], None
     for _ in range(_WALK_DEPTH):
-        if node is None:
-            return
         name = type(node).__name__
-        if name in _MOVE_NODES or (name in _POOL_NODES and _non_overlapping(node)):
-            node.register_hook(_propagate)
-        else:
-            return
+        if node is None or not (name in _MOVE_NODES or (name in _POOL_NODES and _non_overlapping(node))):
+            ends = (node,)
+            break
+        chain.append(node)
         nxt = node.next_functions
         if len(nxt) != 1:
-            return
+            ends = tuple(n for n, _ in nxt)
+            break
         node = nxt[0][0]
+    # ends None: the walk stopped at its depth, and what lies beyond is unknown
+    if not chain or (ends is not None and all(_sink(n) for n in ends)):
+        return
+    for n in chain:
+        n.register_hook(_propagate)
 
 
 def forward_eliding(x: Tensor, plan) -> Tensor:

@@ -249,14 +249,13 @@ def _operand_ok(t: Tensor, dtype) -> bool:
             and not t._backward_hooks and not t._post_accumulate_grad_hooks)
 
 
-def _spec(layer, x: Tensor, gemm):
+def _spec(layer, x: Tensor, w: Tensor, b, gemm):
     """The node's spec for this call, or None where the layer must round role by role (module doc)."""
     if not _enabled[0] or not torch.is_grad_enabled() or layer._emunum_policy.mad is not None:
         return None
     trace = layer._emunum_trace
     if trace is not None and trace.active:
         return None
-    w, b = layer.weight, layer.bias
     if not (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
         return None
     dtype = x.dtype
@@ -286,10 +285,11 @@ _LINEAR = ("linear",)
 
 def fused_linear(layer, x: Tensor):
     """``layer``'s element-wise forward through one node, or None (then the caller rounds role by role)."""
-    if x.dim() < 2 or layer.weight.dim() != 2:
+    w, b = layer.weight, layer.bias
+    if x.dim() < 2 or w.dim() != 2:
         return None
-    spec = _spec(layer, x, _LINEAR)
-    return None if spec is None else _call(x, layer.weight, layer.bias, spec)
+    spec = _spec(layer, x, w, b, _LINEAR)
+    return None if spec is None else _call(x, w, b, spec)
 
 
 def fused_conv(layer, x: Tensor):
@@ -298,5 +298,6 @@ def fused_conv(layer, x: Tensor):
     if layer.padding_mode != "zeros" or isinstance(layer.padding, str) or x.dim() != nd + 2:
         return None
     gemm = ("conv", list(layer.stride), list(layer.padding), list(layer.dilation), layer.groups, [0] * nd)
-    spec = _spec(layer, x, gemm)
-    return None if spec is None else _call(x, layer.weight, layer.bias, spec)
+    w, b = layer.weight, layer.bias
+    spec = _spec(layer, x, w, b, gemm)
+    return None if spec is None else _call(x, w, b, spec)

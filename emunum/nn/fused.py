@@ -292,10 +292,15 @@ def fused_linear(layer, x: Tensor):
     return None if spec is None else _call(x, w, b, spec)
 
 
+# torch's convolutions (F.conv*d of the layer's own geometry); a registered class with its own stays role by role
+_TORCH_CONV = frozenset({torch.nn.Conv1d._conv_forward, torch.nn.Conv2d._conv_forward, torch.nn.Conv3d._conv_forward})
+
+
 def fused_conv(layer, x: Tensor):
     """The same for a Conv1d/2d/3d layer with zeros padding given as numbers and a batched input."""
     nd = len(layer.kernel_size)
-    if layer.padding_mode != "zeros" or isinstance(layer.padding, str) or x.dim() != nd + 2:
+    if type(layer)._conv_forward not in _TORCH_CONV or layer.padding_mode != "zeros" \
+            or isinstance(layer.padding, str) or x.dim() != nd + 2:
         return None
     gemm = ("conv", list(layer.stride), list(layer.padding), list(layer.dilation), layer.groups, [0] * nd)
     w, b = layer.weight, layer.bias

@@ -272,6 +272,25 @@ def test_the_layer_rounds_role_by_role_where_the_node_does_not_apply(case):
     assert NODE not in names
 
 
+class _ScaledConv(nn.Conv2d):
+    """A convolution class of its own (a registered foreign layer): its ``_conv_forward`` is not torch's."""
+
+    def _conv_forward(self, x, w, b):
+        return super()._conv_forward(x, w * 0.5, b)
+
+
+def test_a_conv_class_with_its_own_forward_rounds_role_by_role_and_keeps_its_semantics():
+    cls = emunum.nn.emu_class(_ScaledConv, emunum.nn.ConvMixin)
+    torch.manual_seed(0)
+    layer = cls.from_float(_ScaledConv(2, 3, 3), fmt="e4m3fn", grad="e5m2")
+    x = torch.randn(1, 2, 5, 5, requires_grad=True)
+    with fused(True):
+        y = layer(x)
+    with fused(False):
+        y0 = layer(x)
+    assert NODE not in _nodes(y) and _same(y, y0)
+
+
 def test_double_backward_through_the_node_raises_and_works_with_the_node_off():
     layer = emunum.nn.EmuLinear.from_float(nn.Linear(4, 3), fmt=None, grad="bf16")
     x = torch.randn(2, 4, dtype=torch.float32, requires_grad=True)

@@ -191,6 +191,9 @@ def main(argv=None) -> None:
                    help="also time the policy with the fused GEMM node off (one node per rounding), interleaved")
     p.add_argument("--layers-only", action="store_true",
                    help="also time the policy with functional=False (swapped layers only, no functional GEMMs)")
+    p.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                   help="wall: time.perf_counter; cpu: this process's CPU time (time.process_time), which other "
+                   "processes on a shared machine disturb less (with one thread it is the step's own work)")
     p.add_argument("--profile", default=None, metavar="MODEL",
                    help="after timing, cProfile 5 steps of MODEL under the policy and print the top functions")
     a = p.parse_args(argv)
@@ -253,13 +256,14 @@ def main(argv=None) -> None:
             runs[key]()
     t_warm = time.perf_counter() - t_warm
     times = {key: [] for key in pairs}
+    clock = time.process_time if a.clock == "cpu" else time.perf_counter
     for _ in range(rounds):
         for key in pairs:
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(steps):
                 runs[key]()
-            times[key].append((time.perf_counter() - t0) / steps)
-    print(f"# {steps} steps x {rounds} rounds, interleaved; warm-up {t_warm:.1f} s")
+            times[key].append((clock() - t0) / steps)
+    print(f"# {steps} steps x {rounds} rounds, interleaved, {a.clock} clock; warm-up {t_warm:.1f} s")
     print(f"{'model':<9} {'shape':<20} {'config':<12} {'ms/step (median)':>17} {'min':>9} {'max':>9} {'x fp32':>7}")
     for n in names:
         base = statistics.median(times[(n, "fp32")])

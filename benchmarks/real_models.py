@@ -27,7 +27,8 @@ numba thread unless ``--threads``. Each round times ``--steps`` steps of every (
 after a warm-up round that compiles the kernels (and runs the patched model's first-forward coverage check); the figure is the median over rounds of the mean step time, and
 the ratio is against that model's fp32 median from the same run. ``--compare-elide`` adds the policy with
 ``elide=False`` (every rounding run; ``docs/elision.md``) to the same rounds; ``--compare-fused`` adds the
-policy with the one-node-per-layer path off (``emunum.nn.fused.fused(False)`` around each step). Only public API is used
+policy with the one-node-per-layer path off (``emunum.nn.fused.fused(False)`` around each step). ``--clock cpu``
+times this process's CPU time instead of wall time (steadier on a shared machine). Only public API is used
 (``emunum.patch``), so the script measures whatever the patch emulates today.
 """
 from __future__ import annotations

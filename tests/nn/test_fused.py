@@ -320,3 +320,19 @@ def test_elision_counts_are_the_same_with_the_node_on_and_off():
         _train(cnn, _cnn_loss, on, POLICIES["e4m3fn_e5m2"])
         counts.append(dict(grid.elided))
     assert counts[0] == counts[1] and counts[0].get("backward", 0) > 0
+
+
+@pytest.mark.parametrize("value,on", [("", True), ("1", True), ("on", True), ("0", False), ("false", False)])
+def test_the_environment_variable_sets_the_default(value, on, monkeypatch):
+    from emunum.nn import fused as module
+
+    monkeypatch.setenv("EMUNUM_FUSED", value)
+    assert module._env_default() is on
+
+
+def test_a_bad_environment_value_is_refused(monkeypatch):
+    from emunum.nn import fused as module
+
+    monkeypatch.setenv("EMUNUM_FUSED", "maybe")
+    with pytest.raises(ValueError, match="EMUNUM_FUSED='maybe'"):
+        module._env_default()

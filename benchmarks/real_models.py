@@ -4,6 +4,7 @@
     python benchmarks/real_models.py --policy mad           # ResNet-18 on mad="h100_fp8_e4m3" (32x32, batch 2)
     python benchmarks/real_models.py --models bert,llama --rounds 9 --profile llama
     python benchmarks/real_models.py --models cnn2d,resnet18,bert,llama --compare-elide
+    python benchmarks/real_models.py --models cnn2d,resnet18,bert,llama --compare-fused
 
 Models (random weights, built from configs; nothing is downloaded):
 - ``cnn2d``: a small 2-D CNN written here, tuned by no benchmark: conv3x3(3->16)-ReLU-conv3x3(16->32)-ReLU-
@@ -25,7 +26,10 @@ same plus ``mad="h100_fp8_e4m3"`` (GEMMs on the emulated H100 FP8 tensor core; r
 numba thread unless ``--threads``. Each round times ``--steps`` steps of every (model, fp32/policy) pair in turn,
 after a warm-up round that compiles the kernels (and runs the patched model's first-forward coverage check); the figure is the median over rounds of the mean step time, and
 the ratio is against that model's fp32 median from the same run. ``--compare-elide`` adds the policy with
-``elide=False`` (every rounding run; ``docs/elision.md``) to the same rounds. Only public API is used
+``elide=False`` (every rounding run; ``docs/elision.md``) to the same rounds; ``--compare-fused`` turns the
+one-node-per-layer path on for the policy (``emunum.nn.fused.set_fused(True)``; it is off by default) and adds
+the policy with it off (``fused(False)`` around each step). ``--clock cpu``
+times this process's CPU time instead of wall time (steadier on a shared machine). Only public API is used
 (``emunum.patch``), so the script measures whatever the patch emulates today.
 """
 from __future__ import annotations
@@ -160,6 +164,16 @@ def make_step(model: nn.Module, make_loss):
     return step
 
 
+def _unfused(step):
+    from emunum.nn.fused import fused
+
+    def run():
+        with fused(False):
+            step()
+
+    return run
+
+
 # ------------------------------------------------------------------------------------------------- main
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -175,8 +189,13 @@ def main(argv=None) -> None:
     p.add_argument("--cnn-batch", type=int, default=64)
     p.add_argument("--compare-elide", action="store_true",
                    help="also time the policy with elide=False (every rounding run), interleaved")
+    p.add_argument("--compare-fused", action="store_true",
+                   help="time the policy with the fused GEMM node on (off by default) and, interleaved, off")
     p.add_argument("--layers-only", action="store_true",
                    help="also time the policy with functional=False (swapped layers only, no functional GEMMs)")
+    p.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                   help="wall: time.perf_counter; cpu: this process's CPU time (time.process_time), which other "
+                   "processes on a shared machine disturb less (with one thread it is the step's own work)")
     p.add_argument("--profile", default=None, metavar="MODEL",
                    help="after timing, cProfile 5 steps of MODEL under the policy and print the top functions")
     a = p.parse_args(argv)
@@ -209,6 +228,10 @@ def main(argv=None) -> None:
     policy = POLICIES[a.policy]
     print(f"# policy {a.policy}: emunum.patch(model, " + ", ".join(f"{k}={v!r}" for k, v in policy.items()) + ")")
 
+    if a.compare_fused:
+        from emunum.nn.fused import set_fused
+
+        set_fused(True)
     runs = {}
     for n in names:
         m32, loss32, desc = build(n, a.batch, a.seq, a.image, a.cnn_batch)
@@ -221,11 +244,16 @@ def main(argv=None) -> None:
             mo, losso, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
             emunum.patch(mo, elide=False, **policy)
             runs[(n, "elide-off")] = make_step(mo, losso)
+        if a.compare_fused:
+            mf, lossf, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
+            emunum.patch(mf, **policy)
+            runs[(n, "fused-off")] = _unfused(make_step(mf, lossf))
         if a.layers_only:
             ml, lossl, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
             emunum.patch(ml, functional=False, **policy)
             runs[(n, "layers-only")] = make_step(ml, lossl)
     configs = (("fp32", a.policy) + (("elide-off",) if a.compare_elide else ())
+               + (("fused-off",) if a.compare_fused else ())
                + (("layers-only",) if a.layers_only else ()))
     pairs = [(n, k) for n in names for k in configs]
     t_warm = time.perf_counter()
@@ -234,13 +262,14 @@ def main(argv=None) -> None:
             runs[key]()
     t_warm = time.perf_counter() - t_warm
     times = {key: [] for key in pairs}
+    clock = time.process_time if a.clock == "cpu" else time.perf_counter
     for _ in range(rounds):
         for key in pairs:
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(steps):
                 runs[key]()
-            times[key].append((time.perf_counter() - t0) / steps)
-    print(f"# {steps} steps x {rounds} rounds, interleaved; warm-up {t_warm:.1f} s")
+            times[key].append((clock() - t0) / steps)
+    print(f"# {steps} steps x {rounds} rounds, interleaved, {a.clock} clock; warm-up {t_warm:.1f} s")
     print(f"{'model':<9} {'shape':<20} {'config':<12} {'ms/step (median)':>17} {'min':>9} {'max':>9} {'x fp32':>7}")
     for n in names:
         base = statistics.median(times[(n, "fp32")])

@@ -16,6 +16,7 @@ from typing import Union
 import torch
 from torch import Tensor, nn
 
+from .backends import GENERATION as _GENERATION
 from .buffers import HUGE_MIN_BYTES
 from .formats import FixedFormat, FloatFormat, RoundMode, format_or_none, parse_enum
 from .ops import derive_seed, eager_ok, format_to_args, ste_gradient
@@ -90,8 +91,23 @@ def _round_cpu(x: Tensor, fmt, mode: RoundMode, seed, nbits: int):
         return None
     key = seed_key(resolve_seed(seed)) if mode is RoundMode.STOCHASTIC else _KEY0
     y = torch.empty_like(x)
-    _cpu_runner(fmt, x.dtype)(x.data_ptr(), y.data_ptr(), n, int(mode), key, nbits)
+    _runner(fmt, x.dtype)(x.data_ptr(), y.data_ptr(), n, int(mode), key, nbits)
     return y
+
+
+_runners: dict = {}  # (id(fmt), dtype) -> (fmt, runner, backends.GENERATION): no dataclass hash per rounding
+
+
+def _runner(fmt, dtype):
+    """``backends.cpu_runner(fmt, dtype)``, looked up by the format's identity."""
+    entry = _runners.get((id(fmt), dtype))
+    if entry is not None and entry[0] is fmt and entry[2] == _GENERATION[0]:
+        return entry[1]
+    if len(_runners) > 256:
+        _runners.clear()
+    run = _cpu_runner(fmt, dtype)
+    _runners[(id(fmt), dtype)] = (fmt, run, _GENERATION[0])
+    return run
 
 
 class _EagerSTE(torch.autograd.Function):
@@ -109,14 +125,18 @@ class _EagerSTE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         p = ctx.plan
-        if not p.clipped and p.backward is not None and not (grad.requires_grad and torch.is_grad_enabled()) \
-                and eager_ok(grad):  # what ste_gradient -> quantize_args do here, less their Python
-            g = _round_cpu(grad, p.backward, p.backward_mode, p.backward_seed, p.sr_bits)
-            if g is not None:
-                return g, None
-        x = ctx.saved_tensors[0] if p.clipped else None
-        return ste_gradient(grad, x, p.forward, p.backward, p.args[2], p.backward_mode, p.backward_seed,
-                            p.sr_bits), None
+        return eager_ste_gradient(p, grad, ctx.saved_tensors[0] if p.clipped else None), None
+
+
+def eager_ste_gradient(p: _Plan, grad: Tensor, x) -> Tensor:
+    """The gradient ``_EagerSTE`` passes to its input: ``grad`` (masked where the saved input x lay out of range,
+    for a clipped plan; x is None otherwise) rounded to ``p.backward``."""
+    if not p.clipped and p.backward is not None and not (grad.requires_grad and torch.is_grad_enabled()) \
+            and eager_ok(grad):  # what ste_gradient -> quantize_args do here, less their Python
+        g = _round_cpu(grad, p.backward, p.backward_mode, p.backward_seed, p.sr_bits)
+        if g is not None:
+            return g
+    return ste_gradient(grad, x, p.forward, p.backward, p.args[2], p.backward_mode, p.backward_seed, p.sr_bits)
 
 
 # ``_EagerSTE.apply`` less its Python preamble: with ``eager_ok`` (no functorch transform active) and no

@@ -71,6 +71,10 @@ def cpu_runner(fmt, dtype: torch.dtype):
     return runner(fmt, "cpu", dtype)
 
 
+GENERATION = [0]  # bumped whenever the registered kernels change (for caches of runners kept elsewhere)
+
+
 def _clear() -> None:
     runner.cache_clear()
     cpu_runner.cache_clear()
+    GENERATION[0] += 1

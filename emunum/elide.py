@@ -105,24 +105,49 @@ def _propagate(grad_inputs, grad_outputs):
     return None
 
 
+# nodes whose gradients for their inputs are always new tensors: a grid tag on what they receive reaches no rounding
+_SINK_NODES = frozenset({
+    "MmBackward0", "BmmBackward0", "MulBackward0", "DivBackward0", "SoftmaxBackward0", "NativeLayerNormBackward0",
+    "NativeBatchNormBackward0", "GeluBackward0", "SiluBackward0", "EmbeddingBackward0", "MeanBackward0",
+    "MeanBackward1", "MaskedFillBackward0",
+})
+
+
+def _sink(node) -> bool:
+    """Whether ``node`` (the first node past a chain of grid-keeping nodes) drops every grid tag it receives:
+    it is None, in ``_SINK_NODES``, or an expand whose backward sums (a no-op expand passes its gradient on)."""
+    if node is None:
+        return True
+    name = type(node).__name__
+    if name == "ExpandBackward0":
+        return tuple(node._saved_self_sym_sizes) != tuple(node._input_metadata[0].shape)
+    return name in _SINK_NODES
+
+
 def _hook_history(x: Tensor) -> None:
-    """Register ``_propagate`` on the grid-keeping nodes that produced x, up to the previous rounding."""
-    node = x.grad_fn
+    """Register ``_propagate`` on the grid-keeping nodes that produced x, up to the previous rounding; not where
+    the chain ends in a node that drops the tags (``_sink``): there the tags would reach no rounding."""
+    node, chain, ends = x.grad_fn, [], None
     for _ in range(_WALK_DEPTH):
-        if node is None:
-            return
         name = type(node).__name__
-        if name in _MOVE_NODES or (name in _POOL_NODES and _non_overlapping(node)):
-            node.register_hook(_propagate)
-        else:
-            return
+        if node is None or not (name in _MOVE_NODES or (name in _POOL_NODES and _non_overlapping(node))):
+            ends = (node,)
+            break
+        chain.append(node)
         nxt = node.next_functions
         if len(nxt) != 1:
-            return
+            ends = tuple(n for n, _ in nxt)
+            break
         node = nxt[0][0]
+    # ends None: the walk stopped at its depth, and what lies beyond is unknown
+    if not chain or (ends is not None and all(_sink(n) for n in ends)):
+        return
+    for n in chain:
+        n.register_hook(_propagate)
 
 
-def _forward(x: Tensor, plan) -> Tensor:
+def forward_eliding(x: Tensor, plan) -> Tensor:
+    """``plan``'s forward value of x (``_ElideSTE``'s forward): skipped where x is on its grid; the result tagged."""
     f = plan.forward
     have = input_grid(x)
     if f is None:
@@ -148,27 +173,32 @@ class _ElideSTE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, plan) -> Tensor:
         ctx.plan = plan
-        return _forward(x, plan)
+        return forward_eliding(x, plan)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        p = ctx.plan
-        if p.backward is None:
-            return grad, None
-        if grid.nests(grid.grid_of(grad), p.backward):
-            if p.backward_mode is _STOCHASTIC and p.backward_seed is None:
-                resolve_seed(None)
-            grid.elided["backward"] += 1
-            return _in_rounding_layout(grad), None
-        g = None
-        if not (grad.requires_grad and torch.is_grad_enabled()) and eager_ok(grad):
-            g = _round_cpu(grad, p.backward, p.backward_mode, p.backward_seed, p.sr_bits)
-        if g is None:
-            g = ste_gradient(grad, None, p.forward, p.backward, p.args[2], p.backward_mode, p.backward_seed,
-                             p.sr_bits)
-        if grid.taggable(p.backward, g):
-            grid.mark(g, p.backward)
-        return g, None
+        return backward_eliding(ctx.plan, grad), None
+
+
+def backward_eliding(p, grad: Tensor) -> Tensor:
+    """The gradient ``_ElideSTE`` passes to its input: ``grad`` rounded to ``p.backward``, or passed on (laid out
+    as the rounding's result, its seed drawn) where it is on that grid; the rounded result is tagged."""
+    if p.backward is None:
+        return grad
+    if grid.nests(grid.grid_of(grad), p.backward):
+        if p.backward_mode is _STOCHASTIC and p.backward_seed is None:
+            resolve_seed(None)
+        grid.elided["backward"] += 1
+        return _in_rounding_layout(grad)
+    g = None
+    if not (grad.requires_grad and torch.is_grad_enabled()) and eager_ok(grad):
+        g = _round_cpu(grad, p.backward, p.backward_mode, p.backward_seed, p.sr_bits)
+    if g is None:
+        g = ste_gradient(grad, None, p.forward, p.backward, p.args[2], p.backward_mode, p.backward_seed,
+                         p.sr_bits)
+    if grid.taggable(p.backward, g):
+        grid.mark(g, p.backward)
+    return g
 
 
 _elide_apply = super(torch.autograd.Function, _ElideSTE).apply  # as autograd._eager_ste_apply
@@ -188,4 +218,4 @@ def round_eliding(plan, x: Tensor) -> Tensor:
         if plan.backward is not None:
             _hook_history(x)
         return _elide_apply(_unwrap_if_dead(x), plan)
-    return _forward(x, plan)
+    return forward_eliding(x, plan)

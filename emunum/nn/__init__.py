@@ -25,6 +25,8 @@ through (``Policy.ste``), then an identity whose backward rounds the gradient. S
 seeds from torch's default generator on every call, so ``torch.manual_seed`` makes runs repeatable.
 Roundings of tensors already on the format's grid are skipped where that changes no bit, seed draws included
 (``emunum.elide``, docs/elision.md; ``patch(..., elide=False)`` or ``EMUNUM_ELIDE=0`` turns it off).
+With ``EMUNUM_FUSED=1`` an element-wise Linear or Conv call runs all its roundings and its GEMM as one autograd
+node, with the same bits and seed draws (``emunum.nn.fused``; off by default: no double backward through it).
 
 Per-tensor scaling (a role whose ``RoleSpec.scaling`` is ``per_tensor``, see ``emunum.policy.Scaling``):
 a forward role rounds ``x`` as ``quantize_ste(x * s) / s`` with ``s = per_tensor_scale(x, fmt)``, the

@@ -14,6 +14,7 @@ from ..formats import BlockFormat
 from ..policy import Role
 from .base import EmuLayer, _linear, _mad
 from .block_gemm import block_conv, block_conv_transpose, block_linear
+from .fused import fused_conv, fused_linear
 
 # ---- Linear ---------------------------------------------------------------------------------------------
 class LinearMixin(EmuLayer):
@@ -26,6 +27,9 @@ class LinearMixin(EmuLayer):
             b = None if self.bias is None else R(self.bias, Role.WEIGHT)
             y = block_linear(R(input, Role.INPUT), R(self.weight, Role.WEIGHT), b, self._emunum_block)
             return R(y, Role.OUTPUT)
+        y = fused_linear(self, input)  # one autograd node for the roundings and the GEMM, where it applies
+        if y is not None:
+            return y
         x = self._emu_round(input, Role.INPUT)
         w = self._emu_round(self.weight, Role.WEIGHT)
         b = None if self.bias is None else self._emu_round(self.bias, Role.WEIGHT)
@@ -52,6 +56,9 @@ class ConvMixin(EmuLayer):
             b = None if self.bias is None else R(self.bias, Role.WEIGHT)
             y = block_conv(self, R(input, Role.INPUT), R(self.weight, Role.WEIGHT), b, self._emunum_block)
             return R(y, Role.OUTPUT)
+        y = fused_conv(self, input)
+        if y is not None:
+            return y
         x = self._emu_round(input, Role.INPUT)
         w = self._emu_round(self.weight, Role.WEIGHT)
         b = None if self.bias is None else self._emu_round(self.bias, Role.WEIGHT)

@@ -34,7 +34,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, scalar
-from .block_fast import pow2_block
+from .block_fast import _row_range, pow2_block
 from .scalar.block import FLOOR, pow2_exponent
 
 _cache.guard(__file__, [*scalar.SOURCES, *(os.path.join(os.path.dirname(os.path.abspath(__file__)), f)
@@ -66,18 +66,9 @@ def _bm_slow(m, e, emax_e, pbits):
 
 
 @njit(inline="always")
-def _block_range(b, nbc, tc, C, tiled):
-    if tiled:
-        return b * tc, tc
-    r = b // nbc
-    c0 = (b - r * nbc) * tc
-    return r * C + c0, min(tc, C - c0)
-
-
-@njit(inline="always")
 def _key(bits, b, nbc, tc, C, tiled, P, top_k):
     """Block b's largest key (module doc): amax bits, first position holding it, its sign."""
-    start, size = _block_range(b, nbc, tc, C, tiled)
+    start, size = _row_range(b, nbc, tc, C, tiled)
     key = U64(0)
     for k in range(size):
         u = bits[U64(start + k)]
@@ -106,7 +97,7 @@ def _blocks(src, bits, dst, scales, C, tc, tiled, P, split, magic, min_normal, m
             key = keys[j]
             if b + AHEAD < b1:
                 keys[j] = _key(bits, b + AHEAD, nbc, tc, C, tiled, P, top_k)
-            start, size = _block_range(b, nbc, tc, C, tiled)
+            start, size = _row_range(b, nbc, tc, C, tiled)
             m = np.int64(key >> U64(P + 1))
             if m > np.int64(INF_BITS):  # a NaN
                 scales[U64(b)] = math.nan

@@ -102,19 +102,9 @@ def test_elision_happens_where_a_tensor_is_on_the_grid():
 def test_third_party_models_give_the_same_bits_with_elision_on_and_off(name):
     pytest.importorskip("transformers")
     sys.path.insert(0, os.path.dirname(__file__))
-    from third_party_models import MODELS, loss_of
+    from third_party_models import training_case
 
-    _, args, kwargs = MODELS[name]()
-
-    def build():
-        torch.manual_seed(0)
-        m = MODELS[name]()[0]
-        m.train()
-        return m
-
-    def loss(m):
-        return loss_of(m(*args, **kwargs))
-
+    build, loss = training_case(name)
     on = _train(build, loss, True, POLICIES["e4m3fn_e5m2"], steps=2)
     off = _train(build, loss, False, POLICIES["e4m3fn_e5m2"], steps=2)
     _check_same(on, off)

@@ -70,6 +70,18 @@ def resnet():
 MODELS = {"gpt2": gpt2, "llama": llama, "bert": bert, "t5": t5, "bloom": bloom, "vit": vit, "resnet": resnet}
 
 
+def training_case(name: str):
+    """(build, loss): ``build()`` makes model ``name`` afresh from seed 0 in train mode; ``loss(model)`` runs
+    it on its fixed inputs and reduces the output with ``loss_of``."""
+    _, args, kwargs = MODELS[name]()
+
+    def build():
+        torch.manual_seed(0)
+        return MODELS[name]()[0].train()
+
+    return build, lambda m: loss_of(m(*args, **kwargs))
+
+
 def loss_of(out) -> torch.Tensor:
     """A scalar that depends on every output: the model's own loss when it has one, plus its logits' sum."""
     logits = out.logits if hasattr(out, "logits") else out

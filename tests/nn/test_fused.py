@@ -165,18 +165,11 @@ def test_frozen_parameters_draw_no_seeds_for_their_gradients_as_before(frozen):
 def test_transformers_give_the_same_bits_with_the_fused_node_on_and_off(name):
     pytest.importorskip("transformers")
     sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-    from third_party_models import MODELS, loss_of
+    from third_party_models import training_case
 
-    _, args, kwargs = MODELS[name]()
-
-    def build():
-        torch.manual_seed(0)
-        m = MODELS[name]()[0]
-        m.train()
-        return m
-
+    build, loss = training_case(name)
     # GPT-2's projections are transformers' Conv1D (functional addmm): its fused layers are the LM head only
-    _compare(build, lambda m: loss_of(m(*args, **kwargs)), POLICIES["e4m3fn_e5m2"], steps=3)
+    _compare(build, loss, POLICIES["e4m3fn_e5m2"], steps=3)
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])

@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as _DDP
 
 from .. import grid
 from ..autograd import Quantizer, eager_ste_gradient
-from ..elide import _hook_history, backward_eliding, forward_eliding
+from ..elide import _hook_history, backward_eliding, can_elide, forward_eliding
 from ..ops import eager_ok
 from ..policy import Role
 
@@ -110,7 +110,7 @@ def _modes(plans, elide: bool):
     for plan, q in plans:
         if plan is None:
             modes.append(_NONE)
-        elif elide and not plan.clipped:
+        elif elide and can_elide(plan):
             modes.append(_ELIDE)
         else:
             if q is not None and (q._forward_hooks or q._forward_pre_hooks or q._backward_hooks

@@ -54,8 +54,12 @@ def fast_plan(A, B, fused, mulp, accp):
 
     The flags drop work that provably cannot change a result for these operands:
     mul_sub: some nonzero |a*b| may fall below the product format's min_normal;
-    acc_sub: some sum may fall below the accumulator's min_normal (never when the products' quantum,
-      2**(emin - man) of mul, is at least that min_normal: every sum is a multiple of it);
+    acc_sub: some sum may fall below the accumulator's min_normal and round differently there (never when
+      the products' quantum, 2**(emin - man) of mul, is at least that min_normal: every sum is a multiple of
+      it; nor when the accumulator has subnormals and that quantum is a multiple of the accumulator's
+      smallest one: then every product and partial sum is a multiple of it, so an exact sum below min_normal
+      has at most man significant bits, the work sum is exact and the normal-range rounding returns it,
+      which is the subnormal it rounds to);
     checks: a product or sum may overflow, or an operand is not finite (bound: K terms of |round(a*b)| <=
       max|a| max|b| (1 + 2**-mul man), then at most 2K + 8 accumulator roundings on any path, each growing
       a magnitude by a factor of at most 1 + 2**-acc man).
@@ -75,7 +79,8 @@ def fast_plan(A, B, fused, mulp, accp):
     acc_max = float(np.array(accp[P_MAXBITS], dtype=np.int64).view(np.float64))
     finite = bool(np.isfinite(amax) and np.isfinite(bmax))
     mul_sub = not (amin * bmin >= 2.0**mul_emin)
-    acc_sub = not (mul_emin - mul_man >= acc_emin)
+    acc_sub = not (mul_emin - mul_man >= acc_emin
+                   or (accp[P_SUB] and mul_emin - mul_man >= acc_emin - acc_man))
     top = amax * bmax
     log_bound = np.inf  # log2 of a bound on every |product| and |partial sum|
     if finite:

@@ -11,7 +11,7 @@ temporaries (about 0.4 ms per operand of the default CNN's GEMMs). Same results 
   the most bits from the leading significand bit (implicit 1) to the last set bit: 24 - log2(lowest set bit of
   (fraction | 2**23)); 0 when no element is nonzero.
 Serial on purpose: operands of the GEMMs it plans are small to mid-sized, and it runs inside the planner, outside
-the parallel-section lock. The reductions are integer min/max over the float32 bit patterns (they vectorise).
+the parallel-section lock. The reductions are integer min/max/or over the float32 bit patterns (they vectorise).
 """
 import numpy as np
 from numba import njit
@@ -23,21 +23,23 @@ _cache.guard(__file__, [])
 
 @njit(cache=True)
 def _scan_bits(u):
-    """Integer reductions over float32 bit patterns u (uint32): (max |bits|, min nonzero |bits|, min lowest set
-    bit of the significand with its implicit bit, over nonzero patterns). Non-negative float bit patterns order
-    as their values do (NaN patterns above inf), so these are value reductions; integer min/max vectorise."""
-    hi = np.uint32(0)
-    lo = np.uint32(0xFFFFFFFF)
-    low = np.uint32(0x800000)
+    """Integer reductions over float32 bit patterns u (uint32): (max |bits|, min nonzero |bits| (2**31 when
+    there is none), the lowest set bit of the significand with its implicit bit, over nonzero patterns).
+    Non-negative float bit patterns order as their values do (NaN patterns above inf), so these are value
+    reductions. The lowest set bit of an OR is the lowest of its operands' lowest set bits, and a zero
+    pattern adds only the implicit bit, so the third is the lowest set bit of the OR of every fraction with
+    the implicit bit. Arithmetic in int64 (numba widens uint32 anyway; signed min/max vectorise, unsigned
+    64-bit ones do not)."""
+    hi = 0
+    lo = 0x80000000
+    bits = 0
     for i in range(u.size):
-        a = u[i] & np.uint32(0x7FFFFFFF)
-        sig = (a & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
-        bit = sig & (~sig + np.uint32(1))
-        nz = a != np.uint32(0)
+        a = np.int64(u[i]) & 0x7FFFFFFF
         hi = max(hi, a)
-        lo = min(lo, a if nz else np.uint32(0xFFFFFFFF))
-        low = min(low, bit if nz else np.uint32(0x800000))
-    return hi, lo, low
+        lo = min(lo, a if a != 0 else 0x80000000)
+        bits |= a
+    sig = (bits & 0x7FFFFF) | 0x800000
+    return hi, lo, sig & -sig
 
 
 def scan(x: np.ndarray) -> tuple[float, float, int]:

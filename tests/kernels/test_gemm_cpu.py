@@ -235,6 +235,51 @@ def test_fast_plan_drops_only_what_cannot_matter():
         assert gemm_cpu.fast_plan(A, B, int(u.fused), *u.kernel_params()) is None
 
 
+SUBNORMAL_SUM_UNITS = {  # name: (unit, whether fast_plan may drop the accumulator's subnormal rounding)
+    "e6m9-e6m9_chunk64 (fp8 recipe)": (MADUnit("fp16_169", "fp16_169", chunk=64), True),
+    "e4m3fn-e4m3fn_lanes2": (MADUnit("e4m3fn", "e4m3fn", lanes=2), True),
+    "e6m9-e6m9_nosub": (MADUnit(FloatFormat(6, 9, subnormals=False), FloatFormat(6, 9, subnormals=False)), False),
+    "e6m9-fp16 (finer product quantum)": (MADUnit("fp16_169", "fp16", chunk=4), False),
+}
+
+
+def _tiny_operands(rng, shape, fmt, emin, emax):
+    """Values m * 2**e (m of 3 significant bits, both signs): products and partial sums across the
+    accumulator's subnormal range, with cancellation."""
+    n = int(np.prod(shape))
+    x = rng.choice([1.0, -1.0, 1.25, -1.5, 1.75], n) * np.exp2(rng.integers(emin, emax, n))
+    x[rng.random(n) < 0.05] = 0.0
+    return emunum.quantize(torch.from_numpy(x.reshape(shape)), fmt).float().numpy()
+
+
+@pytest.mark.parametrize("name", list(SUBNORMAL_SUM_UNITS))
+def test_fast_plan_drops_subnormal_sums_only_on_the_accumulators_grid(name):
+    """Where every product is a multiple of the accumulator's smallest subnormal, fast_plan drops the
+    subnormal rounding of the sums (acc_sub): gemm_fast with that plan == gemm_general, bit for bit, on sums
+    that land in the subnormal range; elsewhere it keeps it, and dropping it there changes bits."""
+    unit, drops = SUBNORMAL_SUM_UNITS[name]
+    rng = np.random.default_rng(11)
+    acc = unit.acc_fmt
+    e = acc.emin // 2  # products near 2**emin, the bottom of the accumulator's normal range
+    A = _tiny_operands(rng, (1, 23, 150), unit.mul_fmt, e - acc.man // 2 - 2, e + 1)
+    B = _tiny_operands(rng, (1, 150, 70), unit.mul_fmt, e - acc.man // 2 - 2, e + 1)
+    mulp, accp = unit.kernel_params()
+    plan = gemm_cpu.fast_plan(A, B, 0, mulp, accp)
+    assert plan is not None and plan[2] == (not drops)
+    want = _run(A, B, None, unit, fast=False)
+    sub = (want != 0) & (np.abs(want) < 2.0**acc.emin)
+    assert sub.sum() >= 20 or not acc.subnormals  # the operands reach the accumulator's subnormal range
+    for dtype in {plan[0], np.float64}:
+        got = _run(A, B, None, unit, fast=(dtype, *plan[1:]))
+        if acc.subnormals:
+            _same_bits(got, want, (name, dtype))
+        else:  # values only: gemm_fast gives +0 where a negative sum flushes to zero (-0 in gemm_general)
+            np.testing.assert_array_equal(got, want, err_msg=f"{name} {dtype}")
+    if not drops:  # the flag is needed here: without it the bits differ
+        forced = (plan[0], plan[1], False, plan[3])
+        assert not np.array_equal(_run(A, B, None, unit, fast=forced), want)
+
+
 def test_results_do_not_depend_on_thread_count():
     rng = np.random.default_rng(4)
     A = _operands(rng, (1, 40, 33), "fp8_152")

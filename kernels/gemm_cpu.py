@@ -100,10 +100,20 @@ def _mac_row(acc, brow, a, mulf, accf, mul_sub, acc_sub, checks):
         acc[jj] = round_nearest_fast(p + acc[jj], as_, am, an, ax, ao, acc_sub, checks)
 
 
+@njit(inline="always")
+def _add_row(acc, brow, a, accf, acc_sub):
+    """acc[j] <- round_acc(a * brow[j] + acc[j]) for every j: ``_mac_row`` where every product a * brow[j] is
+    exact in the work dtype and a value of the product format, so that its rounding returns it."""
+    as_, am, an, ax, ao = accf[0], accf[1], accf[2], accf[3], accf[4]
+    for jj in range(acc.size):
+        acc[jj] = round_nearest_fast(a * brow[jj] + acc[jj], as_, am, an, ax, ao, acc_sub, False)
+
+
 @njit(cache=True, parallel=True)
-def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_sub, acc_sub, checks):
+def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_sub, acc_sub, checks, mul_exact):
     """Round-to-nearest FloatFormat units (``fast_plan``). A, B, mulf, accf share the work dtype (float32 or
-    float64); acc64: the accumulator's float64 parameters, for the bias addition."""
+    float64); acc64: the accumulator's float64 parameters, for the bias addition. mul_exact (only with
+    neither mul_sub nor checks): the products need no rounding (``fast_plan``)."""
     nb, M, N = out.shape
     K = A.shape[2]
     bA, bB = A.shape[0], B.shape[0]
@@ -130,6 +140,10 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
                     # constant flags per loop, so that each loop compiles branch-free and vectorises
                     if checks:
                         _mac_row(acc, brow, a, mulf, accf, True, True, True)
+                    elif mul_exact and acc_sub:
+                        _add_row(acc, brow, a, accf, True)
+                    elif mul_exact:
+                        _add_row(acc, brow, a, accf, False)
                     elif mul_sub and acc_sub:
                         _mac_row(acc, brow, a, mulf, accf, True, True, False)
                     elif mul_sub:
@@ -171,7 +185,7 @@ def mad_elementwise(a, b, c, out, fused, mulp, accp, keys, nbits):
         out[i] = mac(a[i], b[i], c[i], fused, mulp, accp, keys[S_MUL], keys[S_ACC], i, nbits)
 
 
-def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=None):
+def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=None, scans=None):
     """out[b] = A[b % bA] @ B[b % bB] (+ bias[b]) on the unit's datapath.
 
     A: (bA, M, K), B: (bB, K, N): float32-representable values (float32 or float64 arrays), used as given;
@@ -180,14 +194,15 @@ def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=Non
     fast: None picks ``gemm_fast`` whenever ``fast_plan`` allows, else ``gemm_vec`` (``kernels/gemm_vec.py``)
     whenever ``gemm_vec.vec_applies`` and the GEMM has at least ``VEC_MIN_MACS`` products, else
     ``gemm_general``; False forces ``gemm_general``; a tuple forces that ``gemm_fast`` plan, "vec" forces
-    ``gemm_vec`` where it applies (tests, benchmarks). Same bits whichever runs.
+    ``gemm_vec`` where it applies (tests, benchmarks). Same bits whichever runs. scans: the operands' scans
+    where the caller has them (``fast_plan``'s ``scans``).
     """
     if len(keys) != NSTREAMS:
         raise ValueError(f"keys must hold {NSTREAMS} stream keys, got {len(keys)}")
     has_bias = bias is not None
     if bias is None:
         bias = np.zeros((1, 1, 1))
-    choice = _choose(A, B, fused, mulp, accp, fast)
+    choice = _choose(A, B, fused, mulp, accp, fast, scans)
     with _parallel.exclusive():
         _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, choice)
 
@@ -211,12 +226,12 @@ class Choice:
 _GENERAL, _VEC = Choice(Kernel.GENERAL), Choice(Kernel.VEC)
 
 
-def _choose(A, B, fused, mulp, accp, fast) -> Choice:
+def _choose(A, B, fused, mulp, accp, fast, scans=None) -> Choice:
     """The kernel ``gemm`` runs (see its ``fast``)."""
     if fast is False:
         return _GENERAL
     if fast is None:
-        plan = fast_plan(A, B, fused, mulp, accp)
+        plan = fast_plan(A, B, fused, mulp, accp, scans)
         if plan is not None:
             return Choice(Kernel.FAST, plan)
         return _VEC if _vec_wanted(A, B, fused, mulp, accp) else _GENERAL
@@ -283,9 +298,10 @@ def _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, plan):
         _run_fast(B.transpose(0, 2, 1), A.transpose(0, 2, 1), b2, has_bias, o, mulp, accp, lanes, chunk, plan)
         out[...] = o.transpose(0, 2, 1)
         return
-    dtype, mul_sub, acc_sub, checks = plan
+    dtype, mul_sub, acc_sub, checks = plan[:4]
+    mul_exact = len(plan) > 4 and bool(plan[4]) and not mul_sub and not checks  # forced 4-tuples: False
     gemm_fast(np.ascontiguousarray(A, dtype=dtype), np.ascontiguousarray(B, dtype=dtype), bias, has_bias, out,
-              *fast_consts(mulp, accp, dtype), lanes, chunk, bool(mul_sub), bool(acc_sub), bool(checks))
+              *fast_consts(mulp, accp, dtype), lanes, chunk, bool(mul_sub), bool(acc_sub), bool(checks), mul_exact)
 
 
 def mad(a, b, c, out, fused, mulp, accp, keys, nbits):

@@ -49,8 +49,12 @@ def _significant_bits(x: np.ndarray) -> int:
     return int(24 - np.log2(low.astype(np.float64)).min())
 
 
-def fast_plan(A, B, fused, mulp, accp):
-    """None when ``gemm_fast`` does not apply; else (work dtype, mul_sub, acc_sub, checks).
+def fast_plan(A, B, fused, mulp, accp, scans=None):
+    """None when ``gemm_fast`` does not apply; else (work dtype, mul_sub, acc_sub, checks, mul_exact).
+
+    scans: None, or (scan of A, scan of B), each None (scan the operand) or ``operand_scan.scan`` of an array
+    that holds every nonzero value of that operand (other values and zeros may be there too: the plan is
+    then at most more cautious, and every plan this function gives yields the same bits).
 
     The flags drop work that provably cannot change a result for these operands:
     mul_sub: some nonzero |a*b| may fall below the product format's min_normal;
@@ -63,6 +67,10 @@ def fast_plan(A, B, fused, mulp, accp):
     checks: a product or sum may overflow, or an operand is not finite (bound: K terms of |round(a*b)| <=
       max|a| max|b| (1 + 2**-mul man), then at most 2K + 8 accumulator roundings on any path, each growing
       a magnitude by a factor of at most 1 + 2**-acc man).
+    mul_exact (never with mul_sub or checks): every product is a value of the product format, so its rounding
+      can be skipped: a * b is exact in the work dtype and has at most (significant bits of a) + (those of b)
+      <= man + 1 of mul significant bits, no nonzero |a*b| is below min_normal (not mul_sub) or above max
+      (not checks, which bounds max|a| max|b| by it).
     float32 work: exact when every product is exact in binary32 (significant bits of a plus those of b <= 24,
     no underflow), every product and partial sum stays below 2**100 (so Veltkamp's c = x * split cannot
     overflow), both formats' smallest quanta are >= 2**-100-ish, and 2 * (acc man + 1) <= 21, which keeps the
@@ -71,8 +79,9 @@ def fast_plan(A, B, fused, mulp, accp):
     if not fast_applies(fused, mulp, accp):
         return None
     K = A.shape[2]
-    amax, amin, abits = operand_scan.scan(A)  # one pass each: _abs_range and _significant_bits, same results
-    bmax, bmin, bbits = operand_scan.scan(B)
+    sa, sb = (None, None) if scans is None else scans
+    amax, amin, abits = operand_scan.scan(A) if sa is None else sa  # one pass each: _abs_range and
+    bmax, bmin, bbits = operand_scan.scan(B) if sb is None else sb  # _significant_bits, same results
     mul_man, mul_emin = int(mulp[P_MAN]), int(mulp[P_EMIN])
     acc_man, acc_emin = int(accp[P_MAN]), int(accp[P_EMIN])
     mul_max = float(np.array(mulp[P_MAXBITS], dtype=np.int64).view(np.float64))
@@ -92,7 +101,8 @@ def fast_plan(A, B, fused, mulp, accp):
             and mul_emin - (mul_man if mulp[P_SUB] else 0) >= -100 and acc_emin >= -100
             and abits + bbits <= 24):
         dtype = np.float32
-    return dtype, mul_sub, acc_sub, checks
+    mul_exact = not mul_sub and not checks and abits + bbits <= mul_man + 1
+    return dtype, mul_sub, acc_sub, checks, mul_exact
 
 
 def fast_consts(mulp: np.ndarray, accp: np.ndarray, dtype) -> tuple:

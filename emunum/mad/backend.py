@@ -53,6 +53,18 @@ def fast_layout(unit: MADUnit, device: torch.device) -> bool:
     return _unit_entry(unit)[2]
 
 
+def scan(t: torch.Tensor, unit: MADUnit):
+    """``kernels.operand_scan.scan`` of t's values where ``unit`` runs on the fast kernel (``fast_layout``), else
+    None. A layer scans each tensor once and hands the scans to every GEMM whose operand holds t's nonzero
+    values (``gemm``'s ``scans``); the planner then skips its own passes over the laid-out operands."""
+    if not fast_layout(unit, t.device):
+        return None
+    from ..kernels import operand_scan
+
+    with torch.no_grad():
+        return operand_scan.scan(t.detach().to(torch.float32).numpy())
+
+
 def check_operand(x, name: str) -> None:
     """x must be a float tensor whose values are float32-representable (all FloatFormat values are)."""
     check_tensor(x, name)
@@ -121,7 +133,7 @@ def check_accumulator_input(unit: MADUnit) -> None:
 
 def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias: torch.Tensor | None = None,
          nb: int | None = None, c: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
-         flops: int | None = None) -> torch.Tensor:
+         flops: int | None = None, scans: tuple | None = None) -> torch.Tensor:
     """out (nb, M, N) float64: out[b] = A[b % bA] @ B[b % bB] (+ bias[b]) on ``unit``.
 
     A: (bA, M, K), B: (bB, K, N), float32-representable values (already checked); bias: None or a tensor
@@ -129,7 +141,8 @@ def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias: torch
     stochastic-rounding seed. Order.ANY units run torch.matmul in float32 instead (see ``MADUnit``).
     ``flops``: what ``emunum.coverage`` counts for it (default 2 * nb * M * N * K), the count torch gives the op
     this GEMM computes, where the emulation computes more (a bias gradient's sum, a convolution's input
-    gradient over the padding).
+    gradient over the padding). ``scans``: None or (scan for A, scan for B), each None or ``scan`` of a tensor
+    holding every nonzero value of that operand (the CPU fast kernel's planner uses them; same bits).
     """
     bA, M, K = A.shape
     bB, K2, N = B.shape
@@ -138,11 +151,11 @@ def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias: torch
     nb = max(bA, bB) if nb is None else nb
     if gemm_listener.LISTENERS:  # emunum.coverage counts this GEMM's FLOPs
         with gemm_listener.native("mad_gemm", 2 * nb * M * N * K if flops is None else flops):
-            return _gemm(A, B, unit, seed, bias, nb, c, dtype)
-    return _gemm(A, B, unit, seed, bias, nb, c, dtype)
+            return _gemm(A, B, unit, seed, bias, nb, c, dtype, scans)
+    return _gemm(A, B, unit, seed, bias, nb, c, dtype, scans)
 
 
-def _gemm(A, B, unit, seed, bias, nb, c, dtype):
+def _gemm(A, B, unit, seed, bias, nb, c, dtype, scans=None):
     bA, M, K = A.shape
     bB, _, N = B.shape
     device = A.device
@@ -178,7 +191,7 @@ def _gemm(A, B, unit, seed, bias, nb, c, dtype):
                 np.broadcast_to(bias.detach().to(torch.float64).numpy(), (nb, M, N)))
         mulp, accp = _unit_entry(unit)[1]
         gemm_cpu.gemm(_np32(A), _np32(B), bias_np, out, int(unit.fused), mulp, accp, unit.lanes, unit.chunk or 0,
-                      _keys(seed), unit.sr_bits)
+                      _keys(seed), unit.sr_bits, scans=scans)
         return torch.from_numpy(out)
 
 
@@ -218,7 +231,21 @@ def _gemm_multiterm(A, B, unit, seed, bias, nb, c, dtype):
 
 def _np32(x: torch.Tensor) -> np.ndarray:
     """Exact float32 numpy copy/view of a float32-representable CPU tensor."""
-    return x.detach().to(torch.float32).contiguous().numpy()
+    return np.ascontiguousarray(x.detach().to(torch.float32).numpy())
+
+
+_NUMPY_DTYPES = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+
+
+def contiguous(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A C-contiguous copy of t's values (t itself where that is one already), cast to ``dtype`` (default t's)
+    as ``Tensor.to`` casts; detached. On the CPU numpy copies: for the small-dimension transposes of the layers'
+    GEMM layouts it is several times faster than torch's strided copy."""
+    t = t.detach()
+    dtype = t.dtype if dtype is None else dtype
+    if t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES and dtype in _NUMPY_DTYPES:
+        return torch.from_numpy(np.ascontiguousarray(t.numpy(), dtype=_NUMPY_DTYPES[dtype]))
+    return torch.empty(t.shape, dtype=dtype, device=t.device).copy_(t)
 
 
 def _gemm_cuda(A, B, unit, seed, bias, nb):

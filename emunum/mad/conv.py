@@ -70,9 +70,10 @@ def _narrow() -> int:
     return TN
 
 
-def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias=None, flops=None):
+def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias=None, flops=None, scans=None):
     """Unpadded 2-D convolution as batched GEMMs: x (N, C, H, W), weight (O, C/groups, kh, kw) -> (N, O, Ho, Wo)
-    in ``dtype``, each output element the dot over (c, i, j) of ``unit``'s datapath, counters its flat index."""
+    in ``dtype``, each output element the dot over (c, i, j) of ``unit``'s datapath, counters its flat index.
+    scans: (weight's, x's) ``backend.scan``s or None (``backend.gemm``)."""
     N = x.shape[0]
     O, Cg, kh, kw = weight.shape
     G = groups
@@ -86,13 +87,13 @@ def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias=None
         # per-sample GEMMs by transposing copies), written straight into that layout by one copy
         Bm = p.reshape(N, G, Cg, kh, kw, Ho, Wo).permute(1, 2, 3, 4, 0, 5, 6).reshape(G, K, N * L)
         b = None if bias is None else bias.reshape(G, Og, 1)
-        out = backend.gemm(Am, Bm, unit, seed, bias=b, flops=flops)
+        out = backend.gemm(Am, Bm, unit, seed, bias=b, flops=flops, scans=scans)
         out = out.view(G, Og, N, Ho, Wo).permute(2, 0, 1, 3, 4)
-        return torch.empty((N, G, Og, Ho, Wo), dtype=dtype, device=x.device).copy_(out).view(N, O, Ho, Wo)
+        return backend.contiguous(out, dtype).view(N, O, Ho, Wo)
     b = None
     if bias is not None:
         b = bias.reshape(1, G, Og, 1).expand(N, G, Og, L).reshape(N * G, Og, L)
-    out = backend.gemm(Am, p.reshape(N * G, K, L), unit, seed, bias=b, nb=N * G, flops=flops)
+    out = backend.gemm(Am, p.reshape(N * G, K, L), unit, seed, bias=b, nb=N * G, flops=flops, scans=scans)
     return out.reshape(N, O, Ho, Wo).to(dtype)
 
 
@@ -101,8 +102,12 @@ class _Conv2dFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, stride, dilation, groups, unit, units_bwd, seed, dtype):
-        out = _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias)
+        # each tensor scanned once for the fast kernel's planner, forward and backward (x and weight are saved
+        # tensors: autograd refuses a backward after either changed in place)
+        sw, sx = backend.scan(weight, unit), backend.scan(x, unit)
+        out = _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias, scans=(sw, sx))
         ctx.save_for_backward(x, weight)
+        ctx.scans = (sw, sx)
         ctx.conf = (stride, dilation, groups, units_bwd, seed, bias is not None,
                     None if bias is None else bias.dtype)
         return out
@@ -119,6 +124,12 @@ class _Conv2dFn(torch.autograd.Function):
         grad_x = grad_w = grad_b = None
         if any(ctx.needs_input_grad[:3]):
             backend.check_operand(grad, "grad_output")
+        sw, sx = ctx.scans  # None where the forward unit does not run the fast kernel
+        sg = backend.scan(grad, u_in if backend.fast_layout(u_in, grad.device) else u_w)
+        if sw is None and ctx.needs_input_grad[0]:
+            sw = backend.scan(weight, u_in)
+        if sx is None and ctx.needs_input_grad[1]:
+            sx = backend.scan(x, u_w)
         if ctx.needs_input_grad[0]:
             # zero-upsample by stride, pad by dilation*(k-1) before and up to the input size after (the rows
             # and columns the forward dropped), flip the kernel; one buffer of zeros, grad copied into it
@@ -128,22 +139,23 @@ class _Conv2dFn(torch.autograd.Function):
             wf = weight.reshape(G, Og, Cg, kh, kw).transpose(1, 2).flip(-1, -2).reshape(G * Cg, Og, kh, kw)
             # counted as torch counts an input gradient (the forward's FLOPs), not over the padding and zeros
             grad_x = _conv_gemm(up, wf, (1, 1), dilation, G, u_in, _bwd_seed(u_in, seed, ROLE_GRAD_INPUT), x.dtype,
-                                flops=2 * grad.numel() * Cg * kh * kw)
+                                flops=2 * grad.numel() * Cg * kh * kw, scans=(sw, sg))
         if ctx.needs_input_grad[1]:
             p = _patches(x, kh, kw, stride, dilation).reshape(N, G, Cg, kh, kw, Ho, Wo)
             Am = grad.reshape(N, G, Og, L).permute(1, 2, 0, 3).reshape(G, Og, N * L)
             Bm = p.permute(1, 0, 5, 6, 2, 3, 4).reshape(G, N * L, Cg * kh * kw)
-            gw = backend.gemm(Am, Bm, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_WEIGHT))
+            gw = backend.gemm(Am, Bm, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_WEIGHT), scans=(sg, sx))
             grad_w = gw.reshape(O, Cg, kh, kw).to(weight.dtype)
         if has_bias and ctx.needs_input_grad[2]:
             ones = torch.ones((1, N * L, 1), dtype=torch.float32, device=grad.device)
             if backend.fast_layout(u_w, grad.device):  # ones^T @ grad's rows: the layout gemm_fast takes
-                rows = grad.permute(0, 2, 3, 1).reshape(1, N * L, O)
+                rows = backend.contiguous(grad.permute(0, 2, 3, 1)).view(1, N * L, O)
                 gb = backend.gemm(ones.reshape(1, 1, N * L), rows, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_BIAS),
-                                  flops=0)  # torch: a sum, not a GEMM
+                                  flops=0, scans=(None, sg))  # torch: a sum, not a GEMM
             else:
                 Am = grad.permute(1, 0, 2, 3).reshape(1, O, N * L)
-                gb = backend.gemm(Am, ones, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_BIAS), flops=0)  # torch: a sum
+                gb = backend.gemm(Am, ones, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_BIAS), flops=0,
+                                  scans=(sg, None))  # torch: a sum
             grad_b = gb.reshape(O).to(bias_dtype)
         return grad_x, grad_w, grad_b, None, None, None, None, None, None, None
 

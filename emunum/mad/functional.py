@@ -172,9 +172,12 @@ class _LinearFn(torch.autograd.Function):
     def forward(ctx, x, weight, bias, unit, units_bwd, seed, dtype):
         out_f, in_f = weight.shape
         X = x.reshape(1, math.prod(x.shape[:-1]), in_f)  # no -1: it cannot be inferred beside in_f = 0
+        # each tensor scanned once for the fast kernel's planner, forward and backward (saved tensors)
+        sx, sw = backend.scan(x, unit), backend.scan(weight, unit)
         y = backend.gemm(X, weight.t().reshape(1, in_f, out_f), unit, seed,
-                         bias=None if bias is None else bias.reshape(1, 1, out_f), dtype=dtype)
+                         bias=None if bias is None else bias.reshape(1, 1, out_f), dtype=dtype, scans=(sx, sw))
         ctx.save_for_backward(x, weight)
+        ctx.scans = (sx, sw)
         ctx.has_bias, ctx.units_bwd, ctx.seed = bias is not None, units_bwd, seed
         ctx.bias_dtype = None if bias is None else bias.dtype
         return y.reshape(x.shape[:-1] + (out_f,)).to(dtype)
@@ -188,16 +191,24 @@ class _LinearFn(torch.autograd.Function):
         if any(ctx.needs_input_grad[:3]):
             backend.check_operand(grad, "grad_output")
         grad_x = grad_w = grad_b = None
+        sx, sw = ctx.scans  # None where the forward unit does not run the fast kernel
+        sg = backend.scan(grad, u_in if backend.fast_layout(u_in, grad.device) else u_w)
+        if sw is None and ctx.needs_input_grad[0]:
+            sw = backend.scan(weight, u_in)
+        if sx is None and ctx.needs_input_grad[1]:
+            sx = backend.scan(x, u_w)
         if ctx.needs_input_grad[0]:
-            gx = backend.gemm(g, weight.reshape(1, out_f, in_f), u_in, _bwd_seed(u_in, ctx.seed, ROLE_GRAD_INPUT))
+            gx = backend.gemm(g, weight.reshape(1, out_f, in_f), u_in, _bwd_seed(u_in, ctx.seed, ROLE_GRAD_INPUT),
+                              scans=(sg, sw))
             grad_x = gx.reshape(x.shape).to(x.dtype)
         if ctx.needs_input_grad[1]:
             gw = backend.gemm(g.transpose(1, 2), x.reshape(1, math.prod(x.shape[:-1]), in_f), u_w,
-                              _bwd_seed(u_w, ctx.seed, ROLE_GRAD_WEIGHT))
+                              _bwd_seed(u_w, ctx.seed, ROLE_GRAD_WEIGHT), scans=(sg, sx))
             grad_w = gw.reshape(out_f, in_f).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             ones = torch.ones((1, 1, g.shape[1]), dtype=torch.float32, device=g.device)
-            gb = backend.gemm(ones, g, u_w, _bwd_seed(u_w, ctx.seed, ROLE_GRAD_BIAS), flops=0)  # torch: a sum
+            gb = backend.gemm(ones, g, u_w, _bwd_seed(u_w, ctx.seed, ROLE_GRAD_BIAS), flops=0,
+                              scans=(None, sg))  # torch: a sum
             grad_b = gb.reshape(out_f).to(ctx.bias_dtype)
         return grad_x, grad_w, grad_b, None, None, None, None
 

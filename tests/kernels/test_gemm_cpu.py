@@ -214,7 +214,7 @@ def test_fast_plan_drops_only_what_cannot_matter():
     rng = np.random.default_rng(3)
     A = emunum.quantize(torch.randn(1, 8, 512, generator=torch.Generator().manual_seed(0)) * 8, "fp8_152").numpy()
     B = emunum.quantize(torch.randn(1, 512, 8, generator=torch.Generator().manual_seed(1)), "fp8_152").numpy()
-    dtype, mul_sub, acc_sub, checks = gemm_cpu.fast_plan(A, B, 0, mulp, accp)
+    dtype, mul_sub, acc_sub, checks, mul_exact = gemm_cpu.fast_plan(A, B, 0, mulp, accp)
     # e5m2 values have <= 3 significant bits: binary32 products are exact; e6m9 sums are multiples of
     # 2**-16 (e5m2's quantum) >= e6m9's min normal 2**-30: no accumulator subnormals
     assert dtype == np.float32 and not acc_sub
@@ -278,6 +278,37 @@ def test_fast_plan_drops_subnormal_sums_only_on_the_accumulators_grid(name):
     if not drops:  # the flag is needed here: without it the bits differ
         forced = (plan[0], plan[1], False, plan[3])
         assert not np.array_equal(_run(A, B, None, unit, fast=forced), want)
+
+
+EXACT_PRODUCT_UNITS = {
+    "e6m9-e6m9_chunk64 (fp8 recipe)": MADUnit("fp16_169", "fp16_169", chunk=64),
+    "e5m2-e6m9_lanes3_chunk2": MADUnit("fp8_152", "fp16_169", chunk=2, lanes=3),
+    "bf16-fp32": MADUnit("bf16", "fp32", lanes=4),
+}
+
+
+@pytest.mark.parametrize("bits", [3, 6], ids=["e5m2-operands", "6-bit-operands"])
+@pytest.mark.parametrize("name", list(EXACT_PRODUCT_UNITS))
+def test_fast_plan_skips_the_product_rounding_only_where_products_are_exact(name, bits):
+    """mul_exact (no rounding of the products) is planned only where every product has at most the product
+    format's significant bits and lies in its normal range; there gemm_fast == gemm_general bit for bit, and
+    where it is not planned, forcing it changes bits."""
+    unit = EXACT_PRODUCT_UNITS[name]
+    rng = np.random.default_rng(bits)
+    n1, n2 = 23 * 130, 130 * 70
+    A = (rng.integers(2 ** (bits - 1), 2**bits, n1) * rng.choice([-1, 1], n1) * np.exp2(rng.integers(-8, 1, n1)))
+    B = (rng.integers(2 ** (bits - 1), 2**bits, n2) * rng.choice([-1, 1], n2) * np.exp2(rng.integers(-8, 1, n2)))
+    A, B = A.reshape(1, 23, 130).astype(np.float32), B.reshape(1, 130, 70).astype(np.float32)
+    A[0, :, ::9] = 0.0
+    mulp, accp = unit.kernel_params()
+    plan = gemm_cpu.fast_plan(A, B, 0, mulp, accp)
+    exact = 2 * bits <= unit.mul_fmt.man + 1
+    assert plan is not None and plan[4] == exact and not plan[1] and not plan[3]
+    want = _run(A, B, None, unit, fast=False)
+    for dtype in {plan[0], np.float64}:
+        _same_bits(_run(A, B, None, unit, fast=(dtype, *plan[1:])), want, (name, dtype))
+    if not exact:
+        assert not np.array_equal(_run(A, B, None, unit, fast=(*plan[:4], True)), want)
 
 
 def test_results_do_not_depend_on_thread_count():

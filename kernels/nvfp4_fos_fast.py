@@ -59,16 +59,26 @@ def _pick(v, m0, m1, m2, m3, m4, m5, m6, t, o):
 
 
 @njit(inline="always", error_model="numpy")
-def _row_errors(src, rb, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
-    """e6[j], e4[j]: the error of the 16 elements src[rb + 16 j ...] under each candidate, j < n, each a chain
-    in element order (module doc); vt6, vt4: each lane's dequantised values (``_task``)."""
+def _transpose(bits, rb, n, tb, o):
+    """tb[o + k * LANES + j] = the bits of |x| of element k of block j (j < n) of the row from flat index rb: the
+    error loop then reads a vector of lanes from consecutive addresses (a stride of 16 would need gathers)."""
+    for j in range(n):
+        for k in range(16):
+            tb[U64(o + k * LANES + j)] = bits[U64(rb + 16 * j + k)] & ABS
+
+
+@njit(inline="always", error_model="numpy")
+def _row_errors(tf, o, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
+    """e6[j], e4[j]: the error of the 16 elements of block j (j < n) of a row under each candidate, each a chain
+    in element order (module doc), from their magnitudes tf[o + k * LANES + j] (``_transpose``); vt6, vt4: each
+    lane's dequantised values (``_task``)."""
     m0, m1, m2, m3, m4, m5, m6 = m[0], m[1], m[2], m[3], m[4], m[5], m[6]
     for j in range(n):
         e6[U64(j)] = F32(0.0)
         e4[U64(j)] = F32(0.0)
     for k in range(16):
         for j in range(n):
-            a = abs(src[U64(rb + 16 * j + k)])
+            a = tf[U64(o + k * LANES + j)]
             d6 = abs(F32(_pick(F32(a * enc6[U64(j)]), m0, m1, m2, m3, m4, m5, m6, vt6, U64(j)) - a))
             d4 = abs(F32(_pick(F32(a * enc4[U64(j)]), m0, m1, m2, m3, m4, m5, m6, vt4, U64(j)) - a))
             t6 = F32(d6 * d6) if metric == 1 else d6
@@ -79,7 +89,7 @@ def _row_errors(src, rb, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
 
 @njit(error_model="numpy")
 def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split, s_magic,
-          s_min_normal, u0, u1, per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob, vt6, vt4, q6, q4, t6, t4, w6, w4):
+          s_min_normal, u0, u1, per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob, vt6, vt4, q6, q4, t6, t4, w6, w4, tb):
     """Units u0..u1-1: unit u holds the whole blocks (16 columns) bj0..bj0+n-1, bj0 = (u % per) * LANES, of row
     of blocks ``line`` = u // per (= p * nbr + bi); sc: the scales as (P * nbr, nbc); buffers of LANES (r6, r4,
     ob, vt6, vt4: 16 or 7 rows of LANES), and for ``_fos_chunk``."""
@@ -90,7 +100,7 @@ def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
         n = min(LANES, whole - bj0)
         if n > 0:
             _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
-                  (s_max, s_split, s_magic, s_min_normal), line, bj0, n, mx, ob,
+                  (s_max, s_split, s_magic, s_min_normal), line, bj0, n, mx, ob, tb, tb.view(np.float32),
                   (s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4))
         if C % 16 != 0 and bj0 + LANES >= whole:  # the partial last block
             b = line * sc.shape[1] + sc.shape[1] - 1
@@ -101,7 +111,7 @@ def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
 
 @njit(inline="always", error_model="numpy")
 def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk, line, bj0, n, mx, ob,
-          fb):
+          tb, tf, fb):
     """Blocks bj0..bj0+n-1 of row of blocks ``line`` (``_task``); sk: the scale format's constants; fb: the float32
     buffers (grouped: an inlined call takes at most 30 arguments)."""
     s_max, s_split, s_magic, s_min_normal = sk
@@ -111,15 +121,13 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
     row0 = p * R + bi * tr  # the flat row of the blocks' first row
     rows = min(tr, R - bi * tr)
     c00 = bj0 * 16
+    for i in range(rows):
+        _transpose(bits, (row0 + i) * C + c00, n, tb, i * 16 * LANES)
     for j in range(n):
         mx[U64(j)] = U32(0)
-    for i in range(rows):
-        rb = (row0 + i) * C + c00
+    for k in range(16 * rows):  # lane-wise: no reduction across a vector
         for j in range(n):
-            v = U32(0)
-            for k in range(min(16, bits.size - (rb + 16 * j))):  # (= 16) not a constant: LLVM vectorises the max
-                v = max(v, U32(bits[U64(rb + 16 * j + k)] & ABS))
-            mx[U64(j)] = max(mx[U64(j)], v)
+            mx[U64(j)] = max(mx[U64(j)], tb[U64(k * LANES + j)])
     g0, a0, ge0 = gds[U64(row0)], gamax[U64(row0)], ges[U64(row0)]
     for j in range(n):  # simple loops, each vectorised
         s4[U64(j)] = F32(F32(U32(mx[U64(j)]).view(np.float32) / F32(6.0)) * ge0)  # base
@@ -142,11 +150,11 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
                 vt6[U64(i * LANES + j)] = F32(F32(F32(vl[i] * s6[U64(j)]) * a0) / denom)
                 vt4[U64(i * LANES + j)] = F32(F32(F32(vl[i] * s4[U64(j)]) * a0) / denom)
         if tr == 1:
-            _row_errors(src, row0 * C + c00, n, metric, m, enc6, enc4, vt6, vt4, e6, e4)
+            _row_errors(tf, 0, n, metric, m, enc6, enc4, vt6, vt4, e6, e4)
         else:
             for i in range(16):
                 if i < rows:
-                    _row_errors(src, (row0 + i) * C + c00, n, metric, m, enc6, enc4, vt6, vt4, r6[i * LANES:],
+                    _row_errors(tf, i * 16 * LANES, n, metric, m, enc6, enc4, vt6, vt4, r6[i * LANES:],
                                 r4[i * LANES:])
                 else:
                     for j in range(n):
@@ -254,9 +262,10 @@ def _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m
         q6, q4 = np.empty(16 * tr, np.float32), np.empty(16 * tr, np.float32)
         t6, t4 = np.empty(16 * tr, np.float32), np.empty(16 * tr, np.float32)
         w6, w4 = np.zeros(16, np.float32), np.zeros(16, np.float32)
+        tb = np.empty(16 * tr * LANES, U32)
         _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
               s_magic, s_min_normal, t * upt, min(t * upt + upt, units), per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4,
-              ob, vt6, vt4, q6, q4, t6, t4, w6, w4)
+              ob, vt6, vt4, q6, q4, t6, t4, w6, w4, tb)
 
 
 @njit(cache=True, error_model="numpy")

@@ -68,6 +68,18 @@ def _transpose(bits, rb, n, tb, o):
 
 
 @njit(inline="always", error_model="numpy")
+def _errors(tf, o, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
+    """``_row_errors`` with the metric a constant in each copy of its loop (a selection by the metric per element
+    cost as much as the error terms)."""
+    if metric == 0:
+        _row_errors(tf, o, n, 0, m, enc6, enc4, vt6, vt4, e6, e4)
+    elif metric == 1:
+        _row_errors(tf, o, n, 1, m, enc6, enc4, vt6, vt4, e6, e4)
+    else:
+        _row_errors(tf, o, n, 2, m, enc6, enc4, vt6, vt4, e6, e4)
+
+
+@njit(inline="always", error_model="numpy")
 def _row_errors(tf, o, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
     """e6[j], e4[j]: the error of the 16 elements of block j (j < n) of a row under each candidate, each a chain
     in element order (module doc), from their magnitudes tf[o + k * LANES + j] (``_transpose``); vt6, vt4: each
@@ -150,11 +162,11 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
                 vt6[U64(i * LANES + j)] = F32(F32(F32(vl[i] * s6[U64(j)]) * a0) / denom)
                 vt4[U64(i * LANES + j)] = F32(F32(F32(vl[i] * s4[U64(j)]) * a0) / denom)
         if tr == 1:
-            _row_errors(tf, 0, n, metric, m, enc6, enc4, vt6, vt4, e6, e4)
+            _errors(tf, 0, n, metric, m, enc6, enc4, vt6, vt4, e6, e4)
         else:
             for i in range(16):
                 if i < rows:
-                    _row_errors(tf, i * 16 * LANES, n, metric, m, enc6, enc4, vt6, vt4, r6[i * LANES:],
+                    _errors(tf, i * 16 * LANES, n, metric, m, enc6, enc4, vt6, vt4, r6[i * LANES:],
                                 r4[i * LANES:])
                 else:
                     for j in range(n):

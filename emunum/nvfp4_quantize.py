@@ -77,6 +77,12 @@ def quantize_lines(work: torch.Tensor, dst: torch.Tensor, scales: torch.Tensor, 
         from .kernels import nvfp4_cpu
         if nvfp4_cpu.quantize_rows(work.numpy(), dst.numpy(), scales.numpy(), tile, args, int(mode), key, nbits):
             return  # the float32 fast path, which computes each row's outer scale itself
+    fos = fmt.four_over_six
+    if work.device.type == "cpu" and fos is not None and fmt.outer_scale == OuterScale.TENSOR:
+        from .kernels import nvfp4_cpu
+        if nvfp4_cpu.quantize_fos_tensor(work.numpy(), dst.numpy(), scales.numpy(), tile, 6 * fos.bound,
+                                         _METRIC[fos.metric], args, int(mode)):
+            return  # the float32 fast path, which finds the tensor's amax itself
     lines = line_arrays(work, fmt)
     if work.device.type == "cuda":
         from .kernels import cuda as kc, nvfp4_cuda

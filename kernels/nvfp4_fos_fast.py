@@ -30,13 +30,15 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, block_fast, nvfp4_fast, scalar
+from .wide import prefer_wide_vectors
 from .block_fast import ABS, INF_BITS, NAN32, SIGN
 from .nvfp4_fast import _fos_chunk, _join, _scale, _split_constants
 from .nvfp4_scalar import F32, _encode_scale
 
 _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
                         __file__.replace("nvfp4_fos_fast.py", "nvfp4_fast.py"),
-                        __file__.replace("nvfp4_fos_fast.py", "nvfp4_scalar.py")])
+                        __file__.replace("nvfp4_fos_fast.py", "nvfp4_scalar.py"),
+                        __file__.replace("nvfp4_fos_fast.py", "wide.py")])
 
 U32 = np.uint32
 U64 = np.uint64
@@ -105,6 +107,7 @@ def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
     """Units u0..u1-1: unit u holds the whole blocks (16 columns) bj0..bj0+n-1, bj0 = (u % per) * LANES, of row
     of blocks ``line`` = u // per (= p * nbr + bi); sc: the scales as (P * nbr, nbc); buffers of LANES (r6, r4,
     ob, vt6, vt4: 16 or 7 rows of LANES), and for ``_fos_chunk``."""
+    prefer_wide_vectors()  # the loops below are across blocks or along one, 16 float32 lanes fit either
     whole = C // 16
     for u in range(u0, u1):
         line = u // per

@@ -5,7 +5,9 @@ the same bits (tests/kernels/test_nvfp4_fos_fast.py compares it with the scalar 
 A unit is a run of up to LANES whole blocks side by side in one row of blocks (1 row for 1-D blocks, up to 16
 for 16 x 16 tiles); a parallel task takes consecutive units (TASK_ELEMS elements or more). The last block of a
 row of blocks when C % 16 != 0, and a unit where an encode scale is 0, run ``nvfp4_fast``'s block loop. Every
-block is computed with the same arguments on any thread count.
+block is computed with the same arguments on any thread count. Each row of a unit is first copied transposed
+(``_transpose``: element k of block j at k * LANES + j), so that the loops across blocks read consecutive
+addresses; the kernel asks for the CPU's widest vectors (kernels/wide.py).
 
 **Summation order.** The scalar core (as TransformerEngine's reference) adds a block row's 16 float32 error
 terms one after another in element order, each sum rounded to float32; float32 addition is not associative, so

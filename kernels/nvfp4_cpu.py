@@ -118,3 +118,37 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
     with _parallel.try_parallel(parallel) as par:
         run = nvfp4_parallel if par else nvfp4_serial
         run(src, dst, scales, int(tile[0]), int(tile[1]), *lines, *args, int(mode), np.uint64(key), int(nbits))
+
+
+def tensor_line_values(finite_bits: int, denom) -> tuple:
+    """(gamax, ges, gds) as float32 scalars of 4/6 with a tensor outer scale, from the bits of the tensor's largest
+    finite |x|: emunum/nvfp4_quantize.py's float32 rule (ges = min(denom / gamax, FLT_MAX), 1 if 0; gds = 1 /
+    ges), each operation one IEEE float32 rounding as torch's."""
+    gamax = np.array(finite_bits, np.uint32).view(np.float32)[()]
+    with np.errstate(divide="ignore", over="ignore"):
+        ges = min(np.float32(denom) / gamax, np.finfo(np.float32).max)
+    ges = np.float32(1.0) if ges == 0 else np.float32(ges)
+    return gamax, ges, np.float32(np.float32(1.0) / ges)
+
+
+def quantize_fos_tensor(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, denom, metric: int, args: tuple,
+                        mode: int, parallel=None) -> bool:
+    """4/6 with a tensor outer scale in blocks of 16 columns by kernels/nvfp4_fos_fast.py, the tensor's amax found
+    here by block_fast's amax pass (one pass over the bits, parallel like the rest), where ``fast_ok`` holds;
+    whether it ran (else the caller makes the line arrays and runs ``quantize_nvfp4``). The same bits as
+    ``quantize_nvfp4`` with emunum/nvfp4_quantize.py's line arrays (``tensor_line_values``)."""
+    if int(tile[1]) != 16 or not fast_ok(src, dst, tile, True, args, mode):
+        return False
+    if parallel is None:
+        parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
+    P, R, C = src.shape
+    bits = src.reshape(-1).view(np.uint32)
+    # 1-D blocks: the scales array has the amax pass's layout (the kernel overwrites it); tiles: a scratch one
+    amaxes = scales.reshape(-1) if int(tile[0]) == 1 else np.empty(P * R * -(-C // 16))
+    with _parallel.try_parallel(parallel) as par:
+        fin = (block_fast.amax_parallel if par else block_fast.amax_serial)(bits, amaxes, C, 16)
+    gamax, ges, gds = tensor_line_values(int(fin), denom)
+    n = P * R
+    lines = (True, None, np.full(n, ges), np.full(n, gds), np.full(n, gamax), np.float32(denom), int(metric))
+    quantize_nvfp4(src, dst, scales, tile, lines, args, mode, 0, 0, parallel=parallel)
+    return True

@@ -5,7 +5,9 @@ the same bits (tests/kernels/test_nvfp4_fos_fast.py compares it with the scalar 
 A unit is a run of up to LANES whole blocks side by side in one row of blocks (1 row for 1-D blocks, up to 16
 for 16 x 16 tiles); a parallel task takes consecutive units (TASK_ELEMS elements or more). The last block of a
 row of blocks when C % 16 != 0, and a unit where an encode scale is 0, run ``nvfp4_fast``'s block loop. Every
-block is computed with the same arguments on any thread count.
+block is computed with the same arguments on any thread count. Each row of a unit is first copied transposed
+(``_transpose``: element k of block j at k * LANES + j), so that the loops across blocks read consecutive
+addresses; the kernel asks for the CPU's widest vectors (kernels/wide.py).
 
 **Summation order.** The scalar core (as TransformerEngine's reference) adds a block row's 16 float32 error
 terms one after another in element order, each sum rounded to float32; float32 addition is not associative, so
@@ -30,13 +32,15 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, block_fast, nvfp4_fast, scalar
+from .wide import prefer_wide_vectors
 from .block_fast import ABS, INF_BITS, NAN32, SIGN
 from .nvfp4_fast import _fos_chunk, _join, _scale, _split_constants
 from .nvfp4_scalar import F32, _encode_scale
 
 _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
                         __file__.replace("nvfp4_fos_fast.py", "nvfp4_fast.py"),
-                        __file__.replace("nvfp4_fos_fast.py", "nvfp4_scalar.py")])
+                        __file__.replace("nvfp4_fos_fast.py", "nvfp4_scalar.py"),
+                        __file__.replace("nvfp4_fos_fast.py", "wide.py")])
 
 U32 = np.uint32
 U64 = np.uint64
@@ -59,16 +63,38 @@ def _pick(v, m0, m1, m2, m3, m4, m5, m6, t, o):
 
 
 @njit(inline="always", error_model="numpy")
-def _row_errors(src, rb, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
-    """e6[j], e4[j]: the error of the 16 elements src[rb + 16 j ...] under each candidate, j < n, each a chain
-    in element order (module doc); vt6, vt4: each lane's dequantised values (``_task``)."""
+def _transpose(bits, rb, n, tb, o):
+    """tb[o + k * LANES + j] = the bits of |x| of element k of block j (j < n) of the row from flat index rb: the
+    error loop then reads a vector of lanes from consecutive addresses (a stride of 16 would need gathers)."""
+    for j in range(n):
+        for k in range(16):
+            tb[U64(o + k * LANES + j)] = bits[U64(rb + 16 * j + k)] & ABS
+
+
+@njit(inline="always", error_model="numpy")
+def _errors(tf, o, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
+    """``_row_errors`` with the metric a constant in each copy of its loop (a selection by the metric per element
+    cost as much as the error terms)."""
+    if metric == 0:
+        _row_errors(tf, o, n, 0, m, enc6, enc4, vt6, vt4, e6, e4)
+    elif metric == 1:
+        _row_errors(tf, o, n, 1, m, enc6, enc4, vt6, vt4, e6, e4)
+    else:
+        _row_errors(tf, o, n, 2, m, enc6, enc4, vt6, vt4, e6, e4)
+
+
+@njit(inline="always", error_model="numpy")
+def _row_errors(tf, o, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
+    """e6[j], e4[j]: the error of the 16 elements of block j (j < n) of a row under each candidate, each a chain
+    in element order (module doc), from their magnitudes tf[o + k * LANES + j] (``_transpose``); vt6, vt4: each
+    lane's dequantised values (``_task``)."""
     m0, m1, m2, m3, m4, m5, m6 = m[0], m[1], m[2], m[3], m[4], m[5], m[6]
     for j in range(n):
         e6[U64(j)] = F32(0.0)
         e4[U64(j)] = F32(0.0)
     for k in range(16):
         for j in range(n):
-            a = abs(src[U64(rb + 16 * j + k)])
+            a = tf[U64(o + k * LANES + j)]
             d6 = abs(F32(_pick(F32(a * enc6[U64(j)]), m0, m1, m2, m3, m4, m5, m6, vt6, U64(j)) - a))
             d4 = abs(F32(_pick(F32(a * enc4[U64(j)]), m0, m1, m2, m3, m4, m5, m6, vt4, U64(j)) - a))
             t6 = F32(d6 * d6) if metric == 1 else d6
@@ -79,10 +105,11 @@ def _row_errors(src, rb, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
 
 @njit(error_model="numpy")
 def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split, s_magic,
-          s_min_normal, u0, u1, per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob, vt6, vt4, q6, q4, t6, t4, w6, w4):
+          s_min_normal, u0, u1, per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob, vt6, vt4, q6, q4, t6, t4, w6, w4, tb):
     """Units u0..u1-1: unit u holds the whole blocks (16 columns) bj0..bj0+n-1, bj0 = (u % per) * LANES, of row
     of blocks ``line`` = u // per (= p * nbr + bi); sc: the scales as (P * nbr, nbc); buffers of LANES (r6, r4,
     ob, vt6, vt4: 16 or 7 rows of LANES), and for ``_fos_chunk``."""
+    prefer_wide_vectors()  # the loops below are across blocks or along one, 16 float32 lanes fit either
     whole = C // 16
     for u in range(u0, u1):
         line = u // per
@@ -90,7 +117,7 @@ def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
         n = min(LANES, whole - bj0)
         if n > 0:
             _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
-                  (s_max, s_split, s_magic, s_min_normal), line, bj0, n, mx, ob,
+                  (s_max, s_split, s_magic, s_min_normal), line, bj0, n, mx, ob, tb, tb.view(np.float32),
                   (s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4))
         if C % 16 != 0 and bj0 + LANES >= whole:  # the partial last block
             b = line * sc.shape[1] + sc.shape[1] - 1
@@ -101,7 +128,7 @@ def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
 
 @njit(inline="always", error_model="numpy")
 def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk, line, bj0, n, mx, ob,
-          fb):
+          tb, tf, fb):
     """Blocks bj0..bj0+n-1 of row of blocks ``line`` (``_task``); sk: the scale format's constants; fb: the float32
     buffers (grouped: an inlined call takes at most 30 arguments)."""
     s_max, s_split, s_magic, s_min_normal = sk
@@ -111,15 +138,13 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
     row0 = p * R + bi * tr  # the flat row of the blocks' first row
     rows = min(tr, R - bi * tr)
     c00 = bj0 * 16
+    for i in range(rows):
+        _transpose(bits, (row0 + i) * C + c00, n, tb, i * 16 * LANES)
     for j in range(n):
         mx[U64(j)] = U32(0)
-    for i in range(rows):
-        rb = (row0 + i) * C + c00
+    for k in range(16 * rows):  # lane-wise: no reduction across a vector
         for j in range(n):
-            v = U32(0)
-            for k in range(min(16, bits.size - (rb + 16 * j))):  # (= 16) not a constant: LLVM vectorises the max
-                v = max(v, U32(bits[U64(rb + 16 * j + k)] & ABS))
-            mx[U64(j)] = max(mx[U64(j)], v)
+            mx[U64(j)] = max(mx[U64(j)], tb[U64(k * LANES + j)])
     g0, a0, ge0 = gds[U64(row0)], gamax[U64(row0)], ges[U64(row0)]
     for j in range(n):  # simple loops, each vectorised
         s4[U64(j)] = F32(F32(U32(mx[U64(j)]).view(np.float32) / F32(6.0)) * ge0)  # base
@@ -142,11 +167,11 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
                 vt6[U64(i * LANES + j)] = F32(F32(F32(vl[i] * s6[U64(j)]) * a0) / denom)
                 vt4[U64(i * LANES + j)] = F32(F32(F32(vl[i] * s4[U64(j)]) * a0) / denom)
         if tr == 1:
-            _row_errors(src, row0 * C + c00, n, metric, m, enc6, enc4, vt6, vt4, e6, e4)
+            _errors(tf, 0, n, metric, m, enc6, enc4, vt6, vt4, e6, e4)
         else:
             for i in range(16):
                 if i < rows:
-                    _row_errors(src, (row0 + i) * C + c00, n, metric, m, enc6, enc4, vt6, vt4, r6[i * LANES:],
+                    _errors(tf, i * 16 * LANES, n, metric, m, enc6, enc4, vt6, vt4, r6[i * LANES:],
                                 r4[i * LANES:])
                 else:
                     for j in range(n):
@@ -254,9 +279,10 @@ def _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m
         q6, q4 = np.empty(16 * tr, np.float32), np.empty(16 * tr, np.float32)
         t6, t4 = np.empty(16 * tr, np.float32), np.empty(16 * tr, np.float32)
         w6, w4 = np.zeros(16, np.float32), np.zeros(16, np.float32)
+        tb = np.empty(16 * tr * LANES, U32)
         _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
               s_magic, s_min_normal, t * upt, min(t * upt + upt, units), per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4,
-              ob, vt6, vt4, q6, q4, t6, t4, w6, w4)
+              ob, vt6, vt4, q6, q4, t6, t4, w6, w4, tb)
 
 
 @njit(cache=True, error_model="numpy")

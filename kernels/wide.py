@@ -1,0 +1,20 @@
+"""``prefer_wide_vectors()``: called at the top of a compiled function, asks LLVM to vectorise that function's
+loops with the widest vector registers the CPU has (512-bit ones where it has AVX-512). numba compiles for the
+host CPU, whose tuning on AVX-512 parts says 256-bit, for every kernel; this function attribute
+("prefer-vector-width") changes only the function it is placed in, and only its speed: on a CPU without
+AVX-512 the widest registers are 256-bit (or 128) and the code is what it would have been."""
+from numba import types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def prefer_wide_vectors(typingctx):
+    """Marks the calling function (LLVM's function attribute, added once; llvmlite's checked ``add`` knows only
+    attributes without a value)."""
+    def codegen(context, builder, signature, args):
+        attrs = builder.function.attributes
+        if '"prefer-vector-width"="512"' not in attrs:
+            set.add(attrs, '"prefer-vector-width"="512"')
+        return context.get_dummy_value()
+
+    return types.void(), codegen

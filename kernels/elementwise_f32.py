@@ -199,9 +199,14 @@ def _nearest_loop(src, dst, man, emin, sub, max_bits, ovf, negzero):
 
 
 @njit(inline="always")
-def _sr_chunks(src, dst, key, nbits, base, d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, mb, big,
-               ovf_nan, negzero):
-    """``_sr_loop``'s chunks, for ``sr_params`` given (constants where the caller knows them)."""
+def _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
+    """Element i gets ``scalar.random_bits(key, base + i, nbits)``: the generator's counter key + (base + i + 1)
+    * golden is computed once per chunk and then advanced by one add (the same uint64 value, wrapping alike):
+    one 64-bit vector multiply fewer per 8 elements, which LLVM does not strength-reduce (measured 1.57 -> 1.33
+    ns/element, 2**14 float32, one thread)."""
+    d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, big, ovf_nan = sr_params(man, emin, sub,
+                                                                                           max_bits, ovf, nbits)
+    mb = U32(max_bits)
     n = U64(src.size)
     drop = U64(64 - nbits)
     for c in prange((src.size + CHUNK - 1) // CHUNK):
@@ -213,25 +218,6 @@ def _sr_chunks(src, dst, key, nbits, base, d, hm1, lsb, mask_d, k, mask_s, mn_bi
             ctr += GOLDEN
             dst[i] = sr_f32(src[i], rnd, d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, mb, big,
                             ovf_nan, negzero)
-
-
-@njit(inline="always")
-def _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
-    """Element i gets ``scalar.random_bits(key, base + i, nbits)``: the generator's counter key + (base + i + 1)
-    * golden is computed once per chunk and then advanced by one add (the same uint64 value, wrapping alike):
-    one 64-bit vector multiply fewer per 8 elements, which LLVM does not strength-reduce (measured 1.57 -> 1.33
-    ns/element, 2**14 float32, one thread). With nbits >= 23 - man (always, at the default 32 bits) the
-    remainder is not rounded to nbits bits first (d = 0): that loop gets d's parameters as constants, and LLVM
-    drops those steps."""
-    d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, big, ovf_nan = sr_params(man, emin, sub,
-                                                                                           max_bits, ovf, nbits)
-    mb = U32(max_bits)
-    if d == U32(0):  # sr_params: hm1 = lsb = 0, mask_d = all ones
-        _sr_chunks(src, dst, key, nbits, base, U32(0), U32(0), U32(0), U32(0xFFFFFFFF), k, mask_s, mn_bits, p1, p2,
-                   pq, pn, two_n, mb, big, ovf_nan, negzero)
-    else:
-        _sr_chunks(src, dst, key, nbits, base, d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, mb,
-                   big, ovf_nan, negzero)
 
 
 @njit(inline="always")

@@ -182,3 +182,36 @@ def test_every_float32_exhaustive(name):
             u = np.arange(start, start + (1 << 26), dtype=np.uint64).astype(np.uint32)
             _check_nearest(u, args)
             _check_sr(u, args, 32)
+
+
+SIZES = [1, ew.CHUNK - 1, ew.CHUNK, ew.CHUNK + 1, ew.AHEAD + ew.CHUNK + 17, 3 * ew.AHEAD + 5]
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("base", [0, 1, ew.CHUNK + 3])
+def test_chunked_loops_keep_every_elements_bits_and_random_stream(size, base):
+    """The loops run in chunks with prefetch hints: at every size around a chunk's and the hint distance's
+    boundaries, serial and parallel, in place or not, from any stream offset ``base``, element i is rounded as
+    the unchunked reference loop rounds it with element base + i's random bits."""
+    args = _args("fp8_152")
+    man, emin, sub, mx, ovf, negzero = args
+    u = np.resize(sample(man, emin, sub, mx)[::-1], size)  # varied values at every position (sample is sorted)
+    mb = np.int64(cpu.max_bits(mx, np.float32))
+    want = np.empty_like(u)
+    old_sr(u, want, man, emin, sub, mb, ovf, negzero, KEY, 32, base)
+    got = np.empty_like(u)
+    ew.sr_serial(u, got, man, emin, sub, mb, ovf, negzero, KEY, 32, np.int64(base))
+    assert np.array_equal(got, want)
+    inplace = u.copy()
+    ew.sr_serial(inplace, inplace, man, emin, sub, mb, ovf, negzero, KEY, 32, np.int64(base))
+    assert np.array_equal(inplace, want)
+    if base == 0:
+        got[:] = 0
+        ew.sr_parallel(u, got, man, emin, sub, mb, ovf, negzero, KEY, 32)
+        assert np.array_equal(got, want)
+    want_n = np.empty_like(u)
+    old_nearest(u.view(np.float32), want_n.view(np.float32), man, emin, sub, mx, ovf, negzero)
+    for kernel in (ew.nearest_serial, ew.nearest_parallel):
+        got[:] = 0
+        kernel(u, got, man, emin, sub, mb, ovf, negzero)
+        assert np.array_equal(got, want_n)

@@ -45,6 +45,7 @@ from numba.extending import intrinsic
 
 from . import _cache, scalar
 from .scalar import GOLDEN, ONE, OVF_INF, OVF_NAN, mix64
+from .wide import prefer_wide_vectors
 
 _cache.guard(__file__, scalar.SOURCES)
 
@@ -192,6 +193,7 @@ def _nearest_loop(src, dst, man, emin, sub, max_bits, ovf, negzero):
     mb = U32(max_bits)
     n = U64(src.size)
     for c in prange((src.size + CHUNK - 1) // CHUNK):
+        prefer_wide_vectors()
         c0 = U64(c) * U64(CHUNK)
         _hint(src, c0, n)
         for i in range(c0, min(c0 + U64(CHUNK), n)):
@@ -210,6 +212,7 @@ def _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
     n = U64(src.size)
     drop = U64(64 - nbits)
     for c in prange((src.size + CHUNK - 1) // CHUNK):
+        prefer_wide_vectors()
         c0 = U64(c) * U64(CHUNK)
         _hint(src, c0, n)
         ctr = U64(key) + (U64(base) + c0 + ONE) * GOLDEN

@@ -125,7 +125,9 @@ def _data(shape, kind, gen):
 
 
 @pytest.mark.parametrize("n", had.SIZES)
-@pytest.mark.parametrize("shape,dim", [((70, 24), 0), ((33, 5), 0), ((6, 50, 3), 1), ((4, 7, 130), -1), ((300,), 0)])
+# (1097, 100) along 0: several groups of RUNS runs and of COLUMNS columns, each with a partial last one
+@pytest.mark.parametrize("shape,dim", [((70, 24), 0), ((33, 5), 0), ((6, 50, 3), 1), ((4, 7, 130), -1), ((300,), 0),
+                                       ((1097, 100), 0)])
 @pytest.mark.parametrize("kind", ["normal", "zeros", "sparse", "subnormal"])
 def test_butterfly_gives_the_matrix_products_bits_and_strides(n, shape, dim, kind, monkeypatch):
     x = _data(shape, kind, torch.Generator().manual_seed(n + len(shape)))

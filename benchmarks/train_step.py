@@ -2,6 +2,7 @@
 
     python benchmarks/train_step.py [--steps 20] [--rounds 5] [--threads 2]
     python benchmarks/train_step.py --model cnn2d --recipes elementwise,nvfp4 --compare-elide
+    python benchmarks/train_step.py --model cnn2d --recipes nvfp4 --compare-old --clock cpu
 
 Models: ``cnn1d`` (default) = the experiments' default CNN on MNIST-1D, batch 100; ``cnn2d`` = a small 2-D CNN
 written here and not tuned by any benchmark (conv3x3(3->16)-ReLU-conv3x3(16->32)-ReLU-maxpool2-Linear(8192->64)-
@@ -165,6 +166,9 @@ def main(argv=None) -> None:
                    help="also time recipes with a Hadamard transform on its float64 matrix product (same bits)")
     p.add_argument("--compare-old", action="store_true",
                    help="also time nvfp4 with the stochastic block path, one-pass im2col and weight reuse off")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="wall: time.perf_counter; cpu: time.process_time (this process's CPU time: steadier than "
+                   "wall time on a loaded machine)")
     p.add_argument("--default-malloc", action="store_true", help="keep glibc's default (the training loop "
                     "calls emunum.buffers.retain_freed_memory(), and so does this benchmark unless this is given)")
     a = p.parse_args(argv)
@@ -197,16 +201,17 @@ def main(argv=None) -> None:
         for _ in range(3):
             steps[n]()
     per_round = {n: [] for n in names}
+    clock = time.process_time if a.clock == "cpu" else time.perf_counter
     for _ in range(a.rounds):
         for n in names:
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(a.steps):
                 steps[n]()
-            per_round[n].append((time.perf_counter() - t0) / a.steps)
+            per_round[n].append((clock() - t0) / a.steps)
     base = statistics.median(per_round["fp32"])
     what = ("default CNN (cnn1d) on MNIST-1D, batch 100" if a.model == "cnn1d" else
             "2-D CNN (cnn2d) on random 32x32 images, batch 64")
-    print(f"{what}, threads={a.threads}, {a.steps} steps x {a.rounds} rounds; load average "
+    print(f"{what}, threads={a.threads}, {a.steps} steps x {a.rounds} rounds, {a.clock} clock; load average "
           + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     print(f"{'recipe':<20} {'ms/step (median)':>17} {'min':>8} {'max':>8} {'x fp32':>8}")
     for n in names:

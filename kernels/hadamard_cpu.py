@@ -1,6 +1,6 @@
 """The random Hadamard transform of float32 data as a fast Walsh-Hadamard butterfly (``emunum.hadamard.rht``).
 
-``rht_f32(x, out, signs, shift)``: x is float32 viewed as (A, L, B) (the transformed dimension in the middle),
+``rht_f32(x, out, signs, shift, amaxes, finite)``: x is float32 viewed as (A, L, B) (the transformed dimension in the middle),
 out a float32 (A, B, Lp) array, Lp = L rounded up to a multiple of n = signs.size. Each run of n elements along
 L (zero-padded) is multiplied by the signs, transformed by the n x n Sylvester Hadamard matrix and scaled by
 2**-shift = 1/sqrt(n); the sums are taken in float64 and rounded once to float32.
@@ -41,9 +41,12 @@ RUNS = 16  # runs transformed per sweep over the columns: their rows of x stay i
 
 
 @njit(cache=True)
-def rht_f32(x, out, signs, shift):
+def rht_f32(x, out, signs, shift, amaxes, finite):
     """out[a, b, r*n + i] = float32(2**-shift * sum_j signs[j] * H[j, i] * x[a, r*n + j, b]) for every run r
     (x read as zero beyond L); False (out partly written) where a run's sums might not be exact in float64.
+    Unless amaxes is empty: the largest |out| of each run (out's blocks of n along its last axis) into
+    amaxes[(a * B + b) * runs + r] (float64), and the bits of the largest finite |out| into finite[0] (0 if
+    none): what ``block_cpu.block_amaxes`` finds in out (no NaN: a run holding one is declined).
     Columns go COLUMNS at a time through RUNS runs, so that out is written as that many sequential streams
     (B rows of out lie a power of two apart in the layers' shapes) while those runs' rows of x, read once from
     memory, stay in cache for every group of columns;
@@ -56,6 +59,8 @@ def rht_f32(x, out, signs, shift):
     bits = x.view(np.uint32)
     total = np.empty(COLUMNS, dtype=np.float64)  # sum of |u| per column of this run
     lsb = np.empty(COLUMNS, dtype=np.float64)  # 2**lsb per column of this run (inf: all zeros)
+    scan = amaxes.size != 0
+    fin = U32(0)
     for a in range(A):
         for r0 in range(0, runs, RUNS):
             for b0 in range(0, B, COLUMNS):
@@ -100,6 +105,14 @@ def rht_f32(x, out, signs, shift):
                     base = r * n
                     for c in range(nb):
                         o = out[a, b0 + c]
+                        top = U32(0)
                         for i in range(n):
-                            o[U64(base + i)] = np.float32((work[i, c] + 0.0) * scale)
+                            f = np.float32((work[i, c] + 0.0) * scale)
+                            o[U64(base + i)] = f
+                            u = U32(f.view(U32) & U32(0x7FFFFFFF))
+                            top = max(top, u)
+                            fin = max(fin, u if u < U32(0x7F800000) else U32(0))
+                        if scan:
+                            amaxes[U64((a * B + b0 + c) * runs + r)] = np.float64(U32(top).view(np.float32))
+    finite[0] = fin
     return True

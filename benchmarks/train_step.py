@@ -2,6 +2,7 @@
 
     python benchmarks/train_step.py [--steps 20] [--rounds 5] [--threads 2]
     python benchmarks/train_step.py --model cnn2d --recipes elementwise,nvfp4 --compare-elide
+    python benchmarks/train_step.py --model cnn2d --recipes nvfp4 --compare-old --clock cpu
 
 Models: ``cnn1d`` (default) = the experiments' default CNN on MNIST-1D, batch 100; ``cnn2d`` = a small 2-D CNN
 written here and not tuned by any benchmark (conv3x3(3->16)-ReLU-conv3x3(16->32)-ReLU-maxpool2-Linear(8192->64)-

@@ -78,12 +78,24 @@ def working_layout(x: torch.Tensor, fmt: BlockFormat, axis: int):
 
 
 def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, key: int, nbits: int,
-                           axis: int = -1, out: torch.Tensor | None = None, return_scales: bool = False):
-    """``emunum.quantize`` for a BlockFormat, arguments already checked (key: the seed's key)."""
+                           axis: int = -1, out: torch.Tensor | None = None, return_scales: bool = False,
+                           scan=None):
+    """``emunum.quantize`` for a BlockFormat, arguments already checked (key: the seed's key). scan: None, or
+    (amaxes, amax) from the pass that produced x (``emunum.hadamard.rht_scanned``): each block's largest |v|
+    (float64 ndarray, one per block in the scales' order) and the largest finite |v|, taken in place of the
+    amax pass where that pass would run (then ``amaxes`` becomes the scales' storage)."""
     work, tile, restore = working_layout(x, fmt, axis)
     P, R, C = work.shape
-    scales = torch.empty((P, -(-R // tile[0]), -(-C // tile[1])), dtype=torch.float64, device=x.device)
-    buffers.advise_huge_pages(scales)  # 1/16 (MX) or 1/8 (NVFP4) of float32 x's bytes
+    scanned = (fmt.tensor_scale and x.device.type == "cpu" and work.dtype == torch.float32 and tile[0] == 1
+               and not isinstance(fmt.element, TableFormat) and not isinstance(fmt, MXPlusFormat)
+               and not fmt.nvfp4_path)  # the amax pass's branch below
+    nbr, nbc = -(-R // tile[0]), -(-C // tile[1])
+    if scanned and scan is not None and scan[0].shape == (P * nbr * nbc,) and scan[0].dtype == np.float64:
+        scales = torch.from_numpy(scan[0]).view(P, nbr, nbc)
+    else:
+        scan = None
+        scales = torch.empty((P, nbr, nbc), dtype=torch.float64, device=x.device)
+        buffers.advise_huge_pages(scales)  # 1/16 (MX) or 1/8 (NVFP4) of float32 x's bytes
     direct = (out is not None and out.dtype == work.dtype and out.is_contiguous()
               and (fmt.tile[0] != 0 or x.dim() == 0 or _axis(axis, x.dim()) == x.dim() - 1))
     dst = out.view(work.shape) if direct else buffers.empty_like(work)  # the layout of x, and of a contiguous out
@@ -102,9 +114,8 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
         from .nvfp4_quantize import quantize_lines
         quantize_lines(work, dst, scales, fmt, tile, block_args(fmt, 1.0)[:-1], mode, key, nbits)
     elif x.numel():
-        amax = None
-        scanned = fmt.tensor_scale and x.device.type == "cpu" and work.dtype == torch.float32 and tile[0] == 1
-        if scanned:
+        amax = None if scan is None else scan[1]
+        if scanned and scan is None:
             from .kernels import block_cpu
             amax = block_cpu.block_amaxes(work.numpy(), scales.numpy(), tile[1])  # T's amax and each block's
         t = tensor_scale(work, fmt, amax)

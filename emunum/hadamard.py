@@ -62,6 +62,15 @@ def rht_matrix(n: int, seed: int) -> np.ndarray:
 def rht(x: torch.Tensor, n: int, seed: int, dim: int) -> torch.Tensor:
     """x with ``dim`` zero-padded to a multiple of n and each run u of n along it replaced by u @ M. x needs at
     least one dimension, and dim must be one of them (-x.dim() .. x.dim()-1); ValueError otherwise."""
+    return rht_scanned(x, n, seed, dim, scan=False)[0]
+
+
+def rht_scanned(x: torch.Tensor, n: int, seed: int, dim: int, scan: bool = True):
+    """(``rht(x, n, seed, dim)``, its scan): where ``scan`` and the butterfly kernel ran, the scan is
+    (amaxes, amax): each run's largest |v| of the result (a float64 ndarray of one element per run, in the order
+    of the result's runs with ``dim`` moved last: the scales of a 1-D block quantisation along ``dim`` in blocks
+    of n) and the result's largest finite |v| (0.0 if none), what the block quantiser's amax pass
+    (``kernels.block_cpu.block_amaxes``) finds; None otherwise."""
     if x.dim() == 0:
         raise ValueError("rht: x is a 0-dim tensor; the transform runs along a dimension (x needs at least one)")
     if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
@@ -70,7 +79,7 @@ def rht(x: torch.Tensor, n: int, seed: int, dim: int) -> torch.Tensor:
     d = dim % x.dim()
     length = x.shape[d]
     pad = -length % n
-    fast = _butterfly(x, n, seed, d, length + pad)
+    fast = _butterfly(x, n, seed, d, length + pad, scan)
     if fast is not None:
         return fast
     w = x.to(torch.float64).movedim(d, -1)
@@ -78,14 +87,14 @@ def rht(x: torch.Tensor, n: int, seed: int, dim: int) -> torch.Tensor:
         w = torch.nn.functional.pad(w, (0, pad))
     m = torch.tensor(rht_matrix(n, seed), device=w.device)
     out = (w.reshape(*w.shape[:-1], -1, n) @ m).reshape(w.shape)
-    return out.movedim(-1, d).to(x.dtype)
+    return out.movedim(-1, d).to(x.dtype), None
 
 
-def _butterfly(x: torch.Tensor, n: int, seed: int, d: int, padded: int):
-    """``rht``'s result by the butterfly kernel (``kernels/hadamard_cpu.py``), or None where it does not apply:
-    a float32 CPU tensor outside autograd whose runs all have sums that are exact in float64 (then any order of
-    summation gives the reference's bits). The result has the reference's shape and strides: a contiguous
-    tensor with ``d`` moved last, moved back."""
+def _butterfly(x: torch.Tensor, n: int, seed: int, d: int, padded: int, scan: bool = False):
+    """``rht_scanned``'s result by the butterfly kernel (``kernels/hadamard_cpu.py``), or None where it does not
+    apply: a float32 CPU tensor outside autograd whose runs all have sums that are exact in float64 (then any
+    order of summation gives the reference's bits). The result has the reference's shape and strides: a
+    contiguous tensor with ``d`` moved last, moved back."""
     if x.dtype != torch.float32 or not x.is_cpu or type(x) is not torch.Tensor or x.numel() == 0 \
             or (x.requires_grad and torch.is_grad_enabled()):
         return None
@@ -96,9 +105,11 @@ def _butterfly(x: torch.Tensor, n: int, seed: int, d: int, padded: int):
     src = x.detach().resolve_neg().contiguous().view(a, shape[d], b).numpy()
     moved = shape[:d] + shape[d + 1:] + (padded,)
     out = torch.empty(moved, dtype=torch.float32)
-    if not rht_f32(src, out.numpy().reshape(a, b, padded), _signs(n, seed), n.bit_length() // 2):
+    amaxes = np.empty(a * b * (padded // n) if scan else 0, dtype=np.float64)
+    finite = np.zeros(1, dtype=np.uint32)
+    if not rht_f32(src, out.numpy().reshape(a, b, padded), _signs(n, seed), n.bit_length() // 2, amaxes, finite):
         return None
-    return out.movedim(-1, d)
+    return out.movedim(-1, d), ((amaxes, float(finite.view(np.float32)[0])) if scan else None)
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,18 +1,23 @@
 """The random Hadamard transform of float32 data as a fast Walsh-Hadamard butterfly (``emunum.hadamard.rht``).
 
-``rht_f32(x, out, signs, shift)``: x is float32 viewed as (A, L, B) (the transformed dimension in the middle),
+``rht_f32(x, out, signs, shift, amaxes, finite)``: x is float32 viewed as (A, L, B) (the transformed dimension in the middle),
 out a float32 (A, B, Lp) array, Lp = L rounded up to a multiple of n = signs.size. Each run of n elements along
 L (zero-padded) is multiplied by the signs, transformed by the n x n Sylvester Hadamard matrix and scaled by
 2**-shift = 1/sqrt(n); the sums are taken in float64 and rounded once to float32.
 
 Why this equals the float64 product u @ M of ``rht``'s reference path, bit for bit: every term s_j H_ji u_j
-is a float32 value with its sign flipped, so every partial sum the butterfly forms (a signed sum of a subset
-of the run) is a multiple of the run's smallest unit in the last place, 2**lsb, and below the sum of the
-magnitudes, 2**(emax + 1 + log2 n). Where emax + 1 + log2 n - lsb <= 53 every such sum is exact in float64,
-in any order and grouping, so the butterfly and the matrix product (whatever its summation order) reach the
-same exact value; the power-of-two scale is exact as well. The kernel checks that condition on every run,
-with emax and lsb taken from the float32 exponent fields (a subnormal's counted as 1, which bounds both), and
-returns False as soon as a run fails it or holds an infinity or NaN; the caller then takes the reference path.
+is a float32 value with its sign flipped (the product's terms u_j M_ji are those times 2**-shift, exact), so
+every partial sum either forms (a signed sum of a subset of the run, in any order and grouping) is an integer
+multiple of 2**lsb, the value of the lowest set significand bit among the run's nonzero elements, and at most
+S = sum_j |u_j| in magnitude. Where S < 2**(lsb + 53) every such sum is an integer below 2**53 times 2**lsb:
+exact in float64, so the butterfly and the matrix product (whatever its summation order) reach the same exact
+value; the power-of-two scale is exact as well. The kernel checks that condition on every run: 2**lsb is the
+minimum over nonzero elements of |u| - |u with its lowest set bit cleared| (|u| itself where the stored
+significand is 0: the implicit bit is the lowest), both float32 values of one binade, so the difference is
+exact; S is bounded above by its float64 sum times 1 + 2**-40, rounded (n <= 256 nonnegative terms: the sum
+is at least S (1 - 255 * 2**-53) > S (1 - 2**-44)). A run holding an infinity or NaN has S = inf or NaN
+and fails. The kernel returns False as soon as a run fails; the caller then takes the reference path. (An
+exponent spread of at most 29 - log2 n binades, the earlier test, implies the condition.)
 A sum that is exactly zero is +0 in both: the product's accumulators start at +0 (a zero sum of terms that
 are not all -0 is +0 in any order under round-to-nearest; ``+ 0.0`` makes the all -0 case agree).
 Serial: the transform runs inside a training step's backward GEMM, on one thread.
@@ -30,69 +35,84 @@ U32 = np.uint32
 
 
 COLUMNS = 48  # columns of x (rows of out) transformed together; measured best of 8-144 on (65536, 144)
+BOUND = 1.0 + 2.0**-40  # S's float64 sum times this bounds S from above (module doc)
+TWO53 = 2.0**53
+RUNS = 16  # runs transformed per sweep over the columns: their rows of x stay in cache (measured best of 4-64)
 
 
 @njit(cache=True)
-def rht_f32(x, out, signs, shift):
+def rht_f32(x, out, signs, shift, amaxes, finite):
     """out[a, b, r*n + i] = float32(2**-shift * sum_j signs[j] * H[j, i] * x[a, r*n + j, b]) for every run r
     (x read as zero beyond L); False (out partly written) where a run's sums might not be exact in float64.
-    Columns go COLUMNS at a time through every run, so that out is written as that many sequential streams
-    (B rows of out lie a power of two apart in the layers' shapes; fewer streams read x in more strided passes);
+    Unless amaxes is empty: the largest |out| of each run (out's blocks of n along its last axis) into
+    amaxes[(a * B + b) * runs + r] (float64), and the bits of the largest finite |out| into finite[0] (0 if
+    none): what ``block_cpu.block_amaxes`` finds in out (no NaN: a run holding one is declined).
+    Columns go COLUMNS at a time through RUNS runs, so that out is written as that many sequential streams
+    (B rows of out lie a power of two apart in the layers' shapes) while those runs' rows of x, read once from
+    memory, stay in cache for every group of columns;
     inner loops use unsigned indices (numba's wraparound check on signed ones keeps them from vectorising)."""
     A, L, B = x.shape
     n = signs.size
     runs = out.shape[2] // n
-    log2n = 0
-    while (1 << log2n) < n:
-        log2n += 1
-    span = 29 - log2n  # the largest exponent spread with exact float64 sums (module doc)
     scale = np.ldexp(1.0, -shift)
     work = np.empty((n, COLUMNS), dtype=np.float64)
     bits = x.view(np.uint32)
-    hi = np.empty(COLUMNS, dtype=np.uint32)
-    lo = np.empty(COLUMNS, dtype=np.uint32)
+    total = np.empty(COLUMNS, dtype=np.float64)  # sum of |u| per column of this run
+    lsb = np.empty(COLUMNS, dtype=np.float64)  # 2**lsb per column of this run (inf: all zeros)
+    scan = amaxes.size != 0
+    fin = U32(0)
     for a in range(A):
-        for b0 in range(0, B, COLUMNS):
-            nb = min(COLUMNS, B - b0)
-            for r in range(runs):
-                for c in range(nb):
-                    hi[U64(c)] = U32(0)
-                    lo[U64(c)] = U32(0xFFFFFFFF)
-                for j in range(n):
-                    t = r * n + j
-                    w = work[j]
-                    if t < L:
-                        sj = np.float64(signs[j])
-                        xr, ur = x[a, t, b0:b0 + nb], bits[a, t, b0:b0 + nb]
-                        for c in range(nb):
-                            uc = U64(c)
-                            m = U32(ur[uc] & U32(0x7FFFFFFF))
-                            hi[uc] = max(hi[uc], m)
-                            lo[uc] = min(lo[uc], m if m != U32(0) else U32(0xFFFFFFFF))
-                            w[uc] = sj * np.float64(xr[uc])
-                    else:
-                        for c in range(nb):
-                            w[U64(c)] = 0.0
-                for c in range(nb):
-                    if hi[c] >= U32(0x7F800000):  # an infinity or NaN
-                        return False
-                    if hi[c] != U32(0) and \
-                            max(np.int64(hi[c] >> U32(23)), 1) - max(np.int64(lo[c] >> U32(23)), 1) > span:
-                        return False
-                h = 1
-                while h < n:
-                    for i0 in range(0, n, 2 * h):
-                        for j in range(i0, i0 + h):
-                            p, q = work[j], work[j + h]
+        for r0 in range(0, runs, RUNS):
+            for b0 in range(0, B, COLUMNS):
+                nb = min(COLUMNS, B - b0)
+                for r in range(r0, min(r0 + RUNS, runs)):
+                    for c in range(nb):
+                        total[U64(c)] = 0.0
+                        lsb[U64(c)] = np.inf
+                    for j in range(n):
+                        t = r * n + j
+                        w = work[j]
+                        if t < L:
+                            sj = np.float64(signs[j])
+                            xr, ur = x[a, t, b0:b0 + nb], bits[a, t, b0:b0 + nb]
                             for c in range(nb):
                                 uc = U64(c)
-                                s, d = p[uc] + q[uc], p[uc] - q[uc]
-                                p[uc] = s
-                                q[uc] = d
-                    h *= 2
-                base = r * n
-                for c in range(nb):
-                    o = out[a, b0 + c]
-                    for i in range(n):
-                        o[U64(base + i)] = np.float32((work[i, c] + 0.0) * scale)
+                                v = np.float64(xr[uc])
+                                mag = abs(v)
+                                m = U32(ur[uc] & U32(0x7FFFFFFF))
+                                low = mag - np.float64(U32(m & (m - U32(1))).view(np.float32))
+                                low = mag if (m & U32(0x7FFFFF)) == U32(0) else low
+                                total[uc] += mag
+                                lsb[uc] = min(lsb[uc], low if m != U32(0) else np.inf)
+                                w[uc] = sj * v
+                        else:
+                            for c in range(nb):
+                                w[U64(c)] = 0.0
+                    for c in range(nb):
+                        if not total[c] * BOUND < lsb[c] * TWO53:  # NaN and inf fail too
+                            return False
+                    h = 1
+                    while h < n:
+                        for i0 in range(0, n, 2 * h):
+                            for j in range(i0, i0 + h):
+                                p, q = work[j], work[j + h]
+                                for c in range(nb):
+                                    uc = U64(c)
+                                    s, d = p[uc] + q[uc], p[uc] - q[uc]
+                                    p[uc] = s
+                                    q[uc] = d
+                        h *= 2
+                    base = r * n
+                    for c in range(nb):
+                        o = out[a, b0 + c]
+                        top = U32(0)
+                        for i in range(n):
+                            f = np.float32((work[i, c] + 0.0) * scale)
+                            o[U64(base + i)] = f
+                            u = U32(f.view(U32) & U32(0x7FFFFFFF))
+                            top = max(top, u)
+                            fin = max(fin, u if u < U32(0x7F800000) else U32(0))
+                        if scan:
+                            amaxes[U64((a * B + b0 + c) * runs + r)] = np.float64(U32(top).view(np.float32))
+    finite[0] = fin
     return True

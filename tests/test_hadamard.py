@@ -121,17 +121,22 @@ def _data(shape, kind, gen):
         x[torch.rand(shape, generator=gen) < 0.6] = -0.0
     elif kind == "subnormal":
         x = x * 1e-40
+    elif kind == "wide":  # 1-3 significant bits over 2**[-20, 9): a spread of 29 binades, sums far below 53 bits
+        x = sign * torch.randint(1, 8, shape, generator=gen).float() * torch.exp2(
+            torch.randint(-20, 7, shape, generator=gen).float())
     return x
 
 
 @pytest.mark.parametrize("n", had.SIZES)
-@pytest.mark.parametrize("shape,dim", [((70, 24), 0), ((33, 5), 0), ((6, 50, 3), 1), ((4, 7, 130), -1), ((300,), 0)])
-@pytest.mark.parametrize("kind", ["normal", "zeros", "sparse", "subnormal"])
+# (1097, 100) along 0: several groups of RUNS runs and of COLUMNS columns, each with a partial last one
+@pytest.mark.parametrize("shape,dim", [((70, 24), 0), ((33, 5), 0), ((6, 50, 3), 1), ((4, 7, 130), -1), ((300,), 0),
+                                       ((1097, 100), 0)])
+@pytest.mark.parametrize("kind", ["normal", "zeros", "sparse", "subnormal", "wide"])
 def test_butterfly_gives_the_matrix_products_bits_and_strides(n, shape, dim, kind, monkeypatch):
     x = _data(shape, kind, torch.Generator().manual_seed(n + len(shape)))
     d = dim % x.dim()
-    fast = had._butterfly(x, n, 7, d, -(-x.shape[d] // n) * n)
-    assert fast is not None  # exponent spread <= 20: every run's float64 sums are exact
+    fast, _ = had._butterfly(x, n, 7, d, -(-x.shape[d] // n) * n)  # None: TypeError
+    assert fast is not None  # every run's float64 sums are exact (spread <= 20 binades, or few bits: "wide")
     assert _bits_equal(fast, _reference_rht(x, n, 7, dim, monkeypatch))
     assert _bits_equal(had.rht(x, n, 7, dim), fast)
 
@@ -139,15 +144,17 @@ def test_butterfly_gives_the_matrix_products_bits_and_strides(n, shape, dim, kin
 @pytest.mark.parametrize("planted", ["spread", "inf", "nan"])
 def test_butterfly_declines_runs_whose_sums_may_be_inexact_or_not_finite(planted, monkeypatch):
     x = 1 + torch.rand(64, 8, generator=torch.Generator().manual_seed(3))  # [1, 2): one binade
-    if planted == "spread":  # 2**26 and 1 + 2**-23 in one run of 16: their sum needs 26 + 24 + 4 > 53 bits
-        x[17, 2], x[18, 2] = 2.0 ** 26, 1.0 + 2.0 ** -23
+    x[17, 2] = 1.0 + 2.0 ** -23  # the run's lowest significand bit: 2**-23, so sums must stay below 2**30
+    if planted == "spread":  # 2**30 in that run of 16: its sums reach 2**30 + 15: 54 bits, inexact
+        x[18, 2] = 2.0 ** 30
     else:
         x[40, 5] = float(planted)
     assert had._butterfly(x, 16, 0, 0, 64) is None
     assert _bits_equal(had.rht(x, 16, 0, 0), _reference_rht(x, 16, 0, 0, monkeypatch))
-    x[17, 2], x[18, 2] = 2.0 ** 25, 1.0  # a spread of 25 binades (n = 16): exact, the kernel's
+    x[18, 2] = 2.0 ** 29  # sums below 2**29 + 30 < 2**30: exact (a spread of 29 binades), the kernel's
     x[40, 5] = 1.0
-    assert had._butterfly(x, 16, 0, 0, 64) is not None
+    fast, _ = had._butterfly(x, 16, 0, 0, 64)
+    assert _bits_equal(fast, _reference_rht(x, 16, 0, 0, monkeypatch))
 
 
 def test_butterfly_leaves_autograd_float64_and_its_input_alone():
@@ -157,3 +164,46 @@ def test_butterfly_leaves_autograd_float64_and_its_input_alone():
     y = x.detach().clone()
     had.rht(y, 16, 0, 0)
     assert torch.equal(y, x.detach())
+
+
+# ---- the butterfly's scan: the block maxima the quantiser's amax pass would find in its result -------------
+@pytest.mark.parametrize("shape,dim", [((70, 24), 0), ((6, 50, 3), 1), ((1097, 100), 0)])
+@pytest.mark.parametrize("kind", ["normal", "zeros", "sparse", "subnormal", "huge"])
+def test_rht_scan_equals_the_amax_pass_of_the_result(shape, dim, kind):
+    from emunum.block_quantize import working_layout
+    from emunum.kernels import block_cpu
+
+    gen = torch.Generator().manual_seed(len(shape))
+    x = _data(shape, kind, gen)
+    if kind == "huge":  # a first run of 2**127 s (s the signs): its first output 2**129 overflows to inf
+        s = torch.from_numpy(had.sign_vector(16, 7)).float()
+        x.narrow(dim, 0, 16).copy_(2.0 ** 127 * s.view([16 if k == dim % x.dim() else 1 for k in range(x.dim())]))
+    out, scan = had.rht_scanned(x, 16, 7, dim)
+    assert scan is not None and _bits_equal(out, had.rht(x, 16, 7, dim))
+    work, _, _ = working_layout(out, emunum.get_format("nvfp4"), dim)
+    amaxes = np.empty(work.numel() // 16)
+    amax = block_cpu.block_amaxes(work.numpy(), amaxes, 16)
+    assert np.array_equal(scan[0].view(np.int64), amaxes.view(np.int64)) and scan[1] == amax
+    if kind == "huge":
+        assert np.isinf(amaxes).any() and 0 < amax < np.inf
+
+
+@pytest.mark.parametrize("grad_rounding", ["stochastic", "nearest"])
+def test_nvfp4_wgrad_with_the_scan_equals_it_without_and_draws_the_same_seeds(grad_rounding, monkeypatch):
+    pol = emunum.Policy.make("nvfp4", hadamard=16, hadamard_seed=5, grad_rounding=grad_rounding)
+
+    def run():
+        torch.manual_seed(2)
+        lin = nn.Linear(64, 24)
+        x = torch.randn(200, 64, requires_grad=True)
+        emunum.patch(nn.Sequential(lin), policy=pol)(x).backward(torch.randn(200, 24))
+        return lin.weight.grad, torch.randint(0, 2**62, (4,))  # the generator's state after the step
+
+    calls = []
+    scanned = bg.rht_scanned
+    monkeypatch.setattr(bg, "rht_scanned", lambda *a: calls.append(a[-1]) or scanned(*a))
+    fused = run()
+    monkeypatch.setattr(bg, "rht_scanned", lambda *a: scanned(*a[:-1], False))
+    plain = run()
+    assert calls == [True, True]
+    assert torch.equal(fused[0].view(torch.int32), plain[0].view(torch.int32)) and torch.equal(fused[1], plain[1])

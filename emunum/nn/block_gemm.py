@@ -55,11 +55,13 @@ from torch import Tensor
 
 from ..autograd import STE
 from ..formats import BlockFormat, RoundMode
-from ..hadamard import rht
+from ..block_quantize import quantize_block_checked
+from ..hadamard import rht_scanned
 from ..mad.block import block_matmul, check_pair, check_unit
 from ..mad.functional import parse_backward_units
 from ..policy import BLOCK_ROLES, Policy, Role, RoleSpec
-from ..quantize import check_sr_bits, quantize
+from ..quantize import check_sr_bits, quantize, resolve_seed
+from ..rng import seed_key
 from .. import block_ops  # noqa: F401  (registers emunum::quantize_block)
 from ..formats.interned import intern
 from ..ops import eager_ok
@@ -119,8 +121,9 @@ class BlockPlan:
         return (trace is None and self.units is None and is_block(spec) and spec.fmt.tile[0] != 0
                 and spec.rounding != RoundMode.STOCHASTIC)
 
-    def q(self, t: Tensor, role: Role, axis: int, trace=None) -> Tensor:
-        """t quantised to role's format: a block format along ``axis``, an element format element-wise."""
+    def q(self, t: Tensor, role: Role, axis: int, trace=None, scan=None) -> Tensor:
+        """t quantised to role's format: a block format along ``axis``, an element format element-wise. scan:
+        t's block maxima from the pass that made t (``rht_scanned``), or None (the same bits and seed draw)."""
         spec = getattr(self, role.value)
         if spec is None:
             return t
@@ -130,6 +133,10 @@ class BlockPlan:
             if not eager_ok(t):  # torch.compile, export and other tracers see the custom op
                 return torch.ops.emunum.quantize_block(t, intern(spec.fmt), int(spec.rounding), None,
                                                        check_sr_bits(self.sr_bits), axis)
+            if scan is not None:  # as ``quantize`` does for a block format, with the scan passed on
+                mode = RoundMode.parse(spec.rounding)
+                key = seed_key(resolve_seed(None)) if mode is RoundMode.STOCHASTIC else seed_key(0)
+                return quantize_block_checked(t, spec.fmt, mode, key, check_sr_bits(self.sr_bits), axis, scan=scan)
             return quantize(t, spec.fmt, spec.rounding, axis=axis, sr_bits=self.sr_bits)
         return quantize(t, spec.fmt, spec.rounding, sr_bits=self.sr_bits)
 
@@ -217,10 +224,12 @@ class _BlockGemm(torch.autograd.Function):
             else:
                 gx = p.mm(gy, w, _G, _W, 0, 1, tr)  # K = out_features
         if ctx.needs_input_grad[1]:
+            sg = sx = None
             if p.hadamard is not None:  # the NVFP4 recipe's RHT on both Wgrad operands, along K = tokens
-                gy, x2 = (rht(t, p.hadamard, p.hadamard_seed, 0) for t in (gy, x2))
+                scan = p.units is None and tr is None  # block maxima for the quantisers below, taken in the RHT
+                (gy, sg), (x2, sx) = (rht_scanned(t, p.hadamard, p.hadamard_seed, 0, scan) for t in (gy, x2))
             if p.units is None:
-                gw = p.q(gy, _G, 0, tr).t() @ p.q(x2, _I, 0, tr)  # K = tokens
+                gw = p.q(gy, _G, 0, tr, sg).t() @ p.q(x2, _I, 0, tr, sx)  # K = tokens
             else:
                 gw = p.mm(gy.t(), x2, _G, _I, 0, 2, tr)
         return gx, gw, None

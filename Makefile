@@ -14,9 +14,12 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first, pinned, so that nothing pulls the CUDA build
-	$(PY) -m pip install -q -c constraints.txt torch
-	$(PY) -m pip install -q -c constraints.txt -e ".[test,exp]"  # test brings numba-cuda for the CUDA simulator
+	# torch first, pinned, so that nothing pulls the CUDA build. pip writes no bytecode (--no-compile): the
+	# next line writes the same .pyc files on every core instead of pip's one (pip, like it, skips a file that
+	# does not compile, e.g. torch's Python 3.12-only test helper)
+	$(PY) -m pip install -q --no-compile -c constraints.txt torch
+	$(PY) -m pip install -q --no-compile -c constraints.txt -e ".[test,exp]"  # test: numba-cuda, the CUDA simulator
+	$(PY) -c "import compileall, sys; compileall.compile_dir(sys.argv[1], quiet=2, workers=0)" $(VENV)/lib
 	touch $(STAMP)
 
 # The main job on the embedded default (MNIST-1D, the paper's CNN): the fp32 baseline and the Wang et al. fp8

@@ -6,6 +6,7 @@ gfloat); MSFP12/16 against exact integer arithmetic; every preset against the nu
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import gfloat
@@ -169,21 +170,38 @@ def test_nvfp4_float32_matches_gfloat_built_oracle(case, mode):
 
 def large_specials(rng, rows: int, cols: int) -> np.ndarray:
     """A (rows, cols) float32-valued array over 2**18 elements (the CPU kernels' parallel loops), scales
-    varying by row and block, with NaN, +-inf, all-zero, float32-subnormal and near-overflow blocks."""
+    varying by row and block, with NaN, +-inf, all-zero, float32-subnormal and near-overflow blocks; -inf in the
+    last column and in column 4095 (the last whole block of a 4096-column slice), the largest magnitude at [7, 0]."""
     x = rng.standard_normal((rows, cols)) * 2.0 ** rng.integers(-60, 60, (rows, 1))
     x *= 2.0 ** rng.integers(-8, 8, (rows, cols // 16 + 1)).repeat(16, axis=1)[:, :cols]
     x[1, 5], x[2, 70], x[3, -1], x[4, 33] = np.nan, np.inf, -np.inf, np.nan
+    x[3, min(cols, 4096) - 1] = -np.inf
     x[5, 64:96] = 0.0
     x[6, :] *= 2.0 ** -90  # float32 subnormals and below
     x[7, :] = rng.uniform(-3.4e38, 3.4e38, cols)
+    x[7, 0] = 3.4e38
     return x.astype(np.float32).astype(np.float64)
+
+
+@functools.lru_cache(maxsize=None)
+def _large_case(name: str):
+    """large_specials over 4100 columns and gfloat's result (computed once per format: its per-block loop is the
+    slow part). The first 4096 columns are whole blocks of the same rows, so their result is the slice; NVFP4's
+    tensor scale too, since the largest magnitude is at [7, 0] in both."""
+    x = large_specials(np.random.default_rng(5), 64, 4100)
+    want = nvfp4_oracle(x, "nearest") if name == "nvfp4" else oracle_1d(MX[name], x, -1, 32, "nearest")
+    x.setflags(write=False)
+    want.setflags(write=False)
+    return x, want
 
 
 @pytest.mark.parametrize("cols", [4096, 4100])  # blocks that tile the rows; 4100 = 128 * 32 + 4: a partial one
 @pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4_e2m1", "nvfp4"])
 def test_large_float32_nearest_matches_gfloat_in_parallel(name, cols):
-    x = large_specials(np.random.default_rng(5), 64, cols)
-    want = nvfp4_oracle(x, "nearest") if name == "nvfp4" else oracle_1d(MX[name], x, -1, 32, "nearest")
+    x, want = _large_case(name)
+    x, want = x[:, :cols].copy(), want[:, :cols]
+    fin = np.abs(x[np.isfinite(x)])
+    assert fin.max() == abs(x[7, 0]) and np.isneginf(x[3, -1])  # the slice keeps the scale and the -inf
     got = emunum.quantize(torch.from_numpy(x).float(), name).numpy()
     with np.errstate(over="ignore"):
         assert same_bits(got, want.astype(np.float32)), name

@@ -94,3 +94,29 @@ def test_a_patched_linear_on_an_empty_batch_returns_the_empty_result(fmt, shape,
 def test_element_formats_return_the_empty_result(fmt, shape):
     y = emunum.quantize(torch.empty(shape), fmt)
     assert y.shape == torch.Size(shape)
+
+
+@pytest.mark.parametrize("M,K,N,nb", [(0, 3, 4, 1), (3, 4, 0, 2), (0, 0, 0, 1), (2, 3, 4, 0)])
+def test_a_gemm_without_output_elements_returns_the_kernels_empty_result_without_running_it(M, K, N, nb,
+                                                                                            monkeypatch):
+    """Invariant: mad's CPU GEMM with nb * M * N = 0 returns what the kernel returns (its untouched (nb, M, N)
+    float64 output) without calling it, on the one-product and the multi-term datapath."""
+    import numpy as np
+
+    from emunum.kernels import gemm_cpu, gemm_multiterm
+    from emunum.mad import backend
+
+    unit = MADUnit("fp8_152", "fp16", acc_rounding="toward_zero")
+    A, B, bias = torch.randn(1, M, K), torch.randn(1, K, N), torch.randn(N)
+    want = np.empty((nb, M, N))
+    gemm_cpu.gemm(A.numpy(), B.numpy(), np.zeros((nb, M, N)), want, 0, *unit.kernel_params(), unit.lanes, 0,
+                  backend.stream_keys(0), unit.sr_bits, fast=False)
+
+    def never(*args, **kw):
+        raise AssertionError("the kernel ran on an empty output")
+
+    monkeypatch.setattr(gemm_cpu, "gemm", never)
+    monkeypatch.setattr(gemm_multiterm, "gemm_auto", never)
+    for u, c in ((unit, None), (MADUnit.preset("h100_fp8_e4m3"), None), (MADUnit("fp32", "fp32"), torch.ones(M, N))):
+        got = backend.gemm(A, B, u, 0, bias=bias, nb=nb, c=c)
+        assert got.dtype == torch.float64 and tuple(got.shape) == want.shape == (nb, M, N), u

@@ -182,9 +182,11 @@ def _gemm(A, B, unit, seed, bias, nb, c, dtype, scans=None):
             _host_fallback(device)
             b = None if bias is None else bias.cpu()
             return gemm(A.cpu(), B.cpu(), unit, seed, b, nb).to(device)
+        out = np.empty((nb, M, N), dtype=np.float64)
+        if out.size == 0:  # no output element: the kernel would write nothing (and need not be compiled)
+            return torch.from_numpy(out)
         from ..kernels import gemm_cpu
 
-        out = np.empty((nb, M, N), dtype=np.float64)
         bias_np = None
         if bias is not None:
             bias_np = np.ascontiguousarray(
@@ -215,6 +217,8 @@ def _gemm_multiterm(A, B, unit, seed, bias, nb, c, dtype):
                   else torch.zeros((1, 1, 1), dtype=torch.float64, device=device))
         out = torch.empty((nb, M, N), dtype=torch.float64, device=device)
         prm, mulp, accp, outerp = (tuple(int(v) for v in p) for p in unit.multiterm_params(dtype))
+        if out.numel() == 0:  # no output element: the kernel would write nothing (and need not be compiled)
+            return out
         keys = tuple(np.uint64(k) for k in stream_keys(seed))
         if device.type == "cuda":
             from ..kernels import gemm_multiterm_cuda

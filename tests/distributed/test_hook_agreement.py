@@ -1,6 +1,7 @@
 """The all-reduce hook compares the ranks' settings once, at the first bucket: replicas registered with
 different settings raise ValueError on every rank, naming each rank's settings, instead of drifting apart.
-Two gloo processes in a subprocess with a timeout (a rank that raised alone would leave the other waiting)."""
+Each case is a pair of gloo processes (its own port); the pairs of all cases are forked in turn from one
+subprocess (one import of torch), under one timeout (a rank that raised alone would leave the other waiting)."""
 import os
 import signal
 import subprocess
@@ -12,40 +13,51 @@ import pytest
 SCRIPT = textwrap.dedent("""
     import os, socket, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
     from emunum.distributed import quantized_allreduce_hook
-    KW = {kw}
+    CASES = {cases}
 
-    def worker(rank, port):
+    def say(case, text):
+        print("\\n".join(f"[{{case}}] {{line}}" for line in text.split("\\n")), flush=True)
+
+    def worker(rank, case, port):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank, world_size=2)
         torch.manual_seed(0)
         m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 3))
-        m.register_comm_hook(None, quantized_allreduce_hook(**KW[rank]))
+        m.register_comm_hook(None, quantized_allreduce_hook(**CASES[case][rank]))
         try:
             (m(torch.randn(8, 4)) ** 2).mean().backward()
             m.zero_grad()
             (m(torch.randn(8, 4)) ** 2).mean().backward()
-            print(f"rank {{rank}} OK", flush=True)
+            say(case, f"rank {{rank}} OK")
         except ValueError as e:
-            print(f"rank {{rank}} RAISED {{e}}", flush=True)
+            say(case, f"rank {{rank}} RAISED {{e}}")
             # gloo's teardown can wait forever after a comm hook raised mid-backward (torch's, not the
             # hook's): leave once the peer has had time to finish the same collectives
             time.sleep(2)
             os._exit(0)
         dist.destroy_process_group()
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(worker, args=(port,), nprocs=2, join=True, start_method="fork")
+    def port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    for case in CASES:
+        mp.start_processes(worker, args=(case, port()), nprocs=2, join=True, start_method="fork")
 """)
 
 BASE = dict(fmt="e5m2", rounding="stochastic", seed=7)
 TIMEOUT = 180
+DIFFERENT = [dict(result_fmt="bf16"), dict(seed=8), dict(rounding="nearest"), dict(fmt="e4m3fn"), dict(ring=True),
+             dict(scaling="per_bucket"), dict(error_feedback=True)]
+CASES = {"same": [BASE, BASE], **{next(iter(d)): [BASE, {**BASE, **d}] for d in DIFFERENT}}
 
 
-def _ranks(kw) -> str:
-    """stdout of the two ranks; on a hang the whole process group (the ranks too) is killed and the test fails."""
-    p = subprocess.Popen([sys.executable, "-c", SCRIPT.format(kw=repr(kw))], stdout=subprocess.PIPE,
+@pytest.fixture(scope="module")
+def ranks() -> dict[str, str]:
+    """Each case's output of its two ranks (stdout lines tagged with the case); on a hang the whole process group
+    (every rank too) is killed and the tests fail."""
+    p = subprocess.Popen([sys.executable, "-c", SCRIPT.format(cases=repr(CASES))], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = p.communicate(timeout=TIMEOUT)
@@ -53,20 +65,20 @@ def _ranks(kw) -> str:
         os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate()
         pytest.fail(f"the ranks hung for {TIMEOUT} s (killed): {out}{err[-2000:]}")
-    return out + err[-3000:]
+    lines = out.splitlines()
+    return {case: "\n".join(ln[len(f"[{case}] "):] for ln in lines if ln.startswith(f"[{case}] ")) + err[-3000:]
+            for case in CASES}
 
 
-@pytest.mark.parametrize("other", [dict(result_fmt="bf16"), dict(seed=8), dict(rounding="nearest"),
-                                   dict(fmt="e4m3fn"), dict(ring=True), dict(scaling="per_bucket"),
-                                   dict(error_feedback=True)], ids=lambda d: next(iter(d)))
-def test_ranks_with_different_settings_raise_on_every_rank_naming_them(other):
-    out = _ranks([BASE, {**BASE, **other}])
+@pytest.mark.parametrize("other", DIFFERENT, ids=lambda d: next(iter(d)))
+def test_ranks_with_different_settings_raise_on_every_rank_naming_them(other, ranks):
+    key = next(iter(other))
+    out = ranks[key]
     for r in (0, 1):
         assert f"rank {r} RAISED quantized_allreduce_hook: the ranks' settings differ" in out, out
-    key = next(iter(other))
     assert f"rank 1: " in out and f"{key}=" in out
 
 
-def test_ranks_with_the_same_settings_train():
-    out = _ranks([BASE, BASE])
+def test_ranks_with_the_same_settings_train(ranks):
+    out = ranks["same"]
     assert "rank 0 OK" in out and "rank 1 OK" in out, out

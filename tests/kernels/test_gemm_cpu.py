@@ -358,8 +358,9 @@ VEC_UNITS = {
     "e5m2_down-e4m3fn_up_lanes2": MADUnit("fp8_152", "e4m3fn", mul_rounding="down", acc_rounding="up", lanes=2),
     "e4m3_odd-fp16_odd": MADUnit("fp8_143", "fp16", mul_rounding="odd", acc_rounding="odd", chunk=3),
     "bf16_away-e5m2_away": MADUnit("bf16", "fp8_152", mul_rounding="nearest_away", acc_rounding="nearest_away"),
-    "e5m2-fp16_nosub_tz": MADUnit("fp8_152", FloatFormat(5, 10, subnormals=False), acc_rounding="toward_zero",
-                                  lanes=2),
+    # the toward-zero pair's variant (same modes and plan), on an accumulator without subnormals
+    "e5m2_tz-fp16_nosub_tz": MADUnit("fp8_152", FloatFormat(5, 10, subnormals=False), mul_rounding="toward_zero",
+                                     acc_rounding="toward_zero", lanes=2),
     "e5m2_nosub_up-fp32_down": MADUnit(FloatFormat(5, 2, subnormals=False), "fp32", mul_rounding="up",
                                        acc_rounding="down"),
     "fp16_near-e5m2_near_wider_product": MADUnit("fp16", "fp8_152", chunk=2),
@@ -395,9 +396,10 @@ def _same_bits(got, want, what):
     assert np.array_equal(np.where(nan, 0, g), np.where(nan, 0, w)), (what, np.argwhere((g != w) & ~nan)[:5])
 
 
-# Each unit compiles its own gemm_vec variant (~17 s with an empty cache); make test runs a subset that still
-# covers every product and accumulator mode, fused, lanes, chunks, saturation, no subnormals and fixed point
-# (saturating and wrapping); the rest run with pytest -m exhaustive.
+# Each combination of modes, accumulator kind, checks and exact sums compiles its own gemm_vec variant (~9 s with an
+# empty cache; formats, lanes and chunks are runtime arguments, so units that differ only there share one); make
+# test runs a subset that still covers every product and accumulator mode, fused, lanes, chunks, saturation, no
+# subnormals and fixed point (saturating and wrapping); the rest run with pytest -m exhaustive.
 _VEC_EXHAUSTIVE = {"e4m3-fp16_sr13_chunk5_lanes3", "e5m2_nosub_up-fp32_down", "fp16_near-e5m2_near_wider_product",
                    "fused_bf16_up_lanes2", "e5m2-fixed16_12_sr", "e4m3-fixed16_8_down", "e4m3-fixed16_8_up_nearest"}
 

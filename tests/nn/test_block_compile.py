@@ -33,8 +33,8 @@ def test_a_block_format_bert_compiles_fullgraph_with_eagers_bits(fmt):
     eager = emunum.patch(copy.deepcopy(base), fmt, grad_rounding="nearest", filter=only_linear)
     comp = emunum.patch(copy.deepcopy(base), fmt, grad_rounding="nearest", filter=only_linear)
     torch._dynamo.reset()
-    assert torch._dynamo.explain(copy.deepcopy(comp))(input_ids=ids, labels=labels).graph_break_count == 0
     want = _step(eager, ids, labels)
+    # fullgraph=True: a graph break raises (torch.compile's contract), so this step traces one graph or fails.
     # aot_eager: the traced graph's fp32 ops are eager's (inductor's fusions may reassociate the unemulated
     # LayerNorm/GELU arithmetic), so every difference would be the block op's
     got = _step(torch.compile(comp, fullgraph=True, backend="aot_eager"), ids, labels)

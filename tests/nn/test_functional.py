@@ -369,6 +369,6 @@ def test_a_real_attention_model_compiles_without_graph_breaks_to_the_eager_bits(
         warnings.simplefilter("ignore")
         eager = loss_of(model(*args, **kw))
         torch._dynamo.reset()
-        assert torch._dynamo.explain(model)(*args, **kw).graph_break_count == 0
+        # fullgraph=True: a graph break raises (torch.compile's contract) instead of splitting the graph
         compiled = loss_of(torch.compile(model, backend="aot_eager", fullgraph=True)(*args, **kw))
     assert torch.equal(eager, compiled)

@@ -20,11 +20,12 @@ Two GEMM kernels:
   are at least 2**(E-p-1) away, which is farther when p + Q <= 2p <= t - 3: both values round to x. A
   product off the grid lies beyond the accumulator's range (both overflow) or below its quantum (then
   |y| <= |x| and x + y is exact). t = 53 holds for every format (p <= 24); t = 24 needs p <= 10.
-  Bias is added with TwoSum and round-to-odd in
-  binary64. Zeros: where a sum may round to zero (``acc_sub``), the roundings give quantize's sign of zero
-  (``_signed``: -0 for a negative value where the format has -0, +0 where it has none), products included, as
-  they may meet an accumulator that holds -0; elsewhere no sum rounds to zero, accumulators never hold -0 and
-  IEEE addition's zeros are already those of ``gemm_general``. The inner loop is compiled once per combination of its flags (``_mac_row``), branch-free.
+  Bias is added with TwoSum and round-to-odd in binary64.
+  Zeros: where a sum may round to zero (``acc_sub``), the roundings give quantize's sign of zero (``_signed``:
+  -0 for a negative value where the format has -0, +0 where it has none), products included, as they may meet
+  an accumulator that holds -0; elsewhere no sum rounds to zero, accumulators never hold -0 and IEEE
+  addition's zeros are already those of ``gemm_general``.
+  The inner loop is compiled once per combination of its flags (``_mac_row``), branch-free.
   ``tests/kernels/test_gemm_cpu.py`` checks every variant against ``gemm_general`` bit for bit.
 Nothing is compiled at import; each kernel compiles on first call (``cache=True``).
 """

@@ -94,7 +94,8 @@ def test_cuda_gemm_keeps_the_cpu_kernels_signed_zeros(name):
     e = (acc.emin - (acc.man if acc.subnormals else 0)) // 2
 
     def tiny(shape):
-        x = rng.choice([1.0, -1.0, 1.25, -1.5], int(np.prod(shape))) * np.exp2(rng.integers(e - 4, e + 1, int(np.prod(shape))))
+        n = int(np.prod(shape))
+        x = rng.choice([1.0, -1.0, 1.25, -1.5], n) * np.exp2(rng.integers(e - 4, e + 1, n))
         return emunum.quantize(torch.from_numpy(x.reshape(shape)), unit.mul_fmt).float().numpy()
 
     A, B = tiny((2, 8, 16)), tiny((1, 16, 8))

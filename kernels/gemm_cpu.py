@@ -20,12 +20,17 @@ Two GEMM kernels:
   are at least 2**(E-p-1) away, which is farther when p + Q <= 2p <= t - 3: both values round to x. A
   product off the grid lies beyond the accumulator's range (both overflow) or below its quantum (then
   |y| <= |x| and x + y is exact). t = 53 holds for every format (p <= 24); t = 24 needs p <= 10.
-  Bias is added with TwoSum and round-to-odd in
-  binary64. The inner loop is compiled once per combination of its flags (``_mac_row``), branch-free.
+  Bias is added with TwoSum and round-to-odd in binary64.
+  Zeros: where a sum may round to zero (``acc_sub``), the roundings give quantize's sign of zero (``_signed``:
+  -0 for a negative value where the format has -0, +0 where it has none), products included, as they may meet
+  an accumulator that holds -0; elsewhere no sum rounds to zero, accumulators never hold -0 and IEEE
+  addition's zeros are already those of ``gemm_general``.
+  The inner loop is compiled once per combination of its flags (``_mac_row``), branch-free.
   ``tests/kernels/test_gemm_cpu.py`` checks every variant against ``gemm_general`` bit for bit.
 Nothing is compiled at import; each kernel compiles on first call (``cache=True``).
 """
 import enum
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,22 +96,50 @@ def gemm_general(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, key
 
 
 @njit(inline="always")
-def _mac_row(acc, brow, a, mulf, accf, mul_sub, acc_sub, checks):
-    """acc[j] <- round_acc(round_mul(a * brow[j]) + acc[j]) for every j (round-to-nearest, fast rounding)."""
-    ms, mm, mn, mx, mo = mulf[0], mulf[1], mulf[2], mulf[3], mulf[4]
-    as_, am, an, ax, ao = accf[0], accf[1], accf[2], accf[3], accf[4]
-    for jj in range(acc.size):
-        p = round_nearest_fast(a * brow[jj], ms, mm, mn, mx, mo, mul_sub, checks)
-        acc[jj] = round_nearest_fast(p + acc[jj], as_, am, an, ax, ao, acc_sub, checks)
+def _signed(y, x, zero, sub):
+    """quantize's zero for y, the fast rounding of x: x's sign where the format has -0 (zero = -0.0; adding it
+    changes nothing else), +0 where it has none (zero = +0.0 turns -0 into +0). sub: y may come from the
+    subnormal branch, whose (x + magic) - magic drops x's sign (copysign restores it: every other y already
+    has x's sign, NaN and overflow values included)."""
+    return (math.copysign(y, x) if sub else y) + zero
 
 
 @njit(inline="always")
-def _add_row(acc, brow, a, accf, acc_sub):
-    """acc[j] <- round_acc(a * brow[j] + acc[j]) for every j: ``_mac_row`` where every product a * brow[j] is
-    exact in the work dtype and a value of the product format, so that its rounding returns it."""
-    as_, am, an, ax, ao = accf[0], accf[1], accf[2], accf[3], accf[4]
+def _mac_row(acc, brow, a, mulf, accf, mul_sub, acc_sub, checks):
+    """acc[j] <- round_acc(round_mul(a * brow[j]) + acc[j]) for every j (round-to-nearest, fast rounding).
+    Zero results take quantize's sign only with acc_sub: otherwise no sum rounds to zero, so the accumulators
+    never hold -0 and a sum's sign of zero cannot depend on the product's (+0 + -0 = +0)."""
+    ms, mm, mn, mx, mo, mz = mulf[0], mulf[1], mulf[2], mulf[3], mulf[4], mulf[5]
+    as_, am, an, ax, ao, az = accf[0], accf[1], accf[2], accf[3], accf[4], accf[5]
     for jj in range(acc.size):
-        acc[jj] = round_nearest_fast(a * brow[jj] + acc[jj], as_, am, an, ax, ao, acc_sub, False)
+        x = a * brow[jj]
+        p = round_nearest_fast(x, ms, mm, mn, mx, mo, mul_sub, checks)
+        if acc_sub:
+            p = _signed(p, x, mz, mul_sub)
+        s = p + acc[jj]
+        y = round_nearest_fast(s, as_, am, an, ax, ao, acc_sub, checks)
+        acc[jj] = _signed(y, s, az, True) if acc_sub else y
+
+
+@njit(inline="always")
+def _add_row(acc, brow, a, accf, mz, acc_sub):
+    """acc[j] <- round_acc(a * brow[j] + acc[j]) for every j: ``_mac_row`` where every product a * brow[j] is
+    exact in the work dtype and a value of the product format, so that its rounding returns it (up to the sign
+    of a zero: mz, the product format's zero, as in ``_signed``)."""
+    as_, am, an, ax, ao, az = accf[0], accf[1], accf[2], accf[3], accf[4], accf[5]
+    for jj in range(acc.size):
+        if acc_sub:
+            s = (a * brow[jj] + mz) + acc[jj]
+            acc[jj] = _signed(round_nearest_fast(s, as_, am, an, ax, ao, True, False), s, az, True)
+        else:
+            acc[jj] = round_nearest_fast(a * brow[jj] + acc[jj], as_, am, an, ax, ao, False, False)
+
+
+@njit(inline="always")
+def _round_acc(x, accf, sub, checks):
+    """The accumulator's rounding of a chunk or lane sum x, with quantize's zero where a sum may round to zero."""
+    y = round_nearest_fast(x, accf[0], accf[1], accf[2], accf[3], accf[4], sub, checks)
+    return _signed(y, x, accf[5], True) if sub else y
 
 
 @njit(cache=True, parallel=True)
@@ -119,7 +152,6 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
     bA, bB = A.shape[0], B.shape[0]
     ti, tj = (M + TM - 1) // TM, (N + TN - 1) // TN
     span = chunk * lanes if chunk > 0 else max(K, 1)
-    as_, am, an, ax, ao = accf[0], accf[1], accf[2], accf[3], accf[4]
     for t in prange(nb * ti * tj):
         b = t // (ti * tj)
         r = t % (ti * tj)
@@ -141,9 +173,9 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
                     if checks:
                         _mac_row(acc, brow, a, mulf, accf, True, True, True)
                     elif mul_exact and acc_sub:
-                        _add_row(acc, brow, a, accf, True)
+                        _add_row(acc, brow, a, accf, mulf[5], True)
                     elif mul_exact:
-                        _add_row(acc, brow, a, accf, False)
+                        _add_row(acc, brow, a, accf, mulf[5], False)
                     elif mul_sub and acc_sub:
                         _mac_row(acc, brow, a, mulf, accf, True, True, False)
                     elif mul_sub:
@@ -155,8 +187,7 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
                 if chunk > 0:
                     for lane in range(lanes):
                         for jj in range(nj):
-                            outer[lane, jj] = round_nearest_fast(outer[lane, jj] + inner[lane, jj],
-                                                                 as_, am, an, ax, ao, acc_sub, checks)
+                            outer[lane, jj] = _round_acc(outer[lane, jj] + inner[lane, jj], accf, acc_sub, checks)
                             inner[lane, jj] = 0.0
             src = outer if chunk > 0 else inner
             for jj in range(nj):
@@ -164,8 +195,7 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
                 while n > 1:  # pairwise, as reduce_lanes
                     h = n // 2
                     for q in range(h):
-                        src[q, jj] = round_nearest_fast(src[2 * q, jj] + src[2 * q + 1, jj],
-                                                        as_, am, an, ax, ao, acc_sub, checks)
+                        src[q, jj] = _round_acc(src[2 * q, jj] + src[2 * q + 1, jj], accf, acc_sub, checks)
                     if n % 2 == 1:
                         src[h, jj] = src[n - 1, jj]
                         n = h + 1
@@ -174,8 +204,7 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
                 y = np.float64(src[0, jj])
                 if has_bias:
                     s, e = two_sum(y, bias[b, i, j0 + jj])
-                    y = round_nearest_fast(round_odd(s, e), acc64[0], acc64[1], acc64[2], acc64[3], acc64[4],
-                                           True, True)
+                    y = _round_acc(round_odd(s, e), acc64, True, True)
                 out[b, i, j0 + jj] = y
 
 

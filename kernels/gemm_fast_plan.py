@@ -6,19 +6,22 @@ import functools
 import numpy as np
 
 from . import operand_scan
-from .gemm_scalar import P_EMIN, P_KIND, P_MAN, P_MAXBITS, P_MODE, P_OVF, P_SUB
+from .gemm_scalar import P_EMIN, P_KIND, P_MAN, P_MAXBITS, P_MODE, P_NEGZERO, P_OVF, P_SUB
 from .scalar import NEAREST
 
 
 def fast_params(p: np.ndarray, dtype=np.float64) -> np.ndarray:
     """(split, magic, min_normal, max, overflow value) of ``round_nearest_fast`` for a float parameter vector,
-    in ``dtype`` arithmetic (float64: 53-bit significands; float32: 24)."""
+    then the zero ``gemm_cpu``'s roundings add to a zero result (-0.0 keeps a -0, +0.0 where the format has
+    no -0), in ``dtype`` arithmetic (float64: 53-bit significands; float32: 24)."""
     t = 53 if np.dtype(dtype) == np.float64 else 24
     man, emin, sub = int(p[P_MAN]), int(p[P_EMIN]), int(p[P_SUB])
     max_value = float(np.array(p[P_MAXBITS], dtype=np.int64).view(np.float64))
     q = emin - man if sub else emin
     ovf = (np.inf, np.nan, max_value)[int(p[P_OVF])]
-    return np.array([2.0 ** (t - 1 - man) + 1.0, 1.5 * 2.0 ** (t - 1 + q), 2.0**emin, max_value, ovf], dtype=dtype)
+    zero = -0.0 if p[P_NEGZERO] else 0.0
+    return np.array([2.0 ** (t - 1 - man) + 1.0, 1.5 * 2.0 ** (t - 1 + q), 2.0**emin, max_value, ovf, zero],
+                    dtype=dtype)
 
 
 def fast_applies(fused: int, mulp: np.ndarray, accp: np.ndarray) -> bool:

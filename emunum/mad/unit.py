@@ -18,8 +18,10 @@ binary64 round-to-odd of the exact sum (53 significant bits, the last one sticky
 exact sum whenever acc_fmt's mantissa plus sr_bits is at most 50 (float formats; e.g. every format of
 <= 18 mantissa bits with the default 32 random bits), or |sum| < 2**(51 - frac_bits) (fixed with wrap).
 Products are exact in binary64, so product roundings always see the exact value.
-An exact zero sum is +0 unless both addends are -0 (in every mode); the accumulators start at +0, so they
-never hold -0.
+An exact zero sum is +0 unless both addends are -0 (in every mode). The accumulators start at +0; a rounding
+to zero keeps the value's sign where the format has -0 (quantize's rule), so a negative product or sum that
+rounds to zero (flushed without subnormals, below half the smallest subnormal, ...) is -0 there, and an
+accumulator can then hold -0. Formats without -0 (fnuz) give +0.
 
 A dot product sum_k a_k b_k of length K, for one output element:
   lanes w: w partial accumulators; lane l takes the terms k = l, l+w, l+2w, ... in increasing k.

@@ -180,8 +180,9 @@ def round_nearest_fast(x, split, magic, min_normal, max_value, ovf_value, sub, c
     (x + magic) - magic, magic = 1.5 * 2**(t-1+q), which rounds x to a multiple of the quantum 2**q (the
     subnormal quantum, or min_normal itself without subnormals). ``checks``: a result above max_value (or
     an infinite x) becomes +-ovf_value (inf, NaN or max, by the format's overflow policy) and NaN stays NaN.
-    Callers drop ``sub``/``checks`` only where they cannot matter. The sign of a zero result is not kept (the
-    GEMM accumulators never hold -0). Needs IEEE arithmetic without FMA contraction (numba's CPU default).
+    Callers drop ``sub``/``checks`` only where they cannot matter. The subnormal branch drops the sign of a zero
+    result (it gives +0); callers that need quantize's -0 restore it (``round_nearest_value``, and
+    ``gemm_cpu._signed``). Needs IEEE arithmetic without FMA contraction (numba's CPU default).
     Branch-free when inlined into a loop with constant flags, so it vectorises.
     """
     c = x * split

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import zlib
 from fractions import Fraction
 
 import numba
@@ -22,14 +23,14 @@ import emunum
 from emunum import FixedFormat, FloatFormat, MADUnit
 from emunum.kernels import gemm_cpu, gemm_vec
 from emunum.kernels.gemm_scalar import P_CMIN, round_odd, two_sum
-from emunum.kernels.scalar import round_nearest_fast
 from emunum.mad.unit import stream_keys
 
 
 @njit
-def _round_all(x, out, f, sub, checks):
+def _round_all(x, out, f):
+    """gemm_fast's rounding of a sum: round_nearest_fast, then quantize's sign of a zero result."""
     for i in range(x.size):
-        out[i] = round_nearest_fast(x[i], f[0], f[1], f[2], f[3], f[4], sub, checks)
+        out[i] = gemm_cpu._round_acc(x[i], f, True, True)
 
 
 @njit
@@ -72,9 +73,8 @@ def test_round_nearest_fast_equals_quantize(name, dtype, oracles):
             x = x[np.abs(x.astype(np.float64)) < 2.0**100]
     want = emunum.quantize(torch.from_numpy(x), fmt, "nearest").numpy()
     got = np.empty_like(x)
-    _round_all(x, got, gemm_cpu.fast_params(_params(fmt), dtype), True, True)
-    # the fast rounding does not keep the sign of a zero result (the accumulators never hold -0)
-    oracles.assert_same_values(np.where(got == 0, 0.0, got), np.where(want == 0, 0.0, want), x, f"{name} {dtype}")
+    _round_all(x, got, gemm_cpu.fast_params(_params(fmt), dtype))
+    oracles.assert_same_values(got, want, x, f"{name} {dtype}")  # signs of zeros included
 
 
 @pytest.mark.parametrize("impl", [_two_sum_odd, _vec_sum_odd], ids=["gemm_scalar", "gemm_vec"])
@@ -173,12 +173,12 @@ def test_fast_kernel_equals_general_kernel(name):
                 or (not plan[2] and safe[2]) or (not plan[3] and safe[3]):
             continue
         tried += 1
-        np.testing.assert_array_equal(_run(A, B, bias, unit, fast=plan), want, err_msg=str(plan))
+        _same_bits(_run(A, B, bias, unit, fast=plan), want, plan)
     assert tried >= 1
     # finite, well-scaled operands: the cheap variants are allowed and must agree as well
     A2 = np.nan_to_num(A, nan=0.0, posinf=0.0, neginf=0.0)
     plan = gemm_cpu.fast_plan(A2, B, 0, mulp, accp)
-    np.testing.assert_array_equal(_run(A2, B, bias, unit, fast=plan), _run(A2, B, bias, unit, fast=False))
+    _same_bits(_run(A2, B, bias, unit, fast=plan), _run(A2, B, bias, unit, fast=False), plan)
 
 
 LAYOUTS = {  # (A shape, B shape): the layouts _run_fast rewrites, and one it leaves alone
@@ -270,14 +270,105 @@ def test_fast_plan_drops_subnormal_sums_only_on_the_accumulators_grid(name):
     sub = (want != 0) & (np.abs(want) < 2.0**acc.emin)
     assert sub.sum() >= 20 or not acc.subnormals  # the operands reach the accumulator's subnormal range
     for dtype in {plan[0], np.float64}:
-        got = _run(A, B, None, unit, fast=(dtype, *plan[1:]))
-        if acc.subnormals:
-            _same_bits(got, want, (name, dtype))
-        else:  # values only: gemm_fast gives +0 where a negative sum flushes to zero (-0 in gemm_general)
-            np.testing.assert_array_equal(got, want, err_msg=f"{name} {dtype}")
+        _same_bits(_run(A, B, None, unit, fast=(dtype, *plan[1:])), want, (name, dtype))
     if not drops:  # the flag is needed here: without it the bits differ
         forced = (plan[0], plan[1], False, plan[3])
         assert not np.array_equal(_run(A, B, None, unit, fast=forced), want)
+
+
+FLUSH_UNITS = {  # units whose sums (and products) round to zero from below: quantize gives -0 where the format has one
+    "e5m2-fp16_nosub_lanes2_chunk3": MADUnit("fp8_152", FloatFormat(5, 10, subnormals=False), lanes=2, chunk=3),
+    "e6m9_nosub-e6m9_nosub": MADUnit(FloatFormat(6, 9, subnormals=False), FloatFormat(6, 9, subnormals=False)),
+    "e6m9-fp16_lanes3 (below half the smallest subnormal)": MADUnit("fp16_169", "fp16", lanes=3),
+    "e5m2-e4m3fnuz (no -0)": MADUnit("fp8_152", FloatFormat(4, 3, special="fnuz"), chunk=4),
+    "e5m2fnuz-fp16_nosub (-0 accumulator, products without -0)": MADUnit(
+        FloatFormat(5, 2, special="fnuz"), FloatFormat(5, 10, subnormals=False), lanes=2),
+    "bf16-fp32_nosub": MADUnit("bf16", FloatFormat(8, 23, subnormals=False), chunk=5),
+}
+FLUSH_FUSED_UNITS = {  # gemm_fast declines fused units; the dispatcher's kernel must keep the zeros' signs too
+    "fused_fp16_nosub_lanes2": MADUnit(None, FloatFormat(5, 10, subnormals=False), fused=True, lanes=2),
+}
+
+
+def _flush_operands(rng, unit):
+    """Products and partial sums around the accumulator's min normal (both signs, cancellation), products a*0
+    with a < 0 (-0), and a bias of signed zeros and tiny values: sums that flush or underflow to zero."""
+    acc = unit.acc_fmt
+    op = unit.mul_fmt or acc
+    e = (acc.emin - (acc.man if acc.subnormals else 0)) // 2
+    A = _tiny_operands(rng, (2, 9, 40), op, e - acc.man // 2 - 3, e + 1)
+    B = _tiny_operands(rng, (1, 40, 70), op, e - acc.man // 2 - 3, e + 1)
+    A[0, :, 5] = -np.abs(A[0, :, 5])  # a negative operand times a zero: a -0 product
+    B[0, 5, :] = 0.0
+    tiny = 2.0 ** (acc.emin - (acc.man if acc.subnormals else 0) - 2)
+    bias = rng.choice([-0.0, 0.0, -tiny, tiny, -3 * tiny], (2, 9, 70))
+    return A, B, bias
+
+
+@pytest.mark.parametrize("name", list(FLUSH_UNITS) + list(FLUSH_FUSED_UNITS))
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fast_kernel_keeps_quantizes_sign_of_zero_results(name, with_bias):
+    """Invariant: a negative sum or product that rounds to zero (flush without subnormals, or below half the
+    smallest subnormal) is -0 where the format has -0 and +0 where it has none, as emunum.quantize gives and
+    gemm_general computes; gemm_fast gives the same bits under every plan the operands allow (both work
+    dtypes, with and without the subnormal and overflow checks, products rounded or exact)."""
+    unit = FLUSH_UNITS.get(name) or FLUSH_FUSED_UNITS[name]
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    A, B, bias = _flush_operands(rng, unit)
+    bias = bias if with_bias else None
+    want = _run(A, B, bias, unit, fast=False)
+    zeros = want == 0
+    if unit.acc_fmt.to_kernel_args().negzero:
+        assert (zeros & np.signbit(want)).sum() >= 5 and (zeros & ~np.signbit(want)).sum() >= 5
+    else:
+        assert zeros.sum() >= 5 and not np.signbit(want[zeros]).any()
+    mulp, accp = unit.kernel_params()
+    if unit.fused:
+        for fast in (None, "vec"):
+            _same_bits(_run(A, B, bias, unit, fast=fast), want, (name, fast))
+        return
+    plan = gemm_cpu.fast_plan(A, B, 0, mulp, accp)
+    assert plan is not None and plan[2]  # sums may round to zero: acc_sub is planned
+    assert gemm_cpu.kernel_choice(A, B, 0, mulp, accp) == "fast"
+    _same_bits(_run(A, B, bias, unit, fast=None), want, (name, "dispatcher"))
+    for dtype in {plan[0], np.float64}:
+        for variant in {(dtype, *plan[1:]), (dtype, True, True, True, False), (dtype, plan[1], True, False, False)}:
+            _same_bits(_run(A, B, bias, unit, fast=variant), want, (name, variant))
+
+
+EXACT_FLUSH_UNITS = {  # products of powers of two are exact (mul_exact) and sums of them flush to zero
+    "e5m2fnuz-fp16_nosub": MADUnit(FloatFormat(5, 2, special="fnuz"), FloatFormat(5, 10, subnormals=False)),
+    "e6m2-fp16_nosub": MADUnit(FloatFormat(6, 2), FloatFormat(5, 10, subnormals=False)),
+}
+
+
+@pytest.mark.parametrize("name", list(EXACT_FLUSH_UNITS))
+def test_fast_kernel_without_product_rounding_keeps_quantizes_sign_of_zero_results(name):
+    """Invariant: with mul_exact (the products' rounding skipped), a product a*0 with a < 0 is still the product
+    format's zero (+0 where it has no -0) and sums that flush keep quantize's sign: gemm_general's bits."""
+    unit = EXACT_FLUSH_UNITS[name]
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    lo = unit.mul_fmt.emin // 2  # products of 2**ea * 2**eb from the product format's min normal up
+    A = rng.choice([-1.0, 1.0], (1, 11, 60)) * np.exp2(rng.integers(unit.mul_fmt.emin - lo, unit.mul_fmt.emin - lo + 3,
+                                                                        (1, 11, 60)))
+    B = rng.choice([-1.0, 1.0], (1, 60, 70)) * np.exp2(rng.integers(lo, lo + 2, (1, 60, 70)))
+    A[0, :, 4], B[0, 4, :] = -np.abs(A[0, :, 4]), 0.0
+    # and a GEMM whose first product, -2**emin of mul, flushes to -0 and whose second is a*0 with a < 0: the
+    # accumulator stays -0 only where the product format has -0
+    A2 = np.array([[[-(2.0 ** (unit.mul_fmt.emin - lo)), -1.0]] * 3])
+    B2 = np.stack([np.full(70, 2.0**lo), np.zeros(70)])[None]
+    negzero = unit.mul_fmt.to_kernel_args().negzero
+    mulp, accp = unit.kernel_params()
+    for a, b, case in ((A, B, "random"), (A2, B2, "flush + a*0")):
+        a, b = a.astype(np.float32), b.astype(np.float32)
+        plan = gemm_cpu.fast_plan(a, b, 0, mulp, accp)
+        assert plan is not None and plan[4] and plan[2]  # mul_exact, and sums may flush
+        want = _run(a, b, None, unit, fast=False)
+        assert (want == 0).sum() >= 5
+        if case != "random":
+            assert (want == 0).all() and (np.signbit(want) == bool(negzero)).all()
+        for dtype in {plan[0], np.float64}:
+            _same_bits(_run(a, b, None, unit, fast=(dtype, *plan[1:])), want, (name, case, dtype))
 
 
 EXACT_PRODUCT_UNITS = {

@@ -71,7 +71,48 @@ def test_cuda_gemm_equals_cpu_gemm(name):
     got = np.zeros((2, 8, 8))
     gemm_cuda.gemm(A, B, bias, True, got, int(unit.fused), mulp, accp, unit.lanes, unit.chunk or 0, keys,
                    unit.sr_bits)
-    np.testing.assert_array_equal(got, want)
+    assert np.array_equal(got.view(np.int64), want.view(np.int64))  # bits: signs of zeros included
+
+
+FLUSH_UNITS = {  # negative sums that round to zero: -0 where the accumulator has -0, +0 where it has none
+    "e5m2-fp16_nosub_lanes2": MADUnit("fp8_152", FloatFormat(5, 10, subnormals=False), lanes=2),
+    "e6m9-fp16 (below half the smallest subnormal)": MADUnit("fp16_169", "fp16", chunk=3),
+    "e5m2-e4m3fnuz (no -0)": MADUnit("fp8_152", FloatFormat(4, 3, special="fnuz")),
+}
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", list(FLUSH_UNITS))
+def test_cuda_gemm_keeps_the_cpu_kernels_signed_zeros(name):
+    """Invariant: on sums and products that flush or underflow to zero, the CUDA kernel, gemm_general and the
+    kernel the CPU dispatcher picks (gemm_fast here) give the same float64 bits, signs of zeros included."""
+    from emunum.kernels import gemm_cpu, gemm_cuda
+
+    unit = FLUSH_UNITS[name]
+    acc = unit.acc_fmt
+    rng = np.random.default_rng(len(name))
+    e = (acc.emin - (acc.man if acc.subnormals else 0)) // 2
+
+    def tiny(shape):
+        n = int(np.prod(shape))
+        x = rng.choice([1.0, -1.0, 1.25, -1.5], n) * np.exp2(rng.integers(e - 4, e + 1, n))
+        return emunum.quantize(torch.from_numpy(x.reshape(shape)), unit.mul_fmt).float().numpy()
+
+    A, B = tiny((2, 8, 16)), tiny((1, 16, 8))
+    tz = 2.0 ** (acc.emin - (acc.man if acc.subnormals else 0) - 2)
+    bias = rng.choice([-0.0, 0.0, -tz, tz], (2, 8, 8))
+    mulp, accp = unit.kernel_params()
+    assert gemm_cpu.kernel_choice(A, B, 0, mulp, accp) == "fast"
+    keys = stream_keys(3)
+    for b in (bias, None):
+        general, fast, got = np.empty((2, 8, 8)), np.empty((2, 8, 8)), np.zeros((2, 8, 8))
+        gemm_cpu.gemm(A, B, b, general, 0, mulp, accp, unit.lanes, unit.chunk or 0, keys, 32, fast=False)
+        gemm_cpu.gemm(A, B, b, fast, 0, mulp, accp, unit.lanes, unit.chunk or 0, keys, 32)
+        gemm_cuda.gemm(A, B, np.zeros((1, 1, 1)) if b is None else b, b is not None, got, 0, mulp, accp, unit.lanes,
+                       unit.chunk or 0, keys, 32)
+        assert (general == 0).sum() >= 4
+        assert np.array_equal(got.view(np.int64), general.view(np.int64)), name
+        assert np.array_equal(fast.view(np.int64), got.view(np.int64)), name
 
 
 @needs_kernels

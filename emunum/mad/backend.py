@@ -65,6 +65,18 @@ def scan(t: torch.Tensor, unit: MADUnit):
         return operand_scan.scan(t.detach().to(torch.float32).numpy())
 
 
+def backward_scans(sx, sw, x, weight, grad, u_in: MADUnit, u_w: MADUnit, needs_input_grad) -> tuple:
+    """(scan of x, of weight, of grad) for a layer's backward GEMMs (``scan``): the forward's scans sx, sw where it
+    made them (None where its unit does not run the fast kernel), else scanned here for the backward unit that
+    uses them (u_in: grad_input, u_w: grad_weight and grad_bias)."""
+    sg = scan(grad, u_in if fast_layout(u_in, grad.device) else u_w)
+    if sw is None and needs_input_grad[0]:
+        sw = scan(weight, u_in)
+    if sx is None and needs_input_grad[1]:
+        sx = scan(x, u_w)
+    return sx, sw, sg
+
+
 def check_operand(x, name: str) -> None:
     """x must be a float tensor whose values are float32-representable (all FloatFormat values are)."""
     check_tensor(x, name)

@@ -124,12 +124,8 @@ class _Conv2dFn(torch.autograd.Function):
         grad_x = grad_w = grad_b = None
         if any(ctx.needs_input_grad[:3]):
             backend.check_operand(grad, "grad_output")
-        sw, sx = ctx.scans  # None where the forward unit does not run the fast kernel
-        sg = backend.scan(grad, u_in if backend.fast_layout(u_in, grad.device) else u_w)
-        if sw is None and ctx.needs_input_grad[0]:
-            sw = backend.scan(weight, u_in)
-        if sx is None and ctx.needs_input_grad[1]:
-            sx = backend.scan(x, u_w)
+        sw, sx = ctx.scans
+        sx, sw, sg = backend.backward_scans(sx, sw, x, weight, grad, u_in, u_w, ctx.needs_input_grad)
         if ctx.needs_input_grad[0]:
             # zero-upsample by stride, pad by dilation*(k-1) before and up to the input size after (the rows
             # and columns the forward dropped), flip the kernel; one buffer of zeros, grad copied into it

@@ -191,12 +191,7 @@ class _LinearFn(torch.autograd.Function):
         if any(ctx.needs_input_grad[:3]):
             backend.check_operand(grad, "grad_output")
         grad_x = grad_w = grad_b = None
-        sx, sw = ctx.scans  # None where the forward unit does not run the fast kernel
-        sg = backend.scan(grad, u_in if backend.fast_layout(u_in, grad.device) else u_w)
-        if sw is None and ctx.needs_input_grad[0]:
-            sw = backend.scan(weight, u_in)
-        if sx is None and ctx.needs_input_grad[1]:
-            sx = backend.scan(x, u_w)
+        sx, sw, sg = backend.backward_scans(*ctx.scans, x, weight, grad, u_in, u_w, ctx.needs_input_grad)
         if ctx.needs_input_grad[0]:
             gx = backend.gemm(g, weight.reshape(1, out_f, in_f), u_in, _bwd_seed(u_in, ctx.seed, ROLE_GRAD_INPUT),
                               scans=(sg, sw))

@@ -83,19 +83,21 @@ def _round_cpu(x: Tensor, fmt, mode: RoundMode, seed, nbits: int):
     float32/float64 tensor (not a negative view, not empty, below the huge-page buffer size) and a
     Float/FixedFormat; the same kernel, seed draw and fresh result. None for anything else (the caller then
     calls ``quantize_checked``)."""
-    if not x.is_cpu or x.dtype not in _NUMPY_DTYPES or not isinstance(fmt, _FAST_FORMATS) or x.is_neg() \
-            or not x.is_contiguous():
+    size = _ELEMENT_BYTES.get(x.dtype)
+    if size is None or not x.is_cpu or not isinstance(fmt, _FAST_FORMATS) or x.is_neg() or not x.is_contiguous():
         return None
     n = x.numel()
-    if n == 0 or n * x.element_size() >= HUGE_MIN_BYTES:
+    if n == 0 or n * size >= HUGE_MIN_BYTES:
         return None
     key = seed_key(resolve_seed(seed)) if mode is RoundMode.STOCHASTIC else _KEY0
     y = torch.empty_like(x)
-    _runner(fmt, x.dtype)(x.data_ptr(), y.data_ptr(), n, int(mode), key, nbits)
+    _mode_runner(fmt, x.dtype, mode)(x.data_ptr(), y.data_ptr(), n, key, nbits)
     return y
 
 
+_ELEMENT_BYTES = {dt: torch.empty(0, dtype=dt).element_size() for dt in _NUMPY_DTYPES}
 _runners: dict = {}  # (id(fmt), dtype) -> (fmt, runner, backends.GENERATION): no dataclass hash per rounding
+_mode_runners: dict = {}  # (id(fmt), dtype, mode) -> (fmt, call(src, dst, n, key, nbits), backends.GENERATION)
 
 
 def _runner(fmt, dtype):
@@ -108,6 +110,22 @@ def _runner(fmt, dtype):
     run = _cpu_runner(fmt, dtype)
     _runners[(id(fmt), dtype)] = (fmt, run, _GENERATION[0])
     return run
+
+
+def _mode_runner(fmt, dtype, mode: RoundMode):
+    """``call(src, dst, n, key, nbits)`` = ``_runner(fmt, dtype)(src, dst, n, mode, key, nbits)``: the runner's own
+    caller for one mode where it has one (``for_mode``, kernels/cpu.py), looked up by identity."""
+    k = (id(fmt), dtype, mode)
+    entry = _mode_runners.get(k)
+    if entry is not None and entry[0] is fmt and entry[2] == _GENERATION[0]:
+        return entry[1]
+    if len(_mode_runners) > 256:
+        _mode_runners.clear()
+    run, m = _runner(fmt, dtype), int(mode)
+    for_mode = getattr(run, "for_mode", None)
+    call = for_mode(m) if for_mode is not None else (lambda src, dst, n, key, nbits: run(src, dst, n, m, key, nbits))
+    _mode_runners[k] = (fmt, call, _GENERATION[0])
+    return call
 
 
 class _EagerSTE(torch.autograd.Function):

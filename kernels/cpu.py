@@ -18,7 +18,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import _cache, elementwise_f32 as _ew, parallel as _parallel, scalar
-from .direct import direct_caller
+from .direct import direct_caller, entry_point
 
 _cache.guard(__file__, [*scalar.SOURCES, _ew.__file__])
 
@@ -316,6 +316,29 @@ def _runner(kernel_for, w, pre):
         with _parallel.try_parallel(use_parallel(n, parallel)) as par:
             fn(src, dst, n, w, par, *pre, *tail, np.uint64(key), nbits)
 
+    def for_mode(mode):
+        """``call(src, dst, n, key, nbits)`` = ``run(src, dst, n, mode, key, nbits)`` (ints throughout), with the
+        mode's kernel and the bound arguments looked up once for the serial loop."""
+        m = _mode(int(mode))
+        fn, tail = kernel_for(m)
+        args = (w, False, *pre, *tail)
+        direct = [None]
+
+        def call(src: int, dst: int, n: int, key: int, nbits: int) -> None:
+            if n >= PARALLEL_MIN:
+                run(src, dst, n, m, key, nbits)
+                return
+            entry = direct[0]
+            if entry is None:
+                full = (src, dst, n, *args, np.uint64(key), nbits)
+                fn(*full)
+                direct[0] = entry_point(fn, full)
+            else:
+                entry(src, dst, n, *args, np.uint64(key), nbits)
+
+        return call
+
+    run.for_mode = for_mode
     return run
 
 

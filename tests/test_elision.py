@@ -375,3 +375,34 @@ def test_half_precision_tensors_are_never_tagged():
     off = _train(build, loss, False, dict(fmt="fp16"), steps=2)
     _check_same(on, off)
     assert on[4] == {}
+
+
+class _Lookup(nn.Module):
+    """An embedding lookup feeding a Linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.head = nn.Embedding(20, 6), nn.Linear(18, 4)
+
+    def forward(self, idx):
+        return self.head(self.emb(idx).flatten(1))
+
+
+def _lookup_loss(m):
+    return m(torch.tensor([[1, 2, 3], [4, 4, 19], [0, 7, 2]])).square().sum()
+
+
+@pytest.mark.parametrize("weight, output, skipped", [("e4m3fn", "e4m3fn", 4), ("e5m2", "fp16", 4),
+                                                     ("e4m3fn", "e5m2", 2), ("e5m2", "e4m3fn", 2)])
+def test_an_embedding_lookup_keeps_its_rounded_tables_grid(weight, output, skipped):
+    """Every element of a lookup is an element of the rounded table, so the lookup's output rounding is skipped
+    where the table's format nests in the output's (the same format; e5m2 in fp16) and kept where it does not
+    (e4m3fn and e5m2 in each other). Bits equal elision off either way. Forward roundings skipped in the two
+    steps after the first: the Linear input (a view of the rounded output) each step, and the lookup's output
+    where the formats nest."""
+    policy = dict(weight=weight, output=output, input=output, grad="e5m2")
+    on = _train(_Lookup, _lookup_loss, True, policy)
+    off = _train(_Lookup, _lookup_loss, False, policy)
+    _check_same(on, off)
+    assert on[4].get("forward", 0) == skipped

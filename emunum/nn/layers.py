@@ -131,6 +131,10 @@ class EmbeddingMixin(EmuLayer):
                 torch.embedding_renorm_(self.weight, input.contiguous(), self.max_norm, self.norm_type)
         w = self._emu_round(self.weight, Role.WEIGHT)
         y = F.embedding(input, w, self.padding_idx, None, self.norm_type, self.scale_grad_by_freq, self.sparse)
+        if grid._enabled[0] and self._emunum_elide and not torch.compiler.is_compiling():
+            have = grid.grid_of(w)  # a lookup keeps its table's grid: every output element is a table element
+            if have is not None and y.dtype == w.dtype:
+                grid.mark(y, have)
         return self._emu_round(y, Role.OUTPUT)
 
 

@@ -1,0 +1,182 @@
+"""Where an element-wise emulated training step spends its time beyond fp32, by ablation, in one process.
+
+    python benchmarks/step_breakdown.py                       # bert,llama
+    python benchmarks/step_breakdown.py --models cnn2d,resnet18,bert,llama --rounds 9
+
+Each model of ``benchmarks/real_models.py`` (same configs, same policy: ``fmt="e4m3fn", grad="e5m2"``) is timed,
+interleaved round by round, one torch and numba thread, thread CPU time (``time.thread_time``), as:
+- ``fp32``: the unpatched model;
+- ``layers, no rounding``: ``patch(functional=False)`` with every rounding of every emulated layer replaced by
+  the identity (``EmuLayer._emu_round``): the swapped layers' own Python;
+- ``layers+functional, no rounding``: the same with the functional-GEMM mode on (``gemm_mode``): adds the mode's
+  per-call cost and the emulated attention math (``GemmEmulator.sdpa``) against torch's fused SDPA kernel;
+- ``kernels -> memmove``: the patched model with each CPU rounding kernel replaced by a copy (seed draws, fresh
+  result tensors, nodes and Python kept): the difference to ``patched`` is the kernels' arithmetic;
+- ``patched``: the patched model as it runs.
+These ablated steps compute other numbers than the emulation (their bits are not the point: only the time).
+Per step it also prints the roundings that reach a CPU kernel (count, elements, per format and mode), the
+roundings skipped by elision, and the autograd nodes of the patched graph beside fp32's. ``--node`` first times
+one rounding node alone (``emunum.elide.round_eliding`` of ``x * 1`` with e4m3fn forward and stochastic e5m2
+backward, forward and backward) beside ``x * 1`` without it, at three sizes.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import real_models as rm  # noqa: E402
+
+POLICY = dict(fmt="e4m3fn", grad="e5m2")
+
+
+def _nodes(loss) -> int:
+    seen, stack = set(), [loss.grad_fn]
+    while stack:
+        n = stack.pop()
+        if n is not None and n not in seen:
+            seen.add(n)
+            stack.extend(m for m, _ in n.next_functions)
+    return len(seen)
+
+
+class _Swap:
+    """Set attributes for the duration of a block: ``_Swap((obj, name, value), ...)``."""
+
+    def __init__(self, *swaps):
+        self.swaps = swaps
+
+    def __enter__(self):
+        self.old = [(o, k, getattr(o, k)) for o, k, _ in self.swaps]
+        for o, k, v in self.swaps:
+            setattr(o, k, v)
+
+    def __exit__(self, *exc):
+        for o, k, v in self.old:
+            setattr(o, k, v)
+
+
+def _node_cost(rounds: int) -> None:
+    from emunum.autograd import _Plan
+    from emunum.elide import round_eliding
+
+    plan = _Plan("e4m3fn", "e5m2", "nearest", "stochastic", "identity", None, None)
+
+    def best(n, rounded):
+        x, g = torch.randn(n, requires_grad=True), torch.randn(n)
+        reps, ts = max(20, 20000 // (1 + n // 1024)), []
+        for r in range(rounds + 1):
+            t0 = time.thread_time()
+            for _ in range(reps):
+                y = x * 1.0
+                (round_eliding(plan, y) if rounded else y).backward(g)
+            ts.append((time.thread_time() - t0) / reps)
+        return min(ts[1:]) * 1e6
+
+    for n in (16, 16384, 131072):
+        b, r = best(n, False), best(n, True)
+        print(f"   one rounding node, {n:6d} elements: x * 1 forward + backward {b:7.1f} us, with the node "
+              f"{r:7.1f} us: {r - b:6.1f} us per rounding (forward nearest + backward stochastic)")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="bert,llama")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--node", action="store_true", help="also time one rounding node alone (module doc)")
+    a = p.parse_args(argv)
+    for k in ("steps", "rounds"):
+        if getattr(a, k) < 1:
+            p.error(f"--{k}={getattr(a, k)} must be >= 1")
+    names = [n.strip() for n in a.models.split(",") if n.strip()]
+    bad = [n for n in names if n not in rm.MODELS]
+    if bad or not names:
+        p.error(f"--models: unknown {bad}; allowed: {', '.join(rm.MODELS)}")
+
+    import numba
+
+    import emunum
+    from emunum import autograd, buffers, grid
+    from emunum.nn import base
+
+    torch.set_num_threads(1)
+    numba.set_num_threads(1)
+    buffers.retain_freed_memory()
+    print("# load average " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
+    if a.node:
+        _node_cost(a.rounds)
+
+    def memmove_runner(fmt, dtype):
+        size = torch.empty(0, dtype=dtype).element_size()
+        return lambda src, dst, n, mode, key, nbits: ctypes.memmove(dst, src, n * size)
+
+    def memmove_mode_runner(fmt, dtype, mode):
+        size = torch.empty(0, dtype=dtype).element_size()
+        return lambda src, dst, n, key, nbits: ctypes.memmove(dst, src, n * size)
+
+    no_round = _Swap((base.EmuLayer, "_emu_round", lambda self, x, role: x))
+    swaps = [(autograd, "_runner", memmove_runner)]
+    if hasattr(autograd, "_mode_runner"):
+        swaps.append((autograd, "_mode_runner", memmove_mode_runner))
+    memmove = _Swap(*swaps)
+    nothing = _Swap()
+
+    for name in names:
+        built = {}
+        for key, kw in (("fp32", None), ("layers", dict(functional=False)), ("patched", {})):
+            m, loss, desc = rm.build(name, 2, 64, 32)
+            if kw is not None:
+                emunum.patch(m, **POLICY, **kw)
+            built[key] = (rm.make_step(m, loss), m, loss)
+        configs = {"fp32": ("fp32", nothing), "layers, no rounding": ("layers", no_round),
+                   "layers+functional, no rounding": ("patched", no_round),
+                   "kernels -> memmove": ("patched", memmove), "patched": ("patched", nothing)}
+        for _ in range(3):
+            for step, _, _ in built.values():
+                step()
+        # what one patched step rounds
+        calls, elems = collections.Counter(), collections.Counter()
+        orig = autograd._round_cpu
+
+        def counting(x, fmt, mode, seed, nbits):
+            calls[(fmt.name, mode.name.lower())] += 1
+            elems[(fmt.name, mode.name.lower())] += x.numel()
+            return orig(x, fmt, mode, seed, nbits)
+
+        from emunum import elide
+
+        with _Swap((autograd, "_round_cpu", counting), (elide, "_round_cpu", counting)):
+            grid.elided.clear()
+            built["patched"][0]()
+        skipped = dict(grid.elided)
+        n32 = _nodes(built["fp32"][2](built["fp32"][1]))
+        ne = _nodes(built["patched"][2](built["patched"][1]))
+        print(f"== {name} ({desc}): autograd nodes fp32 {n32}, patched {ne}; elided per step {skipped}")
+        for k in calls:
+            print(f"   kernel roundings per step, {k[0]} {k[1]}: {calls[k]} calls, {elems[k]} elements")
+        times = {k: [] for k in configs}
+        for _ in range(a.rounds):
+            for k, (which, swap) in configs.items():
+                step = built[which][0]
+                with swap:
+                    t0 = time.thread_time()
+                    for _ in range(a.steps):
+                        step()
+                    times[k].append((time.thread_time() - t0) / a.steps)
+        b = statistics.median(times["fp32"])
+        for k, v in times.items():
+            med = statistics.median(v)
+            print(f"   {k:32s} {1e3 * med:8.2f} ms  {med / b:5.2f}x fp32")
+    print("# load average at the end " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
+
+
+if __name__ == "__main__":
+    main()

@@ -66,6 +66,7 @@ from .. import block_ops  # noqa: F401  (registers emunum::quantize_block)
 from ..formats.interned import intern
 from ..ops import eager_ok
 from .im2col import im2col_rows
+from . import rht_columns
 
 
 @dataclass(frozen=True)
@@ -200,22 +201,30 @@ def _mad_units(policy: Policy) -> tuple:
 
 
 class _BlockGemm(torch.autograd.Function):
-    """y = x2 @ W.T for x2 (tokens, K); operands quantised per GEMM along its reduction dimension."""
+    """y = x2 @ W.T for x2 (tokens, K); operands quantised per GEMM along its reduction dimension. image: None,
+    or (x, geometry) when x2 is the im2col matrix of image x (``rht_columns.rht_columns``'s arguments after x),
+    from which the grad-weight GEMM's transformed operand is made where ``rht_columns`` holds."""
 
     @staticmethod
-    def forward(ctx, x2: Tensor, w: Tensor, plan: BlockPlan) -> Tensor:
+    def forward(ctx, x2: Tensor, w: Tensor, plan: BlockPlan, image=None) -> Tensor:
         ctx.plan, ctx.trace = plan, plan.observer()
+        ctx.geometry = None
+        if image is not None and plan.hadamard is not None and plan.units is None and ctx.trace is None:
+            ctx.geometry = image[1]
+            image = image[0]
         if plan.units is not None:
             ctx.save_for_backward(x2, w)
             return plan.mm(x2, w.t(), _I, _W, 0, 0, ctx.trace)
         qx = plan.q(x2, _I, -1, ctx.trace)  # before W: the order of the seed draws
         qw = plan.q(w, _W, 1, ctx.trace)
-        ctx.save_for_backward(x2, w, qw if plan.reuses_weight(ctx.trace) else None)
+        ctx.save_for_backward(x2, w, qw if plan.reuses_weight(ctx.trace) else None,
+                              image if ctx.geometry is not None else None)
         return qx @ qw.t()
 
     @staticmethod
     def backward(ctx, gy: Tensor):
         x2, w, *qw = ctx.saved_tensors
+        image = qw.pop() if len(qw) == 2 else None
         p, tr = ctx.plan, ctx.trace
         gx = gw = None
         if ctx.needs_input_grad[0]:
@@ -227,12 +236,23 @@ class _BlockGemm(torch.autograd.Function):
             sg = sx = None
             if p.hadamard is not None:  # the NVFP4 recipe's RHT on both Wgrad operands, along K = tokens
                 scan = p.units is None and tr is None  # block maxima for the quantisers below, taken in the RHT
-                (gy, sg), (x2, sx) = (rht_scanned(t, p.hadamard, p.hadamard_seed, 0, scan) for t in (gy, x2))
+                gy, sg = rht_scanned(gy, p.hadamard, p.hadamard_seed, 0, scan)
             if p.units is None:
-                gw = p.q(gy, _G, 0, tr, sg).t() @ p.q(x2, _I, 0, tr, sx)  # K = tokens
+                qg = p.q(gy, _G, 0, tr, sg).t()  # before x's rounding: the order of the seed draws
+                qx = None
+                if image is not None:  # from the image's distinct runs, where that holds (the same bits)
+                    qx = rht_columns.rht_columns(image, *ctx.geometry, p.hadamard, p.hadamard_seed,
+                                                 lambda t, s: p.q(t, _I, 0, None, s))
+                if qx is None:
+                    if p.hadamard is not None:
+                        x2, sx = rht_scanned(x2, p.hadamard, p.hadamard_seed, 0, tr is None)
+                    qx = p.q(x2, _I, 0, tr, sx)
+                gw = qg @ qx  # K = tokens
             else:
+                if p.hadamard is not None:
+                    x2, _ = rht_scanned(x2, p.hadamard, p.hadamard_seed, 0, False)
                 gw = p.mm(gy.t(), x2, _G, _I, 0, 2, tr)
-        return gx, gw, None
+        return gx, gw, None, None
 
 
 class _BlockBmm(torch.autograd.Function):
@@ -262,8 +282,8 @@ def block_bmm(a: Tensor, b: Tensor, plan: BlockPlan) -> Tensor:
     return _BlockBmm.apply(a, b, plan)
 
 
-def block_gemm(x2: Tensor, w: Tensor, plan: BlockPlan) -> Tensor:
-    return _BlockGemm.apply(x2, w, plan)
+def block_gemm(x2: Tensor, w: Tensor, plan: BlockPlan, image=None) -> Tensor:
+    return _BlockGemm.apply(x2, w, plan, image)
 
 
 def block_linear(x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPlan) -> Tensor:
@@ -295,6 +315,7 @@ def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPla
     if isinstance(padding, str):
         raise ValueError(f"{type(module).__name__}(padding={padding!r}) with block formats: give padding as ints")
     k, st, dil = module.kernel_size, module.stride, module.dilation
+    image = None
     if nd == 3:
         cols, out = _im2col(x, k, st, padding, dil)
     else:
@@ -303,6 +324,9 @@ def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPla
             k, st, padding, dil = (1, k[0]), (1, st[0]), (0, padding[0]), (1, dil[0])
         out = [(x.shape[-2 + i] + 2 * padding[i] - dil[i] * (k[i] - 1) - 1) // st[i] + 1 for i in range(2)]
         cols = im2col_rows(x, k, st, padding, dil)  # (n*L, C*kh*kw) in one pass, where it applies
+        if cols is not None and module.groups == 1 and plan.hadamard is not None \
+                and rht_columns.applies(plan.input, x, st, out[1], plan.hadamard):
+            image = (x, (k, st, padding, dil, out[0], out[1]))
         if cols is None:
             cols = F.unfold(x, k, dilation=dil, padding=padding, stride=st)  # (n, C*kh*kw, L), channel-major
     n = x.shape[0]
@@ -310,7 +334,7 @@ def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPla
     w2 = w.reshape(w.shape[0], -1)  # (out, C/groups*prod(k))
     g = module.groups
     kg, og = w2.shape[1], w2.shape[0] // g
-    ys = [block_gemm(x2[:, i * kg:(i + 1) * kg], w2[i * og:(i + 1) * og], plan) for i in range(g)]
+    ys = [block_gemm(x2[:, i * kg:(i + 1) * kg], w2[i * og:(i + 1) * og], plan, image) for i in range(g)]
     y = ys[0] if g == 1 else torch.cat(ys, dim=1)  # (n*L, out)
     y = y.reshape(n, -1, w2.shape[0]).transpose(1, 2).reshape(n, w2.shape[0], *out)
     if b is not None:

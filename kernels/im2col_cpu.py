@@ -27,13 +27,18 @@ from . import _cache
 _cache.guard(__file__, [])
 
 U64 = np.uint64
+ABS = np.uint32(0x7FFFFFFF)
+INF_BITS = np.uint32(0x7F800000)
 
 
-@njit(cache=True)
-def im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo):
+@njit(inline="always")
+def _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc):
     N, C, H, W = x.shape
     xb = x.view(np.uint32)
     ob = out.view(np.uint32)
+    K = C * kh * kw
+    nbc = -(-K // tc) if amaxes.size else 0
+    fin = np.uint32(0)
     for n in range(N):
         for oy in range(Ho):
             y0 = oy * sh - ph
@@ -48,17 +53,44 @@ def im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo):
                             k0 = (c * kh + i) * kw
                             for j in range(kw):
                                 row[U64(k0 + j)] = src[U64(x0 + j * dw)]
-                    continue
-                for c in range(C):
-                    for i in range(kh):
-                        y = oy * sh - ph + i * dh
-                        for j in range(kw):
-                            xx = ox * sw - pw + j * dw
-                            k = U64((c * kh + i) * kw + j)
-                            if 0 <= y < H and 0 <= xx < W:
-                                row[k] = xb[U64(n), U64(c), U64(y), U64(xx)]
-                            else:
-                                row[k] = np.uint32(0)
+                else:
+                    _edge_row(xb, row, n, oy, ox, C, H, W, kh, kw, sh, sw, dh, dw, ph, pw)
+                for b in range(nbc):  # the row is in cache: its blocks' largest |v| (block_fast's amax pass)
+                    m = np.uint32(0)
+                    for k in range(b * tc, min(b * tc + tc, K)):
+                        u = np.uint32(row[U64(k)] & ABS)
+                        m = max(m, u)
+                        fin = max(fin, u if u < INF_BITS else np.uint32(0))
+                    amaxes[U64(((n * Ho + oy) * Wo + ox) * nbc + b)] = np.float64(np.uint32(m).view(np.float32))
+    return fin
+
+
+@njit(inline="always")
+def _edge_row(xb, row, n, oy, ox, C, H, W, kh, kw, sh, sw, dh, dw, ph, pw):
+    """Row (n, oy, ox) of a position with taps outside x (+0.0 there)."""
+    for c in range(C):
+        for i in range(kh):
+            y = oy * sh - ph + i * dh
+            for j in range(kw):
+                xx = ox * sw - pw + j * dw
+                k = U64((c * kh + i) * kw + j)
+                if 0 <= y < H and 0 <= xx < W:
+                    row[k] = xb[U64(n), U64(c), U64(y), U64(xx)]
+                else:
+                    row[k] = np.uint32(0)
+
+
+@njit(cache=True)
+def im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo):
+    _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, np.empty(0, np.float64), 1)
+
+
+@njit(cache=True)
+def im2col_scan(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc):
+    """``im2col``, and each block of tc along out's rows: its largest |v| (NaN where it holds one) into amaxes
+    (float64, one per block, row-major); returns the bits of out's largest finite |v| (0 if none): what
+    ``block_cpu.block_amaxes`` finds in out."""
+    return _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc)
 
 
 @njit(cache=True)

@@ -40,7 +40,9 @@ input x input, grad_output x input, input x grad_output, checked when the layer 
 Random Hadamard transform (``Policy.hadamard``, NVFP4 recipe; ``emunum.hadamard``): with hadamard=n the
 grad-weight GEMM becomes gW = Q(rht(gy)).T @ Q(rht(x)), both operands transformed along the tokens (zero-padded
 to a multiple of n) before they are quantised; the forward and grad-input GEMMs are unchanged. Without
-quantisation the transform cancels (M is orthogonal) up to the float rounding of the transformed values.
+quantisation the transform cancels (M is orthogonal) up to the float rounding of the transformed values. A 2-D
+convolution's transformed x operand is made from the image's distinct runs where that gives the same bits
+(``emunum.nn.rht_columns``), and its im2col pass hands x2's block maxima to the forward quantiser.
 """
 from __future__ import annotations
 

@@ -80,20 +80,24 @@ def _matrix_rht(step):
 
 
 def _old_paths(step):
-    """step, run with this branch's NVFP4 step paths switched off (same bits): the general loop for
-    stochastic block rounding (kernels/block_sr.py), F.unfold + a transposing copy for the block convolutions'
-    im2col (emunum/nn/im2col.py), and W quantised again for the grad-input GEMM."""
+    """step, run with the NVFP4 step's switchable paths off (same bits): the general loop for stochastic block
+    rounding (kernels/block_sr.py), F.unfold + a transposing copy for the block convolutions' im2col (and so no
+    block maxima from it; emunum/nn/im2col.py), W quantised again for the grad-input GEMM, and the transformed
+    Wgrad operand made from the whole im2col matrix (emunum/nn/rht_columns.py)."""
     from emunum.kernels import block_sr
-    from emunum.nn import block_gemm
+    from emunum.nn import block_gemm, rht_columns
 
     def run():
-        saved = block_sr.sr_ok, block_gemm.im2col_rows, block_gemm.BlockPlan.reuses_weight
-        block_sr.sr_ok, block_gemm.im2col_rows = (lambda args: False), (lambda *a: None)
+        saved = (block_sr.sr_ok, block_gemm.im2col_rows_scanned, block_gemm.BlockPlan.reuses_weight,
+                 rht_columns.applies)
+        block_sr.sr_ok, block_gemm.im2col_rows_scanned = (lambda args: False), (lambda *a: (None, None))
         block_gemm.BlockPlan.reuses_weight = lambda self, trace=None: False
+        rht_columns.applies = lambda *a: False
         try:
             return step()
         finally:
-            block_sr.sr_ok, block_gemm.im2col_rows, block_gemm.BlockPlan.reuses_weight = saved
+            (block_sr.sr_ok, block_gemm.im2col_rows_scanned, block_gemm.BlockPlan.reuses_weight,
+             rht_columns.applies) = saved
 
     return run
 

@@ -9,13 +9,15 @@ pass instead of two.
 ``col2im(g, out, ...)``: the adjoint, out (N, C, H, W) = ``F.fold(g.view(N, L, K).transpose(1, 2), ...)`` bit
 for bit. torch's col2im (aten/src/ATen/native/im2col.h) zero-fills the image and then adds the columns in
 order of c_col = (c*kh + i)*kw + j, so each pixel receives its terms in ascending (i, j), each added once, in
-float32, starting from +0.0. Here the image is zero-filled as well and the rows are added in descending
-(oy, ox), each row's contiguous columns in turn: a pixel's term from tap (i, j) comes from row
-oy = (y + ph - i*dh) / sh, ox = (x + pw - j*dw) / sw, so ascending (i, j) is descending (oy, ox), and every
-pixel receives the same terms in the same order (a sum of -0.0 terms is +0.0 in both).
+float32, starting from +0.0. Here the image is zero-filled as well and the output rows oy are taken in
+descending order; for each, every (c, i, j) in ascending order adds its column of the row's Wo gradient rows
+into image row y = oy*sh - ph + i*dh along x = ox*sw - pw + j*dw (ox over the pixels inside the image). A
+pixel's term from tap (i, j) comes from oy = (y + ph - i*dh) / sh, so its terms of larger i come in later
+(smaller) output rows, and its terms of one i, all from one output row, in ascending j: every pixel receives
+the same terms in the same order (a sum of -0.0 terms is +0.0 in both).
 
-Both loops take the rows whose every tap lies inside the image without per-tap bounds checks (the same
-copies and additions in the same order).
+im2col takes the rows whose every tap lies inside the image without per-tap bounds checks (the same copies in
+the same order).
 """
 import numpy as np
 from numba import njit
@@ -25,13 +27,18 @@ from . import _cache
 _cache.guard(__file__, [])
 
 U64 = np.uint64
+ABS = np.uint32(0x7FFFFFFF)
+INF_BITS = np.uint32(0x7F800000)
 
 
-@njit(cache=True)
-def im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo):
+@njit(inline="always")
+def _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc):
     N, C, H, W = x.shape
     xb = x.view(np.uint32)
     ob = out.view(np.uint32)
+    K = C * kh * kw
+    nbc = -(-K // tc) if amaxes.size else 0
+    fin = np.uint32(0)
     for n in range(N):
         for oy in range(Ho):
             y0 = oy * sh - ph
@@ -46,17 +53,44 @@ def im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo):
                             k0 = (c * kh + i) * kw
                             for j in range(kw):
                                 row[U64(k0 + j)] = src[U64(x0 + j * dw)]
-                    continue
-                for c in range(C):
-                    for i in range(kh):
-                        y = oy * sh - ph + i * dh
-                        for j in range(kw):
-                            xx = ox * sw - pw + j * dw
-                            k = U64((c * kh + i) * kw + j)
-                            if 0 <= y < H and 0 <= xx < W:
-                                row[k] = xb[U64(n), U64(c), U64(y), U64(xx)]
-                            else:
-                                row[k] = np.uint32(0)
+                else:
+                    _edge_row(xb, row, n, oy, ox, C, H, W, kh, kw, sh, sw, dh, dw, ph, pw)
+                for b in range(nbc):  # the row is in cache: its blocks' largest |v| (block_fast's amax pass)
+                    m = np.uint32(0)
+                    for k in range(b * tc, min(b * tc + tc, K)):
+                        u = np.uint32(row[U64(k)] & ABS)
+                        m = max(m, u)
+                        fin = max(fin, u if u < INF_BITS else np.uint32(0))
+                    amaxes[U64(((n * Ho + oy) * Wo + ox) * nbc + b)] = np.float64(np.uint32(m).view(np.float32))
+    return fin
+
+
+@njit(inline="always")
+def _edge_row(xb, row, n, oy, ox, C, H, W, kh, kw, sh, sw, dh, dw, ph, pw):
+    """Row (n, oy, ox) of a position with taps outside x (+0.0 there)."""
+    for c in range(C):
+        for i in range(kh):
+            y = oy * sh - ph + i * dh
+            for j in range(kw):
+                xx = ox * sw - pw + j * dw
+                k = U64((c * kh + i) * kw + j)
+                if 0 <= y < H and 0 <= xx < W:
+                    row[k] = xb[U64(n), U64(c), U64(y), U64(xx)]
+                else:
+                    row[k] = np.uint32(0)
+
+
+@njit(cache=True)
+def im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo):
+    _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, np.empty(0, np.float64), 1)
+
+
+@njit(cache=True)
+def im2col_scan(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc):
+    """``im2col``, and each block of tc along out's rows: its largest |v| (NaN where it holds one) into amaxes
+    (float64, one per block, row-major); returns the bits of out's largest finite |v| (0 if none): what
+    ``block_cpu.block_amaxes`` finds in out."""
+    return _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc)
 
 
 @njit(cache=True)
@@ -65,25 +99,19 @@ def col2im(g, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo):
     for n in range(N):
         img = out[n]
         img[:] = 0.0
-        for oy in range(Ho - 1, -1, -1):  # rows in descending order: each pixel's terms in ascending (i, j)
-            y0 = oy * sh - ph
-            inside_y = y0 >= 0 and y0 + (kh - 1) * dh < H
-            for ox in range(Wo - 1, -1, -1):
-                row = g[U64((n * Ho + oy) * Wo + ox)]
-                x0 = ox * sw - pw
-                if inside_y and x0 >= 0 and x0 + (kw - 1) * dw < W:  # every tap inside the image
-                    for c in range(C):
-                        for i in range(kh):
-                            dst = img[U64(c), U64(y0 + i * dh)]
-                            k0 = (c * kh + i) * kw
-                            for j in range(kw):
-                                dst[U64(x0 + j * dw)] += row[U64(k0 + j)]
-                    continue
-                for c in range(C):
-                    for i in range(kh):
-                        y = oy * sh - ph + i * dh
-                        if 0 <= y < H:
-                            for j in range(kw):
-                                xx = ox * sw - pw + j * dw
-                                if 0 <= xx < W:
-                                    img[U64(c), U64(y), U64(xx)] += row[U64((c * kh + i) * kw + j)]
+        for oy in range(Ho - 1, -1, -1):  # descending: a pixel's terms in ascending i (module doc)
+            base = (n * Ho + oy) * Wo
+            blk = g[U64(base):U64(base + Wo)]  # this output row's gradient rows (in cache while it is added)
+            for c in range(C):
+                for i in range(kh):
+                    y = oy * sh - ph + i * dh
+                    if y < 0 or y >= H:
+                        continue
+                    dst = img[U64(c), U64(y)]
+                    for j in range(kw):  # ascending: a pixel's terms of one i in ascending j
+                        off = j * dw - pw  # pixel x = ox * sw + off, inside the image for ox in [lo, hi)
+                        lo = max(0, -(off // sw)) if off < 0 else 0
+                        hi = min(Wo, (W - 1 - off) // sw + 1) if W - 1 - off >= 0 else 0
+                        k = U64((c * kh + i) * kw + j)
+                        for ox in range(lo, hi):
+                            dst[U64(ox * sw + off)] += blk[U64(ox), k]

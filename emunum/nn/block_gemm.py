@@ -40,7 +40,9 @@ input x input, grad_output x input, input x grad_output, checked when the layer 
 Random Hadamard transform (``Policy.hadamard``, NVFP4 recipe; ``emunum.hadamard``): with hadamard=n the
 grad-weight GEMM becomes gW = Q(rht(gy)).T @ Q(rht(x)), both operands transformed along the tokens (zero-padded
 to a multiple of n) before they are quantised; the forward and grad-input GEMMs are unchanged. Without
-quantisation the transform cancels (M is orthogonal) up to the float rounding of the transformed values.
+quantisation the transform cancels (M is orthogonal) up to the float rounding of the transformed values. A 2-D
+convolution's transformed x operand is made from the image's distinct runs where that gives the same bits
+(``emunum.nn.rht_columns``), and its im2col pass hands x2's block maxima to the forward quantiser.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..autograd import STE
-from ..formats import BlockFormat, RoundMode
+from ..formats import BlockFormat, RoundMode, TableFormat
 from ..block_quantize import quantize_block_checked
 from ..hadamard import rht_scanned
 from ..mad.block import block_matmul, check_pair, check_unit
@@ -65,7 +67,8 @@ from ..rng import seed_key
 from .. import block_ops  # noqa: F401  (registers emunum::quantize_block)
 from ..formats.interned import intern
 from ..ops import eager_ok
-from .im2col import im2col_rows
+from .im2col import im2col_rows_scanned
+from . import rht_columns
 
 
 @dataclass(frozen=True)
@@ -200,22 +203,31 @@ def _mad_units(policy: Policy) -> tuple:
 
 
 class _BlockGemm(torch.autograd.Function):
-    """y = x2 @ W.T for x2 (tokens, K); operands quantised per GEMM along its reduction dimension."""
+    """y = x2 @ W.T for x2 (tokens, K); operands quantised per GEMM along its reduction dimension. image: None,
+    or (x, geometry) when x2 is the im2col matrix of image x (``rht_columns.rht_columns``'s arguments after x),
+    from which the grad-weight GEMM's transformed operand is made where ``rht_columns`` holds; scan: None, or
+    x2's block maxima along K from the im2col pass (``BlockPlan.q``'s scan)."""
 
     @staticmethod
-    def forward(ctx, x2: Tensor, w: Tensor, plan: BlockPlan) -> Tensor:
+    def forward(ctx, x2: Tensor, w: Tensor, plan: BlockPlan, image=None, scan=None) -> Tensor:
         ctx.plan, ctx.trace = plan, plan.observer()
+        ctx.geometry = None
+        if image is not None and plan.hadamard is not None and plan.units is None and ctx.trace is None:
+            ctx.geometry = image[1]
+            image = image[0]
         if plan.units is not None:
             ctx.save_for_backward(x2, w)
             return plan.mm(x2, w.t(), _I, _W, 0, 0, ctx.trace)
-        qx = plan.q(x2, _I, -1, ctx.trace)  # before W: the order of the seed draws
+        qx = plan.q(x2, _I, -1, ctx.trace, scan)  # before W: the order of the seed draws
         qw = plan.q(w, _W, 1, ctx.trace)
-        ctx.save_for_backward(x2, w, qw if plan.reuses_weight(ctx.trace) else None)
+        ctx.save_for_backward(x2, w, qw if plan.reuses_weight(ctx.trace) else None,
+                              image if ctx.geometry is not None else None)
         return qx @ qw.t()
 
     @staticmethod
     def backward(ctx, gy: Tensor):
         x2, w, *qw = ctx.saved_tensors
+        image = qw.pop() if len(qw) == 2 else None
         p, tr = ctx.plan, ctx.trace
         gx = gw = None
         if ctx.needs_input_grad[0]:
@@ -227,12 +239,23 @@ class _BlockGemm(torch.autograd.Function):
             sg = sx = None
             if p.hadamard is not None:  # the NVFP4 recipe's RHT on both Wgrad operands, along K = tokens
                 scan = p.units is None and tr is None  # block maxima for the quantisers below, taken in the RHT
-                (gy, sg), (x2, sx) = (rht_scanned(t, p.hadamard, p.hadamard_seed, 0, scan) for t in (gy, x2))
+                gy, sg = rht_scanned(gy, p.hadamard, p.hadamard_seed, 0, scan)
             if p.units is None:
-                gw = p.q(gy, _G, 0, tr, sg).t() @ p.q(x2, _I, 0, tr, sx)  # K = tokens
+                qg = p.q(gy, _G, 0, tr, sg).t()  # before x's rounding: the order of the seed draws
+                qx = None
+                if image is not None:  # from the image's distinct runs, where that holds (the same bits)
+                    qx = rht_columns.rht_columns(image, *ctx.geometry, p.hadamard, p.hadamard_seed,
+                                                 lambda t, s: p.q(t, _I, 0, None, s))
+                if qx is None:
+                    if p.hadamard is not None:
+                        x2, sx = rht_scanned(x2, p.hadamard, p.hadamard_seed, 0, tr is None)
+                    qx = p.q(x2, _I, 0, tr, sx)
+                gw = qg @ qx  # K = tokens
             else:
+                if p.hadamard is not None:
+                    x2, _ = rht_scanned(x2, p.hadamard, p.hadamard_seed, 0, False)
                 gw = p.mm(gy.t(), x2, _G, _I, 0, 2, tr)
-        return gx, gw, None
+        return gx, gw, None, None, None
 
 
 class _BlockBmm(torch.autograd.Function):
@@ -262,8 +285,18 @@ def block_bmm(a: Tensor, b: Tensor, plan: BlockPlan) -> Tensor:
     return _BlockBmm.apply(a, b, plan)
 
 
-def block_gemm(x2: Tensor, w: Tensor, plan: BlockPlan) -> Tensor:
-    return _BlockGemm.apply(x2, w, plan)
+def block_gemm(x2: Tensor, w: Tensor, plan: BlockPlan, image=None, scan=None) -> Tensor:
+    return _BlockGemm.apply(x2, w, plan, image, scan)
+
+
+def _scan_block(spec: Optional[RoleSpec], groups: int) -> int:
+    """The block size of x2's forward quantisation if the im2col pass can hand it its block maxima (the
+    quantiser's amax-pass branch: a tensor-scaled plain BlockFormat in 1-D blocks, one group), else 0."""
+    fmt = spec.fmt if spec is not None else None
+    if groups != 1 or type(fmt) is not BlockFormat or not fmt.tensor_scale or fmt.tile[0] != 0 \
+            or fmt.nvfp4_path or isinstance(fmt.element, TableFormat):
+        return 0
+    return fmt.tile[1]
 
 
 def block_linear(x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPlan) -> Tensor:
@@ -295,6 +328,7 @@ def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPla
     if isinstance(padding, str):
         raise ValueError(f"{type(module).__name__}(padding={padding!r}) with block formats: give padding as ints")
     k, st, dil = module.kernel_size, module.stride, module.dilation
+    image = scan = None
     if nd == 3:
         cols, out = _im2col(x, k, st, padding, dil)
     else:
@@ -302,7 +336,10 @@ def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPla
             x = x.unsqueeze(-2)
             k, st, padding, dil = (1, k[0]), (1, st[0]), (0, padding[0]), (1, dil[0])
         out = [(x.shape[-2 + i] + 2 * padding[i] - dil[i] * (k[i] - 1) - 1) // st[i] + 1 for i in range(2)]
-        cols = im2col_rows(x, k, st, padding, dil)  # (n*L, C*kh*kw) in one pass, where it applies
+        cols, scan = im2col_rows_scanned(x, k, st, padding, dil, _scan_block(plan.input, module.groups))
+        if cols is not None and module.groups == 1 and plan.hadamard is not None \
+                and rht_columns.applies(plan.input, x, st, out[1], plan.hadamard):
+            image = (x, (k, st, padding, dil, out[0], out[1]))
         if cols is None:
             cols = F.unfold(x, k, dilation=dil, padding=padding, stride=st)  # (n, C*kh*kw, L), channel-major
     n = x.shape[0]
@@ -310,7 +347,7 @@ def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPla
     w2 = w.reshape(w.shape[0], -1)  # (out, C/groups*prod(k))
     g = module.groups
     kg, og = w2.shape[1], w2.shape[0] // g
-    ys = [block_gemm(x2[:, i * kg:(i + 1) * kg], w2[i * og:(i + 1) * og], plan) for i in range(g)]
+    ys = [block_gemm(x2[:, i * kg:(i + 1) * kg], w2[i * og:(i + 1) * og], plan, image, scan) for i in range(g)]
     y = ys[0] if g == 1 else torch.cat(ys, dim=1)  # (n*L, out)
     y = y.reshape(n, -1, w2.shape[0]).transpose(1, 2).reshape(n, w2.shape[0], *out)
     if b is not None:

@@ -44,7 +44,8 @@ from .gemm_fast_plan import (  # noqa: E402,F401  (the planners' names, as befor
     _abs_range, _significant_bits, fast_applies, fast_consts, fast_params, fast_plan,
 )
 from .gemm_scalar import (  # noqa: E402
-    NSTREAMS, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, mac, reduce_lanes, round_odd, two_sum,
+    NSTREAMS, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan, mac, reduce_lanes, round_odd,
+    two_sum,
 )
 from .scalar import round_nearest_fast  # noqa: E402
 
@@ -92,7 +93,7 @@ def gemm_general(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, key
                 y = reduce_lanes(v, lanes, accp, k_red, obase + jj, nbits)
                 if has_bias:
                     y = add_round(y, bias[b, i, j0 + jj], accp, k_bias, obase + jj, nbits)
-                out[b, i, j0 + jj] = y
+                out[b, i, j0 + jj] = canonical_nan(y)
 
 
 @njit(inline="always")
@@ -205,13 +206,13 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
                 if has_bias:
                     s, e = two_sum(y, bias[b, i, j0 + jj])
                     y = _round_acc(round_odd(s, e), acc64, True, True)
-                out[b, i, j0 + jj] = y
+                out[b, i, j0 + jj] = canonical_nan(y)
 
 
 @njit(cache=True, parallel=True)
 def mad_elementwise(a, b, c, out, fused, mulp, accp, keys, nbits):
     for i in prange(out.size):
-        out[i] = mac(a[i], b[i], c[i], fused, mulp, accp, keys[S_MUL], keys[S_ACC], i, nbits)
+        out[i] = canonical_nan(mac(a[i], b[i], c[i], fused, mulp, accp, keys[S_MUL], keys[S_ACC], i, nbits))
 
 
 def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=None, scans=None):

@@ -151,6 +151,8 @@ def _round_acc(x, accf, sub, checks, signed=True):
 class Zeros(enum.IntEnum):
     """How ``gemm_fast`` gives zero results quantize's sign where sums may round to zero (acc_sub)."""
 
+    # Unsigned and signed roundings give the same bits until a nonzero sum rounds to zero (the accumulators start
+    # at +0, and -0 + +0 = +0): never where every product is zero (a zero row of A or column of B).
     SIGNED = 0  # every rounding signs its zero (``_signed``)
     NONE = 1  # nothing to do: the accumulator has no -0, and without signing no accumulator ever holds -0
     RERUN = 2  # unsigned roundings; in a tile row with zero results, those columns are computed again, signed
@@ -235,6 +237,7 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
         inner2 = np.zeros((lanes, TN), A.dtype)
         outer2 = np.zeros((lanes, TN), A.dtype)
         idx = np.empty(TN, np.int64)  # the columns to redo
+        colnz = np.full(TN, -1, np.int8)  # whether B's column has a nonzero value (-1: not looked at yet)
         prev = np.empty(TN, np.int64)  # the columns gathered in bg
         bg = np.empty((1, K, TN if rerun else 0), A.dtype)
         npv = 0
@@ -250,6 +253,21 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
                     if src[0, jj] == 0.0:
                         idx[nz] = jj
                         nz += 1
+                if nz > 0:  # a zero column of B (or row of A) has no nonzero sum to flush: its zero is right
+                    live = False
+                    for k in range(K):
+                        live |= arow[k] != 0.0
+                    m = 0
+                    for q in range(nz if live else 0):
+                        if colnz[idx[q]] < 0:  # once per tile
+                            col = False
+                            for k in range(K):
+                                col |= B[bbi, k, j0 + idx[q]] != 0.0
+                            colnz[idx[q]] = col
+                        if colnz[idx[q]] == 1:
+                            idx[m] = idx[q]
+                            m += 1
+                    nz = m
                 if nz > 0:  # only a zero may have the wrong sign (``_mac_row``): those columns again, signed
                     if idx[nz - 1] - idx[0] + 1 == nz:  # one run of columns: in place
                         src2 = _row(inner2, outer2, arow, B, bbi, j0 + idx[0], nz, K, span, lanes, chunk, mulf, accf,

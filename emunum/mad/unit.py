@@ -82,6 +82,7 @@ So results depend only on (seed, shapes, values), never on tiling, thread count 
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Union
 
@@ -279,7 +280,7 @@ class MADUnit:
             raise ValueError(f"MADUnit.promote_every={self.promote_every} is not a multiple of "
                              f"terms={self.terms}; allowed: k * terms")
 
-    @property
+    @functools.cached_property  # asked on every GEMM; the fields are frozen
     def is_multiterm(self) -> bool:
         """Whether the unit runs the multi-term (or exact) datapath rather than one product per step."""
         return (self.terms > 1 or self.acc_fmt == EXACT or any(

@@ -292,7 +292,8 @@ FLUSH_FUSED_UNITS = {  # gemm_fast declines fused units; the dispatcher's kernel
 
 def _flush_operands(rng, unit):
     """Products and partial sums around the accumulator's min normal (both signs, cancellation), products a*0
-    with a < 0 (-0), and a bias of signed zeros and tiny values: sums that flush or underflow to zero."""
+    with a < 0 (-0), a zero row of A and column of B, and a bias of signed zeros and tiny values: sums that
+    flush or underflow to zero."""
     acc = unit.acc_fmt
     op = unit.mul_fmt or acc
     e = (acc.emin - (acc.man if acc.subnormals else 0)) // 2
@@ -300,6 +301,7 @@ def _flush_operands(rng, unit):
     B = _tiny_operands(rng, (1, 40, 70), op, e - acc.man // 2 - 3, e + 1)
     A[0, :, 5] = -np.abs(A[0, :, 5])  # a negative operand times a zero: a -0 product
     B[0, 5, :] = 0.0
+    A[1, 8, :], B[0, :, 69] = -0.0, 0.0  # a zero row and a zero column: zero results without a flush
     tiny = 2.0 ** (acc.emin - (acc.man if acc.subnormals else 0) - 2)
     bias = rng.choice([-0.0, 0.0, -tiny, tiny, -3 * tiny], (2, 9, 70))
     return A, B, bias

@@ -16,7 +16,8 @@ from . import _cache, gemm_scalar, multiplier_scalar, parallel as _parallel, sca
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__, multiplier_scalar.__file__])
 
 from .gemm_cpu import TM, TN, as_keys, as_params  # noqa: E402
-from .gemm_scalar import NSTREAMS, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, reduce_lanes  # noqa: E402
+from .gemm_scalar import (NSTREAMS, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan,  # noqa: E402
+                          reduce_lanes)
 from .multiplier_scalar import K_FUNCTION, approx_product, mac_product  # noqa: E402
 
 
@@ -64,7 +65,7 @@ def _tile(t, A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chun
             y = reduce_lanes(v, lanes, accp, k_red, obase + jj, nbits)
             if has_bias:
                 y = add_round(y, bias[b, i, j0 + jj], accp, k_bias, obase + jj, nbits)
-            out[b, i, j0 + jj] = y
+            out[b, i, j0 + jj] = canonical_nan(y)
 
 
 def _ntiles(out):
@@ -102,7 +103,7 @@ def gemm_function_tile(A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, l
 @njit
 def _mad_one(i, a, b, c, out, fused, mulp, accp, keys, nbits, prm, lut, fn):
     p = approx_product(a[i], b[i], prm, lut, fn)
-    out[i] = mac_product(p, c[i], fused, mulp, accp, keys[S_MUL], keys[S_ACC], i, nbits)
+    out[i] = canonical_nan(mac_product(p, c[i], fused, mulp, accp, keys[S_MUL], keys[S_ACC], i, nbits))
 
 
 @njit(cache=True, parallel=True)

@@ -12,7 +12,7 @@ from numba import config
 
 from .cuda import as_device_array, cuda, device_of, torch_stream
 from .gemm_cpu import as_keys, as_params
-from .gemm_scalar import S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, reduce_lanes
+from .gemm_scalar import S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan, reduce_lanes
 from .multiplier_scalar import K_FUNCTION, approx_product, mac_product
 
 TILE = 16
@@ -79,7 +79,7 @@ def _build(fn):
                     y = reduce_lanes(inner, lanes, accp, keys[S_REDUCE], o, nbits)
                 if has_bias:
                     y = add_round(y, bias[b, i, j], accp, keys[S_BIAS], o, nbits)
-                out[b, i, j] = y
+                out[b, i, j] = canonical_nan(y)
             b += cuda.gridDim.z
 
     @cuda.jit
@@ -88,7 +88,7 @@ def _build(fn):
         stride = cuda.gridsize(1)
         while i < out.size:
             p = _product(a[i], b[i], prm, lut, fn)
-            out[i] = mac_product(p, c[i], fused, mulp, accp, keys[S_MUL], keys[S_ACC], i, nbits)
+            out[i] = canonical_nan(mac_product(p, c[i], fused, mulp, accp, keys[S_MUL], keys[S_ACC], i, nbits))
             i += stride
 
     return gemm_kernel, mad_kernel

@@ -17,7 +17,7 @@ import numpy as np
 
 from .cuda import as_device_array, cuda, device_of, torch_stream
 from .gemm_cpu import as_keys, as_params
-from .gemm_scalar import S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, mac, reduce_lanes
+from .gemm_scalar import S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan, mac, reduce_lanes
 
 TILE = 16
 from .abi import MAX_LANES  # noqa: E402
@@ -73,7 +73,7 @@ def gemm_kernel(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys
                 y = reduce_lanes(inner, lanes, accp, keys[S_REDUCE], o, nbits)
             if has_bias:
                 y = add_round(y, bias[b, i, j], accp, keys[S_BIAS], o, nbits)
-            out[b, i, j] = y
+            out[b, i, j] = canonical_nan(y)
         b += cuda.gridDim.z
 
 
@@ -83,7 +83,7 @@ def mad_kernel(a, b, c, out, fused, mulp, accp, keys, nbits):
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
     while i < out.size:
-        out[i] = mac(a[i], b[i], c[i], fused, mulp, accp, keys[S_MUL], keys[S_ACC], i, nbits)
+        out[i] = canonical_nan(mac(a[i], b[i], c[i], fused, mulp, accp, keys[S_MUL], keys[S_ACC], i, nbits))
         i += stride
 
 

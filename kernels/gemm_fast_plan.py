@@ -2,6 +2,7 @@
 of its roundings (``fast_params``, ``fast_consts``), and the plan for the operands of a call (``fast_plan``: work
 dtype and the flags that drop work which provably cannot change a result). Pure numpy; nothing here is compiled."""
 import functools
+import math
 
 import numpy as np
 
@@ -85,37 +86,51 @@ def fast_plan(A, B, fused, mulp, accp, scans=None):
     sa, sb = (None, None) if scans is None else scans
     amax, amin, abits = operand_scan.scan(A) if sa is None else sa  # one pass each: _abs_range and
     bmax, bmin, bbits = operand_scan.scan(B) if sb is None else sb  # _significant_bits, same results
-    mul_man, mul_emin = int(mulp[P_MAN]), int(mulp[P_EMIN])
-    acc_man, acc_emin = int(accp[P_MAN]), int(accp[P_EMIN])
-    mul_max = float(np.array(mulp[P_MAXBITS], dtype=np.int64).view(np.float64))
-    acc_max = float(np.array(accp[P_MAXBITS], dtype=np.int64).view(np.float64))
-    finite = bool(np.isfinite(amax) and np.isfinite(bmax))
+    (mul_man, mul_emin, mul_subn, mul_max, log_mul_ulp), (acc_man, acc_emin, acc_subn, acc_max, log_acc_ulp) = (
+        _format_consts(mulp), _format_consts(accp))
+    amax, amin, bmax, bmin = float(amax), float(amin), float(bmax), float(bmin)
+    finite = math.isfinite(amax) and math.isfinite(bmax)
     mul_sub = not (amin * bmin >= 2.0**mul_emin)
     acc_sub = not (mul_emin - mul_man >= acc_emin
-                   or (accp[P_SUB] and mul_emin - mul_man >= acc_emin - acc_man))
+                   or (acc_subn and mul_emin - mul_man >= acc_emin - acc_man))
     top = amax * bmax
-    log_bound = np.inf  # log2 of a bound on every |product| and |partial sum|
+    log_bound = math.inf  # log2 of a bound on every |product| and |partial sum|
     if finite:
-        log_bound = -np.inf if top == 0.0 else (np.log2(max(K, 1)) + np.log2(top) + np.log2(1.0 + 2.0**-mul_man)
-                                                + (2 * K + 8) * np.log2(1.0 + 2.0**-acc_man))
-    checks = not (finite and top <= mul_max and log_bound < np.log2(acc_max) - 1e-9)
+        log_bound = -math.inf if top == 0.0 else (math.log2(max(K, 1)) + math.log2(top) + log_mul_ulp
+                                                  + (2 * K + 8) * log_acc_ulp)
+    checks = not (finite and top <= mul_max and log_bound < math.log2(acc_max) - 1e-9)
     dtype = np.float64
     if (2 * (acc_man + 1) <= 21 and log_bound <= 100 and amin * bmin >= 2.0**-100
-            and mul_emin - (mul_man if mulp[P_SUB] else 0) >= -100 and acc_emin >= -100
+            and mul_emin - (mul_man if mul_subn else 0) >= -100 and acc_emin >= -100
             and abits + bbits <= 24):
         dtype = np.float32
     mul_exact = not mul_sub and not checks and abits + bbits <= mul_man + 1
     return dtype, mul_sub, acc_sub, checks, mul_exact
 
 
-def fast_consts(mulp: np.ndarray, accp: np.ndarray, dtype) -> tuple:
-    """(fast_params(mulp, dtype), fast_params(accp, dtype), fast_params(accp)): the constants one ``gemm_fast``
-    call takes, computed once per unit and work dtype (the arrays are shared: callers must not write to them)."""
-    return _fast_consts(np.asarray(mulp, np.int64).tobytes(), np.asarray(accp, np.int64).tobytes(),
-                        np.dtype(dtype).name)
+def _format_consts(p) -> tuple:
+    """(man, emin, subnormals, max, log2(1 + 2**-man)) of a float parameter vector, as Python numbers (numpy
+    scalar arithmetic costs a microsecond an operation; ``fast_plan`` runs once per GEMM)."""
+    return _format_consts_cached(np.asarray(p, np.int64).tobytes())
 
 
 @functools.lru_cache(maxsize=256)
-def _fast_consts(mul: bytes, acc: bytes, dtype: str) -> tuple:
+def _format_consts_cached(key: bytes) -> tuple:
+    p = np.frombuffer(key, np.int64)
+    man = int(p[P_MAN])
+    return (man, int(p[P_EMIN]), bool(p[P_SUB]), float(np.array(p[P_MAXBITS], dtype=np.int64).view(np.float64)),
+            float(np.log2(1.0 + 2.0**-man)))
+
+
+def fast_consts(mulp: np.ndarray, accp: np.ndarray, dtype) -> tuple:
+    """(fast_params(mulp, dtype), fast_params(accp, dtype), fast_params(accp)): the constants one ``gemm_fast``
+    call takes, computed once per unit and work dtype (the arrays are shared: callers must not write to them)."""
+    # keyed by the dtype as given (np.float32 or np.dtype("float32"): equal results); np.dtype(...).name costs
+    # more than the rest of the lookup
+    return _fast_consts(np.asarray(mulp, np.int64).tobytes(), np.asarray(accp, np.int64).tobytes(), dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _fast_consts(mul: bytes, acc: bytes, dtype) -> tuple:
     mulp, accp = np.frombuffer(mul, np.int64), np.frombuffer(acc, np.int64)
     return fast_params(mulp, np.dtype(dtype)), fast_params(accp, np.dtype(dtype)), fast_params(accp)

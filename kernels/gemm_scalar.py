@@ -33,6 +33,7 @@ KIND_HIF8 = int(Kind.HIF8)  # a global int: numba freezes it as a constant
 # stochastic-rounding streams: index into the keys array
 S_MUL, S_ACC, S_CHUNK, S_REDUCE, S_BIAS = 0, 1, 2, 3, 4
 NSTREAMS = 5
+NAN = float("nan")  # the positive quiet NaN, binary64 0x7FF8000000000000 (a global: numba freezes the constant)
 
 
 
@@ -44,6 +45,14 @@ def f64_bits(x):
 @njit
 def bits_f64(u):
     return np.uint64(u).view(np.float64)
+
+
+@njit
+def canonical_nan(y):
+    """y, or the positive quiet NaN without payload when y is a NaN (of any sign and payload): the one NaN the
+    MAD datapath returns (``emunum.mad``), as the hardware's NaNs differ (x86 makes -NaN of inf - inf and
+    inf * 0 and propagates an operand's payload; CUDA makes a canonical NaN). A select, no arithmetic."""
+    return y if y == y else NAN
 
 
 @njit

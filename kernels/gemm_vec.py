@@ -42,7 +42,7 @@ from . import _cache, gemm_scalar, scalar
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
-from .gemm_scalar import P_KIND, P_MODE, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, reduce_lanes  # noqa: E402
+from .gemm_scalar import P_KIND, P_MODE, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan, reduce_lanes  # noqa: E402
 from .gemm_vec_plan import consts, exact_sums, needs_checks, vec_applies  # noqa: E402,F401
 from .scalar import (  # noqa: E402
     GOLDEN, NEAREST, NEAREST_AWAY, ODD, OVF_SAT, STOCHASTIC, TOWARD_ZERO, UP, DOWN, mix64, round_nearest_fast,
@@ -281,7 +281,7 @@ def kernel(FUSED: bool, MMODE: int, AMODE: int, AFIX: int, CHK: bool, EXACT: boo
                     y = reduce_lanes(v, lanes, accp, k_red, obase + jj, nbits)
                     if has_bias:
                         y = add_round(y, bias[b, i, j0 + jj], accp, k_bias, obase + jj, nbits)
-                    out[b, i, j0 + jj] = y
+                    out[b, i, j0 + jj] = canonical_nan(y)
 
     return gemm_vec
 

@@ -22,6 +22,10 @@ An exact zero sum is +0 unless both addends are -0 (in every mode). The accumula
 to zero keeps the value's sign where the format has -0 (quantize's rule), so a negative product or sum that
 rounds to zero (flushed without subnormals, below half the smallest subnormal, ...) is -0 there, and an
 accumulator can then hold -0. Formats without -0 (fnuz) give +0.
+A NaN result (from a NaN operand or bias, inf - inf, inf * 0, an overflow to NaN) is the positive quiet NaN
+without payload (binary64 0x7FF8000000000000; float32 0x7FC00000 after the cast), whatever NaNs arose on the
+way: their signs and payloads are the hardware's (x86 and CUDA differ), and no rounding turns a NaN into a
+number, so they change nothing else.
 
 A dot product sum_k a_k b_k of length K, for one output element:
   lanes w: w partial accumulators; lane l takes the terms k = l, l+w, l+2w, ... in increasing k.
@@ -78,6 +82,7 @@ So results depend only on (seed, shapes, values), never on tiling, thread count 
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Union
 
@@ -275,7 +280,7 @@ class MADUnit:
             raise ValueError(f"MADUnit.promote_every={self.promote_every} is not a multiple of "
                              f"terms={self.terms}; allowed: k * terms")
 
-    @property
+    @functools.cached_property  # asked on every GEMM; the fields are frozen
     def is_multiterm(self) -> bool:
         """Whether the unit runs the multi-term (or exact) datapath rather than one product per step."""
         return (self.terms > 1 or self.acc_fmt == EXACT or any(

@@ -292,7 +292,8 @@ FLUSH_FUSED_UNITS = {  # gemm_fast declines fused units; the dispatcher's kernel
 
 def _flush_operands(rng, unit):
     """Products and partial sums around the accumulator's min normal (both signs, cancellation), products a*0
-    with a < 0 (-0), and a bias of signed zeros and tiny values: sums that flush or underflow to zero."""
+    with a < 0 (-0), a zero row of A and column of B, and a bias of signed zeros and tiny values: sums that
+    flush or underflow to zero."""
     acc = unit.acc_fmt
     op = unit.mul_fmt or acc
     e = (acc.emin - (acc.man if acc.subnormals else 0)) // 2
@@ -300,6 +301,7 @@ def _flush_operands(rng, unit):
     B = _tiny_operands(rng, (1, 40, 70), op, e - acc.man // 2 - 3, e + 1)
     A[0, :, 5] = -np.abs(A[0, :, 5])  # a negative operand times a zero: a -0 product
     B[0, 5, :] = 0.0
+    A[1, 8, :], B[0, :, 69] = -0.0, 0.0  # a zero row and a zero column: zero results without a flush
     tiny = 2.0 ** (acc.emin - (acc.man if acc.subnormals else 0) - 2)
     bias = rng.choice([-0.0, 0.0, -tiny, tiny, -3 * tiny], (2, 9, 70))
     return A, B, bias
@@ -311,7 +313,9 @@ def test_fast_kernel_keeps_quantizes_sign_of_zero_results(name, with_bias):
     """Invariant: a negative sum or product that rounds to zero (flush without subnormals, or below half the
     smallest subnormal) is -0 where the format has -0 and +0 where it has none, as emunum.quantize gives and
     gemm_general computes; gemm_fast gives the same bits under every plan the operands allow (both work
-    dtypes, with and without the subnormal and overflow checks, products rounded or exact)."""
+    dtypes, with and without the subnormal and overflow checks, products rounded or exact) and every way of
+    signing zeros it may take for the unit (``Zeros``: signed roundings, or unsigned ones and a signed rerun of
+    the rows with a zero result; or none where the accumulator has no -0)."""
     unit = FLUSH_UNITS.get(name) or FLUSH_FUSED_UNITS[name]
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     A, B, bias = _flush_operands(rng, unit)
@@ -331,9 +335,16 @@ def test_fast_kernel_keeps_quantizes_sign_of_zero_results(name, with_bias):
     assert plan is not None and plan[2]  # sums may round to zero: acc_sub is planned
     assert gemm_cpu.kernel_choice(A, B, 0, mulp, accp) == "fast"
     _same_bits(_run(A, B, bias, unit, fast=None), want, (name, "dispatcher"))
+    Z = gemm_cpu.Zeros
+    negzero = bool(unit.acc_fmt.to_kernel_args().negzero)
     for dtype in {plan[0], np.float64}:
         for variant in {(dtype, *plan[1:]), (dtype, True, True, True, False), (dtype, plan[1], True, False, False)}:
-            _same_bits(_run(A, B, bias, unit, fast=variant), want, (name, variant))
+            for zeros in (Z.SIGNED, Z.RERUN) if negzero else (Z.SIGNED, Z.NONE):
+                _same_bits(_run(A, B, bias, unit, fast=(*variant, zeros)), want, (name, variant, zeros))
+        if negzero:  # unsigned roundings alone give some zero results the wrong sign: the rerun is needed
+            unsigned = _run(A, B, bias, unit, fast=(dtype, plan[1], True, False, plan[4], Z.NONE))
+            assert not np.array_equal(unsigned.view(np.int64), want.view(np.int64)), (name, dtype)
+            assert np.array_equal(unsigned, want)  # ... and only their signs
 
 
 EXACT_FLUSH_UNITS = {  # products of powers of two are exact (mul_exact) and sums of them flush to zero
@@ -368,7 +379,8 @@ def test_fast_kernel_without_product_rounding_keeps_quantizes_sign_of_zero_resul
         if case != "random":
             assert (want == 0).all() and (np.signbit(want) == bool(negzero)).all()
         for dtype in {plan[0], np.float64}:
-            _same_bits(_run(a, b, None, unit, fast=(dtype, *plan[1:])), want, (name, case, dtype))
+            for zeros in gemm_cpu.Zeros.SIGNED, gemm_cpu.Zeros.RERUN:
+                _same_bits(_run(a, b, None, unit, fast=(dtype, *plan[1:5], zeros)), want, (name, case, dtype, zeros))
 
 
 EXACT_PRODUCT_UNITS = {
@@ -400,6 +412,68 @@ def test_fast_plan_skips_the_product_rounding_only_where_products_are_exact(name
         _same_bits(_run(A, B, None, unit, fast=(dtype, *plan[1:])), want, (name, dtype))
     if not exact:
         assert not np.array_equal(_run(A, B, None, unit, fast=(*plan[:4], True)), want)
+
+
+NAN_UNITS = {  # units whose results include NaN from inf - inf, inf * 0, NaN operands and overflow to NaN
+    "e5m2-e6m9_lanes2 (inf accumulator)": MADUnit("fp8_152", "fp16_169", lanes=2),
+    "e4m3fn-e4m3fn (overflow to NaN)": MADUnit("e4m3fn", "e4m3fn"),
+    "e5m2fnuz-e4m3fnuz_chunk2 (NaN, no inf, no -0)": MADUnit(FloatFormat(5, 2, special="fnuz"),
+                                                             FloatFormat(4, 3, special="fnuz"), chunk=2),
+    "e5m2-fp16_nosub_lanes3": MADUnit("fp8_152", FloatFormat(5, 10, subnormals=False), lanes=3),
+    "bf16-fp32": MADUnit("bf16", "fp32"),
+}
+CANONICAL_NAN64 = 0x7FF8000000000000
+NEG_NAN32 = np.array([0xFFC00001], np.uint32).view(np.float32)[0]  # a negative NaN with a payload
+
+
+def _nan_operands(rng, shape):
+    """Operands from +-inf, NaNs of both signs (one with a payload), +-0, values whose products and sums
+    overflow every unit above (49152 = 1.5 * 2**15, an e5m2 value) and ordinary values."""
+    v = np.array([np.inf, -np.inf, np.nan, NEG_NAN32, 0.0, -0.0, 49152.0, -49152.0, 1.0, -1.5, 0.25], np.float32)
+    p = np.array([2, 2, 1, 1, 4, 2, 4, 4, 8, 8, 8], np.float64)
+    return rng.choice(v, shape, p=p / p.sum())
+
+
+@pytest.mark.parametrize("name", list(NAN_UNITS))
+def test_nan_results_are_the_positive_quiet_nan_on_every_path(name):
+    """Invariant: a NaN result is binary64 0x7FF8000000000000 (emunum.mad: the positive quiet NaN without
+    payload), whatever NaN the hardware makes of inf - inf or inf * 0, an overflow to NaN or a negative NaN
+    operand or bias; gemm_general, gemm_fast (every plan these operands allow), gemm_vec and the element-wise
+    mad give the same raw bits everywhere (no NaN-aware comparison)."""
+    unit = NAN_UNITS[name]
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    A, B = _nan_operands(rng, (2, 17, 5)), _nan_operands(rng, (1, 5, 70))
+    bias = rng.choice([0.0, np.inf, float(NEG_NAN32), 3.0], (2, 17, 70), p=[0.7, 0.1, 0.1, 0.1])
+    mulp, accp = unit.kernel_params()
+    plan = gemm_cpu.fast_plan(A, B, 0, mulp, accp)
+    assert plan is not None and plan[3]  # checks on: the fast kernel's overflow and NaN branch runs
+    for b in (None, bias):
+        want = _run(A, B, b, unit, fast=False)
+        nan = np.isnan(want)
+        assert nan.sum() >= 50 and (~nan).sum() >= 50, nan.sum()
+        assert (want.view(np.int64)[nan] == CANONICAL_NAN64).all()
+        for fast in (None, "vec", tuple(plan), (np.float64, True, True, True, False)):
+            got = _run(A, B, b, unit, fast=fast)
+            assert np.array_equal(got.view(np.int64), want.view(np.int64)), (fast, np.argwhere(got.view(
+                np.int64) != want.view(np.int64))[:5])
+    a, bb, c = A[0, :, 0].copy(), B[0, 0, :17].copy(), bias[0, 0, :17].copy()
+    out = np.empty(17)
+    gemm_cpu.mad(a, bb, c, out, 0, mulp, accp, stream_keys(0), 32)
+    assert np.isnan(out).any() and (out.view(np.int64)[np.isnan(out)] == CANONICAL_NAN64).all()
+
+
+@pytest.mark.parametrize("dtype, bits", [(torch.float32, 0x7FC00000), (torch.float64, CANONICAL_NAN64)])
+def test_matmul_nan_results_have_the_canonical_bits(dtype, bits):
+    """Invariant: through emunum.matmul, NaN results are the output dtype's positive quiet NaN (raw bits), on
+    the kernel the dispatcher picks (gemm_fast) and on gemm_general's unit (a directed mode)."""
+    rng = np.random.default_rng(2)
+    A = torch.from_numpy(_nan_operands(rng, (9, 6))).to(dtype)
+    B = torch.from_numpy(_nan_operands(rng, (6, 70))).to(dtype)
+    itype = torch.int32 if dtype == torch.float32 else torch.int64
+    for unit in (NAN_UNITS["e4m3fn-e4m3fn (overflow to NaN)"], MADUnit("fp8_152", "e4m3fn", acc_rounding="up")):
+        y = emunum.matmul(A, B, unit)
+        assert y.dtype == dtype and y.isnan().sum() >= 20
+        assert (y.view(itype)[y.isnan()] == bits).all(), unit
 
 
 def test_results_do_not_depend_on_thread_count():
@@ -482,9 +556,9 @@ def _adversarial(rng, shape, fmt):
 
 
 def _same_bits(got, want, what):
+    """Raw float64 bits, NaNs included (every path returns the one NaN of emunum.mad)."""
     g, w = got.view(np.int64), want.view(np.int64)
-    nan = np.isnan(got) & np.isnan(want)
-    assert np.array_equal(np.where(nan, 0, g), np.where(nan, 0, w)), (what, np.argwhere((g != w) & ~nan)[:5])
+    assert np.array_equal(g, w), (what, np.argwhere(g != w)[:5])
 
 
 # Each combination of modes, accumulator kind, checks and exact sums compiles its own gemm_vec variant (~9 s with an
@@ -499,7 +573,7 @@ _VEC_EXHAUSTIVE = {"e4m3-fp16_sr13_chunk5_lanes3", "e5m2_nosub_up-fp32_down", "f
                                   for n in VEC_UNITS])
 @pytest.mark.parametrize("operands", ["random", "adversarial", "special"])
 def test_vec_kernel_equals_general_kernel_bit_for_bit(name, operands):
-    """Invariant: gemm_vec gives gemm_general's float64 bit patterns (NaN-aware: both NaN or the same bits),
+    """Invariant: gemm_vec gives gemm_general's float64 bit patterns (NaNs included),
     batched, broadcast B, bias, ragged tiles (M=17, N=130 over the 8 x 64 tiles), every mode and datapath."""
     unit = VEC_UNITS[name]
     mulp, accp = unit.kernel_params()

@@ -115,6 +115,49 @@ def test_cuda_gemm_keeps_the_cpu_kernels_signed_zeros(name):
         assert np.array_equal(fast.view(np.int64), got.view(np.int64)), name
 
 
+NAN_UNITS = {
+    "e4m3fn-e4m3fn_lanes2 (overflow to NaN)": MADUnit("e4m3fn", "e4m3fn", lanes=2),
+    "e5m2-e6m9_chunk2 (inf accumulator)": MADUnit("fp8_152", "fp16_169", chunk=2),
+}
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", list(NAN_UNITS))
+def test_cuda_nan_results_have_the_cpu_kernels_bits(name):
+    """Invariant: NaN results from inf - inf, inf * 0, overflow to NaN, negative NaN operands (with a payload)
+    and a negative NaN bias are the positive quiet NaN 0x7FF8000000000000 on the CUDA kernels, gemm_general and
+    gemm_fast alike: raw float64 bits, no NaN-aware comparison; the element-wise mad as well."""
+    from emunum.kernels import gemm_cpu, gemm_cuda
+
+    unit = NAN_UNITS[name]
+    rng = np.random.default_rng(len(name))
+    neg_nan = np.array([0xFFC00001], np.uint32).view(np.float32)[0]
+    v = np.array([np.inf, -np.inf, neg_nan, 0.0, -0.0, 49152.0, -49152.0, 1.0, -1.5], np.float32)
+    p = np.array([0.5, 0.5, 0.3, 4, 2, 0.5, 0.5, 10, 10])
+    A, B = rng.choice(v, (2, 8, 5), p=p / p.sum()), rng.choice(v, (1, 5, 8), p=p / p.sum())
+    bias = rng.choice([0.0, float(neg_nan), np.inf, -2.0], (2, 8, 8), p=[0.6, 0.1, 0.1, 0.2])
+    mulp, accp = unit.kernel_params()
+    assert gemm_cpu.kernel_choice(A, B, 0, mulp, accp) == "fast"
+    keys = stream_keys(3)
+    for b in (bias, None):
+        general, fast, got = np.empty((2, 8, 8)), np.empty((2, 8, 8)), np.zeros((2, 8, 8))
+        gemm_cpu.gemm(A, B, b, general, 0, mulp, accp, unit.lanes, unit.chunk or 0, keys, 32, fast=False)
+        gemm_cpu.gemm(A, B, b, fast, 0, mulp, accp, unit.lanes, unit.chunk or 0, keys, 32)
+        gemm_cuda.gemm(A, B, np.zeros((1, 1, 1)) if b is None else b, b is not None, got, 0, mulp, accp, unit.lanes,
+                       unit.chunk or 0, keys, 32)
+        nan = np.isnan(general)
+        assert nan.sum() >= 10 and (~nan).sum() >= 10
+        assert (general.view(np.int64)[nan] == 0x7FF8000000000000).all()
+        assert np.array_equal(got.view(np.int64), general.view(np.int64)), name
+        assert np.array_equal(fast.view(np.int64), got.view(np.int64)), name
+    a, bb, c = A.reshape(-1)[:64].copy(), B.reshape(-1)[:40].repeat(2)[:64].copy(), bias.reshape(-1)[:64].copy()
+    want, got = np.empty(64), np.zeros(64)
+    gemm_cpu.mad(a, bb, c, want, 0, mulp, accp, keys, 32)
+    gemm_cuda.mad(a, bb, c, got, 0, mulp, accp, keys, 32)
+    assert np.isnan(want).sum() >= 5 and np.array_equal(got.view(np.int64), want.view(np.int64))
+    assert (want.view(np.int64)[np.isnan(want)] == 0x7FF8000000000000).all()
+
+
 @needs_kernels
 def test_cuda_gemm_ragged_tiles_without_bias():
     """M, N, K not multiples of the 16-wide tile; no bias."""

@@ -18,7 +18,7 @@ division, the rule's own ratio). v = x * (1/S) in float32:
 - if |x / S| < 2**-126, v is its float32 rounding, also below 2**-126 and of the same sign; both lie below
   half the element's smallest step (``pow2_ok``: emin - man > -125), so both round to a zero with x's sign.
 - Veltkamp's split in float32 (c = v * split, split = 2**(23 - man) + 1; y = c - (c - v); as
-  ``round_nearest_fast`` and kernels/gemm_cpu.py's binary32 path) is v rounded to man + 1 significant bits,
+  ``round_nearest_fast`` and kernels/gemm_fast.py's binary32 path) is v rounded to man + 1 significant bits,
   ties to even: the same value as the float64 split. Below 2**emin, (v + magic) - magic with magic =
   1.5 * 2**(23 + q) rounds to the quantum 2**q. A v so large that c overflows (only when |v| > 2**(104 + man),
   after clipping e to hi, or v = inf) gives y = NaN: its bits lie above max's, so it saturates, as a finite

@@ -1,4 +1,4 @@
-"""The host side of ``gemm_fast`` (``kernels/gemm_cpu.py``): which units it runs (``fast_applies``), the constants
+"""The host side of ``gemm_fast`` (``kernels/gemm_fast.py``): which units it runs (``fast_applies``), the constants
 of its roundings (``fast_params``, ``fast_consts``), and the plan for the operands of a call (``fast_plan``: work
 dtype and the flags that drop work which provably cannot change a result). Pure numpy; nothing here is compiled."""
 import functools

@@ -182,7 +182,7 @@ def round_nearest_fast(x, split, magic, min_normal, max_value, ovf_value, sub, c
     an infinite x) becomes +-ovf_value (inf, NaN or max, by the format's overflow policy) and NaN stays NaN.
     Callers drop ``sub``/``checks`` only where they cannot matter. The subnormal branch drops the sign of a zero
     result (it gives +0); callers that need quantize's -0 restore it (``round_nearest_value``, and
-    ``gemm_cpu._signed``). Needs IEEE arithmetic without FMA contraction (numba's CPU default).
+    ``gemm_fast._signed``). Needs IEEE arithmetic without FMA contraction (numba's CPU default).
     Branch-free when inlined into a loop with constant flags, so it vectorises.
     """
     c = x * split

@@ -21,6 +21,10 @@ os.environ.setdefault("EMUNUM_NUMBA_INLINE_COPY", "1")
 # torch.compile tests: inductor compiles in this process, not in a pool of workers that each import torch again
 # (same generated code; about 10 CPU-s less per test process that compiles, measured on one compile test)
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# Idle OpenMP threads (torch's intra-op pool) sleep instead of spinning: two test processes share two cores (make
+# test), and a pool spinning between torch ops burns the CPU that the other process waits for. Same thread count,
+# same results; the CPU figures are in benchmarks/RESULTS.md ("OpenMP's idle threads"). Subprocesses inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import functools  # noqa: E402
 import types

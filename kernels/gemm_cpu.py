@@ -29,8 +29,7 @@ from .gemm_fast_plan import (  # noqa: E402,F401  (the planners' names, as befor
 from .gemm_scalar import (  # noqa: E402
     NSTREAMS, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan, mac, reduce_lanes,
 )
-from .gemm_scalar import P_NEGZERO  # noqa: E402
-from .gemm_fast import TM, TN, Zeros, _round_acc, gemm_fast  # noqa: E402,F401  (tests reach them here)
+from .gemm_fast import TM, TN, _round_acc, gemm_fast  # noqa: E402,F401  (tests reach them here)
 
 
 @njit(cache=True, parallel=True)
@@ -200,11 +199,8 @@ def _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, plan):
         return
     dtype, mul_sub, acc_sub, checks = plan[:4]
     mul_exact = len(plan) > 4 and bool(plan[4]) and not mul_sub and not checks  # forced 4-tuples: False
-    zeros = Zeros.NONE if not accp[P_NEGZERO] else Zeros.RERUN
-    zeros = Zeros(plan[5]) if len(plan) > 5 and plan[5] is not None else zeros  # tests force one
     gemm_fast(np.ascontiguousarray(A, dtype=dtype), np.ascontiguousarray(B, dtype=dtype), bias, has_bias, out,
-              *fast_consts(mulp, accp, dtype), lanes, chunk, bool(mul_sub), bool(acc_sub), bool(checks), mul_exact,
-              int(zeros))
+              *fast_consts(mulp, accp, dtype), lanes, chunk, bool(mul_sub), bool(acc_sub), bool(checks), mul_exact)
 
 
 def mad(a, b, c, out, fused, mulp, accp, keys, nbits):

@@ -313,9 +313,7 @@ def test_fast_kernel_keeps_quantizes_sign_of_zero_results(name, with_bias):
     """Invariant: a negative sum or product that rounds to zero (flush without subnormals, or below half the
     smallest subnormal) is -0 where the format has -0 and +0 where it has none, as emunum.quantize gives and
     gemm_general computes; gemm_fast gives the same bits under every plan the operands allow (both work
-    dtypes, with and without the subnormal and overflow checks, products rounded or exact) and every way of
-    signing zeros it may take for the unit (``Zeros``: signed roundings, or unsigned ones and a signed rerun of
-    the rows with a zero result; or none where the accumulator has no -0)."""
+    dtypes, with and without the subnormal and overflow checks, products rounded or exact)."""
     unit = FLUSH_UNITS.get(name) or FLUSH_FUSED_UNITS[name]
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     A, B, bias = _flush_operands(rng, unit)
@@ -335,16 +333,9 @@ def test_fast_kernel_keeps_quantizes_sign_of_zero_results(name, with_bias):
     assert plan is not None and plan[2]  # sums may round to zero: acc_sub is planned
     assert gemm_cpu.kernel_choice(A, B, 0, mulp, accp) == "fast"
     _same_bits(_run(A, B, bias, unit, fast=None), want, (name, "dispatcher"))
-    Z = gemm_cpu.Zeros
-    negzero = bool(unit.acc_fmt.to_kernel_args().negzero)
     for dtype in {plan[0], np.float64}:
         for variant in {(dtype, *plan[1:]), (dtype, True, True, True, False), (dtype, plan[1], True, False, False)}:
-            for zeros in (Z.SIGNED, Z.RERUN) if negzero else (Z.SIGNED, Z.NONE):
-                _same_bits(_run(A, B, bias, unit, fast=(*variant, zeros)), want, (name, variant, zeros))
-        if negzero:  # unsigned roundings alone give some zero results the wrong sign: the rerun is needed
-            unsigned = _run(A, B, bias, unit, fast=(dtype, plan[1], True, False, plan[4], Z.NONE))
-            assert not np.array_equal(unsigned.view(np.int64), want.view(np.int64)), (name, dtype)
-            assert np.array_equal(unsigned, want)  # ... and only their signs
+            _same_bits(_run(A, B, bias, unit, fast=variant), want, (name, variant))
 
 
 EXACT_FLUSH_UNITS = {  # products of powers of two are exact (mul_exact) and sums of them flush to zero
@@ -379,8 +370,7 @@ def test_fast_kernel_without_product_rounding_keeps_quantizes_sign_of_zero_resul
         if case != "random":
             assert (want == 0).all() and (np.signbit(want) == bool(negzero)).all()
         for dtype in {plan[0], np.float64}:
-            for zeros in gemm_cpu.Zeros.SIGNED, gemm_cpu.Zeros.RERUN:
-                _same_bits(_run(a, b, None, unit, fast=(dtype, *plan[1:5], zeros)), want, (name, case, dtype, zeros))
+            _same_bits(_run(a, b, None, unit, fast=(dtype, *plan[1:])), want, (name, case, dtype))
 
 
 EXACT_PRODUCT_UNITS = {

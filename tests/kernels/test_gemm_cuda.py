@@ -86,7 +86,7 @@ FLUSH_UNITS = {  # negative sums that round to zero: -0 where the accumulator ha
 def test_cuda_gemm_keeps_the_cpu_kernels_signed_zeros(name):
     """Invariant: on sums and products that flush or underflow to zero, the CUDA kernel, gemm_general and the
     kernel the CPU dispatcher picks (gemm_fast here) give the same float64 bits, signs of zeros included."""
-    from emunum.kernels import gemm_cpu, gemm_cuda
+    from emunum.kernels import gemm_cpu
 
     unit = FLUSH_UNITS[name]
     acc = unit.acc_fmt
@@ -105,14 +105,23 @@ def test_cuda_gemm_keeps_the_cpu_kernels_signed_zeros(name):
     assert gemm_cpu.kernel_choice(A, B, 0, mulp, accp) == "fast"
     keys = stream_keys(3)
     for b in (bias, None):
-        general, fast, got = np.empty((2, 8, 8)), np.empty((2, 8, 8)), np.zeros((2, 8, 8))
-        gemm_cpu.gemm(A, B, b, general, 0, mulp, accp, unit.lanes, unit.chunk or 0, keys, 32, fast=False)
-        gemm_cpu.gemm(A, B, b, fast, 0, mulp, accp, unit.lanes, unit.chunk or 0, keys, 32)
-        gemm_cuda.gemm(A, B, np.zeros((1, 1, 1)) if b is None else b, b is not None, got, 0, mulp, accp, unit.lanes,
-                       unit.chunk or 0, keys, 32)
+        general, fast, got = _three_kernels(A, B, b, unit, keys)
         assert (general == 0).sum() >= 4
         assert np.array_equal(got.view(np.int64), general.view(np.int64)), name
         assert np.array_equal(fast.view(np.int64), got.view(np.int64)), name
+
+
+def _three_kernels(A, B, bias, unit, keys):
+    """(gemm_general, gemm_fast via the dispatcher, the CUDA kernel)'s (2, 8, 8) outputs for one unit."""
+    from emunum.kernels import gemm_cpu, gemm_cuda
+
+    mulp, accp = unit.kernel_params()
+    general, fast, got = np.empty((2, 8, 8)), np.empty((2, 8, 8)), np.zeros((2, 8, 8))
+    gemm_cpu.gemm(A, B, bias, general, 0, mulp, accp, unit.lanes, unit.chunk or 0, keys, 32, fast=False)
+    gemm_cpu.gemm(A, B, bias, fast, 0, mulp, accp, unit.lanes, unit.chunk or 0, keys, 32)
+    gemm_cuda.gemm(A, B, np.zeros((1, 1, 1)) if bias is None else bias, bias is not None, got, 0, mulp, accp,
+                   unit.lanes, unit.chunk or 0, keys, 32)
+    return general, fast, got
 
 
 NAN_UNITS = {
@@ -140,11 +149,7 @@ def test_cuda_nan_results_have_the_cpu_kernels_bits(name):
     assert gemm_cpu.kernel_choice(A, B, 0, mulp, accp) == "fast"
     keys = stream_keys(3)
     for b in (bias, None):
-        general, fast, got = np.empty((2, 8, 8)), np.empty((2, 8, 8)), np.zeros((2, 8, 8))
-        gemm_cpu.gemm(A, B, b, general, 0, mulp, accp, unit.lanes, unit.chunk or 0, keys, 32, fast=False)
-        gemm_cpu.gemm(A, B, b, fast, 0, mulp, accp, unit.lanes, unit.chunk or 0, keys, 32)
-        gemm_cuda.gemm(A, B, np.zeros((1, 1, 1)) if b is None else b, b is not None, got, 0, mulp, accp, unit.lanes,
-                       unit.chunk or 0, keys, 32)
+        general, fast, got = _three_kernels(A, B, b, unit, keys)
         nan = np.isnan(general)
         assert nan.sum() >= 10 and (~nan).sum() >= 10
         assert (general.view(np.int64)[nan] == 0x7FF8000000000000).all()

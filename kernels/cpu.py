@@ -18,7 +18,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import _cache, elementwise_f32 as _ew, parallel as _parallel, scalar
-from .direct import direct_caller, entry_point
+from .direct import direct_caller
 
 _cache.guard(__file__, [*scalar.SOURCES, _ew.__file__])
 
@@ -322,19 +322,13 @@ def _runner(kernel_for, w, pre):
         m = _mode(int(mode))
         fn, tail = kernel_for(m)
         args = (w, False, *pre, *tail)
-        direct = [None]
+        direct = direct_caller(fn)
 
         def call(src: int, dst: int, n: int, key: int, nbits: int) -> None:
             if n >= PARALLEL_MIN:
                 run(src, dst, n, m, key, nbits)
-                return
-            entry = direct[0]
-            if entry is None:
-                full = (src, dst, n, *args, np.uint64(key), nbits)
-                fn(*full)
-                direct[0] = entry_point(fn, full)
             else:
-                entry(src, dst, n, *args, np.uint64(key), nbits)
+                direct(src, dst, n, *args, np.uint64(key), nbits)
 
         return call
 

@@ -179,3 +179,24 @@ def test_matrix_instruction_gemms_are_counted_once_with_the_plain_models_flops(f
     assert cov.fraction == 1.0, str(cov)
     fwd = lambda c: sum(r.flops for r in c.records if r.phase == "forward")  # noqa: E731
     assert fwd(plain) > 0 and fwd(cov) == fwd(plain), (str(plain), str(cov))
+
+
+@pytest.mark.parametrize("fmt,unit", [("nvfp4", "b200_mxf4nvf4_ue4m3"), ("mxfp8_e4m3", "b200_mxf8f6f4_e4m3"),
+                                      ("mxfp8_e4m3", "one-product e4m3fn -> fp32"),
+                                      ("nvfp4", "one-product e2m1 -> fp32")])
+def test_block_mad_gemms_count_k_not_k_padded_to_whole_blocks(fmt, unit):
+    """K = 9, 5 and 20 (a depthwise conv's taps, its input gradient over one output channel, a Linear) are not
+    multiples of the block: the unit pads them with zeros, and coverage still counts what torch counts."""
+    if unit.startswith("one-product"):
+        unit = emunum.MADUnit(unit.split()[1], "fp32")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, groups=4), nn.ReLU(), nn.Flatten(1),
+                          nn.Linear(4 * 5 * 5, 20), nn.ReLU(), nn.Linear(20, 3))
+    x = torch.randn(2, 4, 5, 5)
+    plain = emunum.coverage(copy.deepcopy(model), x.clone().requires_grad_())
+    emunum.patch(model, fmt, mad=unit)
+    cov = emunum.coverage(model, x.clone().requires_grad_())
+    assert cov.fraction == 1.0, str(cov)
+    for phase in ("forward", "backward"):
+        flops = lambda c: sum(r.flops for r in c.records if r.phase == phase)  # noqa: E731
+        assert flops(cov) == flops(plain) > 0, (phase, str(plain), str(cov))

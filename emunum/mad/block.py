@@ -52,6 +52,7 @@ import math
 import numpy as np
 import torch
 
+from .. import gemm_listener
 from ..block_quantize import quantize_block_checked, tensor_scale, working_layout
 from ..formats import BlockFormat, E8M0Format, FixedFormat, FloatFormat, MXPlusFormat, RoundMode, get_format
 from ..quantize import check_sr_bits, check_tensor, resolve_seed
@@ -175,7 +176,8 @@ def block_matmul(A: torch.Tensor, B: torch.Tensor, fmt_a, fmt_b, unit: MADUnit, 
     key_b = seed_key(_derived(seed, _SEED_B)) if mode_b == RoundMode.STOCHASTIC else seed_key(0)
     dtype = torch.promote_types(A.dtype, B.dtype)
     M, K = A.shape[-2:]
-    with torch.no_grad():
+    flops = 2 * math.prod(A.shape[:-1]) * K * B.shape[-1]  # coverage counts K, not K padded to whole blocks
+    with torch.no_grad(), gemm_listener.native("block_gemm", flops):
         ea, sa, ta = _split(A, fa, -1, mode, key_a, nbits)  # (..., M, K)
         eb, sb, tb = _split(B, fb, -2, mode_b, key_b, nbits)  # (..., K, N)
         nblk = -(-K // length) if K else 0

@@ -14,9 +14,12 @@ unit's scale format (E8M0 for ue8m0, E4M3 for ue4m3), and their block length alo
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
+from .. import gemm_listener
 from ..formats import BlockFormat, E8M0Format, FloatFormat, MXPlusFormat, RoundMode, get_format
 from ..quantize import check_sr_bits, check_tensor, resolve_seed
 from ..rng import seed_key
@@ -67,7 +70,8 @@ def block_scaled_mm(A: torch.Tensor, B: torch.Tensor, fmt_a, fmt_b, unit, *, rou
     key_a = seed_key(_derived(seed, _SEED_A)) if mode == RoundMode.STOCHASTIC else seed_key(0)
     key_b = seed_key(_derived(seed, _SEED_B)) if mode_b == RoundMode.STOCHASTIC else seed_key(0)
     L = unit.block
-    with torch.no_grad():
+    flops = 2 * math.prod(A.shape[:-1]) * A.shape[-1] * B.shape[-1]  # coverage counts K, not K padded to blocks
+    with torch.no_grad(), gemm_listener.native("mma_gemm", flops):
         ea, sa, ta = _split(A, fa, -1, mode, key_a, nbits)
         eb, sb, tb = _split(B, fb, -2, mode_b, key_b, nbits)
         K = A.shape[-1]

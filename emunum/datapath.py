@@ -32,6 +32,23 @@ class Units:
                 check_unit(u, "mad_backward")
 
 
+    def check_element_gemms(self) -> None:
+        """Raise ValueError if a unit is a matrix instruction (``MMAUnit``): patched layers run those on block
+        formats only (their operands are blocks' elements and scales); element-format GEMMs take MAD units."""
+        if self.mad is None and self.mad_backward is None:
+            return
+        from .mad import MMA_PRESETS, MMAUnit  # noqa: PLC0415
+
+        backward = self.mad_backward if isinstance(self.mad_backward, tuple) else (self.mad_backward,)
+        for field, unit in (("mad", self.mad), *(("mad_backward", u) for u in backward)):
+            if isinstance(unit, MMAUnit):
+                scaled = ", ".join(n for n, u in MMA_PRESETS.items() if u.block)
+                raise ValueError(f"{field}={unit.name!r} is a matrix instruction; patched layers run matrix "
+                                 f"instructions on block formats only (the block-scaled ones: {scaled}); allowed "
+                                 "with element formats: an emunum.MADUnit or a MAD preset (`emunum units`, e.g. "
+                                 "'h100_fp8_e4m3'), or emunum.mad.scaled_mm for a single GEMM")
+
+
 def check_unit(unit, field: str) -> None:
     from .mad import MADUnit, MMAUnit  # noqa: PLC0415
 

@@ -96,6 +96,8 @@ class Policy:
             object.__setattr__(self, name, part)
             for f in fields(part):
                 object.__setattr__(self, f.name, getattr(part, f.name))
+        if not numerics.uses_block:
+            self.units.check_element_gemms()
 
     # ---- keyword form ---------------------------------------------------------------------------------
     @classmethod

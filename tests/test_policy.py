@@ -125,6 +125,8 @@ def test_unknown_keyword_is_a_type_error_listing_the_options():
     (dict(approx=["tanh"]), TypeError, "approx must be a dict"),
     (dict(mad="fp32"), ValueError, "mad='fp32': unknown MAD unit preset"),
     (dict(mad=3), TypeError, "mad must be an emunum.mad.MADUnit"),
+    (dict(mad="h100_wgmma_e4m3"), ValueError, "mad='h100_wgmma_e4m3' is a matrix instruction.*allowed with element"),
+    (dict(mad="b200_mxf8f6f4_e4m3"), ValueError, "mad='b200_mxf8f6f4_e4m3' is a matrix instruction.*block formats"),
 ])
 def test_bad_options_raise_naming_the_field(kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):
@@ -234,3 +236,9 @@ def test_a_policy_is_four_parts_each_validating_its_own_fields():
         Units(mad=3)
     with pytest.raises(TypeError, match="approx must be a dict"):
         Factories(approx=[1])
+
+
+def test_a_matrix_instruction_as_the_backward_unit_of_element_gemms_is_refused_when_the_policy_is_made():
+    from emunum.mad import MMA_PRESETS
+    with pytest.raises(ValueError, match="mad_backward='a100_mma_bf16' is a matrix instruction"):
+        Policy.make("e5m2", mad="h100_fp8_e4m3", mad_backward=MMA_PRESETS["a100_mma_bf16"])

@@ -233,8 +233,6 @@ class GemmEmulator(EmuLayer):
         if plan is not None:
             if isinstance(padding, str):
                 raise Unsupported(f"F.conv{nd}d(padding={padding!r}) with block formats (give padding as ints)")
-            if plan.units is not None:
-                raise Unsupported(f"F.conv{nd}d with block formats on a MAD unit")
             geo = SimpleNamespace(kernel_size=tuple(w.shape[2:]), stride=tup(stride), padding=tup(padding),
                                   dilation=tup(dilation), groups=groups, padding_mode="zeros")
             y = block_conv(geo, x, w, bias, plan)

@@ -243,6 +243,51 @@ def test_mad_units_run_functional_gemms():
     assert torch.equal(m(a, b), Q(emunum.mad.matmul(Q(a), Q(b), unit=unit)))
 
 
+
+class _FunctionalConv(nn.Module):
+    """conv's forward as F.conv1d/F.conv2d in a module that is not a Conv layer (as Mamba's mixer calls it)."""
+
+    def __init__(self, conv):
+        super().__init__()
+        self.weight, self.bias, self.fn = conv.weight, conv.bias, (F.conv1d if conv.weight.dim() == 3 else F.conv2d)
+        self.kw = dict(stride=conv.stride, padding=conv.padding, dilation=conv.dilation, groups=conv.groups)
+
+    def forward(self, x):
+        return self.fn(x, self.weight, self.bias, **self.kw)
+
+
+class _ConvNet(nn.Module):
+    def __init__(self, conv):
+        super().__init__()
+        self.conv, self.head = conv, nn.Linear(1, 1)  # head: a layer, so that patch accepts block formats
+
+    def forward(self, x):
+        return torch.tanh(self.conv(x))
+
+
+@pytest.mark.parametrize("fmt,unit", [("nvfp4", "b200_mxf4nvf4_ue4m3"), ("mxfp8_e4m3", "e4m3fn -> fp32")])
+@pytest.mark.parametrize("conv,shape", [(lambda: nn.Conv1d(8, 8, 4, padding=3, groups=8), (2, 8, 12)),
+                                        (lambda: nn.Conv2d(6, 4, 3, stride=2, padding=1), (2, 6, 7, 7))],
+                         ids=["depthwise1d", "strided2d"])
+def test_a_functional_conv_with_block_formats_on_a_mad_unit_gives_the_layers_bits(fmt, unit, conv, shape):
+    if "->" in unit:
+        unit = emunum.MADUnit(unit.split()[0], unit.split()[-1])
+    torch.manual_seed(0)
+    c, x = conv(), torch.randn(shape)
+    out = []
+    for net in (_ConvNet(copy.deepcopy(c)), _ConvNet(_FunctionalConv(copy.deepcopy(c)))):
+        emunum.patch(net, fmt, mad=unit)
+        xg = x.clone().requires_grad_(True)
+        torch.manual_seed(5)  # the same stochastic gradient roundings in both
+        cov = emunum.coverage(net, xg)
+        torch.manual_seed(5)
+        y = net(xg)
+        y.square().sum().backward()
+        out.append((y, xg.grad, net.conv.weight.grad, cov.fraction))
+    (y0, gx0, gw0, f0), (y1, gx1, gw1, f1) = out
+    assert f0 == f1 == 1.0
+    assert torch.equal(y0, y1) and torch.equal(gx0, gx1) and torch.equal(gw0, gw1)
+
 def test_functional_false_leaves_them_alone_and_unpatch_restores_bits():
     a, b = torch.randn(4, 8), torch.randn(8, 3)
     mod = Fn(lambda m, a, b: a @ b)

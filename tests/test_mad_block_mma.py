@@ -70,3 +70,23 @@ def test_formats_the_instruction_does_not_take_are_named():
         block_scaled_mm(torch.ones(2, 32), torch.ones(32, 2), blk16, blk16, "b200_mxf4nvf4_ue8m0")
     with pytest.raises(ValueError, match="mad='b300_mxf4'"):
         emunum.patch(torch.nn.Sequential(torch.nn.Linear(32, 8)), "nvfp4", mad="b300_mxf4")
+
+
+@pytest.mark.parametrize("unit,fmt", [("b200_mxf4nvf4_ue4m3", "nvfp4"), ("b200_mxf8f6f4_e4m3", "mxfp8_e4m3")])
+def test_a_layers_output_on_a_matrix_instruction_can_be_modified_in_place(unit, fmt):
+    """Falcon adds the attention output into the MLP's (``mlp_output += attention_output``): the layer's output
+    is not a view made inside its autograd Function, and the in-place add gives the out-of-place bits."""
+    grads = []
+    for in_place in (False, True):
+        torch.manual_seed(0)
+        net = emunum.patch(torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False)), fmt, mad=unit)
+        x = torch.randn(2, 3, 64, requires_grad=True)
+        y = net(x)
+        if in_place:
+            y += 1.0
+        else:
+            y = y + 1.0
+        y.square().sum().backward()
+        grads.append((y.detach(), x.grad, net[0].weight.grad))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)

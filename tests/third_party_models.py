@@ -83,7 +83,8 @@ def training_case(name: str):
 
 
 def loss_of(out) -> torch.Tensor:
-    """A scalar that depends on every output: the model's own loss when it has one, plus its logits' sum."""
-    logits = out.logits if hasattr(out, "logits") else out
+    """A scalar that depends on every output: the model's own loss when it has one, plus its logits' (or, without
+    logits, its first output's) mean square."""
+    logits = out.logits if hasattr(out, "logits") else out if isinstance(out, torch.Tensor) else out[0]
     loss = logits.float().square().mean()
     return loss + out.loss if getattr(out, "loss", None) is not None else loss

@@ -12,12 +12,20 @@ interleaved round by round, one torch and numba thread, thread CPU time (``time.
   per-call cost and the emulated attention math (``GemmEmulator.sdpa``) against torch's fused SDPA kernel;
 - ``kernels -> memmove``: the patched model with each CPU rounding kernel replaced by a copy (seed draws, fresh
   result tensors, nodes and Python kept): the difference to ``patched`` is the kernels' arithmetic;
+- ``kernels -> nothing``: the same, with the kernel replaced by nothing (the fresh result left unwritten): the
+  difference to ``kernels -> memmove`` is the memory pass that writes each rounding's fresh result;
+- ``kernels write into their source``: the real kernels, each writing into its source tensor instead of the fresh
+  result (left unwritten): whether writing a fresh, possibly cold buffer costs more than writing in place;
 - ``patched``: the patched model as it runs.
 These ablated steps compute other numbers than the emulation (their bits are not the point: only the time).
 Per step it also prints the roundings that reach a CPU kernel (count, elements, per format and mode), the
 roundings skipped by elision, and the autograd nodes of the patched graph beside fp32's. ``--node`` first times
 one rounding node alone (``emunum.elide.round_eliding`` of ``x * 1`` with e4m3fn forward and stochastic e5m2
-backward, forward and backward) beside ``x * 1`` without it, at three sizes.
+backward, forward and backward) beside ``x * 1`` without it, at three sizes. ``--calls`` then times, inside
+``--steps`` patched steps (thread CPU time around each call), the forward rounding sites (``round_eliding`` as the
+layers call it), the backward roundings (``backward_eliding``), the grid-tag walks (``_hook_history``) and the
+kernel calls below ``_round_cpu``, per step and per call, and counts minor page faults per step (``getrusage``)
+of fp32 and patched steps.
 """
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ import argparse
 import collections
 import ctypes
 import os
+import resource
 import statistics
 import sys
 import time
@@ -86,12 +95,50 @@ def _node_cost(rounds: int) -> None:
               f"{r:7.1f} us: {r - b:6.1f} us per rounding (forward nearest + backward stochastic)")
 
 
+def _calls(built, steps: int) -> None:
+    """Minor page faults per step, and thread CPU inside the rounding calls of ``steps`` patched steps."""
+    from emunum import autograd, elide
+    from emunum.nn import base
+
+    for key in ("fp32", "patched"):
+        r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(steps):
+            built[key][0]()
+        print(f"   minor page faults per step, {key}: "
+              f"{(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / steps:.1f}")
+    spent, calls, tt = collections.Counter(), collections.Counter(), time.thread_time_ns
+
+    def timed(label, fn):
+        def call(*args):
+            t0 = tt()
+            try:
+                return fn(*args)
+            finally:
+                spent[label] += tt() - t0
+                calls[label] += 1
+        return call
+
+    real_mode_runner = autograd._mode_runner
+    with _Swap((base, "round_eliding", timed("forward rounding sites (round_eliding)", base.round_eliding)),
+               (elide, "backward_eliding", timed("backward roundings (backward_eliding)", elide.backward_eliding)),
+               (elide, "_hook_history", timed("  of which grid-tag walks (_hook_history)", elide._hook_history)),
+               (autograd, "_mode_runner", lambda *k: timed("  of which kernel calls (both)", real_mode_runner(*k)))):
+        for _ in range(steps):
+            built["patched"][0]()
+    for label in ("forward rounding sites (round_eliding)", "  of which grid-tag walks (_hook_history)",
+                  "backward roundings (backward_eliding)", "  of which kernel calls (both)"):
+        if calls[label]:
+            print(f"   {label:44s} {spent[label] / steps / 1e6:6.2f} ms/step {calls[label] / steps:5.0f} calls "
+                  f"{spent[label] / calls[label] / 1e3:7.1f} us/call")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="bert,llama")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--node", action="store_true", help="also time one rounding node alone (module doc)")
+    p.add_argument("--calls", action="store_true", help="also time the rounding calls inside a step (module doc)")
     a = p.parse_args(argv)
     for k in ("steps", "rounds"):
         if getattr(a, k) < 1:
@@ -122,11 +169,23 @@ def main(argv=None) -> None:
         size = torch.empty(0, dtype=dtype).element_size()
         return lambda src, dst, n, key, nbits: ctypes.memmove(dst, src, n * size)
 
+    def nothing_mode_runner(fmt, dtype, mode):
+        return lambda src, dst, n, key, nbits: None
+
+    real_mode_runner = autograd._mode_runner
+
+    def in_source_mode_runner(fmt, dtype, mode):
+        call = real_mode_runner(fmt, dtype, mode)
+        return lambda src, dst, n, key, nbits: call(src, src, n, key, nbits)
+
     no_round = _Swap((base.EmuLayer, "_emu_round", lambda self, x, role: x))
     swaps = [(autograd, "_runner", memmove_runner)]
     if hasattr(autograd, "_mode_runner"):
         swaps.append((autograd, "_mode_runner", memmove_mode_runner))
     memmove = _Swap(*swaps)
+    no_kernel = _Swap((autograd, "_runner", lambda fmt, dtype: lambda src, dst, n, mode, key, nbits: None),
+                      (autograd, "_mode_runner", nothing_mode_runner))
+    in_source = _Swap((autograd, "_mode_runner", in_source_mode_runner))
     nothing = _Swap()
 
     for name in names:
@@ -138,7 +197,8 @@ def main(argv=None) -> None:
             built[key] = (rm.make_step(m, loss), m, loss)
         configs = {"fp32": ("fp32", nothing), "layers, no rounding": ("layers", no_round),
                    "layers+functional, no rounding": ("patched", no_round),
-                   "kernels -> memmove": ("patched", memmove), "patched": ("patched", nothing)}
+                   "kernels -> nothing": ("patched", no_kernel), "kernels -> memmove": ("patched", memmove),
+                   "kernels write into their source": ("patched", in_source), "patched": ("patched", nothing)}
         for _ in range(3):
             for step, _, _ in built.values():
                 step()
@@ -175,6 +235,8 @@ def main(argv=None) -> None:
         for k, v in times.items():
             med = statistics.median(v)
             print(f"   {k:32s} {1e3 * med:8.2f} ms  {med / b:5.2f}x fp32")
+        if a.calls:
+            _calls(built, a.steps)
     print("# load average at the end " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 

@@ -12,12 +12,24 @@ interleaved round by round, one torch and numba thread, thread CPU time (``time.
   per-call cost and the emulated attention math (``GemmEmulator.sdpa``) against torch's fused SDPA kernel;
 - ``kernels -> memmove``: the patched model with each CPU rounding kernel replaced by a copy (seed draws, fresh
   result tensors, nodes and Python kept): the difference to ``patched`` is the kernels' arithmetic;
+- ``kernels -> nothing``: the same, with the kernel replaced by nothing (the fresh result left unwritten): the
+  difference to ``kernels -> memmove`` is the memory pass that writes each rounding's fresh result;
+- ``kernels write into their source``: the real kernels, each writing into its source tensor instead of the fresh
+  result (left unwritten): whether writing a fresh, possibly cold buffer costs more than writing in place;
 - ``patched``: the patched model as it runs.
-These ablated steps compute other numbers than the emulation (their bits are not the point: only the time).
-Per step it also prints the roundings that reach a CPU kernel (count, elements, per format and mode), the
+These ablated steps compute other numbers than the emulation (their bits are not the point: only the time; the
+unwritten results of ``kernels -> nothing`` are whatever the allocator hands back, which can slow later ops, as on
+cnn2d). Per step it also prints the roundings that reach a CPU kernel (count, elements, per format and mode), the
 roundings skipped by elision, and the autograd nodes of the patched graph beside fp32's. ``--node`` first times
 one rounding node alone (``emunum.elide.round_eliding`` of ``x * 1`` with e4m3fn forward and stochastic e5m2
-backward, forward and backward) beside ``x * 1`` without it, at three sizes.
+backward, forward and backward) beside ``x * 1`` without it, at three sizes. ``--cold`` times the pieces of one
+rounding (16 elements; median of 300 calls, thread CPU) warm, i.e. called again at once, and right after a 4 MiB
+copy (about one core's L2 cache, what the torch ops between two roundings of a step stream through). ``--calls``
+counts minor page faults per step of fp32 and patched steps (``getrusage``) and times, inside ``--steps``
+patched steps (thread CPU around each call), the forward rounding sites (``round_eliding`` as the layers call
+it), the backward roundings (``backward_eliding``), the grid-tag walks (``_hook_history``), the kernel calls
+below ``_round_cpu`` (not the huge-tensor path) and the functional-GEMM mode's ``__torch_function__`` calls
+(inclusive: an emulated GEMM's roundings, and the passed-on op's own work), per step and per call.
 """
 from __future__ import annotations
 
@@ -25,6 +37,7 @@ import argparse
 import collections
 import ctypes
 import os
+import resource
 import statistics
 import sys
 import time
@@ -86,12 +99,111 @@ def _node_cost(rounds: int) -> None:
               f"{r:7.1f} us: {r - b:6.1f} us per rounding (forward nearest + backward stochastic)")
 
 
+class _Triv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def _cold_cost() -> None:
+    import importlib
+
+    from emunum import autograd, elide, ops
+    from emunum.autograd import _Plan, _round_cpu
+    from emunum.formats import RoundMode
+
+    q = importlib.import_module("emunum.quantize")
+    plan = _Plan("e4m3fn", "e5m2", "nearest", "stochastic", "identity", None, None)
+    g, out, x = torch.randn(16), torch.empty(16), torch.randn(16, requires_grad=True) * 1.0
+    call = autograd._mode_runner(plan.forward, torch.float32, RoundMode.NEAREST)
+    big, big2 = torch.randn(1 << 20), torch.empty(1 << 20)
+    pieces = {
+        "nothing (the timer)": lambda: None,
+        "ops.eager_ok": lambda: ops.eager_ok(x),
+        "torch.empty_like": lambda: torch.empty_like(g),
+        "seed draw (resolve_seed)": lambda: q.resolve_seed(None),
+        "kernel call, nearest": lambda: call(g.data_ptr(), out.data_ptr(), 16, 0, 32),
+        "_round_cpu, nearest": lambda: _round_cpu(g, plan.forward, RoundMode.NEAREST, None, 32),
+        "_round_cpu, stochastic": lambda: _round_cpu(g, plan.backward, RoundMode.STOCHASTIC, None, 32),
+        "a trivial autograd.Function's forward": lambda: _Triv.apply(x),
+        "round_eliding (forward, with its node)": lambda: elide.round_eliding(plan, x),
+        "backward_eliding (stochastic)": lambda: elide.backward_eliding(plan, g),
+    }
+    for label, f in pieces.items():
+        res = []
+        for flush in (False, True):
+            ts = []
+            for _ in range(300):
+                if flush:
+                    big2.copy_(big)
+                t0 = time.thread_time_ns()
+                f()
+                ts.append(time.thread_time_ns() - t0)
+            res.append(statistics.median(ts) / 1e3)
+        print(f"   {label:40s} warm {res[0]:6.2f} us, after a 4 MiB copy {res[1]:6.2f} us")
+
+
+def _calls(built, steps: int) -> None:
+    """Minor page faults per step, and thread CPU inside the rounding calls of ``steps`` patched steps."""
+    from emunum import autograd, elide
+    from emunum.nn import base
+
+    for key in ("fp32", "patched"):
+        r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(steps):
+            built[key][0]()
+        print(f"   minor page faults per step, {key}: "
+              f"{(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / steps:.1f}")
+    spent, calls, tt = collections.Counter(), collections.Counter(), time.thread_time_ns
+
+    def timed(label, fn):
+        def call(*args):
+            t0 = tt()
+            try:
+                return fn(*args)
+            finally:
+                spent[label] += tt() - t0
+                calls[label] += 1
+        return call
+
+    from emunum.nn import gemm_mode
+
+    real_mode_runner = autograd._mode_runner
+    mode_fn = gemm_mode.GemmMode.__torch_function__
+    handled = timed("functional-GEMM mode: emulated GEMMs (inclusive)", mode_fn)
+    passed = timed("functional-GEMM mode: other torch calls (incl.)", mode_fn)
+
+    def mode_call(self, func, *rest):
+        return (handled if func in gemm_mode.HANDLERS else passed)(self, func, *rest)
+
+    with _Swap((gemm_mode.GemmMode, "__torch_function__", mode_call),
+               (base, "round_eliding", timed("forward rounding sites (round_eliding)", base.round_eliding)),
+               (elide, "backward_eliding", timed("backward roundings (backward_eliding)", elide.backward_eliding)),
+               (elide, "_hook_history", timed("  of which grid-tag walks (_hook_history)", elide._hook_history)),
+               (autograd, "_mode_runner", lambda *k: timed("  of which kernel calls (both)", real_mode_runner(*k)))):
+        for _ in range(steps):
+            built["patched"][0]()
+    for label in ("forward rounding sites (round_eliding)", "  of which grid-tag walks (_hook_history)",
+                  "backward roundings (backward_eliding)", "  of which kernel calls (both)",
+                  "functional-GEMM mode: emulated GEMMs (inclusive)",
+                  "functional-GEMM mode: other torch calls (incl.)"):
+        if calls[label]:
+            print(f"   {label:50s} {spent[label] / steps / 1e6:6.2f} ms/step {calls[label] / steps:5.0f} calls "
+                  f"{spent[label] / calls[label] / 1e3:7.1f} us/call")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="bert,llama")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--node", action="store_true", help="also time one rounding node alone (module doc)")
+    p.add_argument("--cold", action="store_true", help="also time a rounding's pieces warm and cold (module doc)")
+    p.add_argument("--calls", action="store_true", help="also time the rounding calls inside a step (module doc)")
     a = p.parse_args(argv)
     for k in ("steps", "rounds"):
         if getattr(a, k) < 1:
@@ -113,6 +225,8 @@ def main(argv=None) -> None:
     print("# load average " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     if a.node:
         _node_cost(a.rounds)
+    if a.cold:
+        _cold_cost()
 
     def memmove_runner(fmt, dtype):
         size = torch.empty(0, dtype=dtype).element_size()
@@ -122,11 +236,23 @@ def main(argv=None) -> None:
         size = torch.empty(0, dtype=dtype).element_size()
         return lambda src, dst, n, key, nbits: ctypes.memmove(dst, src, n * size)
 
+    def nothing_mode_runner(fmt, dtype, mode):
+        return lambda src, dst, n, key, nbits: None
+
+    real_mode_runner = autograd._mode_runner
+
+    def in_source_mode_runner(fmt, dtype, mode):
+        call = real_mode_runner(fmt, dtype, mode)
+        return lambda src, dst, n, key, nbits: call(src, src, n, key, nbits)
+
     no_round = _Swap((base.EmuLayer, "_emu_round", lambda self, x, role: x))
     swaps = [(autograd, "_runner", memmove_runner)]
     if hasattr(autograd, "_mode_runner"):
         swaps.append((autograd, "_mode_runner", memmove_mode_runner))
     memmove = _Swap(*swaps)
+    no_kernel = _Swap((autograd, "_runner", lambda fmt, dtype: lambda src, dst, n, mode, key, nbits: None),
+                      (autograd, "_mode_runner", nothing_mode_runner))
+    in_source = _Swap((autograd, "_mode_runner", in_source_mode_runner))
     nothing = _Swap()
 
     for name in names:
@@ -138,7 +264,8 @@ def main(argv=None) -> None:
             built[key] = (rm.make_step(m, loss), m, loss)
         configs = {"fp32": ("fp32", nothing), "layers, no rounding": ("layers", no_round),
                    "layers+functional, no rounding": ("patched", no_round),
-                   "kernels -> memmove": ("patched", memmove), "patched": ("patched", nothing)}
+                   "kernels -> nothing": ("patched", no_kernel), "kernels -> memmove": ("patched", memmove),
+                   "kernels write into their source": ("patched", in_source), "patched": ("patched", nothing)}
         for _ in range(3):
             for step, _, _ in built.values():
                 step()
@@ -175,6 +302,8 @@ def main(argv=None) -> None:
         for k, v in times.items():
             med = statistics.median(v)
             print(f"   {k:32s} {1e3 * med:8.2f} ms  {med / b:5.2f}x fp32")
+        if a.calls:
+            _calls(built, a.steps)
     print("# load average at the end " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 

@@ -113,14 +113,26 @@ _SINK_NODES = frozenset({
 })
 
 
+def _addmm_passes_on(node) -> bool:
+    """Whether an ``addmm(self, mat1, mat2)`` node can hand its incoming gradient to ``self`` as it is: beta is 1
+    (else it is scaled into a new tensor) and ``self`` has the result's shape (a broadcast ``self``, a Linear's
+    bias, gets the engine's sum of the gradient: a new tensor). Its other gradients are matrix products."""
+    nxt, nr = node.next_functions[0]
+    return nxt is not None and node._saved_beta == 1 \
+        and tuple(nxt._input_metadata[nr].shape) == tuple(node._input_metadata[0].shape)
+
+
 def _sink(node) -> bool:
     """Whether ``node`` (the first node past a chain of grid-keeping nodes) drops every grid tag it receives:
-    it is None, in ``_SINK_NODES``, or an expand whose backward sums (a no-op expand passes its gradient on)."""
+    it is None, in ``_SINK_NODES``, an expand whose backward sums (a no-op expand passes its gradient on), or an
+    addmm that cannot pass its gradient on to ``self`` (``_addmm_passes_on``)."""
     if node is None:
         return True
     name = type(node).__name__
     if name == "ExpandBackward0":
         return tuple(node._saved_self_sym_sizes) != tuple(node._input_metadata[0].shape)
+    if name == "AddmmBackward0":
+        return not _addmm_passes_on(node)
     return name in _SINK_NODES
 
 

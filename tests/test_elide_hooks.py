@@ -1,7 +1,8 @@
 """Grid-tag hooks (``emunum.elide._hook_history``): a rounding site hooks the grid-keeping nodes above its input only
 where a tag could reach a rounding from there. Where the chain of views ends in a node whose gradients are always
-new tensors (a matrix product, an element-wise product, a summing expand) nothing is hooked; where it ends in a
-rounding node or in a node that can pass its gradient on (an addition, a no-op expand) the hooks stay, and the
+new tensors (a matrix product, an element-wise product, a summing expand, an addmm with a broadcast ``self`` as a
+Linear's bias, or with beta != 1) nothing is hooked; where it ends in a rounding node or in a node that can pass its
+gradient on (an addition, a no-op expand, an addmm with a full-shape ``self`` and beta 1) the hooks stay, and the
 elisions they enable still happen.
 
 Oracle: hook runs counted by wrapping ``elide._propagate``; elision counts from ``grid.elided``; for the models,
@@ -43,13 +44,17 @@ def _chain_above(end: str):
     elif end == "noop_expand":
         a = torch.randn(4, 6, requires_grad=True)
         h = a.expand(4, 6)
+    elif end in ("addmm_bias", "addmm_full", "addmm_beta"):  # a's gradient: a sum, the gradient itself, a product
+        a = torch.randn(6 if end == "addmm_bias" else (4, 6), requires_grad=True)
+        h = torch.addmm(a, torch.randn(4, 5), torch.randn(5, 6), beta=2.0 if end == "addmm_beta" else 1.0)
     else:  # a rounding: the previous layer's output
         h = el.round_eliding(PLAN, a)
     return a, h.reshape(4, -1).reshape(2, 12).t()
 
 
 @pytest.mark.parametrize("end,hooked", [("mm", False), ("mul", False), ("summing_expand", False), ("add", True),
-                                        ("noop_expand", True), ("rounding", True)])
+                                        ("noop_expand", True), ("rounding", True),
+                                        ("addmm_bias", False), ("addmm_beta", False), ("addmm_full", True)])
 def test_a_chain_is_hooked_only_where_a_tag_can_reach_a_rounding(end, hooked, monkeypatch):
     runs = _runs(monkeypatch)
     a, x = _chain_above(end)
@@ -62,6 +67,14 @@ def test_the_gradient_rounding_after_a_hooked_chain_is_still_elided(monkeypatch)
     a, x = _chain_above("rounding")
     el.round_eliding(PLAN, x).sum().backward()
     assert grid.elided["backward"] == 1  # the lower rounding sees the upper one's rounded gradient
+
+
+def test_an_addmm_passes_a_rounded_gradient_on_to_a_full_shape_self():
+    grid.elided.clear()
+    a = el.round_eliding(PLAN, torch.randn(4, 6, requires_grad=True))
+    h = torch.addmm(a, torch.randn(4, 5), torch.randn(5, 6))
+    el.round_eliding(PLAN, h.reshape(2, 12).t()).sum().backward()
+    assert grid.elided["backward"] == 1  # a's rounding sees the upper one's rounded gradient, passed on by addmm
 
 
 @pytest.mark.parametrize("name", ["llama", "bert"])

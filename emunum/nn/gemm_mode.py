@@ -4,12 +4,14 @@ A ``torch.overrides.TorchFunctionMode`` sees every call of torch's Python API (`
 methods and operators, ``torch.nn.functional``), so it catches the GEMMs of modules that ``patch`` did not
 swap: attention products (``q @ k.transpose(-1, -2)``, ``torch.matmul``, ``bmm``, ``baddbmm``, ``einsum``,
 ``F.scaled_dot_product_attention``) and foreign layers that call ``F.linear``, ``torch.addmm`` or
-``F.conv*d`` themselves (transformers' ``Conv1D``, weight-standardised convolutions). Emulated layers switch it
+``F.conv*d`` themselves (transformers' ``Conv1D``, weight-standardised convolutions), and the recurrent layers'
+fused ``torch.lstm``/``gru``/``rnn_tanh``/``rnn_relu``, run as their recurrences over emulated GEMMs
+(``recurrent.py``; packed sequences excepted). Emulated layers switch it
 off while they run (their GEMMs are their own), and so do modules that the policy's ``filter`` or
 ``keep_first_last`` excludes; a functional GEMM belongs to the innermost module that runs it.
 
-What it cannot see: GEMMs that torch runs below its Python API for a single call, such as the recurrent
-layers' ``torch.lstm``/``gru`` (named in ``UNSUPPORTED``), a C++/CUDA extension, or ``torch.ops.aten`` calls
+What it cannot see: GEMMs that torch runs below its Python API for a single call (those in ``UNSUPPORTED`` are
+named), a C++/CUDA extension, or ``torch.ops.aten`` calls
 made from a compiled kernel. ``emunum.coverage`` counts those from the executed aten ops and names them.
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 from .functional import GemmEmulator, Unsupported
 from .gemm_context import UNROUNDED, GemmContext, stack as ctx_stack
 from .gemm_suspend import active
+from .recurrent import recurrent_handler
 
 
 def _no_out(out):
@@ -88,7 +91,10 @@ for _name, _fns, _h in (
         ("addmm", (torch.addmm, Tensor.addmm), _addmm), ("baddbmm", (torch.baddbmm, Tensor.baddbmm), _baddbmm),
         ("linear", (F.linear,), _linear), ("einsum", (torch.einsum,), _einsum),
         ("scaled_dot_product_attention", (F.scaled_dot_product_attention,), _sdpa),
-        ("conv1d", (F.conv1d,), _conv(1)), ("conv2d", (F.conv2d,), _conv(2)), ("conv3d", (F.conv3d,), _conv(3))):
+        ("conv1d", (F.conv1d,), _conv(1)), ("conv2d", (F.conv2d,), _conv(2)), ("conv3d", (F.conv3d,), _conv(3)),
+        ("lstm", (torch.lstm,), recurrent_handler("lstm")), ("gru", (torch.gru,), recurrent_handler("gru")),
+        ("rnn_tanh", (torch.rnn_tanh,), recurrent_handler("rnn_tanh")),
+        ("rnn_relu", (torch.rnn_relu,), recurrent_handler("rnn_relu"))):
     for _f in _fns:
         HANDLERS[_f] = (_name, _h)
 
@@ -96,8 +102,8 @@ for _name, _fns, _h in (
 UNSUPPORTED: dict = {}
 for _f in (torch.addbmm, Tensor.addbmm, torch.addmv, Tensor.addmv, torch.dot, Tensor.dot, torch.vdot, Tensor.vdot,
            torch.inner, Tensor.inner, torch.tensordot, torch.chain_matmul, torch.linalg.multi_dot, torch.linalg.vecdot,
-           F.bilinear, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, torch.lstm, torch.gru,
-           torch.rnn_tanh, torch.rnn_relu, Tensor.addmm_, Tensor.baddbmm_, Tensor.addbmm_, Tensor.addmv_):
+           F.bilinear, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, Tensor.addmm_, Tensor.baddbmm_,
+           Tensor.addbmm_, Tensor.addmv_):
     UNSUPPORTED[_f] = _f.__name__
 del _name, _fns, _h, _f
 

@@ -333,13 +333,16 @@ def test_keep_first_last_leaves_those_layers_functional_gemms_unemulated():
 
 
 class WithLSTM(nn.Module):
+    """An LSTM on a PackedSequence: torch's fused kernel, which emunum does not emulate."""
+
     def __init__(self):
         super().__init__()
         self.rnn = nn.LSTM(4, 4, batch_first=True)
         self.head = nn.Linear(4, 2)
 
     def forward(self, x):
-        return self.head(self.rnn(x)[0])
+        packed = nn.utils.rnn.pack_padded_sequence(x, [x.shape[1]] * x.shape[0], batch_first=True)
+        return self.head(self.rnn(packed)[1][0])
 
 
 def test_a_gemm_emunum_cannot_emulate_warns_once_naming_it_or_raises_under_strict():

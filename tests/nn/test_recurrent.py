@@ -1,0 +1,130 @@
+"""nn.LSTM / nn.GRU / nn.RNN: their fused ops run as recurrences over emulated GEMMs (emunum/nn/recurrent.py)."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import emunum
+from test_gemm_coverage import GridCounter
+
+CASES = {
+    "lstm": (lambda: nn.LSTM(8, 16, batch_first=True), (2, 5, 8)),
+    "lstm_2layer_bidir_proj": (lambda: nn.LSTM(8, 16, num_layers=2, bidirectional=True, proj_size=6), (5, 2, 8)),
+    "gru_2layer_bidir": (lambda: nn.GRU(8, 16, num_layers=2, batch_first=True, bidirectional=True), (2, 5, 8)),
+    "gru_no_bias": (lambda: nn.GRU(8, 16, bias=False), (5, 2, 8)),
+    "rnn_tanh": (lambda: nn.RNN(8, 16), (5, 2, 8)),
+    "rnn_relu_2layer": (lambda: nn.RNN(8, 16, nonlinearity="relu", num_layers=2), (5, 2, 8)),
+}
+
+
+class Head(nn.Module):
+    """A recurrent layer, then a Linear on its output sequence and on its last hidden state."""
+
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+        width = getattr(rnn, "proj_size", 0) or rnn.hidden_size
+        self.h = nn.Linear(width * (2 if rnn.bidirectional else 1), 3)
+        self.s = nn.Linear(width, 3)
+
+    def forward(self, x):
+        out, state = self.rnn(x)
+        h_n = state[0] if isinstance(state, tuple) else state
+        return self.h(out).sum() + self.s(h_n).sum()
+
+
+def _case(name):
+    make, shape = CASES[name]
+    torch.manual_seed(0)
+    return Head(make()), torch.randn(shape)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_on_an_exact_format_the_recurrence_gives_torchs_outputs_and_gradients(name):
+    """'fp32' rounds nothing in float32, so the emulated recurrence is torch's own (up to summation order)."""
+    model, x = _case(name)
+    emulated = emunum.patch(copy.deepcopy(model), "fp32")
+    grads = []
+    for m in (model, emulated):
+        xg = x.clone().requires_grad_(True)
+        y = m(xg)
+        y.backward()
+        grads.append((y.detach(), xg.grad, [p.grad for p in m.rnn.parameters()]))
+    (y0, gx0, gp0), (y1, gx1, gp1) = grads
+    torch.testing.assert_close(y1, y0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gx1, gx0, rtol=1e-5, atol=1e-5)
+    for a, b in zip(gp1, gp0):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", [dict(fmt="e4m3fn", grad="e5m2"), dict(fmt="nvfp4"),
+                                    dict(fmt="e4m3fn", mad="h100_fp8_e4m3")], ids=["e4m3fn", "nvfp4", "mad"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_gemm_of_a_recurrent_layer_is_emulated(name, policy):
+    model, x = _case(name)
+    plain = emunum.coverage(copy.deepcopy(model), x.clone().requires_grad_(True))
+    emunum.patch(model, **policy)
+    cov = emunum.coverage(model, x.clone().requires_grad_(True))
+    assert cov.fraction == 1.0, str(cov)
+    forward = lambda c: sum(r.flops for r in c.records if r.phase == "forward")  # noqa: E731
+    assert forward(cov) == forward(plain) > 0  # the same GEMMs forward; backward, torch's fused kernels may
+    # compute gradients autograd does not need (h0's), so only the forward totals are compared
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_gemm_operand_of_a_recurrent_layer_lies_on_the_grid(name):
+    model, x = _case(name)
+    emunum.patch(model, "e4m3fn")
+    counter = GridCounter("e4m3fn")
+    with counter:
+        model(x.clone().requires_grad_(True)).backward()
+    assert counter.off == 0
+    # the first input projection's outputs alone outnumber every GEMM output of the two heads: so the recurrence's
+    # GEMMs are among those counted (a fused recurrent kernel is not a GEMM this counter sees)
+    assert counter.on >= x.shape[0] * x.shape[1] * model.rnn.weight_ih_l0.shape[0]
+
+
+def test_each_gemm_rounds_operands_and_output_as_a_linear_layer_does():
+    """A one-layer GRU, forward, against its equations written with ``emunum.quantize`` around each GEMM."""
+    torch.manual_seed(0)
+    gru, x = nn.GRU(8, 16), torch.randn(5, 2, 8) * 2
+    w_ih, w_hh, b_ih, b_hh = (p.detach().clone() for p in gru.parameters())
+    model = emunum.patch(Head(gru), "e5m2")
+    model.forward = lambda x: model.rnn(x)  # the patched root's forward runs the GRU alone
+    out, h_n = model(x)
+    Q = lambda t: emunum.quantize(t, "e5m2")  # noqa: E731
+    gemm = lambda a, w, b: Q(F.linear(Q(a), Q(w), Q(b)))  # noqa: E731
+    xw, h, ys = gemm(x, w_ih, b_ih), torch.zeros(2, 16), []
+    for t in range(5):
+        xr, xz, xn = xw[t].chunk(3, -1)
+        hr, hz, hn = gemm(h, w_hh, b_hh).chunk(3, -1)
+        r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+        h = (1 - z) * torch.tanh(xn + r * hn) + z * h
+        ys.append(h)
+    assert torch.equal(out, torch.stack(ys)) and torch.equal(h_n, h[None])
+
+
+def test_a_packed_sequence_runs_unemulated_and_coverage_names_it():
+    torch.manual_seed(0)
+    lstm = nn.LSTM(8, 16)
+
+    class Packed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.h = lstm, nn.Linear(16, 2)
+
+        def forward(self, x):
+            packed = nn.utils.rnn.pack_padded_sequence(x, [5, 3], enforce_sorted=True)
+            return self.h(self.rnn(packed)[1][0]).sum()
+
+    model = Packed()
+    x = torch.randn(5, 2, 8)
+    expected = model(x)
+    emunum.patch(model, "e4m3fn")
+    cov = emunum.coverage(model, x)
+    assert cov.fraction < 1.0 and "PackedSequence" in str(cov)
+    with pytest.raises(emunum.nn.gemm_mode.GemmModeError, match="lstm on a PackedSequence"):
+        emunum.patch(Packed(), "e4m3fn", strict=True)(x)
+    assert torch.isfinite(model(x)) and expected.shape == model(x).shape

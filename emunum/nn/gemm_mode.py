@@ -6,7 +6,7 @@ swap: attention products (``q @ k.transpose(-1, -2)``, ``torch.matmul``, ``bmm``
 ``F.scaled_dot_product_attention``) and foreign layers that call ``F.linear``, ``torch.addmm`` or
 ``F.conv*d`` themselves (transformers' ``Conv1D``, weight-standardised convolutions), and the recurrent layers'
 fused ``torch.lstm``/``gru``/``rnn_tanh``/``rnn_relu``, run as their recurrences over emulated GEMMs
-(``recurrent.py``; packed sequences excepted). Emulated layers switch it
+(``recurrent.py``). Emulated layers switch it
 off while they run (their GEMMs are their own), and so do modules that the policy's ``filter`` or
 ``keep_first_last`` excludes; a functional GEMM belongs to the innermost module that runs it.
 

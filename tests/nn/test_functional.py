@@ -332,30 +332,29 @@ def test_keep_first_last_leaves_those_layers_functional_gemms_unemulated():
     assert reasons == {"0": "keep_first_last", "2": "keep_first_last"}
 
 
-class WithLSTM(nn.Module):
-    """An LSTM on a PackedSequence: torch's fused kernel, which emunum does not emulate."""
+class WithAddmv(nn.Module):
+    """torch.addmv: a GEMM torch's Python API shows, which emunum does not emulate."""
 
     def __init__(self):
         super().__init__()
-        self.rnn = nn.LSTM(4, 4, batch_first=True)
-        self.head = nn.Linear(4, 2)
+        self.mv = Fn(lambda m, x: torch.addmv(m.b, m.w, x), torch.randn(3, 4), torch.randn(3))
+        self.head = nn.Linear(3, 2)
 
     def forward(self, x):
-        packed = nn.utils.rnn.pack_padded_sequence(x, [x.shape[1]] * x.shape[0], batch_first=True)
-        return self.head(self.rnn(packed)[1][0])
+        return self.head(self.mv(x))
 
 
 def test_a_gemm_emunum_cannot_emulate_warns_once_naming_it_or_raises_under_strict():
-    x = torch.randn(2, 3, 4)
-    model = emunum.patch(WithLSTM(), "e5m2")
-    with pytest.warns(RuntimeWarning, match=r"ran off the format.*rnn: lstm"):
+    x = torch.randn(4)
+    model = emunum.patch(WithAddmv(), "e5m2")
+    with pytest.warns(RuntimeWarning, match=r"ran off the format.*mv: addmv"):
         model(x)
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model(x)  # once only
-    strict = emunum.patch(WithLSTM(), "e5m2", strict=True)
-    with pytest.raises(ValueError, match=r"strict=True.*lstm cannot be emulated"):
+    strict = emunum.patch(WithAddmv(), "e5m2", strict=True)
+    with pytest.raises(ValueError, match=r"strict=True.*addmv cannot be emulated"):
         strict(x)
 
 

@@ -106,25 +106,48 @@ def test_each_gemm_rounds_operands_and_output_as_a_linear_layer_does():
     assert torch.equal(out, torch.stack(ys)) and torch.equal(h_n, h[None])
 
 
-def test_a_packed_sequence_runs_unemulated_and_coverage_names_it():
+PACKED = {
+    "lstm_2layer_bidir": lambda: nn.LSTM(8, 16, num_layers=2, bidirectional=True),
+    "lstm_proj": lambda: nn.LSTM(8, 16, proj_size=5),
+    "gru_bidir": lambda: nn.GRU(8, 16, bidirectional=True),
+    "rnn": lambda: nn.RNN(8, 16),
+}
+
+
+class PackedHead(Head):
+    """The recurrent layer on a PackedSequence of lengths 5, 2 and 4 (unsorted), padded back for the head."""
+
+    def forward(self, x):
+        packed = nn.utils.rnn.pack_padded_sequence(x, torch.tensor([5, 2, 4]), enforce_sorted=False)
+        out, state = self.rnn(packed)
+        h_n = state[0] if isinstance(state, tuple) else state
+        padded, _ = nn.utils.rnn.pad_packed_sequence(out)
+        return self.h(padded).square().sum() + self.s(h_n).sum()
+
+
+def _packed(name):
     torch.manual_seed(0)
-    lstm = nn.LSTM(8, 16)
+    return PackedHead(PACKED[name]()), torch.randn(5, 3, 8)
 
-    class Packed(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rnn, self.h = lstm, nn.Linear(16, 2)
 
-        def forward(self, x):
-            packed = nn.utils.rnn.pack_padded_sequence(x, [5, 3], enforce_sorted=True)
-            return self.h(self.rnn(packed)[1][0]).sum()
+@pytest.mark.parametrize("name", sorted(PACKED))
+def test_on_a_packed_sequence_the_exact_format_gives_torchs_outputs_and_gradients(name):
+    model, x = _packed(name)
+    emulated = emunum.patch(copy.deepcopy(model), "fp32")
+    results = []
+    for m in (model, emulated):
+        xg = x.clone().requires_grad_(True)
+        y = m(xg)
+        y.backward()
+        results.append([y.detach(), xg.grad, *[p.grad for p in m.rnn.parameters()]])
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
 
-    model = Packed()
-    x = torch.randn(5, 2, 8)
-    expected = model(x)
-    emunum.patch(model, "e4m3fn")
-    cov = emunum.coverage(model, x)
-    assert cov.fraction < 1.0 and "PackedSequence" in str(cov)
-    with pytest.raises(emunum.nn.gemm_mode.GemmModeError, match="lstm on a PackedSequence"):
-        emunum.patch(Packed(), "e4m3fn", strict=True)(x)
-    assert torch.isfinite(model(x)) and expected.shape == model(x).shape
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "nvfp4"])
+@pytest.mark.parametrize("name", sorted(PACKED))
+def test_every_gemm_of_a_recurrent_layer_on_a_packed_sequence_is_emulated(name, fmt):
+    model, x = _packed(name)
+    emunum.patch(model, fmt)
+    cov = emunum.coverage(model, x.clone().requires_grad_(True))
+    assert cov.fraction == 1.0 and cov.total_flops > 0, str(cov)

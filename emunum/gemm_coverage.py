@@ -101,6 +101,18 @@ def _dot_flops(args, out) -> int:
     return 2 * args[0].numel()
 
 
+def _trilinear_flops(args, out) -> int:
+    """``_trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim)`` (F.bilinear and its gradients): a product of
+    three tensors, each unsqueezed at its expand dims, summed over sumdim: 2 FLOPs per point of their broadcast."""
+    shapes = []
+    for t, expand in zip(args[:3], args[3:6]):
+        shape = list(t.shape)
+        for d in sorted(expand):
+            shape.insert(d, 1)
+        shapes.append(shape)
+    return 2 * math.prod(max(s[d] for s in shapes) for d in range(len(shapes[0])))
+
+
 def _conv_flops(args, out) -> int:
     x, w, transposed = args[0], args[1], args[6]
     k = math.prod(w.shape[2:])
@@ -135,6 +147,7 @@ _A = torch.ops.aten
 _FLOPS = {_A.mm.default: _mm_flops, _A.bmm.default: _mm_flops, _A.addmm.default: _mm_flops,
           _A.baddbmm.default: _mm_flops, _A.mv.default: _mm_flops, _A.addmv.default: _mm_flops,
           _A.addbmm.default: _addbmm_flops, _A.dot.default: _dot_flops, _A.vdot.default: _dot_flops,
+          _A._trilinear.default: _trilinear_flops,
           _A.convolution.default: _conv_flops, _A.convolution_backward.default: _conv_backward_flops}
 for _name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
               "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"):

@@ -200,3 +200,22 @@ def test_block_mad_gemms_count_k_not_k_padded_to_whole_blocks(fmt, unit):
     for phase in ("forward", "backward"):
         flops = lambda c: sum(r.flops for r in c.records if r.phase == phase)  # noqa: E731
         assert flops(cov) == flops(plain) > 0, (phase, str(plain), str(cov))
+
+
+def test_a_bilinear_layer_is_counted_and_emulated():
+    """nn.Bilinear's product (aten._trilinear) is a GEMM: coverage counts 2 * rows * O * I * J for it, on the
+    format once patched."""
+    class Net(nn.Sequential):
+        def forward(self, x, y):
+            return self[2](self[1](self[0](x, y)))
+
+    torch.manual_seed(0)
+    model = Net(nn.Bilinear(8, 6, 4), nn.ReLU(), nn.Linear(4, 2))
+    x, y = torch.randn(2, 3, 8), torch.randn(2, 3, 6)
+    plain = emunum.coverage(copy.deepcopy(model), x, y)
+    forward = lambda c: {r.module: r.flops for r in c.records if r.phase == "forward"}  # noqa: E731
+    assert forward(plain)["0"] == 2 * 6 * 4 * 8 * 6
+    emunum.patch(model, "e4m3fn")
+    cov = emunum.coverage(model, x, y)
+    assert cov.fraction == 1.0, str(cov)
+    assert forward(cov) == forward(plain)

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import gemm_listener
 from ..policy import Policy, Role
 from .base import EmuLayer, _mad, rounding_state
 from .block_gemm import BlockPlan, block_conv
@@ -193,6 +194,20 @@ class GemmEmulator(EmuLayer):
             ins[:2] = [keep]
         y, have = ts[0], ins[0]
         return y.permute([have.index(c) for c in out]) if have != out else y
+
+    def bilinear(self, x1: Tensor, x2: Tensor, w: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+        """F.bilinear, ``y[..., o] = sum_ij x1[..., i] w[o, i, j] x2[..., j] + bias[o]``: two emulated products
+        (x1 with w over i, then with x2 over j, each rounded as the output), then the bias added and the sum
+        rounded as the output. ``emunum.coverage`` counts torch's forward FLOPs for it (2 * rows * w.numel())."""
+        self._check(x1, x2, w, bias)
+        if w.dim() != 3 or x1.shape[:-1] != x2.shape[:-1]:
+            raise Unsupported("bilinear with other than (..., I), (..., J), (O, I, J) operands")
+        a, b = x1.reshape(-1, x1.shape[-1]), x2.reshape(-1, x2.shape[-1])
+        with gemm_listener.native("bilinear", 2 * a.shape[0] * w.numel()):
+            y = self.einsum("bi,oij,bj->bo", a, w, b)
+        if bias is not None:
+            y = self._emu_round(y + self._bias(bias), Role.OUTPUT)
+        return y.reshape(*x1.shape[:-1], w.shape[0])
 
     def _contract(self, sa: str, sb: str, out: str, a: Tensor, b: Tensor) -> Tensor:
         """One two-operand contraction as a batched product: (batch, M, K) @ (batch, K, N)."""

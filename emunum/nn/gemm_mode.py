@@ -67,6 +67,10 @@ def _linear(emu, input, weight, bias=None):
     return emu.linear(input, weight, bias)
 
 
+def _bilinear(emu, input1, input2, weight, bias=None):
+    return emu.bilinear(input1, input2, weight, bias)
+
+
 def _einsum(emu, equation, *operands):
     return emu.einsum(equation, *operands)
 
@@ -89,7 +93,7 @@ for _name, _fns, _h in (
         ("mm", (torch.mm, Tensor.mm), _mm), ("bmm", (torch.bmm, Tensor.bmm), _mm),
         ("mv", (torch.mv, Tensor.mv), _mv),
         ("addmm", (torch.addmm, Tensor.addmm), _addmm), ("baddbmm", (torch.baddbmm, Tensor.baddbmm), _baddbmm),
-        ("linear", (F.linear,), _linear), ("einsum", (torch.einsum,), _einsum),
+        ("linear", (F.linear,), _linear), ("bilinear", (F.bilinear,), _bilinear), ("einsum", (torch.einsum,), _einsum),
         ("scaled_dot_product_attention", (F.scaled_dot_product_attention,), _sdpa),
         ("conv1d", (F.conv1d,), _conv(1)), ("conv2d", (F.conv2d,), _conv(2)), ("conv3d", (F.conv3d,), _conv(3)),
         ("lstm", (torch.lstm,), recurrent_handler("lstm")), ("gru", (torch.gru,), recurrent_handler("gru")),
@@ -102,7 +106,7 @@ for _name, _fns, _h in (
 UNSUPPORTED: dict = {}
 for _f in (torch.addbmm, Tensor.addbmm, torch.addmv, Tensor.addmv, torch.dot, Tensor.dot, torch.vdot, Tensor.vdot,
            torch.inner, Tensor.inner, torch.tensordot, torch.chain_matmul, torch.linalg.multi_dot, torch.linalg.vecdot,
-           F.bilinear, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, Tensor.addmm_, Tensor.baddbmm_,
+           F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, Tensor.addmm_, Tensor.baddbmm_,
            Tensor.addbmm_, Tensor.addmv_):
     UNSUPPORTED[_f] = _f.__name__
 del _name, _fns, _h, _f

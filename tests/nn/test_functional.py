@@ -115,8 +115,13 @@ CASES = {  # name: (fn(module, *xs), input shapes, weight shape or None, referen
                   lambda q, xs, ps: q(F.linear(q(xs[0]), q(ps[0]), q(ps[1])))),
     "kw_conv2d": (lambda m, x: F.conv2d(input=x, weight=m.w, bias=m.b, padding=1), [(2, 3, 6, 6)], (4, 3, 3, 3),
                   lambda q, xs, ps: q(F.conv2d(q(xs[0]), q(ps[0]), q(ps[1]), padding=1))),
+    "bilinear": (lambda m, a, b: F.bilinear(a, b, m.w, m.b), [(2, 3, 8), (2, 3, 6)], (4, 8, 6),
+                 lambda q, xs, ps: q(q(torch.einsum("boj,bj->bo", q(q(torch.einsum(
+                     "bi,oij->boj", q(xs[0].reshape(6, 8)), q(ps[0])))), q(xs[1].reshape(6, 6)))) + q(ps[1])).reshape(
+                     2, 3, 4)),
 }
-BIASED = {"addmm_conv1d_style": 1, "kw_addmm": 1, "linear": 0, "kw_linear": 0, "conv2d": 0, "kw_conv2d": 0}
+BIASED = {"addmm_conv1d_style": 1, "kw_addmm": 1, "linear": 0, "kw_linear": 0, "conv2d": 0, "kw_conv2d": 0,
+          "bilinear": 0}
 
 
 @pytest.mark.parametrize("fmt", ELEMENT)

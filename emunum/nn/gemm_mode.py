@@ -5,14 +5,13 @@ methods and operators, ``torch.nn.functional``), so it catches the GEMMs of modu
 swap: attention products (``q @ k.transpose(-1, -2)``, ``torch.matmul``, ``bmm``, ``baddbmm``, ``einsum``,
 ``F.scaled_dot_product_attention``) and foreign layers that call ``F.linear``, ``torch.addmm`` or
 ``F.conv*d`` themselves (transformers' ``Conv1D``, weight-standardised convolutions), and the recurrent layers'
-fused ``torch.lstm``/``gru``/``rnn_tanh``/``rnn_relu``, run as their recurrences over emulated GEMMs
-(``recurrent.py``). Emulated layers switch it
-off while they run (their GEMMs are their own), and so do modules that the policy's ``filter`` or
-``keep_first_last`` excludes; a functional GEMM belongs to the innermost module that runs it.
+fused ``torch.lstm``/``gru``/``rnn_tanh``/``rnn_relu`` and their ``*_cell`` steps, run as their recurrences
+over emulated GEMMs (``recurrent.py``). Emulated layers switch it off while they run (their GEMMs are their
+own), and so do modules that the policy's ``filter`` or ``keep_first_last`` excludes; a functional GEMM belongs
+to the innermost module that runs it.
 
 What it cannot see: GEMMs that torch runs below its Python API for a single call (those in ``UNSUPPORTED`` are
-named), a C++/CUDA extension, or ``torch.ops.aten`` calls
-made from a compiled kernel. ``emunum.coverage`` counts those from the executed aten ops and names them.
+named), a C++/CUDA extension, or ``torch.ops.aten`` calls made from a compiled kernel. ``emunum.coverage`` counts those from the executed aten ops and names them.
 """
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ from torch.overrides import TorchFunctionMode
 from .functional import GemmEmulator, Unsupported
 from .gemm_context import UNROUNDED, GemmContext, stack as ctx_stack
 from .gemm_suspend import active
-from .recurrent import recurrent_handler
+from .recurrent import cell_handler, recurrent_handler
 
 
 def _no_out(out):
@@ -98,7 +97,10 @@ for _name, _fns, _h in (
         ("conv1d", (F.conv1d,), _conv(1)), ("conv2d", (F.conv2d,), _conv(2)), ("conv3d", (F.conv3d,), _conv(3)),
         ("lstm", (torch.lstm,), recurrent_handler("lstm")), ("gru", (torch.gru,), recurrent_handler("gru")),
         ("rnn_tanh", (torch.rnn_tanh,), recurrent_handler("rnn_tanh")),
-        ("rnn_relu", (torch.rnn_relu,), recurrent_handler("rnn_relu"))):
+        ("rnn_relu", (torch.rnn_relu,), recurrent_handler("rnn_relu")),
+        ("lstm_cell", (torch.lstm_cell,), cell_handler("lstm")), ("gru_cell", (torch.gru_cell,), cell_handler("gru")),
+        ("rnn_tanh_cell", (torch.rnn_tanh_cell,), cell_handler("rnn_tanh")),
+        ("rnn_relu_cell", (torch.rnn_relu_cell,), cell_handler("rnn_relu"))):
     for _f in _fns:
         HANDLERS[_f] = (_name, _h)
 

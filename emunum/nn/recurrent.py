@@ -1,5 +1,6 @@
 """The recurrent layers' fused ops (``torch.lstm``, ``torch.gru``, ``torch.rnn_tanh``, ``torch.rnn_relu``, which
-``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` call) as their recurrences over the patched model's emulated GEMMs.
+``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` call, and their one-step ``*_cell`` ops, which ``nn.LSTMCell``,
+``nn.GRUCell`` and ``nn.RNNCell`` call) as their recurrences over the patched model's emulated GEMMs.
 
 For each layer and direction (PyTorch's equations and gate order):
   - the input projection of every time step, ``x W_ih^T + b_ih``, is one emulated GEMM (as cuDNN computes it);
@@ -31,6 +32,19 @@ def recurrent_handler(kind: str):
         if packed:  # (data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional)
             return _recurrence(emu, kind, args[0], args[1], *args[2:], batch_first=False)
         return _recurrence(emu, kind, args[0], None, *args[1:])
+
+    return run
+
+
+def cell_handler(kind: str):
+    """The ``GemmMode`` handler of ``torch.<kind>_cell`` (``nn.LSTMCell``, ``nn.GRUCell``, ``nn.RNNCell``): one
+    step, its input projection and its recurrent projection each one emulated GEMM."""
+
+    def run(emu, input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+        h, c = (hx[0], hx[1]) if kind == "lstm" else (hx, None)
+        emu._check(input, h, c, w_ih, w_hh, b_ih, b_hh)
+        h, c = _cell(emu, kind, emu.linear(input, w_ih, b_ih), h, c, w_hh, b_hh, None)
+        return (h, c) if kind == "lstm" else h
 
     return run
 

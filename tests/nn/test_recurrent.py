@@ -151,3 +151,47 @@ def test_every_gemm_of_a_recurrent_layer_on_a_packed_sequence_is_emulated(name, 
     emunum.patch(model, fmt)
     cov = emunum.coverage(model, x.clone().requires_grad_(True))
     assert cov.fraction == 1.0 and cov.total_flops > 0, str(cov)
+
+
+CELLS = {"lstm": lambda: nn.LSTMCell(8, 16), "gru": lambda: nn.GRUCell(8, 16), "rnn_tanh": lambda: nn.RNNCell(8, 16),
+         "rnn_relu": lambda: nn.RNNCell(8, 16, nonlinearity="relu"), "gru_no_bias": lambda: nn.GRUCell(8, 16, bias=False)}
+
+
+class CellSteps(nn.Module):
+    """Three steps of a cell, then a Linear on the last hidden state."""
+
+    def __init__(self, cell):
+        super().__init__()
+        self.cell, self.h = cell, nn.Linear(16, 3)
+
+    def forward(self, xs):
+        state = None
+        for x in xs:
+            state = self.cell(x, state)
+        return self.h(state[0] if isinstance(state, tuple) else state).sum()
+
+
+@pytest.mark.parametrize("name", sorted(CELLS))
+def test_a_cell_on_an_exact_format_gives_torchs_outputs_and_gradients(name):
+    torch.manual_seed(0)
+    model, xs = CellSteps(CELLS[name]()), torch.randn(3, 2, 8)
+    emulated = emunum.patch(copy.deepcopy(model), "fp32")
+    results = []
+    for m in (model, emulated):
+        xg = xs.clone().requires_grad_(True)
+        y = m(xg)
+        y.backward()
+        results.append([y.detach(), xg.grad, *[p.grad for p in m.cell.parameters()]])
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(CELLS))
+def test_every_gemm_of_a_cell_is_emulated_with_torchs_flops(name):
+    torch.manual_seed(0)
+    model, xs = CellSteps(CELLS[name]()), torch.randn(3, 2, 8)
+    plain = emunum.coverage(copy.deepcopy(model), xs.clone().requires_grad_(True))
+    emunum.patch(model, "e4m3fn")
+    cov = emunum.coverage(model, xs.clone().requires_grad_(True))
+    assert cov.fraction == 1.0, str(cov)
+    assert cov.total_flops == plain.total_flops

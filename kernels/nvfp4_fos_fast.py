@@ -46,20 +46,53 @@ U32 = np.uint32
 U64 = np.uint64
 LANES = 64  # blocks side by side in the vector loops
 TASK_ELEMS = 16384  # elements per parallel task at least (its buffers are made once per task)
+ONE_BITS, EXP_BITS, HALF_BIT, MAGIC_SHIFT = U32(0x3F800000), U32(0x7F800000), U32(0x400000), U32(22 << 23)
+MIN_NORMAL = np.float32(2.0**-126)
+E2M1 = np.array([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+MAX_EIGHTH = np.float32(np.finfo(np.float32).max / 8)
 
 
 @njit(inline="always", error_model="numpy")
-def _pick(v, m0, m1, m2, m3, m4, m5, m6, t, o):
-    """t[o + c * LANES], c + 1 = #{i : v > m_i} (0 if none): the entry of e2m1(v) in a lane's table."""
-    st = U64(LANES)
-    r = t[o] if v > m0 else F32(0.0)
-    r = t[o + st] if v > m1 else r
-    r = t[o + 2 * st] if v > m2 else r
-    r = t[o + 3 * st] if v > m3 else r
-    r = t[o + 4 * st] if v > m4 else r
-    r = t[o + 5 * st] if v > m5 else r
-    r = t[o + 6 * st] if v > m6 else r
-    return r
+def e2m1_round(v):
+    """e2m1(v) of a float32 v >= 0 or inf (saturating at 6, ties to even) by float32 arithmetic: v + M rounds v
+    to a multiple of ulp(M) = the grid's step at v (0.5 below 2, 1 below 4, 2 up to 6; M = 2**(22 + max(e, 0)),
+    e = v's exponent), ties to even, and even multiples of the step are e2m1's even codes; - M is exact."""
+    vc = F32(min(v, F32(6.0)))
+    mb = U32(U32(max(F32(vc).view(U32), ONE_BITS) & EXP_BITS) + MAGIC_SHIFT)
+    mg = U32(mb).view(np.float32)
+    return F32(F32(vc + mg) - mg)
+
+
+@njit(inline="always", error_model="numpy")
+def _dequant(q, w1, w15):
+    """float32(float32(float32(q * S) * gamax) / denom) of an e2m1 value q = m * 2**k (m 1 or 1.5, or q = 0) from
+    the lane's w1, w15 (``lane_values``: those of q = 1 and 1.5): w_m * 2**k, exact where ``lane_values`` holds."""
+    qb = F32(q).view(U32)
+    w = w15 if (qb & HALF_BIT) != 0 else w1
+    return F32(w * U32(qb & EXP_BITS).view(np.float32))
+
+
+@njit(inline="always", error_model="numpy")
+def lane_values(S, a0, denom):
+    """(w1, w15, ok): the dequantised values of q = 1 and 1.5 under scale S, and whether every e2m1 value's is
+    w_m * 2**k (``_dequant``): true where S or a0 is 0 (every value 0), and where each float32 step of the chain
+    for q = 0.5 and 0.75 is normal and at most FLT_MAX / 8, since float32 rounding commutes with a power of two
+    between float32's smallest normal and its overflow (and the steps grow with q)."""
+    y1 = F32(F32(0.5) * S)
+    z1 = F32(y1 * a0)
+    h1 = F32(z1 / denom)
+    y15 = F32(F32(0.75) * S)
+    z15 = F32(y15 * a0)
+    h15 = F32(z15 / denom)
+    lo = min(y1, min(z1, h1))
+    hi = max(y15, max(z15, h15))
+    ok = ((lo >= MIN_NORMAL) & (hi <= MAX_EIGHTH)) | (S == F32(0.0)) | (a0 == F32(0.0))
+    return F32(h1 + h1), F32(h15 + h15), ok
+
+
+def e2m1_values(vl) -> bool:
+    """Whether ``nvfp4_fast.e2m1_constants``' values are e2m1's (``e2m1_round`` rounds to no other element)."""
+    return np.array_equal(np.asarray(vl, np.float64), E2M1)
 
 
 @njit(inline="always", error_model="numpy")
@@ -72,31 +105,33 @@ def _transpose(bits, rb, n, tb, o):
 
 
 @njit(inline="always", error_model="numpy")
-def _errors(tf, o, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
+def _errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4):
     """``_row_errors`` with the metric a constant in each copy of its loop (a selection by the metric per element
     cost as much as the error terms)."""
     if metric == 0:
-        _row_errors(tf, o, n, 0, m, enc6, enc4, vt6, vt4, e6, e4)
+        _row_errors(tf, o, n, 0, enc6, enc4, vt6, vt4, e6, e4)
     elif metric == 1:
-        _row_errors(tf, o, n, 1, m, enc6, enc4, vt6, vt4, e6, e4)
+        _row_errors(tf, o, n, 1, enc6, enc4, vt6, vt4, e6, e4)
     else:
-        _row_errors(tf, o, n, 2, m, enc6, enc4, vt6, vt4, e6, e4)
+        _row_errors(tf, o, n, 2, enc6, enc4, vt6, vt4, e6, e4)
 
 
 @njit(inline="always", error_model="numpy")
-def _row_errors(tf, o, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
+def _row_errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4):
     """e6[j], e4[j]: the error of the 16 elements of block j (j < n) of a row under each candidate, each a chain
     in element order (module doc), from their magnitudes tf[o + k * LANES + j] (``_transpose``); vt6, vt4: each
-    lane's dequantised values (``_task``)."""
-    m0, m1, m2, m3, m4, m5, m6 = m[0], m[1], m[2], m[3], m[4], m[5], m[6]
+    lane's w1 at j and w15 at LANES + j (``lane_values``)."""
+    st = U64(LANES)
     for j in range(n):
         e6[U64(j)] = F32(0.0)
         e4[U64(j)] = F32(0.0)
     for k in range(16):
         for j in range(n):
             a = tf[U64(o + k * LANES + j)]
-            d6 = abs(F32(_pick(F32(a * enc6[U64(j)]), m0, m1, m2, m3, m4, m5, m6, vt6, U64(j)) - a))
-            d4 = abs(F32(_pick(F32(a * enc4[U64(j)]), m0, m1, m2, m3, m4, m5, m6, vt4, U64(j)) - a))
+            v6 = _dequant(e2m1_round(F32(a * enc6[U64(j)])), vt6[U64(j)], vt6[U64(j) + st])
+            v4 = _dequant(e2m1_round(F32(a * enc4[U64(j)])), vt4[U64(j)], vt4[U64(j) + st])
+            d6 = abs(F32(v6 - a))
+            d4 = abs(F32(v4 - a))
             t6 = F32(d6 * d6) if metric == 1 else d6
             t4 = F32(d4 * d4) if metric == 1 else d4
             e6[U64(j)] = max(e6[U64(j)], t6) if metric == 2 else F32(e6[U64(j)] + t6)
@@ -153,26 +188,28 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
         s6[U64(j)] = _scale(base, s_split, s_magic, s_min_normal, s_max)
         s4[U64(j)] = _scale(F32(base * F32(1.5)), s_split, s_magic, s_min_normal, s_max)
     nz = 0
+    st = U64(LANES)
     for j in range(n):
         enc6[U64(j)] = _encode_scale(s6[U64(j)], g0)
         enc4[U64(j)] = _encode_scale(s4[U64(j)], g0)
         nz += (enc6[U64(j)] == 0) | (enc4[U64(j)] == 0)
-    if nz != 0:  # S * gds overflowed: |x| * enc may be NaN (module doc), the block loop
+    for j in range(n):
+        w1, w15, ok6 = lane_values(s6[U64(j)], a0, denom)
+        vt6[U64(j)], vt6[U64(j) + st] = w1, w15
+        w1, w15, ok4 = lane_values(s4[U64(j)], a0, denom)
+        vt4[U64(j)], vt4[U64(j) + st] = w1, w15
+        nz += ((not ok6) | (not ok4)) & (mx[U64(j)] <= INF_BITS)  # a NaN block is stored as NaN
+    if nz != 0:  # S * gds overflowed (|x| * enc may be NaN: module doc), or a dequantised value is not w_m * 2**k
         b0 = line * sc.shape[1] + bj0
         _fos_chunk(src, bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, 16, ges, gds, gamax, denom,
                    metric, m, vl, negzero, s_max, s_split, s_magic, s_min_normal, b0, b0 + n, q6, q4, t6, t4, w6, w4)
     else:
-        for i in range(7):
-            for j in range(n):
-                vt6[U64(i * LANES + j)] = F32(F32(F32(vl[i] * s6[U64(j)]) * a0) / denom)
-                vt4[U64(i * LANES + j)] = F32(F32(F32(vl[i] * s4[U64(j)]) * a0) / denom)
         if tr == 1:
-            _errors(tf, 0, n, metric, m, enc6, enc4, vt6, vt4, e6, e4)
+            _errors(tf, 0, n, metric, enc6, enc4, vt6, vt4, e6, e4)
         else:
             for i in range(16):
                 if i < rows:
-                    _errors(tf, i * 16 * LANES, n, metric, m, enc6, enc4, vt6, vt4, r6[i * LANES:],
-                                r4[i * LANES:])
+                    _errors(tf, i * 16 * LANES, n, metric, enc6, enc4, vt6, vt4, r6[i * LANES:], r4[i * LANES:])
                 else:
                     for j in range(n):
                         r6[U64(i * LANES + j)] = F32(0.0)

@@ -50,6 +50,7 @@ ONE_BITS, EXP_BITS, HALF_BIT, MAGIC_SHIFT = U32(0x3F800000), U32(0x7F800000), U3
 MIN_NORMAL = np.float32(2.0**-126)
 E2M1 = np.array([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 MAX_EIGHTH = np.float32(np.finfo(np.float32).max / 8)
+MAX_QUARTER = np.float32(np.finfo(np.float32).max / 4)
 
 
 @njit(inline="always", error_model="numpy")
@@ -249,20 +250,23 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
 @njit(inline="always", error_model="numpy")
 def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negzero, mx, s, enc, ob):
     """Row r of the blocks: each element float32(+-q * (float64(S) * float64(g))), q = e2m1(|x| * enc) with S
-    the kept scale, by compares and a select among the bits of the 7 products made per block (ob: 7 * LANES,
-    product i of block j at i * LANES + j; new_enc, new_tab: whether enc and ob must be made for this g, or
-    hold it from the previous row). A block whose enc is 0 (S * g overflowed float32: |x| * enc is NaN for an
-    infinite x) is rounded element by element as ``nvfp4_fast``."""
-    m0, m1, m2, m3, m4, m5, m6 = m[0], m[1], m[2], m[3], m[4], m[5], m[6]
+    the kept scale (``e2m1_round``), as float32(m * full) * 2**k for q = m * 2**k (``_dequant``; ob: per block j
+    those of m = 1 and 1.5 at j and LANES + j, and at 2 * LANES + j whether that is exact: full = 0, or 0.5 * full
+    and 6 * full within float32's normal range); new_enc, new_tab: whether enc and ob must be made for this g, or
+    hold it from the previous row. A block whose enc is 0 (S * g overflowed float32: |x| * enc is NaN for an
+    infinite x), or whose products are not exact so, is rounded element by element as ``nvfp4_fast``."""
     st = U64(LANES)
     if new_enc:
         for j in range(n):
             enc[U64(j)] = _encode_scale(s[U64(j)], g)
     if new_tab:
-        for i in range(7):
-            vi = np.float64(vl[i])
-            for j in range(n):
-                ob[U64(i * LANES + j)] = np.float32(vi * (np.float64(s[U64(j)]) * np.float64(g))).view(U32)
+        for j in range(n):
+            full = np.float64(s[U64(j)]) * np.float64(g)
+            o15 = np.float32(1.5 * full)
+            ok = ((np.float32(0.5 * full) >= MIN_NORMAL) & (o15 <= MAX_QUARTER)) | (full == 0.0)
+            ob[U64(j)] = np.float32(full).view(U32)
+            ob[U64(j) + st] = o15.view(U32)
+            ob[U64(j) + 2 * st] = U32(ok)
     rb = r * C + c00
     for j in range(n):
         e = enc[U64(j)]
@@ -270,7 +274,7 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
         if mx[o] > INF_BITS:
             for k in range(16):
                 dbits[U64(rb + 16 * j + k)] = NAN32
-        elif e == 0:
+        elif (e == 0) | (ob[o + 2 * st] == 0):
             full = np.float64(s[o]) * np.float64(g)
             for k in range(16):
                 x = U64(rb + 16 * j + k)
@@ -278,20 +282,13 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
                 res = np.float32(np.float64(q) * full).view(U32)
                 dbits[x] = res | (bits[x] & SIGN if (q != 0.0) | (negzero != 0) else U32(0))
         else:
-            t0, t1, t2, t3, t4, t5, t6 = ob[o], ob[o + st], ob[o + 2 * st], ob[o + 3 * st], ob[o + 4 * st], \
-                ob[o + 5 * st], ob[o + 6 * st]
+            o1, o15 = U32(ob[o]).view(np.float32), U32(ob[o + st]).view(np.float32)
             for k in range(16):
                 x = U64(rb + 16 * j + k)
                 u = bits[x]
-                v = F32(abs(src[x]) * e)
-                q = t0 if v > m0 else U32(0)
-                q = t1 if v > m1 else q
-                q = t2 if v > m2 else q
-                q = t3 if v > m3 else q
-                q = t4 if v > m4 else q
-                q = t5 if v > m5 else q
-                q = t6 if v > m6 else q
-                dbits[x] = q | (u & SIGN if (v > m0) | (negzero != 0) else U32(0))
+                q = e2m1_round(F32(abs(src[x]) * e))
+                res = F32(_dequant(q, o1, o15)).view(U32)
+                dbits[x] = res | (u & SIGN if (q != F32(0.0)) | (negzero != 0) else U32(0))
 
 
 @njit(inline="always", error_model="numpy")

@@ -248,6 +248,15 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
 
 
 @njit(inline="always", error_model="numpy")
+def out_values(full):
+    """(o1, o15, ok): float32(full) and float32(1.5 * full) of a float64 full >= 0, and whether float32(q * full)
+    is o_m * 2**k for every e2m1 value q = m * 2**k (``_dequant``): where full is 0, or 0.5 * full and 6 * full
+    stay within float32's normal range (rounding then commutes with the power of two)."""
+    o15 = np.float32(1.5 * full)
+    return np.float32(full), o15, ((np.float32(0.5 * full) >= MIN_NORMAL) & (o15 <= MAX_QUARTER)) | (full == 0.0)
+
+
+@njit(inline="always", error_model="numpy")
 def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negzero, mx, s, enc, ob):
     """Row r of the blocks: each element float32(+-q * (float64(S) * float64(g))), q = e2m1(|x| * enc) with S
     the kept scale (``e2m1_round``), as float32(m * full) * 2**k for q = m * 2**k (``_dequant``; ob: per block j
@@ -261,11 +270,9 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
             enc[U64(j)] = _encode_scale(s[U64(j)], g)
     if new_tab:
         for j in range(n):
-            full = np.float64(s[U64(j)]) * np.float64(g)
-            o15 = np.float32(1.5 * full)
-            ok = ((np.float32(0.5 * full) >= MIN_NORMAL) & (o15 <= MAX_QUARTER)) | (full == 0.0)
-            ob[U64(j)] = np.float32(full).view(U32)
-            ob[U64(j) + st] = o15.view(U32)
+            o1, o15, ok = out_values(np.float64(s[U64(j)]) * np.float64(g))
+            ob[U64(j)] = F32(o1).view(U32)
+            ob[U64(j) + st] = F32(o15).view(U32)
             ob[U64(j) + 2 * st] = U32(ok)
     rb = r * C + c00
     for j in range(n):

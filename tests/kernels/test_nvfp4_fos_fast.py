@@ -55,6 +55,15 @@ def subnormals(rng, shape):
     return x.astype(np.float32)
 
 
+def tiny_amax(rng, shape):
+    """Near ties under a tensor amax of 1e-35 (rows scaled down by up to 2**-7, the first kept): the outer decode
+    scale is a float32 subnormal, dequantised values and results fall in float32's subnormals (not w_m * 2**k
+    there: the block loop for those units, the element loop for those blocks' stores)."""
+    x = near_ties(rng, shape) * np.float32(2e-36) * np.float32(2.0) ** -rng.integers(0, 8, shape[:2] + (1,))
+    x.reshape(-1)[0] = np.float32(1e-35)
+    return x.astype(np.float32)
+
+
 def specials(rng, shape):
     x = (rng.standard_normal(shape) * 2.0 ** rng.integers(-30, 31, shape[:2] + (1,))).astype(np.float32)
     x[0, 3] = 0.0
@@ -90,7 +99,7 @@ def assert_same(x, fmt, parallel, lines=None):
 
 @pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("make", [near_ties, subnormals, specials], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("make", [near_ties, subnormals, tiny_amax, specials], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
 def test_lanes_path_equals_scalar_core_bits_and_scales(fmt, make, shape, parallel):
     assert_same(make(np.random.default_rng(len(fmt.name) + shape[2]), shape), fmt, parallel)
@@ -109,7 +118,10 @@ def test_encode_scale_zero_and_per_row_decode_scales_equal_scalar_core(tile_rows
     n = x.shape[1]
     gds = np.where(np.arange(n) % 3 == 0, np.float32(1e38), np.float32(2.0) ** rng.integers(-8, 9, n)).astype(
         np.float32)
-    ges = (np.float32(1.0) / gds).astype(np.float32)
+    # and rows whose decode scale is a float32 subnormal: results q * S * gds in the subnormals (the stores'
+    # element loop, ``out_values``)
+    gds = np.where(np.arange(n) % 3 == 2, rng.uniform(1e-41, 1e-38, n), gds).astype(np.float32)
+    ges = np.minimum(1.0 / gds.astype(np.float64), np.finfo(np.float32).max).astype(np.float32)
     gamax = np.full(n, np.float32(100.0))
     lines = (True, np.ones(n), ges, gds, gamax, np.float32(1536.0), 0)
     for parallel in (False, True):

@@ -17,14 +17,16 @@ with the blocks' chains side by side in one vector instead of one after another.
 are then joined by the scalar core's tree, again lane-wise. (Sums in float64 would not do: 16 float32 terms
 need not add exactly in float64, and the reference rounds each partial sum to float32.)
 
-**Values.** Per lane: the candidates' scales S6, S4 and encode scales enc as ``nvfp4_fast._fos_chunk``, and
-per candidate the 7 dequantised values float32(float32(float32(V_i * S) * gamax) / denom), the scalar core's
-val for q = V_i (q = 0 gives 0: gamax is finite). Per element |x| once; per candidate c + 1 = #{i : float32(|x|
-* enc) > m_i} (m_i: ``nvfp4_fast.e2m1_constants``) picks val, so q = e2m1 is never formed; the error term is
-a function of |val - |x|| (``nvfp4_fast`` module doc). enc > 0 is finite here, so float32(|x| * enc) is never
-NaN (a block holding a NaN is stored as NaN whatever its errors). The kept candidate's elements are rounded
-again in element order by the same compares, selecting among the bits of float32(V_i * (float64(S) *
-float64(gds_row))) made per block, with x's sign where q != 0 or the element has -0: the scalar core's stores.
+**Values.** Per lane: the candidates' scales S6, S4 and encode scales enc as ``nvfp4_fast._fos_chunk``. Per
+element |x| once; per candidate q = e2m1(float32(|x| * enc)) by float32 arithmetic (``e2m1_round``: exact
+round-to-nearest-even with saturation, no compares), and the scalar core's val = float32(float32(float32(q * S)
+* gamax) / denom) as w_m * 2**k for q = m * 2**k (``_dequant``), w_m made per lane (``lane_values``); the error
+term is a function of |val - |x|| (``nvfp4_fast`` module doc). enc > 0 is finite here, so float32(|x| * enc) is
+never NaN (a block holding a NaN is stored as NaN whatever its errors). A unit where some lane's w_m * 2**k
+would leave float32's normal range (tiny amaxes) runs the block loop. The kept candidate's elements are rounded
+again in element order the same way, the result float32(+-q * (float64(S) * float64(gds_row))) taken as
+float32(m * full) * 2**k (``out_values``; a block where that is not exact rounds element by element), with x's
+sign where q != 0 or the element has -0: the scalar core's stores.
 """
 import math
 
@@ -144,7 +146,7 @@ def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
           s_min_normal, u0, u1, per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob, vt6, vt4, q6, q4, t6, t4, w6, w4, tb):
     """Units u0..u1-1: unit u holds the whole blocks (16 columns) bj0..bj0+n-1, bj0 = (u % per) * LANES, of row
     of blocks ``line`` = u // per (= p * nbr + bi); sc: the scales as (P * nbr, nbc); buffers of LANES (r6, r4,
-    ob, vt6, vt4: 16 or 7 rows of LANES), and for ``_fos_chunk``."""
+    ob, vt6, vt4: 16, 3 or 2 rows of LANES), and for ``_fos_chunk``."""
     prefer_wide_vectors()  # the loops below are across blocks or along one, 16 float32 lanes fit either
     whole = C // 16
     for u in range(u0, u1):
@@ -311,8 +313,8 @@ def _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m
     upt = max(1, TASK_ELEMS // (LANES * 16 * tr))
     units = per * lines
     for t in prange(-(-units // upt)):
-        mx, ob = np.empty(LANES, U32), np.empty(7 * LANES, U32)
-        vt6, vt4 = np.empty(7 * LANES, np.float32), np.empty(7 * LANES, np.float32)
+        mx, ob = np.empty(LANES, U32), np.empty(3 * LANES, U32)
+        vt6, vt4 = np.empty(2 * LANES, np.float32), np.empty(2 * LANES, np.float32)
         s6, s4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)
         enc6, enc4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)
         e6, e4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)

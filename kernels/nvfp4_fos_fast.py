@@ -37,7 +37,7 @@ from . import _cache, block_fast, nvfp4_fast, scalar
 from .wide import prefer_wide_vectors
 from .block_fast import ABS, INF_BITS, NAN32, SIGN
 from .nvfp4_fast import _fos_chunk, _join, _scale, _split_constants
-from .nvfp4_scalar import F32, _encode_scale
+from .nvfp4_scalar import F32
 
 _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
                         __file__.replace("nvfp4_fos_fast.py", "nvfp4_fast.py"),
@@ -53,6 +53,7 @@ MIN_NORMAL = np.float32(2.0**-126)
 E2M1 = np.array([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 MAX_EIGHTH = np.float32(np.finfo(np.float32).max / 8)
 MAX_QUARTER = np.float32(np.finfo(np.float32).max / 4)
+FLT_MAX = np.finfo(np.float32).max
 
 
 @njit(inline="always", error_model="numpy")
@@ -64,6 +65,15 @@ def e2m1_round(v):
     mb = U32(U32(max(F32(vc).view(U32), ONE_BITS) & EXP_BITS) + MAGIC_SHIFT)
     mg = U32(mb).view(np.float32)
     return F32(F32(vc + mg) - mg)
+
+
+@njit(inline="always", error_model="numpy")
+def encode_scale32(s, g):
+    """The scalar core's ``_encode_scale`` (min(float32(1 / float32(s * g)), FLT_MAX)) by one float32 division
+    (16 lanes to a vector where float64's take 8): float32's quotient is float64's rounded to float32 (53 >= 2 *
+    24 + 2 bits), and a quotient past FLT_MAX is FLT_MAX in both."""
+    sg = F32(s * g)
+    return FLT_MAX if sg == F32(0.0) else F32(min(F32(F32(1.0) / sg), FLT_MAX))
 
 
 @njit(inline="always", error_model="numpy")
@@ -193,8 +203,8 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
     nz = 0
     st = U64(LANES)
     for j in range(n):
-        enc6[U64(j)] = _encode_scale(s6[U64(j)], g0)
-        enc4[U64(j)] = _encode_scale(s4[U64(j)], g0)
+        enc6[U64(j)] = encode_scale32(s6[U64(j)], g0)
+        enc4[U64(j)] = encode_scale32(s4[U64(j)], g0)
         nz += (enc6[U64(j)] == 0) | (enc4[U64(j)] == 0)
     for j in range(n):
         w1, w15, ok6 = lane_values(s6[U64(j)], a0, denom)
@@ -269,7 +279,7 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
     st = U64(LANES)
     if new_enc:
         for j in range(n):
-            enc[U64(j)] = _encode_scale(s[U64(j)], g)
+            enc[U64(j)] = encode_scale32(s[U64(j)], g)
     if new_tab:
         for j in range(n):
             o1, o15, ok = out_values(np.float64(s[U64(j)]) * np.float64(g))

@@ -232,3 +232,24 @@ def test_out_values_hold_every_product_where_they_say_so():
             want = np.float32(E2M1.astype(np.float64) * full)
         assert np.array_equal(_dequantised(E2M1, o1, o15).view(np.uint32), want.view(np.uint32)), full
     assert oks >= 2000
+
+
+@njit
+def _encodes(s, g, f):
+    out = np.empty_like(s)
+    for i in range(s.size):
+        out[i] = f(s[i], g[i])
+    return out
+
+
+def test_encode_scale32_is_the_scalar_cores_encode_scale():
+    # one float32 division against the scalar core's float64 one, over products s * g from 0 and float32's
+    # subnormals (quotients past FLT_MAX) to FLT_MAX, and random ones
+    from emunum.kernels.nvfp4_scalar import _encode_scale
+    rng = np.random.default_rng(4)
+    g = np.concatenate([np.float32([1.0] * 12), (2.0 ** rng.uniform(-140, 120, 20000)).astype(np.float32)])
+    s = np.concatenate([np.float32([0.0, 1e-45, 2e-45, 1e-40, 2.0**-126, 2.0**-128, 2.9e-39, 2.93873e-39, 1.0,
+                                    448.0, 3e38, np.finfo(np.float32).max]),
+                        rng.uniform(0, 448, 20000).astype(np.float32)])
+    got = _encodes(s, g, nvfp4_fos_fast.encode_scale32)
+    assert np.array_equal(got.view(np.uint32), _encodes(s, g, _encode_scale).view(np.uint32))

@@ -110,7 +110,7 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
                 src.shape[1], src.shape[2], int(tile[0]))
         rest = (ges, gds, gamax, np.float32(denom), int(metric), m, vl, args[6], s_man, s_emin, s_sub, s_max)
         with _parallel.try_parallel(parallel) as par:
-            if int(tile[1]) == 16:  # the error sums vectorised across blocks
+            if int(tile[1]) == 16 and nvfp4_fos_fast.e2m1_values(vl):  # the error sums vectorised across blocks
                 (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(*flat, *rest)
             else:
                 (nvfp4_fast.fos_parallel if par else nvfp4_fast.fos_serial)(*flat, int(tile[1]), *rest)

@@ -17,14 +17,16 @@ with the blocks' chains side by side in one vector instead of one after another.
 are then joined by the scalar core's tree, again lane-wise. (Sums in float64 would not do: 16 float32 terms
 need not add exactly in float64, and the reference rounds each partial sum to float32.)
 
-**Values.** Per lane: the candidates' scales S6, S4 and encode scales enc as ``nvfp4_fast._fos_chunk``, and
-per candidate the 7 dequantised values float32(float32(float32(V_i * S) * gamax) / denom), the scalar core's
-val for q = V_i (q = 0 gives 0: gamax is finite). Per element |x| once; per candidate c + 1 = #{i : float32(|x|
-* enc) > m_i} (m_i: ``nvfp4_fast.e2m1_constants``) picks val, so q = e2m1 is never formed; the error term is
-a function of |val - |x|| (``nvfp4_fast`` module doc). enc > 0 is finite here, so float32(|x| * enc) is never
-NaN (a block holding a NaN is stored as NaN whatever its errors). The kept candidate's elements are rounded
-again in element order by the same compares, selecting among the bits of float32(V_i * (float64(S) *
-float64(gds_row))) made per block, with x's sign where q != 0 or the element has -0: the scalar core's stores.
+**Values.** Per lane: the candidates' scales S6, S4 and encode scales enc as ``nvfp4_fast._fos_chunk``. Per
+element |x| once; per candidate q = e2m1(float32(|x| * enc)) by float32 arithmetic (``e2m1_round``: exact
+round-to-nearest-even with saturation, no compares), and the scalar core's val = float32(float32(float32(q * S)
+* gamax) / denom) as w_m * 2**k for q = m * 2**k (``_dequant``), w_m made per lane (``lane_values``); the error
+term is a function of |val - |x|| (``nvfp4_fast`` module doc). enc > 0 is finite here, so float32(|x| * enc) is
+never NaN (a block holding a NaN is stored as NaN whatever its errors). A unit where some lane's w_m * 2**k
+would leave float32's normal range (tiny amaxes) runs the block loop. The kept candidate's elements are rounded
+again in element order the same way, the result float32(+-q * (float64(S) * float64(gds_row))) taken as
+float32(m * full) * 2**k (``out_values``; a block where that is not exact rounds element by element), with x's
+sign where q != 0 or the element has -0: the scalar core's stores.
 """
 import math
 
@@ -35,7 +37,7 @@ from . import _cache, block_fast, nvfp4_fast, scalar
 from .wide import prefer_wide_vectors
 from .block_fast import ABS, INF_BITS, NAN32, SIGN
 from .nvfp4_fast import _fos_chunk, _join, _scale, _split_constants
-from .nvfp4_scalar import F32, _encode_scale
+from .nvfp4_scalar import F32
 
 _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
                         __file__.replace("nvfp4_fos_fast.py", "nvfp4_fast.py"),
@@ -46,20 +48,64 @@ U32 = np.uint32
 U64 = np.uint64
 LANES = 64  # blocks side by side in the vector loops
 TASK_ELEMS = 16384  # elements per parallel task at least (its buffers are made once per task)
+ONE_BITS, EXP_BITS, HALF_BIT, MAGIC_SHIFT = U32(0x3F800000), U32(0x7F800000), U32(0x400000), U32(22 << 23)
+MIN_NORMAL = np.float32(2.0**-126)
+E2M1 = np.array([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+MAX_EIGHTH = np.float32(np.finfo(np.float32).max / 8)
+MAX_QUARTER = np.float32(np.finfo(np.float32).max / 4)
+FLT_MAX = np.finfo(np.float32).max
 
 
 @njit(inline="always", error_model="numpy")
-def _pick(v, m0, m1, m2, m3, m4, m5, m6, t, o):
-    """t[o + c * LANES], c + 1 = #{i : v > m_i} (0 if none): the entry of e2m1(v) in a lane's table."""
-    st = U64(LANES)
-    r = t[o] if v > m0 else F32(0.0)
-    r = t[o + st] if v > m1 else r
-    r = t[o + 2 * st] if v > m2 else r
-    r = t[o + 3 * st] if v > m3 else r
-    r = t[o + 4 * st] if v > m4 else r
-    r = t[o + 5 * st] if v > m5 else r
-    r = t[o + 6 * st] if v > m6 else r
-    return r
+def e2m1_round(v):
+    """e2m1(v) of a float32 v >= 0 or inf (saturating at 6, ties to even) by float32 arithmetic: v + M rounds v
+    to a multiple of ulp(M) = the grid's step at v (0.5 below 2, 1 below 4, 2 up to 6; M = 2**(22 + max(e, 0)),
+    e = v's exponent), ties to even, and even multiples of the step are e2m1's even codes; - M is exact."""
+    vc = F32(min(v, F32(6.0)))
+    mb = U32(U32(max(F32(vc).view(U32), ONE_BITS) & EXP_BITS) + MAGIC_SHIFT)
+    mg = U32(mb).view(np.float32)
+    return F32(F32(vc + mg) - mg)
+
+
+@njit(inline="always", error_model="numpy")
+def encode_scale32(s, g):
+    """The scalar core's ``_encode_scale`` (min(float32(1 / float32(s * g)), FLT_MAX)) by one float32 division
+    (16 lanes to a vector where float64's take 8): float32's quotient is float64's rounded to float32 (53 >= 2 *
+    24 + 2 bits), and a quotient past FLT_MAX is FLT_MAX in both."""
+    sg = F32(s * g)
+    return FLT_MAX if sg == F32(0.0) else F32(min(F32(F32(1.0) / sg), FLT_MAX))
+
+
+@njit(inline="always", error_model="numpy")
+def _dequant(q, w1, w15):
+    """float32(float32(float32(q * S) * gamax) / denom) of an e2m1 value q = m * 2**k (m 1 or 1.5, or q = 0) from
+    the lane's w1, w15 (``lane_values``: those of q = 1 and 1.5): w_m * 2**k, exact where ``lane_values`` holds."""
+    qb = F32(q).view(U32)
+    w = w15 if (qb & HALF_BIT) != 0 else w1
+    return F32(w * U32(qb & EXP_BITS).view(np.float32))
+
+
+@njit(inline="always", error_model="numpy")
+def lane_values(S, a0, denom):
+    """(w1, w15, ok): the dequantised values of q = 1 and 1.5 under scale S, and whether every e2m1 value's is
+    w_m * 2**k (``_dequant``): true where S or a0 is 0 (every value 0), and where each float32 step of the chain
+    for q = 0.5 and 0.75 is normal and at most FLT_MAX / 8, since float32 rounding commutes with a power of two
+    between float32's smallest normal and its overflow (and the steps grow with q)."""
+    y1 = F32(F32(0.5) * S)
+    z1 = F32(y1 * a0)
+    h1 = F32(z1 / denom)
+    y15 = F32(F32(0.75) * S)
+    z15 = F32(y15 * a0)
+    h15 = F32(z15 / denom)
+    lo = min(y1, min(z1, h1))
+    hi = max(y15, max(z15, h15))
+    ok = ((lo >= MIN_NORMAL) & (hi <= MAX_EIGHTH)) | (S == F32(0.0)) | (a0 == F32(0.0))
+    return F32(h1 + h1), F32(h15 + h15), ok
+
+
+def e2m1_values(vl) -> bool:
+    """Whether ``nvfp4_fast.e2m1_constants``' values are e2m1's (``e2m1_round`` rounds to no other element)."""
+    return np.array_equal(np.asarray(vl, np.float64), E2M1)
 
 
 @njit(inline="always", error_model="numpy")
@@ -72,31 +118,33 @@ def _transpose(bits, rb, n, tb, o):
 
 
 @njit(inline="always", error_model="numpy")
-def _errors(tf, o, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
+def _errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4):
     """``_row_errors`` with the metric a constant in each copy of its loop (a selection by the metric per element
     cost as much as the error terms)."""
     if metric == 0:
-        _row_errors(tf, o, n, 0, m, enc6, enc4, vt6, vt4, e6, e4)
+        _row_errors(tf, o, n, 0, enc6, enc4, vt6, vt4, e6, e4)
     elif metric == 1:
-        _row_errors(tf, o, n, 1, m, enc6, enc4, vt6, vt4, e6, e4)
+        _row_errors(tf, o, n, 1, enc6, enc4, vt6, vt4, e6, e4)
     else:
-        _row_errors(tf, o, n, 2, m, enc6, enc4, vt6, vt4, e6, e4)
+        _row_errors(tf, o, n, 2, enc6, enc4, vt6, vt4, e6, e4)
 
 
 @njit(inline="always", error_model="numpy")
-def _row_errors(tf, o, n, metric, m, enc6, enc4, vt6, vt4, e6, e4):
+def _row_errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4):
     """e6[j], e4[j]: the error of the 16 elements of block j (j < n) of a row under each candidate, each a chain
     in element order (module doc), from their magnitudes tf[o + k * LANES + j] (``_transpose``); vt6, vt4: each
-    lane's dequantised values (``_task``)."""
-    m0, m1, m2, m3, m4, m5, m6 = m[0], m[1], m[2], m[3], m[4], m[5], m[6]
+    lane's w1 at j and w15 at LANES + j (``lane_values``)."""
+    st = U64(LANES)
     for j in range(n):
         e6[U64(j)] = F32(0.0)
         e4[U64(j)] = F32(0.0)
     for k in range(16):
         for j in range(n):
             a = tf[U64(o + k * LANES + j)]
-            d6 = abs(F32(_pick(F32(a * enc6[U64(j)]), m0, m1, m2, m3, m4, m5, m6, vt6, U64(j)) - a))
-            d4 = abs(F32(_pick(F32(a * enc4[U64(j)]), m0, m1, m2, m3, m4, m5, m6, vt4, U64(j)) - a))
+            v6 = _dequant(e2m1_round(F32(a * enc6[U64(j)])), vt6[U64(j)], vt6[U64(j) + st])
+            v4 = _dequant(e2m1_round(F32(a * enc4[U64(j)])), vt4[U64(j)], vt4[U64(j) + st])
+            d6 = abs(F32(v6 - a))
+            d4 = abs(F32(v4 - a))
             t6 = F32(d6 * d6) if metric == 1 else d6
             t4 = F32(d4 * d4) if metric == 1 else d4
             e6[U64(j)] = max(e6[U64(j)], t6) if metric == 2 else F32(e6[U64(j)] + t6)
@@ -108,7 +156,7 @@ def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
           s_min_normal, u0, u1, per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob, vt6, vt4, q6, q4, t6, t4, w6, w4, tb):
     """Units u0..u1-1: unit u holds the whole blocks (16 columns) bj0..bj0+n-1, bj0 = (u % per) * LANES, of row
     of blocks ``line`` = u // per (= p * nbr + bi); sc: the scales as (P * nbr, nbc); buffers of LANES (r6, r4,
-    ob, vt6, vt4: 16 or 7 rows of LANES), and for ``_fos_chunk``."""
+    ob, vt6, vt4: 16, 3 or 2 rows of LANES), and for ``_fos_chunk``."""
     prefer_wide_vectors()  # the loops below are across blocks or along one, 16 float32 lanes fit either
     whole = C // 16
     for u in range(u0, u1):
@@ -153,26 +201,28 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
         s6[U64(j)] = _scale(base, s_split, s_magic, s_min_normal, s_max)
         s4[U64(j)] = _scale(F32(base * F32(1.5)), s_split, s_magic, s_min_normal, s_max)
     nz = 0
+    st = U64(LANES)
     for j in range(n):
-        enc6[U64(j)] = _encode_scale(s6[U64(j)], g0)
-        enc4[U64(j)] = _encode_scale(s4[U64(j)], g0)
+        enc6[U64(j)] = encode_scale32(s6[U64(j)], g0)
+        enc4[U64(j)] = encode_scale32(s4[U64(j)], g0)
         nz += (enc6[U64(j)] == 0) | (enc4[U64(j)] == 0)
-    if nz != 0:  # S * gds overflowed: |x| * enc may be NaN (module doc), the block loop
+    for j in range(n):
+        w1, w15, ok6 = lane_values(s6[U64(j)], a0, denom)
+        vt6[U64(j)], vt6[U64(j) + st] = w1, w15
+        w1, w15, ok4 = lane_values(s4[U64(j)], a0, denom)
+        vt4[U64(j)], vt4[U64(j) + st] = w1, w15
+        nz += ((not ok6) | (not ok4)) & (mx[U64(j)] <= INF_BITS)  # a NaN block is stored as NaN
+    if nz != 0:  # S * gds overflowed (|x| * enc may be NaN: module doc), or a dequantised value is not w_m * 2**k
         b0 = line * sc.shape[1] + bj0
         _fos_chunk(src, bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, 16, ges, gds, gamax, denom,
                    metric, m, vl, negzero, s_max, s_split, s_magic, s_min_normal, b0, b0 + n, q6, q4, t6, t4, w6, w4)
     else:
-        for i in range(7):
-            for j in range(n):
-                vt6[U64(i * LANES + j)] = F32(F32(F32(vl[i] * s6[U64(j)]) * a0) / denom)
-                vt4[U64(i * LANES + j)] = F32(F32(F32(vl[i] * s4[U64(j)]) * a0) / denom)
         if tr == 1:
-            _errors(tf, 0, n, metric, m, enc6, enc4, vt6, vt4, e6, e4)
+            _errors(tf, 0, n, metric, enc6, enc4, vt6, vt4, e6, e4)
         else:
             for i in range(16):
                 if i < rows:
-                    _errors(tf, i * 16 * LANES, n, metric, m, enc6, enc4, vt6, vt4, r6[i * LANES:],
-                                r4[i * LANES:])
+                    _errors(tf, i * 16 * LANES, n, metric, enc6, enc4, vt6, vt4, r6[i * LANES:], r4[i * LANES:])
                 else:
                     for j in range(n):
                         r6[U64(i * LANES + j)] = F32(0.0)
@@ -210,22 +260,32 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
 
 
 @njit(inline="always", error_model="numpy")
+def out_values(full):
+    """(o1, o15, ok): float32(full) and float32(1.5 * full) of a float64 full >= 0, and whether float32(q * full)
+    is o_m * 2**k for every e2m1 value q = m * 2**k (``_dequant``): where full is 0, or 0.5 * full and 6 * full
+    stay within float32's normal range (rounding then commutes with the power of two)."""
+    o15 = np.float32(1.5 * full)
+    return np.float32(full), o15, ((np.float32(0.5 * full) >= MIN_NORMAL) & (o15 <= MAX_QUARTER)) | (full == 0.0)
+
+
+@njit(inline="always", error_model="numpy")
 def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negzero, mx, s, enc, ob):
     """Row r of the blocks: each element float32(+-q * (float64(S) * float64(g))), q = e2m1(|x| * enc) with S
-    the kept scale, by compares and a select among the bits of the 7 products made per block (ob: 7 * LANES,
-    product i of block j at i * LANES + j; new_enc, new_tab: whether enc and ob must be made for this g, or
-    hold it from the previous row). A block whose enc is 0 (S * g overflowed float32: |x| * enc is NaN for an
-    infinite x) is rounded element by element as ``nvfp4_fast``."""
-    m0, m1, m2, m3, m4, m5, m6 = m[0], m[1], m[2], m[3], m[4], m[5], m[6]
+    the kept scale (``e2m1_round``), as float32(m * full) * 2**k for q = m * 2**k (``_dequant``; ob: per block j
+    those of m = 1 and 1.5 at j and LANES + j, and at 2 * LANES + j whether that is exact: full = 0, or 0.5 * full
+    and 6 * full within float32's normal range); new_enc, new_tab: whether enc and ob must be made for this g, or
+    hold it from the previous row. A block whose enc is 0 (S * g overflowed float32: |x| * enc is NaN for an
+    infinite x), or whose products are not exact so, is rounded element by element as ``nvfp4_fast``."""
     st = U64(LANES)
     if new_enc:
         for j in range(n):
-            enc[U64(j)] = _encode_scale(s[U64(j)], g)
+            enc[U64(j)] = encode_scale32(s[U64(j)], g)
     if new_tab:
-        for i in range(7):
-            vi = np.float64(vl[i])
-            for j in range(n):
-                ob[U64(i * LANES + j)] = np.float32(vi * (np.float64(s[U64(j)]) * np.float64(g))).view(U32)
+        for j in range(n):
+            o1, o15, ok = out_values(np.float64(s[U64(j)]) * np.float64(g))
+            ob[U64(j)] = F32(o1).view(U32)
+            ob[U64(j) + st] = F32(o15).view(U32)
+            ob[U64(j) + 2 * st] = U32(ok)
     rb = r * C + c00
     for j in range(n):
         e = enc[U64(j)]
@@ -233,7 +293,7 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
         if mx[o] > INF_BITS:
             for k in range(16):
                 dbits[U64(rb + 16 * j + k)] = NAN32
-        elif e == 0:
+        elif (e == 0) | (ob[o + 2 * st] == 0):
             full = np.float64(s[o]) * np.float64(g)
             for k in range(16):
                 x = U64(rb + 16 * j + k)
@@ -241,20 +301,13 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
                 res = np.float32(np.float64(q) * full).view(U32)
                 dbits[x] = res | (bits[x] & SIGN if (q != 0.0) | (negzero != 0) else U32(0))
         else:
-            t0, t1, t2, t3, t4, t5, t6 = ob[o], ob[o + st], ob[o + 2 * st], ob[o + 3 * st], ob[o + 4 * st], \
-                ob[o + 5 * st], ob[o + 6 * st]
+            o1, o15 = U32(ob[o]).view(np.float32), U32(ob[o + st]).view(np.float32)
             for k in range(16):
                 x = U64(rb + 16 * j + k)
                 u = bits[x]
-                v = F32(abs(src[x]) * e)
-                q = t0 if v > m0 else U32(0)
-                q = t1 if v > m1 else q
-                q = t2 if v > m2 else q
-                q = t3 if v > m3 else q
-                q = t4 if v > m4 else q
-                q = t5 if v > m5 else q
-                q = t6 if v > m6 else q
-                dbits[x] = q | (u & SIGN if (v > m0) | (negzero != 0) else U32(0))
+                q = e2m1_round(F32(abs(src[x]) * e))
+                res = F32(_dequant(q, o1, o15)).view(U32)
+                dbits[x] = res | (u & SIGN if (q != F32(0.0)) | (negzero != 0) else U32(0))
 
 
 @njit(inline="always", error_model="numpy")
@@ -270,8 +323,8 @@ def _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m
     upt = max(1, TASK_ELEMS // (LANES * 16 * tr))
     units = per * lines
     for t in prange(-(-units // upt)):
-        mx, ob = np.empty(LANES, U32), np.empty(7 * LANES, U32)
-        vt6, vt4 = np.empty(7 * LANES, np.float32), np.empty(7 * LANES, np.float32)
+        mx, ob = np.empty(LANES, U32), np.empty(3 * LANES, U32)
+        vt6, vt4 = np.empty(2 * LANES, np.float32), np.empty(2 * LANES, np.float32)
         s6, s4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)
         enc6, enc4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)
         e6, e4 = np.empty(LANES, np.float32), np.empty(LANES, np.float32)

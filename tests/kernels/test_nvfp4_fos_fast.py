@@ -8,9 +8,11 @@ inf and NaN, and line arrays whose S * gds overflows (encode scale 0). Every oth
 data, leave the fast paths to the scalar cores: ``quantize`` gives their bits in every mode."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from numba import njit
 
 import emunum
 from emunum.block_quantize import block_args
@@ -53,6 +55,15 @@ def subnormals(rng, shape):
     return x.astype(np.float32)
 
 
+def tiny_amax(rng, shape):
+    """Near ties under a tensor amax of 1e-35 (rows scaled down by up to 2**-7, the first kept): the outer decode
+    scale is a float32 subnormal, dequantised values and results fall in float32's subnormals (not w_m * 2**k
+    there: the block loop for those units, the element loop for those blocks' stores)."""
+    x = near_ties(rng, shape) * np.float32(2e-36) * np.float32(2.0) ** -rng.integers(0, 8, shape[:2] + (1,))
+    x.reshape(-1)[0] = np.float32(1e-35)
+    return x.astype(np.float32)
+
+
 def specials(rng, shape):
     x = (rng.standard_normal(shape) * 2.0 ** rng.integers(-30, 31, shape[:2] + (1,))).astype(np.float32)
     x[0, 3] = 0.0
@@ -88,7 +99,7 @@ def assert_same(x, fmt, parallel, lines=None):
 
 @pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("make", [near_ties, subnormals, specials], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("make", [near_ties, subnormals, tiny_amax, specials], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
 def test_lanes_path_equals_scalar_core_bits_and_scales(fmt, make, shape, parallel):
     assert_same(make(np.random.default_rng(len(fmt.name) + shape[2]), shape), fmt, parallel)
@@ -107,7 +118,10 @@ def test_encode_scale_zero_and_per_row_decode_scales_equal_scalar_core(tile_rows
     n = x.shape[1]
     gds = np.where(np.arange(n) % 3 == 0, np.float32(1e38), np.float32(2.0) ** rng.integers(-8, 9, n)).astype(
         np.float32)
-    ges = (np.float32(1.0) / gds).astype(np.float32)
+    # and rows whose decode scale is a float32 subnormal: results q * S * gds in the subnormals (the stores'
+    # element loop, ``out_values``)
+    gds = np.where(np.arange(n) % 3 == 2, rng.uniform(1e-41, 1e-38, n), gds).astype(np.float32)
+    ges = np.minimum(1.0 / gds.astype(np.float64), np.finfo(np.float32).max).astype(np.float32)
     gamax = np.full(n, np.float32(100.0))
     lines = (True, np.ones(n), ges, gds, gamax, np.float32(1536.0), 0)
     for parallel in (False, True):
@@ -134,3 +148,108 @@ def test_quantize_equals_the_scalar_core_in_every_mode(name, mode, monkeypatch):
             want = emunum.quantize(data, name, mode, seed=11)
         itype = torch.int64 if data.dtype == torch.float64 else torch.int32
         assert torch.equal(got.view(itype), want.view(itype))
+
+
+# ---- e2m1 rounding by float32 arithmetic and the dequantised values as w_m * 2**k -----------------------------
+
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+
+
+@njit
+def _rounded(v):
+    out = np.empty_like(v)
+    for i in range(v.size):
+        out[i] = nvfp4_fos_fast.e2m1_round(v[i])
+    return out
+
+
+@njit
+def _dequantised(q, w1, w15):
+    out = np.empty_like(q)
+    for i in range(q.size):
+        out[i] = nvfp4_fos_fast._dequant(q[i], w1, w15)
+    return out
+
+
+def sweep_values():
+    """Every float32 within 300 ulps of each e2m1 value and midpoint, every 97th float32 up to 16, large ones,
+    FLT_MAX and inf."""
+    points = np.concatenate([E2M1, (E2M1[1:] + E2M1[:-1]) / 2]).astype(np.float32).view(np.int32)
+    near = (points[:, None] + np.arange(-300, 301)[None, :]).reshape(-1)
+    near = near[near >= 0].astype(np.uint32)
+    dense = np.arange(0, np.float32(16.0).view(np.uint32), 97, dtype=np.uint32)
+    big = np.float32([17.0, 1e10, 3e38, np.finfo(np.float32).max, np.inf]).view(np.uint32)
+    return np.concatenate([near, dense, big]).view(np.float32)
+
+
+def test_e2m1_round_is_ml_dtypes_saturating_e2m1_cast():
+    # ml_dtypes rounds to nearest-even and saturates at 6 (inf included), as the scalar core rounds e2m1
+    v = sweep_values()
+    assert np.array_equal(_rounded(v).view(np.uint32), v.astype(ml_dtypes.float4_e2m1fn).astype(np.float32).view(
+        np.uint32))
+
+
+def _chain(q, S, a0, denom):
+    """The scalar core's dequantised value float32(float32(float32(q * S) * gamax) / denom)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return np.float32(np.float32(np.float32(q * np.float32(S)) * np.float32(a0)) / np.float32(denom))
+
+
+E4M3 = np.unique(np.arange(0, 127, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32))
+GAMAX = np.float32([0.0, 1e-45, 1e-40, 2.0**-126, 1e-35, 1e-30, 3e-5, 1.0, 5.0, 448.0, 1e20, 1e30, 1e34, 3e38])
+
+
+@pytest.mark.parametrize("denom", [1536.0, 2688.0])
+def test_lane_values_hold_every_dequantised_value_where_they_say_so(denom):
+    # w_m * 2**k (``_dequant``) is the chain's value of each e2m1 value wherever ``lane_values`` says ok; ok
+    # everywhere in the ordinary range (e4m3 scales under an amax from 3e-5 to 1e20), so that the fast path runs
+    oks = 0
+    for S in E4M3:
+        for a0 in GAMAX:
+            w1, w15, ok = nvfp4_fos_fast.lane_values(S, a0, np.float32(denom))
+            if not ok:
+                assert not 3e-5 <= a0 <= 1e20 or S < 2.0**-9
+                continue
+            oks += 1
+            want = np.float32([_chain(q, S, a0, denom) for q in E2M1])
+            assert np.array_equal(_dequantised(E2M1, w1, w15).view(np.uint32), want.view(np.uint32)), (S, a0)
+    assert oks >= E4M3.size * 5
+
+
+def test_out_values_hold_every_product_where_they_say_so():
+    # float32(q * full) (the stores' value) is o_m * 2**k wherever ``out_values`` says ok, across float32's range
+    rng = np.random.default_rng(2)
+    fulls = np.concatenate([[0.0, 2.0**-149, 2.0**-127, 2.0**-125, 3.4e38, 1e38, 5e37, 6e37],
+                            2.0 ** rng.uniform(-160, 130, 3000) * rng.integers(1, 16, 3000)])
+    oks = 0
+    for full in fulls:
+        o1, o15, ok = nvfp4_fos_fast.out_values(full)
+        if not ok:
+            assert not 2.0**-125 <= full <= 5e37
+            continue
+        oks += 1
+        with np.errstate(over="ignore"):
+            want = np.float32(E2M1.astype(np.float64) * full)
+        assert np.array_equal(_dequantised(E2M1, o1, o15).view(np.uint32), want.view(np.uint32)), full
+    assert oks >= 2000
+
+
+@njit
+def _encodes(s, g, f):
+    out = np.empty_like(s)
+    for i in range(s.size):
+        out[i] = f(s[i], g[i])
+    return out
+
+
+def test_encode_scale32_is_the_scalar_cores_encode_scale():
+    # one float32 division against the scalar core's float64 one, over products s * g from 0 and float32's
+    # subnormals (quotients past FLT_MAX) to FLT_MAX, and random ones
+    from emunum.kernels.nvfp4_scalar import _encode_scale
+    rng = np.random.default_rng(4)
+    g = np.concatenate([np.float32([1.0] * 12), (2.0 ** rng.uniform(-140, 120, 20000)).astype(np.float32)])
+    s = np.concatenate([np.float32([0.0, 1e-45, 2e-45, 1e-40, 2.0**-126, 2.0**-128, 2.9e-39, 2.93873e-39, 1.0,
+                                    448.0, 3e38, np.finfo(np.float32).max]),
+                        rng.uniform(0, 448, 20000).astype(np.float32)])
+    got = _encodes(s, g, nvfp4_fos_fast.encode_scale32)
+    assert np.array_equal(got.view(np.uint32), _encodes(s, g, _encode_scale).view(np.uint32))

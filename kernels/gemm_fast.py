@@ -31,6 +31,7 @@ _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
 from .gemm_scalar import canonical_nan, round_odd, two_sum  # noqa: E402
 from .scalar import round_nearest_fast  # noqa: E402
+from .wide import prefer_wide_vectors  # noqa: E402
 
 TM, TN = 8, 64  # output tile: rows x columns (``gemm_cpu`` lays GEMMs out for it)
 
@@ -93,6 +94,7 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
     ti, tj = (M + TM - 1) // TM, (N + TN - 1) // TN
     span = chunk * lanes if chunk > 0 else max(K, 1)
     for t in prange(nb * ti * tj):
+        prefer_wide_vectors()
         b = t // (ti * tj)
         r = t % (ti * tj)
         i0, j0 = (r // tj) * TM, (r % tj) * TN

@@ -29,7 +29,7 @@ from . import _cache, gemm_scalar, scalar
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
-from .gemm_scalar import canonical_nan, round_odd, two_sum  # noqa: E402
+from .gemm_scalar import bits_f64, canonical_nan, f64_bits, two_sum  # noqa: E402
 from .scalar import round_nearest_fast  # noqa: E402
 from .wide import prefer_wide_vectors  # noqa: E402
 
@@ -81,6 +81,19 @@ def _round_acc(x, accf, sub, checks):
     """The accumulator's rounding of a chunk or lane sum x, with quantize's zero where a sum may round to zero."""
     y = round_nearest_fast(x, accf[0], accf[1], accf[2], accf[3], accf[4], sub, checks)
     return _signed(y, x, accf[5], True) if sub else y
+
+
+@njit(inline="always")
+def _add_bias(y, bias, acc64):
+    """round_acc(y + bias) in binary64: TwoSum, then ``gemm_scalar.round_odd`` as selects (s + e exact: s; s not
+    finite: s; else the one of s and its neighbour on e's side whose last bit is 1), then the accumulator's
+    rounding. s == 0 gives e == 0, so the neighbour's direction (away from zero when e and s share a sign)
+    never meets a zero s."""
+    s, e = two_sum(y, bias)
+    u = f64_bits(s)
+    odd = (e == 0.0) | (abs(s) == math.inf) | (s != s) | ((u & np.uint64(1)) == np.uint64(1))
+    step = np.uint64(1) if (e > 0.0) == (s > 0.0) else np.uint64(0xFFFFFFFFFFFFFFFF)
+    return _round_acc(s if odd else bits_f64(u + step), acc64, True, True)
 
 
 @njit(cache=True, parallel=True)
@@ -143,10 +156,14 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
                         n = h + 1
                     else:
                         n = h
-                y = np.float64(src[0, jj])
-                if has_bias:
-                    s, e = two_sum(y, bias[b, i, j0 + jj])
-                    y = _round_acc(round_odd(s, e), acc64, True, True)
-                out[b, i, j0 + jj] = canonical_nan(y)
+            # the output writes as loops of their own, branch-free, so that they vectorise
+            orow = out[b, i, j0:j0 + nj]
+            if has_bias:
+                brow = bias[b, i, j0:j0 + nj]
+                for jj in range(nj):
+                    orow[jj] = canonical_nan(_add_bias(np.float64(src[0, jj]), brow[jj], acc64))
+            else:
+                for jj in range(nj):
+                    orow[jj] = canonical_nan(np.float64(src[0, jj]))
 
 

@@ -29,7 +29,7 @@ from . import _cache, gemm_scalar, scalar
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
-from .gemm_scalar import bits_f64, canonical_nan, f64_bits, two_sum  # noqa: E402
+from .gemm_scalar import bits_f64, canonical_nan, f64_bits, tile_of, two_sum  # noqa: E402
 from .scalar import round_nearest_fast  # noqa: E402
 from .wide import prefer_wide_vectors  # noqa: E402
 
@@ -108,11 +108,7 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
     span = chunk * lanes if chunk > 0 else max(K, 1)
     for t in prange(nb * ti * tj):
         prefer_wide_vectors()
-        b = t // (ti * tj)
-        r = t % (ti * tj)
-        i0, j0 = (r // tj) * TM, (r % tj) * TN
-        i1, nj = min(i0 + TM, M), min(j0 + TN, N) - j0
-        ab, bbi = b % bA, b % bB
+        b, i0, i1, j0, nj, ab, bbi = tile_of(t, M, N, bA, bB, TM, TN)
         inner = np.zeros((lanes, TN), A.dtype)
         outer = np.zeros((lanes, TN), A.dtype)
         for i in range(i0, i1):

@@ -116,10 +116,12 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
             outer[:, :] = 0.0
             arow = A[ab, i]
             for kk in range(0, K, span):
+                lane = 0  # k % lanes (span is a multiple of lanes), counted: an integer division per k cost more
                 for k in range(kk, min(K, kk + span)):
                     a = arow[k]
                     brow = B[bbi, k, j0:j0 + nj]
-                    acc = inner[k % lanes, :nj]
+                    acc = inner[lane, :nj]
+                    lane = 0 if lane + 1 == lanes else lane + 1
                     # constant flags per loop, so that each loop compiles branch-free and vectorises
                     if checks:
                         _mac_row(acc, brow, a, mulf, accf, True, True, True)

@@ -27,7 +27,7 @@ from .gemm_fast_plan import (  # noqa: E402,F401  (the planners' names, as befor
     _abs_range, _significant_bits, fast_applies, fast_consts, fast_params, fast_plan,
 )
 from .gemm_scalar import (  # noqa: E402
-    NSTREAMS, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan, mac, reduce_lanes,
+    NSTREAMS, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan, mac, reduce_lanes, tile_of,
 )
 from .gemm_fast import TM, TN, _round_acc, gemm_fast  # noqa: E402,F401  (tests reach them here)
 
@@ -41,11 +41,7 @@ def gemm_general(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, key
     span = chunk * lanes if chunk > 0 else max(K, 1)
     k_mul, k_acc, k_chunk, k_red, k_bias = keys[S_MUL], keys[S_ACC], keys[S_CHUNK], keys[S_REDUCE], keys[S_BIAS]
     for t in prange(nb * ti * tj):
-        b = t // (ti * tj)
-        r = t % (ti * tj)
-        i0, j0 = (r // tj) * TM, (r % tj) * TN
-        i1, nj = min(i0 + TM, M), min(j0 + TN, N) - j0
-        ab, bbi = b % bA, b % bB
+        b, i0, i1, j0, nj, ab, bbi = tile_of(t, M, N, bA, bB, TM, TN)
         inner = np.zeros((lanes, TN))
         outer = np.zeros((lanes, TN))
         v = np.empty(lanes)

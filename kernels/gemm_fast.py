@@ -29,8 +29,9 @@ from . import _cache, gemm_scalar, scalar
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
-from .gemm_scalar import canonical_nan, round_odd, two_sum  # noqa: E402
+from .gemm_scalar import bits_f64, canonical_nan, f64_bits, tile_of, two_sum  # noqa: E402
 from .scalar import round_nearest_fast  # noqa: E402
+from .wide import prefer_wide_vectors  # noqa: E402
 
 TM, TN = 8, 64  # output tile: rows x columns (``gemm_cpu`` lays GEMMs out for it)
 
@@ -82,6 +83,19 @@ def _round_acc(x, accf, sub, checks):
     return _signed(y, x, accf[5], True) if sub else y
 
 
+@njit(inline="always")
+def _add_bias(y, bias, acc64):
+    """round_acc(y + bias) in binary64: TwoSum, then ``gemm_scalar.round_odd`` as selects (s + e exact: s; s not
+    finite: s; else the one of s and its neighbour on e's side whose last bit is 1), then the accumulator's
+    rounding. s == 0 gives e == 0, so the neighbour's direction (away from zero when e and s share a sign)
+    never meets a zero s."""
+    s, e = two_sum(y, bias)
+    u = f64_bits(s)
+    odd = (e == 0.0) | (abs(s) == math.inf) | (s != s) | ((u & np.uint64(1)) == np.uint64(1))
+    step = np.uint64(1) if (e > 0.0) == (s > 0.0) else np.uint64(0xFFFFFFFFFFFFFFFF)
+    return _round_acc(s if odd else bits_f64(u + step), acc64, True, True)
+
+
 @njit(cache=True, parallel=True)
 def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_sub, acc_sub, checks, mul_exact):
     """Round-to-nearest FloatFormat units (``fast_plan``). A, B, mulf, accf share the work dtype (float32 or
@@ -93,11 +107,8 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
     ti, tj = (M + TM - 1) // TM, (N + TN - 1) // TN
     span = chunk * lanes if chunk > 0 else max(K, 1)
     for t in prange(nb * ti * tj):
-        b = t // (ti * tj)
-        r = t % (ti * tj)
-        i0, j0 = (r // tj) * TM, (r % tj) * TN
-        i1, nj = min(i0 + TM, M), min(j0 + TN, N) - j0
-        ab, bbi = b % bA, b % bB
+        prefer_wide_vectors()
+        b, i0, i1, j0, nj, ab, bbi = tile_of(t, M, N, bA, bB, TM, TN)
         inner = np.zeros((lanes, TN), A.dtype)
         outer = np.zeros((lanes, TN), A.dtype)
         for i in range(i0, i1):
@@ -105,10 +116,12 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
             outer[:, :] = 0.0
             arow = A[ab, i]
             for kk in range(0, K, span):
+                lane = 0  # k % lanes (span is a multiple of lanes), counted: an integer division per k cost more
                 for k in range(kk, min(K, kk + span)):
                     a = arow[k]
                     brow = B[bbi, k, j0:j0 + nj]
-                    acc = inner[k % lanes, :nj]
+                    acc = inner[lane, :nj]
+                    lane = 0 if lane + 1 == lanes else lane + 1
                     # constant flags per loop, so that each loop compiles branch-free and vectorises
                     if checks:
                         _mac_row(acc, brow, a, mulf, accf, True, True, True)
@@ -141,10 +154,14 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
                         n = h + 1
                     else:
                         n = h
-                y = np.float64(src[0, jj])
-                if has_bias:
-                    s, e = two_sum(y, bias[b, i, j0 + jj])
-                    y = _round_acc(round_odd(s, e), acc64, True, True)
-                out[b, i, j0 + jj] = canonical_nan(y)
+            # the output writes as loops of their own, branch-free, so that they vectorise
+            orow = out[b, i, j0:j0 + nj]
+            if has_bias:
+                brow = bias[b, i, j0:j0 + nj]
+                for jj in range(nj):
+                    orow[jj] = canonical_nan(_add_bias(np.float64(src[0, jj]), brow[jj], acc64))
+            else:
+                for jj in range(nj):
+                    orow[jj] = canonical_nan(np.float64(src[0, jj]))
 
 

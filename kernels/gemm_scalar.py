@@ -37,6 +37,17 @@ NAN = float("nan")  # the positive quiet NaN, binary64 0x7FF8000000000000 (a glo
 
 
 
+@njit(inline="always")
+def tile_of(t, M, N, bA, bB, tm, tn):
+    """Tile t of the GEMM kernels' (nb, ceil(M/tm), ceil(N/tn)) output tiles in C order: (b, i0, i1, j0, nj,
+    b % bA, b % bB), its batch, rows i0..i1-1, nj columns from j0, and the batches of A and B it reads."""
+    ti, tj = (M + tm - 1) // tm, (N + tn - 1) // tn
+    b = t // (ti * tj)
+    r = t % (ti * tj)
+    i0, j0 = (r // tj) * tm, (r % tj) * tn
+    return b, i0, min(i0 + tm, M), j0, min(j0 + tn, N) - j0, b % bA, b % bB
+
+
 @njit
 def f64_bits(x):
     return np.float64(x).view(np.uint64)

@@ -42,7 +42,9 @@ from . import _cache, gemm_scalar, scalar
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
-from .gemm_scalar import P_KIND, P_MODE, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan, reduce_lanes  # noqa: E402
+from .gemm_scalar import (  # noqa: E402
+    P_KIND, P_MODE, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan, reduce_lanes, tile_of,
+)
 from .gemm_vec_plan import consts, exact_sums, needs_checks, vec_applies  # noqa: E402,F401
 from .scalar import (  # noqa: E402
     GOLDEN, NEAREST, NEAREST_AWAY, ODD, OVF_SAT, STOCHASTIC, TOWARD_ZERO, UP, DOWN, mix64, round_nearest_fast,
@@ -251,11 +253,7 @@ def kernel(FUSED: bool, MMODE: int, AMODE: int, AFIX: int, CHK: bool, EXACT: boo
         for jj in range(TN):
             colz[jj] = np.uint64(jj) * np.uint64(K) * GOLDEN
         for t in prange(nb * ti * tj):
-            b = t // (ti * tj)
-            r = t % (ti * tj)
-            i0, j0 = (r // tj) * TM, (r % tj) * TN
-            i1, nj = min(i0 + TM, M), min(j0 + TN, N) - j0
-            ab, bbi = b % bA, b % bB
+            b, i0, i1, j0, nj, ab, bbi = tile_of(t, M, N, bA, bB, TM, TN)
             inner = np.zeros((lanes, TN))
             outer = np.zeros((lanes, TN))
             v = np.empty(lanes)

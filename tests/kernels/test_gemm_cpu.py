@@ -208,6 +208,49 @@ def test_fast_kernel_layouts_give_the_general_kernels_bits(layout, unit, with_bi
     np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
 
 
+def _nearest_even(v: Fraction, bits: int) -> Fraction:
+    """v rounded to ``bits`` significant bits, ties to even (normal range, no overflow)."""
+    if v == 0:
+        return v
+    e = 0
+    while abs(v) >= Fraction(2) ** (e + 1):
+        e += 1
+    while abs(v) < Fraction(2) ** e:
+        e -= 1
+    q = Fraction(2) ** (e + 1 - bits)
+    n, r = divmod(v / q, 1)
+    if r > Fraction(1, 2) or (r == Fraction(1, 2) and n % 2 == 1):
+        n += 1
+    return n * q
+
+
+@pytest.mark.parametrize("fast", [None, False])
+def test_fast_kernel_bias_rounds_once_at_the_accumulators_midpoints(fast):
+    """out = round_acc(y + bias) rounded once: biases at y's midpoints of the accumulator's grid, exactly, one
+    binary64 ulp off on either side, and one ulp of y beyond less 2**-62 |y| (sums that binary64 cannot hold,
+    settled by round-to-odd, whose binary64 sum is even or odd), in a tile row wider than a vector and a ragged
+    last tile; against exact rationals."""
+    unit = MADUnit("fp8_152", "fp16_169", chunk=64)  # the fp8 recipe's unit: 10 significant bits
+    ys = np.array([1.0, 1.5, -1.25, 0.875, 3.0, -40.0, 0.0625, -0.75], dtype=np.float32)
+    N = 70
+    A, B = ys.reshape(1, -1, 1), np.ones((1, 1, N), dtype=np.float32)
+    half = np.exp2(np.floor(np.log2(np.abs(ys.astype(np.float64)))) - 10)[:, None]  # half the grid's spacing
+    kind = np.arange(N)[None, :] % 8
+    h = np.where(kind % 2 == 0, half, -half) * np.ones((1, N))
+    beyond = h + np.sign(h) * (np.exp2(-42) * half - np.exp2(-52) * half)  # 53 bits: exact in binary64
+    bias = np.where(kind < 2, h, np.nextafter(h, np.where(kind < 4, np.inf, -np.inf)))
+    bias = np.where(kind < 6, bias, beyond)[None]
+    got = _run(A, B, bias, unit, fast=fast)
+    want = np.array([[float(_nearest_even(Fraction(float(y)) + Fraction(b), 10)) for b in row]
+                     for y, row in zip(ys, bias[0])])
+    twice = np.array([[float(_nearest_even(Fraction(float(np.float64(y) + b)), 10)) for b in row]
+                      for y, row in zip(ys, bias[0])])
+    assert (twice != want).any()  # rounding binary64's sum again would differ
+    _same_bits(got[0], want, ("bias", fast))
+    if fast is None:
+        assert gemm_cpu.kernel_choice(A, B, 0, *unit.kernel_params()) == "fast"
+
+
 def test_fast_plan_drops_only_what_cannot_matter():
     unit = MADUnit("fp8_152", "fp16_169", chunk=64)
     mulp, accp = unit.kernel_params()

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from .. import gemm_listener
 from ..policy import Policy, Role
 from .base import EmuLayer, _mad, rounding_state
-from .block_gemm import BlockPlan, block_conv
+from .block_gemm import BlockPlan, block_conv, block_conv_transpose
 
 EMULATED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -258,6 +258,28 @@ class GemmEmulator(EmuLayer):
             y = fn(x, w, bias, stride, padding, dilation, groups, unit=pol.mad, backward_units=pol.mad_backward)
         else:
             y = (F.conv1d, F.conv2d, F.conv3d)[nd - 1](x, w, bias, stride, padding, dilation, groups)
+        return R(y, Role.OUTPUT)
+
+    def conv_transpose(self, nd: int, x: Tensor, w: Tensor, bias=None, stride=1, padding=0, output_padding=0,
+                       groups=1, dilation=1) -> Tensor:
+        """F.conv_transpose1d/2d/3d, as the ConvTranspose layers run it: element formats round x and w, the
+        convolution, then the output; block formats run ``block_conv_transpose``. Not on MAD units (as the
+        layers: emunum.mad has no transposed-convolution GEMM)."""
+        self._check(x, w, bias)
+        if self._emunum_policy.mad is not None:
+            raise Unsupported(f"F.conv_transpose{nd}d on a MAD unit (emunum.mad has no transposed-convolution GEMM)")
+        rx, rw = operand_role(x), operand_role(w)
+        R = self._emu_round
+        x, w, bias = R(x, rx), R(w, rw), self._bias(bias)
+        tup = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,) * nd  # noqa: E731
+        plan = self._emunum_block
+        if plan is not None:
+            geo = SimpleNamespace(kernel_size=tuple(w.shape[2:]), stride=tup(stride), padding=tup(padding),
+                                  dilation=tup(dilation), groups=groups)
+            y = block_conv_transpose(geo, x, w, bias, plan, tup(output_padding))
+        else:
+            fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[nd - 1]
+            y = fn(x, w, bias, stride, padding, output_padding, groups, dilation)
         return R(y, Role.OUTPUT)
 
     def sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,

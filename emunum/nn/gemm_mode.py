@@ -70,6 +70,12 @@ def _bilinear(emu, input1, input2, weight, bias=None):
     return emu.bilinear(input1, input2, weight, bias)
 
 
+def _conv_transpose(nd):
+    def run(emu, input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+        return emu.conv_transpose(nd, input, weight, bias, stride, padding, output_padding, groups, dilation)
+    return run
+
+
 def _einsum(emu, equation, *operands):
     return emu.einsum(equation, *operands)
 
@@ -95,6 +101,9 @@ for _name, _fns, _h in (
         ("linear", (F.linear,), _linear), ("bilinear", (F.bilinear,), _bilinear), ("einsum", (torch.einsum,), _einsum),
         ("scaled_dot_product_attention", (F.scaled_dot_product_attention,), _sdpa),
         ("conv1d", (F.conv1d,), _conv(1)), ("conv2d", (F.conv2d,), _conv(2)), ("conv3d", (F.conv3d,), _conv(3)),
+        ("conv_transpose1d", (F.conv_transpose1d,), _conv_transpose(1)),
+        ("conv_transpose2d", (F.conv_transpose2d,), _conv_transpose(2)),
+        ("conv_transpose3d", (F.conv_transpose3d,), _conv_transpose(3)),
         ("lstm", (torch.lstm,), recurrent_handler("lstm")), ("gru", (torch.gru,), recurrent_handler("gru")),
         ("rnn_tanh", (torch.rnn_tanh,), recurrent_handler("rnn_tanh")),
         ("rnn_relu", (torch.rnn_relu,), recurrent_handler("rnn_relu")),
@@ -108,8 +117,7 @@ for _name, _fns, _h in (
 UNSUPPORTED: dict = {}
 for _f in (torch.addbmm, Tensor.addbmm, torch.addmv, Tensor.addmv, torch.dot, Tensor.dot, torch.vdot, Tensor.vdot,
            torch.inner, Tensor.inner, torch.tensordot, torch.chain_matmul, torch.linalg.multi_dot, torch.linalg.vecdot,
-           F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, Tensor.addmm_, Tensor.baddbmm_,
-           Tensor.addbmm_, Tensor.addmv_):
+           Tensor.addmm_, Tensor.baddbmm_, Tensor.addbmm_, Tensor.addmv_):
     UNSUPPORTED[_f] = _f.__name__
 del _name, _fns, _h, _f
 

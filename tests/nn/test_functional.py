@@ -119,9 +119,12 @@ CASES = {  # name: (fn(module, *xs), input shapes, weight shape or None, referen
                  lambda q, xs, ps: q(q(torch.einsum("boj,bj->bo", q(q(torch.einsum(
                      "bi,oij->boj", q(xs[0].reshape(6, 8)), q(ps[0])))), q(xs[1].reshape(6, 6)))) + q(ps[1])).reshape(
                      2, 3, 4)),
+    "conv_transpose2d": (lambda m, x: F.conv_transpose2d(x, m.w, m.b, stride=2, padding=1, output_padding=1),
+                         [(2, 3, 4, 4)], (3, 4, 3, 3), lambda q, xs, ps: q(F.conv_transpose2d(
+                             q(xs[0]), q(ps[0]), q(ps[1]), stride=2, padding=1, output_padding=1))),
 }
 BIASED = {"addmm_conv1d_style": 1, "kw_addmm": 1, "linear": 0, "kw_linear": 0, "conv2d": 0, "kw_conv2d": 0,
-          "bilinear": 0}
+          "bilinear": 0, "conv_transpose2d": 1}
 
 
 @pytest.mark.parametrize("fmt", ELEMENT)
@@ -289,6 +292,26 @@ def test_a_functional_conv_with_block_formats_on_a_mad_unit_gives_the_layers_bit
         y = net(xg)
         y.square().sum().backward()
         out.append((y, xg.grad, net.conv.weight.grad, cov.fraction))
+    (y0, gx0, gw0, f0), (y1, gx1, gw1, f1) = out
+    assert f0 == f1 == 1.0
+    assert torch.equal(y0, y1) and torch.equal(gx0, gx1) and torch.equal(gw0, gw1)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
+def test_a_functional_conv_transpose_with_block_formats_gives_the_layers_bits(fmt):
+    torch.manual_seed(0)
+    c, x = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1), torch.randn(2, 4, 5, 5)
+    functional = Fn(lambda m, x: F.conv_transpose2d(x, m.w, m.b, stride=2, padding=1), c.weight.detach(),
+                    c.bias.detach())
+    out = []
+    for net in (_ConvNet(copy.deepcopy(c)), _ConvNet(functional)):
+        emunum.patch(net, fmt)
+        xg = x.clone().requires_grad_(True)
+        torch.manual_seed(5)
+        y = net(xg)
+        y.square().sum().backward()
+        w = net.conv.weight if hasattr(net.conv, "weight") else net.conv.w
+        out.append((y, xg.grad, w.grad, emunum.coverage(net, x).fraction))
     (y0, gx0, gw0, f0), (y1, gx1, gw1, f1) = out
     assert f0 == f1 == 1.0
     assert torch.equal(y0, y1) and torch.equal(gx0, gx1) and torch.equal(gw0, gw1)

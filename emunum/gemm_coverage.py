@@ -147,7 +147,8 @@ _A = torch.ops.aten
 _FLOPS = {_A.mm.default: _mm_flops, _A.bmm.default: _mm_flops, _A.addmm.default: _mm_flops,
           _A.baddbmm.default: _mm_flops, _A.mv.default: _mm_flops, _A.addmv.default: _mm_flops,
           _A.addbmm.default: _addbmm_flops, _A.dot.default: _dot_flops, _A.vdot.default: _dot_flops,
-          _A._trilinear.default: _trilinear_flops,
+          _A._trilinear.default: _trilinear_flops, _A.addmm_.default: _mm_flops, _A.baddbmm_.default: _mm_flops,
+          _A.addmv_.default: _mm_flops, _A.addbmm_.default: _addbmm_flops,
           _A.convolution.default: _conv_flops, _A.convolution_backward.default: _conv_backward_flops}
 for _name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
               "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"):

@@ -219,3 +219,17 @@ def test_a_bilinear_layer_is_counted_and_emulated():
     cov = emunum.coverage(model, x, y)
     assert cov.fraction == 1.0, str(cov)
     assert forward(cov) == forward(plain)
+
+
+@pytest.mark.parametrize("op,flops", [
+    (lambda: torch.zeros(3, 4).addmm_(torch.randn(3, 5), torch.randn(5, 4)), 2 * 3 * 4 * 5),
+    (lambda: torch.zeros(2, 3, 4).baddbmm_(torch.randn(2, 3, 5), torch.randn(2, 5, 4)), 2 * 2 * 3 * 4 * 5),
+    (lambda: torch.zeros(3, 4).addbmm_(torch.randn(2, 3, 5), torch.randn(2, 5, 4)), 2 * 3 * 4 * 2 * 5),
+    (lambda: torch.zeros(3).addmv_(torch.randn(3, 5), torch.randn(5)), 2 * 3 * 5)],
+    ids=["addmm_", "baddbmm_", "addbmm_", "addmv_"])
+def test_in_place_products_are_counted(op, flops):
+    class M(nn.Module):
+        def forward(self, x):
+            return op() + x
+
+    assert emunum.coverage(M(), torch.zeros(1), backward=False).total_flops == flops

@@ -3,8 +3,8 @@
 A ``torch.overrides.TorchFunctionMode`` sees every call of torch's Python API (``torch.*``, ``Tensor``
 methods and operators, ``torch.nn.functional``), so it catches the GEMMs of modules that ``patch`` did not
 swap: attention products (``q @ k.transpose(-1, -2)``, ``torch.matmul``, ``bmm``, ``baddbmm``, ``einsum``,
-``F.scaled_dot_product_attention``) and foreign layers that call ``F.linear``, ``torch.addmm`` or
-``F.conv*d`` themselves (transformers' ``Conv1D``, weight-standardised convolutions), and the recurrent layers'
+``F.scaled_dot_product_attention``; torch's other products in ``products.py``) and foreign layers that call
+``F.linear``, ``torch.addmm`` or ``F.conv*d`` themselves (transformers' ``Conv1D``, weight-standardised convolutions), and the recurrent layers'
 fused ``torch.lstm``/``gru``/``rnn_tanh``/``rnn_relu`` and their ``*_cell`` steps, run as their recurrences
 over emulated GEMMs (``recurrent.py``). Emulated layers switch it off while they run (their GEMMs are their
 own), and so do modules that the policy's ``filter`` or ``keep_first_last`` excludes; a functional GEMM belongs
@@ -23,6 +23,7 @@ from torch.overrides import TorchFunctionMode
 from .functional import GemmEmulator, Unsupported
 from .gemm_context import UNROUNDED, GemmContext, stack as ctx_stack
 from .gemm_suspend import active
+from . import products
 from .recurrent import cell_handler, recurrent_handler
 
 
@@ -109,15 +110,17 @@ for _name, _fns, _h in (
         ("rnn_relu", (torch.rnn_relu,), recurrent_handler("rnn_relu")),
         ("lstm_cell", (torch.lstm_cell,), cell_handler("lstm")), ("gru_cell", (torch.gru_cell,), cell_handler("gru")),
         ("rnn_tanh_cell", (torch.rnn_tanh_cell,), cell_handler("rnn_tanh")),
-        ("rnn_relu_cell", (torch.rnn_relu_cell,), cell_handler("rnn_relu"))):
+        ("rnn_relu_cell", (torch.rnn_relu_cell,), cell_handler("rnn_relu")),
+        ("dot", (torch.dot, Tensor.dot, torch.vdot, Tensor.vdot), products.dot),
+        ("inner", (torch.inner, Tensor.inner), products.inner), ("tensordot", (torch.tensordot,), products.tensordot),
+        ("addmv", (torch.addmv, Tensor.addmv), products.addmv), ("addbmm", (torch.addbmm, Tensor.addbmm), products.addbmm),
+        ("multi_dot", (torch.linalg.multi_dot,), products.multi_dot), ("chain_matmul", (torch.chain_matmul,), products.chain)):
     for _f in _fns:
         HANDLERS[_f] = (_name, _h)
 
 # GEMMs that the mode sees but does not emulate: they run as they are, and coverage names them
 UNSUPPORTED: dict = {}
-for _f in (torch.addbmm, Tensor.addbmm, torch.addmv, Tensor.addmv, torch.dot, Tensor.dot, torch.vdot, Tensor.vdot,
-           torch.inner, Tensor.inner, torch.tensordot, torch.chain_matmul, torch.linalg.multi_dot, torch.linalg.vecdot,
-           Tensor.addmm_, Tensor.baddbmm_, Tensor.addbmm_, Tensor.addmv_):
+for _f in (torch.linalg.vecdot, Tensor.addmm_, Tensor.baddbmm_, Tensor.addbmm_, Tensor.addmv_):
     UNSUPPORTED[_f] = _f.__name__
 del _name, _fns, _h, _f
 

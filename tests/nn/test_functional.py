@@ -122,9 +122,28 @@ CASES = {  # name: (fn(module, *xs), input shapes, weight shape or None, referen
     "conv_transpose2d": (lambda m, x: F.conv_transpose2d(x, m.w, m.b, stride=2, padding=1, output_padding=1),
                          [(2, 3, 4, 4)], (3, 4, 3, 3), lambda q, xs, ps: q(F.conv_transpose2d(
                              q(xs[0]), q(ps[0]), q(ps[1]), stride=2, padding=1, output_padding=1))),
+    "dot": (lambda m, a, b: torch.dot(a, b).reshape(1), [(8,), (8,)], None,  # (1,): the harness's gradient
+            lambda q, xs, ps: q(q(xs[0]) @ q(xs[1])).reshape(1)),
+    "vdot_method": (lambda m, a: a.vdot(m.w).reshape(1), [(8,)], (8,),
+                    lambda q, xs, ps: q(q(xs[0]) @ q(ps[0])).reshape(1)),
+    "inner": (lambda m, a, b: torch.inner(a, b), [(2, 3, 8), (5, 8)], None,
+              lambda q, xs, ps: q(q(xs[0]) @ q(xs[1]).t())),
+    "tensordot": (lambda m, a, b: torch.tensordot(a, b, dims=([1, 2], [0, 1])), [(3, 4, 2), (4, 2, 5)], None,
+                  lambda q, xs, ps: q(q(xs[0]).reshape(3, 8) @ q(xs[1]).reshape(8, 5))),
+    "tensordot_int": (lambda m, a: torch.tensordot(a, m.w, dims=1), [(3, 8)], (8, 5),
+                      lambda q, xs, ps: q(q(xs[0]) @ q(ps[0]))),
+    "addmv": (lambda m, v: torch.addmv(m.b, m.w, v, beta=0.5), [(8,)], (5, 8),
+              lambda q, xs, ps: q(torch.addmv(q(ps[1]), q(ps[0]), q(xs[0]), beta=0.5))),
+    "addbmm": (lambda m, c, a, b: torch.addbmm(c, a, b), [(4, 3), (2, 4, 8), (2, 8, 3)], None,
+               lambda q, xs, ps: q(torch.addmm(xs[0], q(xs[1]).permute(1, 0, 2).reshape(4, 16),
+                                               q(xs[2]).reshape(16, 3)))),
+    "multi_dot": (lambda m, a, b, c: torch.linalg.multi_dot([a, b, c]), [(3, 8), (8, 4), (4, 5)], None,
+                  lambda q, xs, ps: q(q(q(q(xs[0]) @ q(xs[1]))) @ q(xs[2]))),
+    "chain_matmul": (lambda m, a, b: torch.chain_matmul(a, b), [(3, 8), (8, 4)], None,
+                     lambda q, xs, ps: q(q(xs[0]) @ q(xs[1]))),
 }
 BIASED = {"addmm_conv1d_style": 1, "kw_addmm": 1, "linear": 0, "kw_linear": 0, "conv2d": 0, "kw_conv2d": 0,
-          "bilinear": 0, "conv_transpose2d": 1}
+          "bilinear": 0, "conv_transpose2d": 1, "addmv": 0}
 
 
 @pytest.mark.parametrize("fmt", ELEMENT)
@@ -361,11 +380,11 @@ def test_keep_first_last_leaves_those_layers_functional_gemms_unemulated():
 
 
 class WithAddmv(nn.Module):
-    """torch.addmv: a GEMM torch's Python API shows, which emunum does not emulate."""
+    """Tensor.addmv_: a GEMM torch's Python API shows, which emunum does not emulate (in place)."""
 
     def __init__(self):
         super().__init__()
-        self.mv = Fn(lambda m, x: torch.addmv(m.b, m.w, x), torch.randn(3, 4), torch.randn(3))
+        self.mv = Fn(lambda m, x: (m.b * 1).addmv_(m.w, x), torch.randn(3, 4), torch.randn(3))
         self.head = nn.Linear(3, 2)
 
     def forward(self, x):
@@ -375,21 +394,21 @@ class WithAddmv(nn.Module):
 def test_a_gemm_emunum_cannot_emulate_warns_once_naming_it_or_raises_under_strict():
     x = torch.randn(4)
     model = emunum.patch(WithAddmv(), "e5m2")
-    with pytest.warns(RuntimeWarning, match=r"ran off the format.*mv: addmv"):
+    with pytest.warns(RuntimeWarning, match=r"ran off the format.*mv: addmv_"):
         model(x)
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model(x)  # once only
     strict = emunum.patch(WithAddmv(), "e5m2", strict=True)
-    with pytest.raises(ValueError, match=r"strict=True.*addmv cannot be emulated"):
+    with pytest.raises(ValueError, match=r"strict=True.*addmv_ cannot be emulated"):
         strict(x)
 
 
 def test_strict_raises_for_an_unsupported_op_and_for_a_gemm_no_mechanism_sees():
-    m = emunum.patch(Fn(lambda m, a, b, c: torch.addbmm(a, b, c)), "e5m2", strict=True)
-    with pytest.raises(ValueError, match="addbmm cannot be emulated: not emulated by emunum"):
-        m(torch.randn(3, 4), torch.randn(2, 3, 5), torch.randn(2, 5, 4))
+    m = emunum.patch(Fn(lambda m, a, b, c: a.clone().addmv_(b, c)), "e5m2", strict=True)
+    with pytest.raises(ValueError, match="addmv_ cannot be emulated: not emulated by emunum"):
+        m(torch.randn(3), torch.randn(3, 5), torch.randn(5))
     def extension(m, a, b):  # a C++ extension's GEMM: no torch function call on the way
         with torch._C.DisableTorchFunction():
             return torch.bmm(a, b)

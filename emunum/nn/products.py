@@ -1,0 +1,83 @@
+"""torch's other product functions, as ``GemmEmulator``'s products (their operands, outputs and gradients rounded
+role by role, on the policy's GEMM):
+
+- ``torch.dot`` / ``vdot`` (real): a (1, K) @ (K, 1) product;
+- ``torch.inner`` and ``torch.tensordot``: one product over the contracted dimensions (an einsum);
+- ``torch.addmv``: ``addmm`` with the vector as a column;
+- ``torch.addbmm``: one ``addmm`` whose reduction runs over the batch and K together (batch-major), where torch
+  adds B products;
+- ``torch.linalg.multi_dot`` / ``torch.chain_matmul``: products left to right (torch picks the cheapest order).
+
+``out=`` and a scalar operand of ``inner`` (an element-wise product) are not emulated (``Unsupported``)."""
+from __future__ import annotations
+
+from .functional import Unsupported
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _no_out(out):
+    if out is not None:
+        raise Unsupported("out= (the emulated product is a new tensor)")
+
+
+def dot(emu, input, tensor, *, out=None):
+    _no_out(out)
+    if input.dim() != 1 or tensor.dim() != 1:
+        raise Unsupported("dot of other than two vectors")
+    return emu.matmul(input.unsqueeze(0), tensor.unsqueeze(-1)).reshape(())
+
+
+def inner(emu, input, other, *, out=None):
+    _no_out(out)
+    if input.dim() == 0 or other.dim() == 0:
+        raise Unsupported("inner with a scalar (an element-wise product, no GEMM)")
+    return tensordot(emu, input, other, dims=([input.dim() - 1], [other.dim() - 1]))
+
+
+def tensordot(emu, a, b, dims=2, out=None):
+    _no_out(out)
+    if isinstance(dims, int):
+        da, db = list(range(a.dim() - dims, a.dim())), list(range(dims))
+    else:
+        da, db = ([int(d) for d in (x.tolist() if hasattr(x, "tolist") else x)] for x in dims)
+        if isinstance(da, int):
+            da, db = [da], [db]
+    da, db = [d % a.dim() for d in da], [d % b.dim() for d in db]
+    if len(da) != len(db) or not da or a.dim() + b.dim() > len(_LETTERS):
+        raise Unsupported(f"tensordot with dims={dims!r}")
+    sa = _LETTERS[:a.dim()]
+    sb = list(_LETTERS[a.dim():a.dim() + b.dim()])
+    for i, j in zip(da, db):
+        sb[j] = sa[i]
+    sb = "".join(sb)
+    out_idx = "".join(c for i, c in enumerate(sa) if i not in da) + "".join(c for j, c in enumerate(sb) if j not in db)
+    return emu.einsum(f"{sa},{sb}->{out_idx}", a, b)
+
+
+def addmv(emu, input, mat, vec, *, beta=1, alpha=1, out=None):
+    _no_out(out)
+    return emu.addmm(input.unsqueeze(-1), mat, vec.unsqueeze(-1), beta, alpha).squeeze(-1)
+
+
+def addbmm(emu, input, batch1, batch2, *, beta=1, alpha=1, out=None):
+    _no_out(out)
+    n, m, k = batch1.shape
+    a = batch1.permute(1, 0, 2).reshape(m, n * k)
+    return emu.addmm(input, a, batch2.reshape(n * k, batch2.shape[-1]), beta, alpha)
+
+
+def multi_dot(emu, tensors, *, out=None):
+    _no_out(out)
+    return chain(emu, *tensors)
+
+
+def chain(emu, *matrices):
+    if len(matrices) == 1 and isinstance(matrices[0], (list, tuple)):
+        matrices = tuple(matrices[0])
+    if len(matrices) < 2:
+        raise Unsupported("a chain of fewer than two matrices (no product)")
+    y = matrices[0]
+    for t in matrices[1:]:
+        y = emu.matmul(y, t)
+    return y

@@ -61,9 +61,10 @@ print(t2 - t1, int("torch._dynamo" in sys.modules), int("transformers" in sys.mo
 
 
 def test_import_emunum_costs_at_most_0_15_s_beyond_torch_and_pulls_no_dynamo():
-    # each probe is a fresh interpreter; the least of five is the cost without the machine's noise
+    # each probe is a fresh interpreter; the least of up to five is the cost without the machine's noise (the
+    # probes stop at the first within the bound: the least of five is then within it too)
     runs = []
-    for _ in range(5):
+    while len(runs) < 5 and not any(float(t) <= 0.15 for t, _, _ in runs):
         r = subprocess.run([sys.executable, "-c", TIMING], capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert r.returncode == 0, r.stderr
         runs.append(r.stdout.split())

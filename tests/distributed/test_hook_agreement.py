@@ -11,14 +11,15 @@ import textwrap
 import pytest
 
 SCRIPT = textwrap.dedent("""
-    import os, socket, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
+    import multiprocessing, os, socket, sys, threading, torch, torch.distributed as dist
+    import torch.multiprocessing as mp
     from emunum.distributed import quantized_allreduce_hook
     CASES = {cases}
 
     def say(case, text):
         print("\\n".join(f"[{{case}}] {{line}}" for line in text.split("\\n")), flush=True)
 
-    def worker(rank, case, port):
+    def worker(rank, case, port, raised):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank, world_size=2)
         torch.manual_seed(0)
@@ -32,8 +33,12 @@ SCRIPT = textwrap.dedent("""
         except ValueError as e:
             say(case, f"rank {{rank}} RAISED {{e}}")
             # gloo's teardown can wait forever after a comm hook raised mid-backward (torch's, not the
-            # hook's): leave once the peer has had time to finish the same collectives
-            time.sleep(2)
+            # hook's): leave once the peer has raised too (it has then finished the same collectives), or
+            # after a wait that is long enough for it to (a peer that never raises fails the test anyway)
+            try:
+                raised.wait(timeout=30)
+            except threading.BrokenBarrierError:
+                pass
             os._exit(0)
         dist.destroy_process_group()
 
@@ -43,7 +48,8 @@ SCRIPT = textwrap.dedent("""
             return s.getsockname()[1]
 
     for case in CASES:
-        mp.start_processes(worker, args=(case, port()), nprocs=2, join=True, start_method="fork")
+        raised = multiprocessing.get_context("fork").Barrier(2)  # the ranks that raised, inherited by the fork
+        mp.start_processes(worker, args=(case, port(), raised), nprocs=2, join=True, start_method="fork")
 """)
 
 BASE = dict(fmt="e5m2", rounding="stochastic", seed=7)

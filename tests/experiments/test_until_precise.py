@@ -14,7 +14,9 @@ TINY = ["model=mlp", "model.hidden=[16]", "max_iters=8", "eval_every=2", "target
 
 
 def _until(out: Path, cache: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "experiments" / "until_precise.py"), "--dir", str(out), "--jobs", "2", *args,
+    # --jobs 1: joblib runs each round's jobs in the sweep's own process, not in two workers that import torch
+    # again (about half the CPU of this test); parallel joblib sweeps are test_sweep.py's
+    cmd = [sys.executable, str(ROOT / "experiments" / "until_precise.py"), "--dir", str(out), "--jobs", "1", *args,
            "--", *TINY, f"data.cache_dir={cache}"]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
 

@@ -37,13 +37,10 @@ def inner(emu, input, other, *, out=None):
 
 def tensordot(emu, a, b, dims=2, out=None):
     _no_out(out)
-    if isinstance(dims, int):
-        da, db = list(range(a.dim() - dims, a.dim())), list(range(dims))
-    else:
-        da, db = ([int(d) for d in (x.tolist() if hasattr(x, "tolist") else x)] for x in dims)
-        if isinstance(da, int):
-            da, db = [da], [db]
-    da, db = [d % a.dim() for d in da], [d % b.dim() for d in db]
+    try:
+        da, db = _dims(dims, a.dim(), b.dim())
+    except (TypeError, ValueError):  # torch's own call says what is wrong with dims
+        raise Unsupported(f"tensordot with dims={dims!r}") from None
     if len(da) != len(db) or not da or a.dim() + b.dim() > len(_LETTERS):
         raise Unsupported(f"tensordot with dims={dims!r}")
     sa = _LETTERS[:a.dim()]
@@ -53,6 +50,18 @@ def tensordot(emu, a, b, dims=2, out=None):
     sb = "".join(sb)
     out_idx = "".join(c for i, c in enumerate(sa) if i not in da) + "".join(c for j, c in enumerate(sb) if j not in db)
     return emu.einsum(f"{sa},{sb}->{out_idx}", a, b)
+
+
+def _dims(dims, na: int, nb: int):
+    """tensordot's dims (an int n: a's last n with b's first n; or two lists, ints or tensors) as two lists of
+    non-negative dimensions."""
+    if hasattr(dims, "tolist"):
+        dims = dims.tolist()
+    if isinstance(dims, int):
+        return list(range(na - dims, na)), list(range(dims))
+    da, db = (x.tolist() if hasattr(x, "tolist") else x for x in dims)
+    da, db = ([x] if isinstance(x, int) else list(x) for x in (da, db))
+    return [int(d) % na for d in da], [int(d) % nb for d in db]
 
 
 def addmv(emu, input, mat, vec, *, beta=1, alpha=1, out=None):

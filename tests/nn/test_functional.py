@@ -132,6 +132,10 @@ CASES = {  # name: (fn(module, *xs), input shapes, weight shape or None, referen
                   lambda q, xs, ps: q(q(xs[0]).reshape(3, 8) @ q(xs[1]).reshape(8, 5))),
     "tensordot_int": (lambda m, a: torch.tensordot(a, m.w, dims=1), [(3, 8)], (8, 5),
                       lambda q, xs, ps: q(q(xs[0]) @ q(ps[0]))),
+    "tensordot_tensor_dims": (lambda m, a, b: torch.tensordot(a, b, dims=torch.tensor([[-1], [1]])),
+                              [(3, 4, 2), (4, 2, 5)], None,
+                              lambda q, xs, ps: q(q(xs[0]).reshape(12, 2) @ q(xs[1]).transpose(0, 1).reshape(
+                                  2, 20)).reshape(3, 4, 4, 5)),
     "addmv": (lambda m, v: torch.addmv(m.b, m.w, v, beta=0.5), [(8,)], (5, 8),
               lambda q, xs, ps: q(torch.addmv(q(ps[1]), q(ps[0]), q(xs[0]), beta=0.5))),
     "addbmm": (lambda m, c, a, b: torch.addbmm(c, a, b), [(4, 3), (2, 4, 8), (2, 8, 3)], None,

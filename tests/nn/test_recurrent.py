@@ -41,22 +41,22 @@ def _case(name):
     return Head(make()), torch.randn(shape)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_on_an_exact_format_the_recurrence_gives_torchs_outputs_and_gradients(name):
-    """'fp32' rounds nothing in float32, so the emulated recurrence is torch's own (up to summation order)."""
-    model, x = _case(name)
-    emulated = emunum.patch(copy.deepcopy(model), "fp32")
-    grads = []
-    for m in (model, emulated):
+def _matches_torch_on_the_exact_format(model, x, layer):
+    """'fp32' rounds nothing in float32, so the emulated recurrence must give torch's own outputs and gradients
+    (of the input and of ``layer(model)``'s parameters), up to summation order."""
+    results = []
+    for m in (model, emunum.patch(copy.deepcopy(model), "fp32")):
         xg = x.clone().requires_grad_(True)
         y = m(xg)
         y.backward()
-        grads.append((y.detach(), xg.grad, [p.grad for p in m.rnn.parameters()]))
-    (y0, gx0, gp0), (y1, gx1, gp1) = grads
-    torch.testing.assert_close(y1, y0, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(gx1, gx0, rtol=1e-5, atol=1e-5)
-    for a, b in zip(gp1, gp0):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        results.append([y.detach(), xg.grad, *[p.grad for p in layer(m).parameters()]])
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_on_an_exact_format_the_recurrence_gives_torchs_outputs_and_gradients(name):
+    _matches_torch_on_the_exact_format(*_case(name), lambda m: m.rnn)
 
 
 @pytest.mark.parametrize("policy", [dict(fmt="e4m3fn", grad="e5m2"), dict(fmt="nvfp4"),
@@ -132,16 +132,7 @@ def _packed(name):
 
 @pytest.mark.parametrize("name", sorted(PACKED))
 def test_on_a_packed_sequence_the_exact_format_gives_torchs_outputs_and_gradients(name):
-    model, x = _packed(name)
-    emulated = emunum.patch(copy.deepcopy(model), "fp32")
-    results = []
-    for m in (model, emulated):
-        xg = x.clone().requires_grad_(True)
-        y = m(xg)
-        y.backward()
-        results.append([y.detach(), xg.grad, *[p.grad for p in m.rnn.parameters()]])
-    for a, b in zip(*results):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    _matches_torch_on_the_exact_format(*_packed(name), lambda m: m.rnn)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3fn", "nvfp4"])
@@ -174,16 +165,7 @@ class CellSteps(nn.Module):
 @pytest.mark.parametrize("name", sorted(CELLS))
 def test_a_cell_on_an_exact_format_gives_torchs_outputs_and_gradients(name):
     torch.manual_seed(0)
-    model, xs = CellSteps(CELLS[name]()), torch.randn(3, 2, 8)
-    emulated = emunum.patch(copy.deepcopy(model), "fp32")
-    results = []
-    for m in (model, emulated):
-        xg = xs.clone().requires_grad_(True)
-        y = m(xg)
-        y.backward()
-        results.append([y.detach(), xg.grad, *[p.grad for p in m.cell.parameters()]])
-    for a, b in zip(*results):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    _matches_torch_on_the_exact_format(CellSteps(CELLS[name]()), torch.randn(3, 2, 8), lambda m: m.cell)
 
 
 @pytest.mark.parametrize("name", sorted(CELLS))

@@ -3,15 +3,16 @@
 A ``torch.overrides.TorchFunctionMode`` sees every call of torch's Python API (``torch.*``, ``Tensor``
 methods and operators, ``torch.nn.functional``), so it catches the GEMMs of modules that ``patch`` did not
 swap: attention products (``q @ k.transpose(-1, -2)``, ``torch.matmul``, ``bmm``, ``baddbmm``, ``einsum``,
-``F.scaled_dot_product_attention``; torch's other products in ``products.py``) and foreign layers that call
-``F.linear``, ``torch.addmm`` or ``F.conv*d`` themselves (transformers' ``Conv1D``, weight-standardised convolutions), and the recurrent layers'
-fused ``torch.lstm``/``gru``/``rnn_tanh``/``rnn_relu`` and their ``*_cell`` steps, run as their recurrences
-over emulated GEMMs (``recurrent.py``). Emulated layers switch it off while they run (their GEMMs are their
-own), and so do modules that the policy's ``filter`` or ``keep_first_last`` excludes; a functional GEMM belongs
-to the innermost module that runs it.
+``F.scaled_dot_product_attention``; torch's other products in ``products.py``), foreign layers that call
+``F.linear``, ``torch.addmm`` or ``F.conv*d`` themselves (transformers' ``Conv1D``, weight-standardised
+convolutions), and the recurrent layers' fused ``torch.lstm``/``gru``/``rnn_tanh``/``rnn_relu`` and their
+``*_cell`` steps, run as their recurrences over emulated GEMMs (``recurrent.py``). Emulated layers switch it off
+while they run (their GEMMs are their own), and so do modules that the policy's ``filter`` or
+``keep_first_last`` excludes; a functional GEMM belongs to the innermost module that runs it.
 
 What it cannot see: GEMMs that torch runs below its Python API for a single call (those in ``UNSUPPORTED`` are
-named), a C++/CUDA extension, or ``torch.ops.aten`` calls made from a compiled kernel. ``emunum.coverage`` counts those from the executed aten ops and names them.
+named), a C++/CUDA extension, or ``torch.ops.aten`` calls made from a compiled kernel. ``emunum.coverage``
+counts those from the executed aten ops and names them.
 """
 from __future__ import annotations
 
@@ -113,8 +114,10 @@ for _name, _fns, _h in (
         ("rnn_relu_cell", (torch.rnn_relu_cell,), cell_handler("rnn_relu")),
         ("dot", (torch.dot, Tensor.dot, torch.vdot, Tensor.vdot), products.dot),
         ("inner", (torch.inner, Tensor.inner), products.inner), ("tensordot", (torch.tensordot,), products.tensordot),
-        ("addmv", (torch.addmv, Tensor.addmv), products.addmv), ("addbmm", (torch.addbmm, Tensor.addbmm), products.addbmm),
-        ("multi_dot", (torch.linalg.multi_dot,), products.multi_dot), ("chain_matmul", (torch.chain_matmul,), products.chain)):
+        ("addmv", (torch.addmv, Tensor.addmv), products.addmv),
+        ("addbmm", (torch.addbmm, Tensor.addbmm), products.addbmm),
+        ("multi_dot", (torch.linalg.multi_dot,), products.multi_dot),
+        ("chain_matmul", (torch.chain_matmul,), products.chain)):
     for _f in _fns:
         HANDLERS[_f] = (_name, _h)
 

@@ -11,8 +11,9 @@ For each layer and direction (PyTorch's equations and gate order):
 "Emulated GEMM" is ``GemmEmulator.linear``: operands rounded in their roles (input, weight), the product on
 the policy's GEMM (torch's, a MAD unit or block formats), the result rounded as the output role. Between
 layers, dropout (``dropout > 0`` in training) draws from torch's generator with ``F.dropout``: the same
-distribution as torch's fused kernel, not its draws. Packed sequences are not emulated (``Unsupported``: they
-run as they are and ``emunum.coverage`` names them).
+distribution as torch's fused kernel, not its draws. A packed sequence (``PackedSequence``) runs the same way
+on its packed data: at step t the first ``batch_sizes[t]`` sequences advance (their recurrent projection is the
+step's GEMM), the others keep their state.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .functional import Unsupported
+
 
 def recurrent_handler(kind: str):
     """The ``GemmMode`` handler of ``torch.<kind>``: ``handler(emu, *args)``, for padded and packed input."""

@@ -145,7 +145,8 @@ def test_every_gemm_of_a_recurrent_layer_on_a_packed_sequence_is_emulated(name, 
 
 
 CELLS = {"lstm": lambda: nn.LSTMCell(8, 16), "gru": lambda: nn.GRUCell(8, 16), "rnn_tanh": lambda: nn.RNNCell(8, 16),
-         "rnn_relu": lambda: nn.RNNCell(8, 16, nonlinearity="relu"), "gru_no_bias": lambda: nn.GRUCell(8, 16, bias=False)}
+         "rnn_relu": lambda: nn.RNNCell(8, 16, nonlinearity="relu"),
+         "gru_no_bias": lambda: nn.GRUCell(8, 16, bias=False)}
 
 
 class CellSteps(nn.Module):

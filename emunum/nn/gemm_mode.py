@@ -117,13 +117,17 @@ for _name, _fns, _h in (
         ("addmv", (torch.addmv, Tensor.addmv), products.addmv),
         ("addbmm", (torch.addbmm, Tensor.addbmm), products.addbmm),
         ("multi_dot", (torch.linalg.multi_dot,), products.multi_dot),
-        ("chain_matmul", (torch.chain_matmul,), products.chain)):
+        ("chain_matmul", (torch.chain_matmul,), products.chain),
+        ("addmm_", (Tensor.addmm_,), products.in_place(_addmm)),
+        ("baddbmm_", (Tensor.baddbmm_,), products.in_place(_baddbmm)),
+        ("addbmm_", (Tensor.addbmm_,), products.in_place(products.addbmm)),
+        ("addmv_", (Tensor.addmv_,), products.in_place(products.addmv))):
     for _f in _fns:
         HANDLERS[_f] = (_name, _h)
 
 # GEMMs that the mode sees but does not emulate: they run as they are, and coverage names them
 UNSUPPORTED: dict = {}
-for _f in (torch.linalg.vecdot, Tensor.addmm_, Tensor.baddbmm_, Tensor.addbmm_, Tensor.addmv_):
+for _f in (torch.linalg.vecdot,):
     UNSUPPORTED[_f] = _f.__name__
 del _name, _fns, _h, _f
 

@@ -6,7 +6,9 @@ role by role, on the policy's GEMM):
 - ``torch.addmv``: ``addmm`` with the vector as a column;
 - ``torch.addbmm``: one ``addmm`` whose reduction runs over the batch and K together (batch-major), where torch
   adds B products;
-- ``torch.linalg.multi_dot`` / ``torch.chain_matmul``: products left to right (torch picks the cheapest order).
+- ``torch.linalg.multi_dot`` / ``torch.chain_matmul``: products left to right (torch picks the cheapest order);
+- the in-place ``Tensor.addmm_``, ``baddbmm_``, ``addbmm_``, ``addmv_``: the out-of-place product, copied into
+  ``self``.
 
 ``out=`` and a scalar operand of ``inner`` (an element-wise product) are not emulated (``Unsupported``)."""
 from __future__ import annotations
@@ -90,3 +92,12 @@ def chain(emu, *matrices):
     for t in matrices[1:]:
         y = emu.matmul(y, t)
     return y
+
+
+def in_place(product):
+    """The handler of ``Tensor.<op>_``: ``self.copy_(<op>(self, ...))`` with the emulated out-of-place product."""
+
+    def run(emu, self, *args, **kwargs):
+        return self.copy_(product(emu, self, *args, **kwargs))
+
+    return run

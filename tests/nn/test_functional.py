@@ -339,6 +339,27 @@ def test_a_functional_conv_transpose_with_block_formats_gives_the_layers_bits(fm
     assert f0 == f1 == 1.0
     assert torch.equal(y0, y1) and torch.equal(gx0, gx1) and torch.equal(gw0, gw1)
 
+
+IN_PLACE = {  # name: (in place, out of place, input shape); x's slices are fresh tensors (x * 1), w a Parameter
+    "addmm_": (lambda m, x: (x[:, :4] * 1).addmm_(x, m.w, beta=0.5),
+               lambda m, x: torch.addmm(x[:, :4] * 1, x, m.w, beta=0.5), (3, 5)),
+    "addmv_": (lambda m, x: (x[:4] * 1).addmv_(m.w.t(), x), lambda m, x: torch.addmv(x[:4] * 1, m.w.t(), x), (5,)),
+    "baddbmm_": (lambda m, x: (x[..., :4] * 1).baddbmm_(x, m.w.expand(2, 5, 4)),
+                 lambda m, x: torch.baddbmm(x[..., :4] * 1, x, m.w.expand(2, 5, 4)), (2, 3, 5)),
+    "addbmm_": (lambda m, x: (x[0, :, :4] * 1).addbmm_(x, m.w.expand(2, 5, 4)),
+                lambda m, x: torch.addbmm(x[0, :, :4] * 1, x, m.w.expand(2, 5, 4)), (2, 3, 5)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IN_PLACE))
+def test_an_in_place_product_gives_the_out_of_place_products_bits(name):
+    in_place, out_of_place, shape = IN_PLACE[name]
+    x, w = tame(*shape, seed=1), tame(5, 4, seed=2)
+    got, want = (run(Fn(f, w), [x], nearest_policy("e5m2")) for f in (in_place, out_of_place))
+    assert_same(got, want)
+    patched = emunum.patch(Fn(in_place, w), "e5m2")
+    assert emunum.coverage(patched, x.clone().requires_grad_(True)).fraction == 1.0
+
 def test_functional_false_leaves_them_alone_and_unpatch_restores_bits():
     a, b = torch.randn(4, 8), torch.randn(8, 3)
     mod = Fn(lambda m, a, b: a @ b)
@@ -383,41 +404,41 @@ def test_keep_first_last_leaves_those_layers_functional_gemms_unemulated():
     assert reasons == {"0": "keep_first_last", "2": "keep_first_last"}
 
 
-class WithAddmv(nn.Module):
-    """Tensor.addmv_: a GEMM torch's Python API shows, which emunum does not emulate (in place)."""
+def _extension_bmm(m, a, b):
+    """A C++ extension's GEMM: no torch function call on the way for the mode to see."""
+    with torch._C.DisableTorchFunction():
+        return torch.bmm(a, b)
 
+
+class WithExtension(nn.Module):
     def __init__(self):
         super().__init__()
-        self.mv = Fn(lambda m, x: (m.b * 1).addmv_(m.w, x), torch.randn(3, 4), torch.randn(3))
-        self.head = nn.Linear(3, 2)
+        self.ext = Fn(_extension_bmm)
+        self.head = nn.Linear(4, 2)
 
-    def forward(self, x):
-        return self.head(self.mv(x))
+    def forward(self, a, b):
+        return self.head(self.ext(a, b))
 
 
 def test_a_gemm_emunum_cannot_emulate_warns_once_naming_it_or_raises_under_strict():
-    x = torch.randn(4)
-    model = emunum.patch(WithAddmv(), "e5m2")
-    with pytest.warns(RuntimeWarning, match=r"ran off the format.*mv: addmv_"):
-        model(x)
+    a, b = torch.randn(2, 3, 5), torch.randn(2, 5, 4)
+    model = emunum.patch(WithExtension(), "e5m2")
+    with pytest.warns(RuntimeWarning, match=r"ran off the format.*ext: bmm.*below torch's Python API"):
+        model(a, b)
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        model(x)  # once only
-    strict = emunum.patch(WithAddmv(), "e5m2", strict=True)
-    with pytest.raises(ValueError, match=r"strict=True.*addmv_ cannot be emulated"):
-        strict(x)
+        model(a, b)  # once only
+    strict = emunum.patch(WithExtension(), "e5m2", strict=True)
+    with pytest.raises(ValueError, match=r"strict=True.*ran off the format.*ext: bmm"):
+        strict(a, b)
 
 
 def test_strict_raises_for_an_unsupported_op_and_for_a_gemm_no_mechanism_sees():
-    m = emunum.patch(Fn(lambda m, a, b, c: a.clone().addmv_(b, c)), "e5m2", strict=True)
-    with pytest.raises(ValueError, match="addmv_ cannot be emulated: not emulated by emunum"):
-        m(torch.randn(3), torch.randn(3, 5), torch.randn(5))
-    def extension(m, a, b):  # a C++ extension's GEMM: no torch function call on the way
-        with torch._C.DisableTorchFunction():
-            return torch.bmm(a, b)
-
-    hidden = emunum.patch(Fn(extension), "e5m2", strict=True)
+    m = emunum.patch(Fn(lambda m, a, b: torch.linalg.vecdot(a, b)), "e5m2", strict=True)
+    with pytest.raises(ValueError, match="vecdot cannot be emulated: not emulated by emunum"):
+        m(torch.randn(3, 5), torch.randn(3, 5))
+    hidden = emunum.patch(Fn(_extension_bmm), "e5m2", strict=True)
     with pytest.raises(ValueError, match="ran off the format.*below torch's Python API"):
         hidden(torch.randn(2, 3, 5), torch.randn(2, 5, 4))
 

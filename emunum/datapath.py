@@ -31,7 +31,6 @@ class Units:
             for u in units:
                 check_unit(u, "mad_backward")
 
-
     def check_element_gemms(self) -> None:
         """Raise ValueError if a unit is a matrix instruction (``MMAUnit``): patched layers run those on block
         formats only (their operands are blocks' elements and scales); element-format GEMMs take MAD units."""

@@ -80,14 +80,16 @@ def block_scaled_mm(A: torch.Tensor, B: torch.Tensor, fmt_a, fmt_b, unit, *, rou
         sb_blk = sb[..., ::L, :]  # (..., nblk, N)
         ea = torch.nn.functional.pad(ea, (0, pad))
         eb = torch.nn.functional.pad(eb, (0, 0, 0, pad))
-        batch = A.shape[:-2]
-        M, N = A.shape[-2], B.shape[-1]
-        ea, eb = ea.reshape(-1, M, K + pad), eb.reshape(-1, K + pad, N)
-        sa_blk, sb_blk = sa_blk.reshape(-1, M, sa_blk.shape[-1]), sb_blk.reshape(-1, sb_blk.shape[-2], N)
-        out = torch.stack([scaled_mm(ea[i], sa_blk[i], eb[i], sb_blk[i], None, unit) for i in range(ea.shape[0])])
+        batch, M, N = A.shape[:-2], A.shape[-2], B.shape[-1]
+        nb = math.prod(batch)
+        ea, eb = ea.reshape(nb, M, K + pad), eb.reshape(nb, K + pad, N)
+        sa_blk, sb_blk = sa_blk.reshape(nb, M, sa_blk.shape[-1]), sb_blk.reshape(nb, sb_blk.shape[-2], N)
+        out = torch.empty((*batch, M, N), dtype=torch.float32, device=A.device)  # its own tensor, not a view
+        for i, o in enumerate(out.view(nb, M, N)):
+            o.copy_(scaled_mm(ea[i], sa_blk[i], eb[i], sb_blk[i], None, unit))
         if fa.tensor_scale or fb.tensor_scale:
             out = out * torch.tensor(float(np.float32(ta * tb)), dtype=torch.float32)  # one fp32 rounding
-    return out.reshape(*batch, M, N).to(torch.promote_types(A.dtype, B.dtype)).to(A.device)
+    return out.to(torch.promote_types(A.dtype, B.dtype))
 
 
 def is_mma_unit(unit) -> bool:

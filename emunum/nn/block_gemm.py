@@ -110,9 +110,8 @@ class BlockPlan:
         from ..mad.block_mma import block_scaled_mm, is_mma_unit  # loaded with the first MAD-unit GEMM
 
         if is_mma_unit(self.units[i]):  # a block-scaled matrix instruction takes the elements and block scales
-            y = block_scaled_mm(a, b, sa.fmt, sb.fmt, self.units[i], rounding=sa.rounding, rounding_b=sb.rounding,
-                                sr_bits=self.sr_bits or 32).to(a.dtype)
-            return y if y._base is None else y.clone()  # a custom Function's output must not be a view (in-place ops)
+            return block_scaled_mm(a, b, sa.fmt, sb.fmt, self.units[i], rounding=sa.rounding,
+                                   rounding_b=sb.rounding, sr_bits=self.sr_bits or 32).to(a.dtype)
         seed = None if trace is None else trace.block_matmul_seed(a, b, ra, sa, rb, sb, self.units[i], self.sr_bits)
         return block_matmul(a, b, sa.fmt, sb.fmt, self.units[i], rounding=sa.rounding, rounding_b=sb.rounding,
                             seed=seed, sr_bits=self.sr_bits or 32).to(a.dtype)

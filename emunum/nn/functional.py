@@ -50,6 +50,17 @@ class Unsupported(Exception):
     """A GEMM call that this policy cannot emulate; its message is the reason (``GemmMode`` passes it through)."""
 
 
+def no_out(out) -> None:
+    """Raise ``Unsupported`` for a GEMM called with ``out=``."""
+    if out is not None:
+        raise Unsupported("out= (the emulated product is a new tensor)")
+
+
+def _per_dim(v, nd: int) -> tuple:
+    """A convolution argument (an int or one per spatial dimension) as a tuple of nd."""
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * nd
+
+
 class _BlockMatmul(torch.autograd.Function):
     """c = a @ b for a (..., M, K), b (..., K, N) with the same batch dims (or b 2-D with a 2-D): a quantised to
     role ``ra``'s format along K, b to ``rb``'s; backward, the incoming gradient to grad_output's along each
@@ -244,12 +255,12 @@ class GemmEmulator(EmuLayer):
         R = self._emu_round
         x, w, bias = R(x, rx), R(w, rw), self._bias(bias)
         pol, plan = self._emunum_policy, self._emunum_block
-        tup = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,) * nd  # noqa: E731
         if plan is not None:
             if isinstance(padding, str):
                 raise Unsupported(f"F.conv{nd}d(padding={padding!r}) with block formats (give padding as ints)")
-            geo = SimpleNamespace(kernel_size=tuple(w.shape[2:]), stride=tup(stride), padding=tup(padding),
-                                  dilation=tup(dilation), groups=groups, padding_mode="zeros")
+            geo = SimpleNamespace(kernel_size=tuple(w.shape[2:]), stride=_per_dim(stride, nd),
+                                  padding=_per_dim(padding, nd), dilation=_per_dim(dilation, nd), groups=groups,
+                                  padding_mode="zeros")
             y = block_conv(geo, x, w, bias, plan)
         elif pol.mad is not None:
             fn = getattr(_mad(), f"conv{nd}d", None)
@@ -271,12 +282,11 @@ class GemmEmulator(EmuLayer):
         rx, rw = operand_role(x), operand_role(w)
         R = self._emu_round
         x, w, bias = R(x, rx), R(w, rw), self._bias(bias)
-        tup = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,) * nd  # noqa: E731
         plan = self._emunum_block
         if plan is not None:
-            geo = SimpleNamespace(kernel_size=tuple(w.shape[2:]), stride=tup(stride), padding=tup(padding),
-                                  dilation=tup(dilation), groups=groups)
-            y = block_conv_transpose(geo, x, w, bias, plan, tup(output_padding))
+            geo = SimpleNamespace(kernel_size=tuple(w.shape[2:]), stride=_per_dim(stride, nd),
+                                  padding=_per_dim(padding, nd), dilation=_per_dim(dilation, nd), groups=groups)
+            y = block_conv_transpose(geo, x, w, bias, plan, _per_dim(output_padding, nd))
         else:
             fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[nd - 1]
             y = fn(x, w, bias, stride, padding, output_padding, groups, dilation)

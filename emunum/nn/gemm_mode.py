@@ -21,32 +21,27 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from .functional import GemmEmulator, Unsupported
+from . import products
+from .functional import GemmEmulator, Unsupported, no_out
 from .gemm_context import UNROUNDED, GemmContext, stack as ctx_stack
 from .gemm_suspend import active
-from . import products
-from .recurrent import cell_handler, recurrent_handler
-
-
-def _no_out(out):
-    if out is not None:
-        raise Unsupported("out= (the emulated product is a new tensor)")
+from .recurrent import RECURRENT_KINDS, cell_handler, recurrent_handler
 
 
 # Each handler takes the torch function's own parameter names (torch has checked them before a mode sees the
 # call), so keyword calls such as BLOOM's ``torch.baddbmm(input=c, batch1=a, batch2=b)`` bind.
 def _matmul(emu, input, other, *, out=None):
-    _no_out(out)
+    no_out(out)
     return emu.matmul(input, other)
 
 
 def _mm(emu, input, mat2, *, out=None):
-    _no_out(out)
+    no_out(out)
     return emu.matmul(input, mat2)
 
 
 def _mv(emu, input, vec, *, out=None):
-    _no_out(out)
+    no_out(out)
     return emu.matmul(input, vec)
 
 
@@ -55,12 +50,12 @@ def _rmatmul(emu, self, other):
 
 
 def _addmm(emu, input, mat1, mat2, *, beta=1, alpha=1, out=None):
-    _no_out(out)
+    no_out(out)
     return emu.addmm(input, mat1, mat2, beta, alpha)
 
 
 def _baddbmm(emu, input, batch1, batch2, *, beta=1, alpha=1, out=None):
-    _no_out(out)
+    no_out(out)
     return emu.addmm(input, batch1, batch2, beta, alpha)
 
 
@@ -106,12 +101,8 @@ for _name, _fns, _h in (
         ("conv_transpose1d", (F.conv_transpose1d,), _conv_transpose(1)),
         ("conv_transpose2d", (F.conv_transpose2d,), _conv_transpose(2)),
         ("conv_transpose3d", (F.conv_transpose3d,), _conv_transpose(3)),
-        ("lstm", (torch.lstm,), recurrent_handler("lstm")), ("gru", (torch.gru,), recurrent_handler("gru")),
-        ("rnn_tanh", (torch.rnn_tanh,), recurrent_handler("rnn_tanh")),
-        ("rnn_relu", (torch.rnn_relu,), recurrent_handler("rnn_relu")),
-        ("lstm_cell", (torch.lstm_cell,), cell_handler("lstm")), ("gru_cell", (torch.gru_cell,), cell_handler("gru")),
-        ("rnn_tanh_cell", (torch.rnn_tanh_cell,), cell_handler("rnn_tanh")),
-        ("rnn_relu_cell", (torch.rnn_relu_cell,), cell_handler("rnn_relu")),
+        *((kind, (getattr(torch, kind),), recurrent_handler(kind)) for kind in RECURRENT_KINDS),
+        *((kind + "_cell", (getattr(torch, kind + "_cell"),), cell_handler(kind)) for kind in RECURRENT_KINDS),
         ("dot", (torch.dot, Tensor.dot, torch.vdot, Tensor.vdot), products.dot),
         ("inner", (torch.inner, Tensor.inner), products.inner), ("tensordot", (torch.tensordot,), products.tensordot),
         ("addmv", (torch.addmv, Tensor.addmv), products.addmv),

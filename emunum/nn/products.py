@@ -13,32 +13,27 @@ role by role, on the policy's GEMM):
 ``out=`` and a scalar operand of ``inner`` (an element-wise product) are not emulated (``Unsupported``)."""
 from __future__ import annotations
 
-from .functional import Unsupported
+from .functional import Unsupported, no_out
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-def _no_out(out):
-    if out is not None:
-        raise Unsupported("out= (the emulated product is a new tensor)")
-
-
 def dot(emu, input, tensor, *, out=None):
-    _no_out(out)
+    no_out(out)
     if input.dim() != 1 or tensor.dim() != 1:
         raise Unsupported("dot of other than two vectors")
     return emu.matmul(input.unsqueeze(0), tensor.unsqueeze(-1)).reshape(())
 
 
 def inner(emu, input, other, *, out=None):
-    _no_out(out)
+    no_out(out)
     if input.dim() == 0 or other.dim() == 0:
         raise Unsupported("inner with a scalar (an element-wise product, no GEMM)")
     return tensordot(emu, input, other, dims=([input.dim() - 1], [other.dim() - 1]))
 
 
 def tensordot(emu, a, b, dims=2, out=None):
-    _no_out(out)
+    no_out(out)
     try:
         da, db = _dims(dims, a.dim(), b.dim())
     except (TypeError, ValueError):  # torch's own call says what is wrong with dims
@@ -67,25 +62,23 @@ def _dims(dims, na: int, nb: int):
 
 
 def addmv(emu, input, mat, vec, *, beta=1, alpha=1, out=None):
-    _no_out(out)
+    no_out(out)
     return emu.addmm(input.unsqueeze(-1), mat, vec.unsqueeze(-1), beta, alpha).squeeze(-1)
 
 
 def addbmm(emu, input, batch1, batch2, *, beta=1, alpha=1, out=None):
-    _no_out(out)
+    no_out(out)
     n, m, k = batch1.shape
     a = batch1.permute(1, 0, 2).reshape(m, n * k)
     return emu.addmm(input, a, batch2.reshape(n * k, batch2.shape[-1]), beta, alpha)
 
 
 def multi_dot(emu, tensors, *, out=None):
-    _no_out(out)
+    no_out(out)
     return chain(emu, *tensors)
 
 
 def chain(emu, *matrices):
-    if len(matrices) == 1 and isinstance(matrices[0], (list, tuple)):
-        matrices = tuple(matrices[0])
     if len(matrices) < 2:
         raise Unsupported("a chain of fewer than two matrices (no product)")
     y = matrices[0]

@@ -23,6 +23,8 @@ from torch import Tensor
 
 from .functional import Unsupported
 
+RECURRENT_KINDS = ("lstm", "gru", "rnn_tanh", "rnn_relu")  # torch.<kind> and torch.<kind>_cell
+
 
 def recurrent_handler(kind: str):
     """The ``GemmMode`` handler of ``torch.<kind>``: ``handler(emu, *args)``, for padded and packed input."""

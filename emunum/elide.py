@@ -3,7 +3,8 @@ on the format's grid (``emunum.grid``), with the same values, gradients and seed
 
 ``round_eliding(plan, x)`` is ``plan(x)`` (``autograd._Plan``, identity straight-through estimator) where:
 - the forward rounding is skipped when x is on the forward format's grid (the result is then a fresh copy of x,
-  laid out as the rounding's result would be);
+  laid out as the rounding's result would be; with ``keep=True``, for a GEMM operand that only the layer reads,
+  x itself, or an alias of it, where x is laid out so);
 - the backward rounding is skipped when the incoming gradient is on the backward format's grid (it is passed on);
 - a skipped stochastic rounding with a fresh seed still draws that seed from torch's generator, so every
   rounding that remains, and everything else that draws from the generator, sees the same stream.
@@ -158,8 +159,10 @@ def _hook_history(x: Tensor) -> None:
         n.register_hook(_propagate)
 
 
-def forward_eliding(x: Tensor, plan) -> Tensor:
-    """``plan``'s forward value of x (``_ElideSTE``'s forward): skipped where x is on its grid; the result tagged."""
+def forward_eliding(x: Tensor, plan, keep: bool = False) -> Tensor:
+    """``plan``'s forward value of x (``_ElideSTE``'s forward): skipped where x is on its grid; the result tagged.
+    With ``keep``, a skipped rounding returns x itself where x is laid out as the rounding's result would be (the
+    caller reads it and hands it to no one: a GEMM operand), else a fresh copy."""
     f = plan.forward
     have = input_grid(x)
     if f is None:
@@ -171,6 +174,8 @@ def forward_eliding(x: Tensor, plan) -> Tensor:
         if plan.forward_mode is _STOCHASTIC and plan.seed is None:
             resolve_seed(None)  # the draw the rounding would have made
         grid.elided["forward"] += 1
+        if keep and _own_layout(x):
+            return x  # its own tag (or its base's) stays: it is on ``have``'s grid, which nests in f's
         y = _fresh_copy(x)
     else:
         y = plan.forward_value(x)
@@ -183,13 +188,13 @@ class _ElideSTE(torch.autograd.Function):
     """``autograd._EagerSTE`` for an identity estimator, with the roundings of on-grid tensors skipped."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, plan) -> Tensor:
+    def forward(ctx, x: Tensor, plan, keep: bool) -> Tensor:
         ctx.plan = plan
-        return forward_eliding(x, plan)
+        return forward_eliding(x, plan, keep)  # x itself comes out as an alias: autograd makes it a view
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return backward_eliding(ctx.plan, grad), None
+        return backward_eliding(ctx.plan, grad), None, None
 
 
 def backward_eliding(p, grad: Tensor) -> Tensor:
@@ -221,13 +226,51 @@ def can_elide(plan) -> bool:
     return not plan.clipped
 
 
-def round_eliding(plan, x: Tensor) -> Tensor:
-    """``plan(x)`` with the roundings of on-grid tensors skipped (module doc); plan must pass ``can_elide``."""
+def round_eliding(plan, x: Tensor, keep: bool = False) -> Tensor:
+    """``plan(x)`` with the roundings of on-grid tensors skipped (module doc); plan must pass ``can_elide``.
+    ``keep``: the result is a GEMM operand that only the caller reads (``forward_eliding``)."""
     check_tensor(x)
     if not eager_ok(x):
         return plan(x)
     if x.requires_grad and torch.is_grad_enabled():
         if plan.backward is not None:
             _hook_history(x)
-        return _elide_apply(_unwrap_if_dead(x), plan)
-    return forward_eliding(x, plan)
+        return _elide_apply(_unwrap_if_dead(x), plan, keep)
+    return forward_eliding(x, plan, keep)
+
+
+class _ReluEliding(torch.autograd.Function):
+    """``torch.relu`` and the rounding of its result to ``plan`` in one node, for an x on a grid that nests in the
+    plan's forward format (so the forward rounding is skipped and the result is relu's own tensor, saved as
+    ReluBackward0 saves it); backward: the gradient rounded (``backward_eliding``), then relu's gradient
+    (``threshold_backward``, ReluBackward0's formula), tagged as ReluBackward0's hook would tag it."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, plan, have) -> Tensor:
+        ctx.plan = plan
+        y = torch.relu(x)
+        grid.mark(y, have)
+        y = forward_eliding(y, plan, keep=True)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (y,) = ctx.saved_tensors
+        g = backward_eliding(ctx.plan, grad)
+        gx = torch.ops.aten.threshold_backward(g, y, 0)
+        _propagate((gx,), (g,))
+        return gx, None, None
+
+
+_relu_apply = super(torch.autograd.Function, _ReluEliding).apply
+
+
+def relu_eliding(plan, x: Tensor, have):
+    """``round_eliding(plan, torch.relu(x))`` for an x on ``have``'s grid (``input_grid``) as one node, the same
+    values, gradients, tags and seed draws; None where it does not apply (then the caller takes the two steps):
+    x not a float32/float64 tensor in eager mode that requires grad, or ``have`` not nested in the plan's format."""
+    if not (x.requires_grad and torch.is_grad_enabled() and eager_ok(x) and x.dtype in grid._DTYPES
+            and plan.forward is not None and grid.nests(have, plan.forward)):
+        return None
+    return _relu_apply(_unwrap_if_dead(x), plan, have)

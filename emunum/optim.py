@@ -176,12 +176,13 @@ class OptimLP(torch.optim.Optimizer):
 def _round_in_place(ts: list, spec, mode: RoundMode, seed) -> bool:
     """Round the tensors ``ts`` in place as one concatenation, without building it (``cpu.f32_many_at``: the
     same bits, stochastic ones included, as rounding ``torch.cat(ts)``), where that applies: CPU float32/float64
-    contiguous tensors, a FloatFormat, fewer elements than the parallel kernels' threshold. False otherwise."""
+    contiguous tensors, a FloatFormat, and a concatenation that the serial loop would round (fewer elements than
+    the parallel kernels' threshold, or one numba thread). False otherwise."""
     t0 = ts[0]
     if not (t0.is_cpu and t0.dtype in _NUMPY_DTYPES and isinstance(spec, FloatFormat)):
         return False
     sizes = [t.numel() for t in ts]
-    if sum(sizes) >= _cpu().PARALLEL_MIN or not all(t.is_contiguous() and not t.is_neg() for t in ts):
+    if _cpu().use_parallel(sum(sizes)) or not all(t.is_contiguous() and not t.is_neg() for t in ts):
         return False
     key = seed_key(seed) if mode == RoundMode.STOCHASTIC else _KEY0
     addrs = np.array([t.data_ptr() for t in ts], dtype=np.int64)

@@ -165,7 +165,8 @@ def test_average_pooling_and_dropout_would_change_bits_if_their_roundings_were_s
 
 
 class _InPlace(nn.Module):
-    """conv -> ReLU -> a write to the ReLU output (in place, under no_grad or recorded) -> conv."""
+    """conv -> ReLU -> max-pool -> a write to the pool's output (in place, under no_grad or recorded) -> conv.
+    (A max-pool keeps its input's grid and, unlike ReLU, does not save its output: the write is valid in fp32.)"""
 
     def __init__(self, how):
         super().__init__()
@@ -173,8 +174,10 @@ class _InPlace(nn.Module):
         self.c1, self.r, self.c2, self.how = nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 3), how
 
     def forward(self, x):
-        h = self.r(self.c1(x))
-        if self.how == "no_grad":
+        h = F.max_pool2d(self.r(self.c1(x)), 2)
+        if self.how == "none":
+            pass
+        elif self.how == "no_grad":
             with torch.no_grad():
                 h.mul_(1.3)
         elif self.how == "view":
@@ -193,7 +196,10 @@ def test_a_tensor_written_in_place_after_its_rounding_is_rounded_again(how):
     on = _train(lambda: _InPlace(how), loss, True, POLICIES["e5m2"], steps=2)
     off = _train(lambda: _InPlace(how), loss, False, POLICIES["e5m2"], steps=2)
     _check_same(on, off)
-    assert on[4].get("forward", 0) == 1  # the ReLU output (second step); never the written tensor
+    unwritten = _train(lambda: _InPlace("none"), loss, True, POLICIES["e5m2"], steps=2)
+    # second step (the first forward counts GEMM coverage and rounds every role): the ReLU output is skipped in
+    # both models, the second conv's input only when unwritten
+    assert unwritten[4]["forward"] == 2 and on[4].get("forward", 0) == 1
 
 
 @pytest.mark.parametrize("layout", ["transposed", "contiguous"])
@@ -234,6 +240,56 @@ def test_a_skipped_forward_rounding_returns_a_fresh_tensor_laid_out_as_the_round
     assert grid.elided["forward"] == 1
     assert y_on.stride() == y_off.stride() and _same(y_on, y_off)
     assert y_on.data_ptr() != x.data_ptr()
+
+
+def _on_grid_input(grad: bool):
+    x = quantize(torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(2)), "e5m2")
+    return grid.mark(x.requires_grad_(grad), emunum.get_format("e5m2"))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("layer", ["conv", "linear"])
+def test_a_skipped_operand_rounding_hands_the_gemm_the_tensor_itself(layer, grad, monkeypatch):
+    """A GEMM operand that only the layer reads is not copied when its rounding is skipped: the GEMM reads the
+    input's own memory (and computes the same bits as with elision off)."""
+    torch.manual_seed(0)
+    m = emunum.patch(nn.Conv2d(3, 2, 3) if layer == "conv" else nn.Linear(6, 4), fmt="e5m2")
+    fn = "conv2d" if layer == "conv" else "linear"
+    seen, orig = [], getattr(F, fn)
+    monkeypatch.setattr(F, fn, lambda x, *a, **k: seen.append(x.data_ptr()) or orig(x, *a, **k))
+    m(_on_grid_input(False))  # the first forward counts GEMM coverage, rounding every role
+    outs = []
+    for on in (True, False):
+        x, seen[:] = _on_grid_input(grad), []
+        grid.elided.clear()
+        with grid.elision(on):
+            outs.append(m(x))
+        assert (seen == [x.data_ptr()]) == on and grid.elided["forward"] == on
+    assert _same(*outs)
+
+
+def test_an_emulated_relu_over_an_on_grid_tensor_is_one_node_that_keeps_relus_own_result():
+    """Its result is relu's own tensor (no copy), saved for backward as ReluBackward0 saves it: a later in-place
+    write to it is refused at backward exactly where fp32 refuses it; values and gradients as with elision off."""
+    grads, outs = [], []
+    for on in (True, False):
+        r = emunum.patch(nn.Sequential(nn.ReLU()), fmt="e5m2")
+        r(_on_grid_input(False))
+        x = _on_grid_input(True)
+        with grid.elision(on):
+            y = r(x)
+            assert (type(y.grad_fn).__name__ == "_ReluElidingBackward") == on
+            y.backward(quantize(torch.randn(y.shape, generator=torch.Generator().manual_seed(3)), "e5m2"))
+        outs.append(y)
+        grads.append(x.grad)
+    assert _same(*outs) and _same(*grads)
+    for model in (nn.ReLU(), emunum.patch(nn.Sequential(nn.ReLU()), fmt="e5m2")):
+        model(_on_grid_input(False))
+        y = model(_on_grid_input(True))
+        with torch.no_grad():
+            y.mul_(2.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
 
 
 @pytest.mark.parametrize("write", ["none", "in_place", "through_view", "no_grad", "copy_into"])

@@ -298,20 +298,29 @@ def test_scaler_misuse_and_bad_arguments():
         LossScaler("big")
 
 
+@pytest.mark.parametrize("width", [7, 600])  # 600: more elements than the parallel threshold, on one thread
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_in_place_rounding_draws_the_bits_of_the_concatenation(dtype, monkeypatch):
+def test_in_place_rounding_draws_the_bits_of_the_concatenation(dtype, width, monkeypatch):
     """``_round_in_place`` (each tensor rounded where it lies, at its offset in the concatenation) against the
     concatenate-round-split path, bit for bit, over steps of SR weights/gradients/momentum."""
+    import numba
+
     from emunum import optim as optim_mod
+    from emunum.kernels import cpu
+
+    ran = []
+    fast_path = optim_mod._round_in_place
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
 
     def run(fast):
-        if not fast:
-            monkeypatch.setattr(optim_mod, "_round_in_place", lambda *a: False)
+        monkeypatch.setattr(optim_mod, "_round_in_place",
+                            (lambda *a: ran.append(fast_path(*a)) or ran[-1]) if fast else (lambda *a: False))
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(7, 5), nn.ReLU(), nn.Linear(5, 3)).to(dtype)
+        model = nn.Sequential(nn.Linear(width, 500), nn.ReLU(), nn.Linear(500, 3)).to(dtype)
         opt = OptimLP(torch.optim.Adam(model.parameters(), lr=0.01), weight="fp16_169", weight_rounding="stochastic",
                       grad="e5m2", grad_rounding="stochastic", momentum="fp16_169", second_moment="bf16", seed=5)
-        x = torch.randn(9, 7, dtype=dtype)
+        x = torch.randn(9, width, dtype=dtype)
         for _ in range(3):
             opt.zero_grad()
             model(x).square().sum().backward()
@@ -320,4 +329,9 @@ def test_in_place_rounding_draws_the_bits_of_the_concatenation(dtype, monkeypatc
         return [p.detach().clone() for p in model.parameters()] + \
             [v.clone() for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
 
-    assert all(torch.equal(a, b) for a, b in zip(run(True), run(False)))
+    try:
+        assert all(torch.equal(a, b) for a, b in zip(run(True), run(False)))
+    finally:
+        numba.set_num_threads(threads)
+    assert ran and all(ran)
+    assert (sum(p.numel() for p in nn.Linear(width, 500).parameters()) >= cpu.PARALLEL_MIN) == (width == 600)

@@ -159,6 +159,23 @@ class EmuLayer:
         if trace is not None:
             trace.begin()
 
+    def _eliding_plan(self, role: Role):
+        """The plan ``_emu_round`` rounds ``role`` with through ``round_eliding`` now, or None where it takes
+        another path (a sampled trace call, elision off, a scaled or clipped role, two quantisers)."""
+        trace = self._emunum_trace
+        if (trace is not None and trace.active) or not (grid._enabled[0] and self.__dict__.get("_emunum_elide", True)):
+            return None
+        merged = self.__dict__.get("_emunum_q1", {}).get(role)
+        if merged is not None:
+            plan = merged._plan
+        else:
+            fq, bq = self._emunum_q[role]
+            q = fq if bq is None else (bq if fq is None else None)
+            if type(q) is not Quantizer:
+                return None
+            plan = q._plan
+        return plan if can_elide(plan) else None
+
     def _emu_round(self, x: Tensor, role: Role) -> Tensor:
         fq, bq = self._emunum_q[role]
         trace = self._emunum_trace
@@ -168,13 +185,14 @@ class EmuLayer:
             return trace.round(x, role, fq, bq)
         merged = self.__dict__.get("_emunum_q1", {}).get(role)
         elide = grid._enabled[0] and self.__dict__.get("_emunum_elide", True)
+        keep = role is not Role.OUTPUT  # a GEMM operand: only this layer reads the result
         if merged is not None:  # its plan, called without nn.Module.__call__ (an internal quantiser: no hooks)
             plan = merged._plan
-            return round_eliding(plan, x) if elide and can_elide(plan) else plan(x)
+            return round_eliding(plan, x, keep) if elide and can_elide(plan) else plan(x)
         if elide:  # one plain quantiser (the other role unrounded): elided the same way
             q = fq if bq is None else (bq if fq is None else None)
             if type(q) is Quantizer and can_elide(q._plan):
-                return round_eliding(q._plan, x)
+                return round_eliding(q._plan, x, keep)
         if fq is not None:
             x = fq(x)
         if bq is not None:

@@ -125,8 +125,8 @@ def _modes(plans, elide: bool):
 def _round_forward(mode: int, plan, x: Tensor) -> Tensor:
     if mode == _NONE:
         return x
-    if mode == _ELIDE:
-        return forward_eliding(x, plan)
+    if mode == _ELIDE:  # the node's operands and its result are no one else's: an on-grid one is kept as it is
+        return forward_eliding(x, plan, keep=True)
     return plan.forward_value(x)
 
 

@@ -240,15 +240,19 @@ def round_eliding(plan, x: Tensor, keep: bool = False) -> Tensor:
 
 
 class _ReluEliding(torch.autograd.Function):
-    """``torch.relu`` and the rounding of its result to ``plan`` in one node, for an x on a grid that nests in the
-    plan's forward format (so the forward rounding is skipped and the result is relu's own tensor, saved as
-    ReluBackward0 saves it); backward: the gradient rounded (``backward_eliding``), then relu's gradient
-    (``threshold_backward``, ReluBackward0's formula), tagged as ReluBackward0's hook would tag it."""
+    """``torch.relu`` (or ``relu_``) and the rounding of its result to ``plan`` in one node, for an x on a grid
+    that nests in the plan's forward format (so the forward rounding is skipped and the result is relu's own
+    tensor, saved as ReluBackward0 saves it); backward: the gradient rounded (``backward_eliding``), then relu's
+    gradient (``threshold_backward``, ReluBackward0's formula), tagged as ReluBackward0's hook would tag it."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, plan, have) -> Tensor:
+    def forward(ctx, x: Tensor, plan, have, inplace: bool) -> Tensor:
         ctx.plan = plan
-        y = torch.relu(x)
+        if inplace:
+            y = x.relu_()
+            ctx.mark_dirty(x)
+        else:
+            y = torch.relu(x)
         grid.mark(y, have)
         y = forward_eliding(y, plan, keep=True)
         ctx.save_for_backward(y)
@@ -260,17 +264,21 @@ class _ReluEliding(torch.autograd.Function):
         g = backward_eliding(ctx.plan, grad)
         gx = torch.ops.aten.threshold_backward(g, y, 0)
         _propagate((gx,), (g,))
-        return gx, None, None
+        return gx, None, None, None
 
 
 _relu_apply = super(torch.autograd.Function, _ReluEliding).apply
 
 
-def relu_eliding(plan, x: Tensor, have):
-    """``round_eliding(plan, torch.relu(x))`` for an x on ``have``'s grid (``input_grid``) as one node, the same
-    values, gradients, tags and seed draws; None where it does not apply (then the caller takes the two steps):
-    x not a float32/float64 tensor in eager mode that requires grad, or ``have`` not nested in the plan's format."""
+def relu_eliding(plan, x: Tensor, have, inplace: bool = False):
+    """``round_eliding(plan, torch.relu(x))`` (``x.relu_()`` with ``inplace``) for an x on ``have``'s grid
+    (``input_grid``) as one node, the same values, gradients, tags and seed draws; None where it does not apply
+    (then the caller takes the two steps): x not a float32/float64 tensor in eager mode that requires grad,
+    ``have`` not nested in the plan's format, or, in place, x a leaf, a view or not laid out as a rounding's
+    result (``relu_`` must return x itself)."""
     if not (x.requires_grad and torch.is_grad_enabled() and eager_ok(x) and x.dtype in grid._DTYPES
             and plan.forward is not None and grid.nests(have, plan.forward)):
         return None
-    return _relu_apply(_unwrap_if_dead(x), plan, have)
+    if inplace and (x.is_leaf or x._base is not None or not _own_layout(x)):
+        return None
+    return _relu_apply(_unwrap_if_dead(x), plan, have, inplace)

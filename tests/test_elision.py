@@ -268,24 +268,29 @@ def test_a_skipped_operand_rounding_hands_the_gemm_the_tensor_itself(layer, grad
     assert _same(*outs)
 
 
-def test_an_emulated_relu_over_an_on_grid_tensor_is_one_node_that_keeps_relus_own_result():
-    """Its result is relu's own tensor (no copy), saved for backward as ReluBackward0 saves it: a later in-place
-    write to it is refused at backward exactly where fp32 refuses it; values and gradients as with elision off."""
-    grads, outs = [], []
+@pytest.mark.parametrize("inplace", [False, True])
+def test_an_emulated_relu_over_an_on_grid_tensor_is_one_node_that_keeps_relus_own_result(inplace):
+    """Its result is relu's own tensor (no copy; with inplace=True, the input itself), saved for backward as
+    ReluBackward0 saves it: a later in-place write to it is refused at backward exactly where fp32 refuses it;
+    values and gradients as with elision off (the conv's output, rounded, is on the grid)."""
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 3, 1), nn.ReLU(inplace=inplace))
+
+    results = []
     for on in (True, False):
-        r = emunum.patch(nn.Sequential(nn.ReLU()), fmt="e5m2")
-        r(_on_grid_input(False))
-        x = _on_grid_input(True)
+        m = emunum.patch(build(), fmt="e5m2")
+        m(_image())
+        x = _image().requires_grad_(True)
         with grid.elision(on):
-            y = r(x)
+            y = m(x)
             assert (type(y.grad_fn).__name__ == "_ReluElidingBackward") == on
             y.backward(quantize(torch.randn(y.shape, generator=torch.Generator().manual_seed(3)), "e5m2"))
-        outs.append(y)
-        grads.append(x.grad)
-    assert _same(*outs) and _same(*grads)
-    for model in (nn.ReLU(), emunum.patch(nn.Sequential(nn.ReLU()), fmt="e5m2")):
-        model(_on_grid_input(False))
-        y = model(_on_grid_input(True))
+        results.append([y, x.grad, m[0].weight.grad, m[0].bias.grad])
+    assert all(_same(a, b) for a, b in zip(*results))
+    for model in (build(), emunum.patch(build(), fmt="e5m2")):
+        model(_image())
+        y = model(_image().requires_grad_(True))
         with torch.no_grad():
             y.mul_(2.0)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):

@@ -148,9 +148,9 @@ class OutputMixin(EmuLayer):
         if isinstance(self, nn.ReLU) and args and grid._enabled[0] and self._emunum_elide \
                 and not torch.compiler.is_compiling():
             have = input_grid(args[0])  # ReLU keeps its input's grid: max(x, 0) is x or +0 (or x's NaN)
-            if have is not None and not self.inplace and len(args) == 1 and not kwargs:
+            if have is not None and len(args) == 1 and not kwargs:
                 plan = self._eliding_plan(Role.OUTPUT)
-                y = None if plan is None else relu_eliding(plan, args[0], have)
+                y = None if plan is None else relu_eliding(plan, args[0], have, self.inplace)
                 if y is not None:  # one node, relu's own result: no copy of it
                     return y
             y = super().forward(*args, **kwargs)

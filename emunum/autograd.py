@@ -83,21 +83,28 @@ def _round_cpu(x: Tensor, fmt, mode: RoundMode, seed, nbits: int):
     float32/float64 tensor (not a negative view, not empty, below the huge-page buffer size) and a
     Float/FixedFormat; the same kernel, seed draw and fresh result. None for anything else (the caller then
     calls ``quantize_checked``)."""
-    size = _ELEMENT_BYTES.get(x.dtype)
-    if size is None or not x.is_cpu or not isinstance(fmt, _FAST_FORMATS) or x.is_neg() or not x.is_contiguous():
+    if not x.is_cpu or x.is_neg() or not x.is_contiguous():
         return None
+    dtype = x.dtype
+    entry = _mode_runners.get((id(fmt), dtype, mode))
+    if entry is None or entry[0] is not fmt or entry[2] != _GENERATION[0]:
+        if dtype not in _ELEMENT_BYTES or not isinstance(fmt, _FAST_FORMATS):
+            return None
+        entry = _new_mode_runner(fmt, dtype, mode)
     n = x.numel()
-    if n == 0 or n * size >= HUGE_MIN_BYTES:
+    if n == 0 or n >= entry[3]:
         return None
-    key = seed_key(resolve_seed(seed)) if mode is RoundMode.STOCHASTIC else _KEY0
+    key = seed_key(resolve_seed(seed)) if mode is _STOCHASTIC else _KEY0
     y = torch.empty_like(x)
-    _mode_runner(fmt, x.dtype, mode)(x.data_ptr(), y.data_ptr(), n, key, nbits)
+    entry[1](x.data_ptr(), y.data_ptr(), n, key, nbits)
     return y
 
 
+_STOCHASTIC = RoundMode.STOCHASTIC
 _ELEMENT_BYTES = {dt: torch.empty(0, dtype=dt).element_size() for dt in _NUMPY_DTYPES}
 _runners: dict = {}  # (id(fmt), dtype) -> (fmt, runner, backends.GENERATION): no dataclass hash per rounding
-_mode_runners: dict = {}  # (id(fmt), dtype, mode) -> (fmt, call(src, dst, n, key, nbits), backends.GENERATION)
+# (id(fmt), dtype, mode) -> (fmt, call(src, dst, n, key, nbits), backends.GENERATION, elements below the huge size)
+_mode_runners: dict = {}
 
 
 def _runner(fmt, dtype):
@@ -115,17 +122,22 @@ def _runner(fmt, dtype):
 def _mode_runner(fmt, dtype, mode: RoundMode):
     """``call(src, dst, n, key, nbits)`` = ``_runner(fmt, dtype)(src, dst, n, mode, key, nbits)``: the runner's own
     caller for one mode where it has one (``for_mode``, kernels/cpu.py), looked up by identity."""
-    k = (id(fmt), dtype, mode)
-    entry = _mode_runners.get(k)
+    entry = _mode_runners.get((id(fmt), dtype, mode))
     if entry is not None and entry[0] is fmt and entry[2] == _GENERATION[0]:
         return entry[1]
+    return _new_mode_runner(fmt, dtype, mode)[1]
+
+
+def _new_mode_runner(fmt, dtype, mode: RoundMode) -> tuple:
+    """The ``_mode_runners`` entry of (fmt, dtype, mode), made and stored."""
     if len(_mode_runners) > 256:
         _mode_runners.clear()
     run, m = _runner(fmt, dtype), int(mode)
     for_mode = getattr(run, "for_mode", None)
     call = for_mode(m) if for_mode is not None else (lambda src, dst, n, key, nbits: run(src, dst, n, m, key, nbits))
-    _mode_runners[k] = (fmt, call, _GENERATION[0])
-    return call
+    entry = _mode_runners[(id(fmt), dtype, mode)] = (fmt, call, _GENERATION[0],
+                                                      -(-HUGE_MIN_BYTES // _ELEMENT_BYTES[dtype]))
+    return entry
 
 
 class _EagerSTE(torch.autograd.Function):

@@ -97,14 +97,22 @@ def eager_ok(x: Tensor) -> bool:
     to that implementation, so skipping it cannot change a value, a seed draw or a gradient. Anywhere
     else the op is dispatched as usual (``torch.compiler.is_compiling()`` is tested first, so dynamo folds
     the test to False while tracing)."""
-    return (not torch.compiler.is_compiling()
+    return (not _is_compiling()
             and type(x) in _PLAIN_TENSORS
-            and not _C._len_torch_function_stack()
-            and not _C._len_torch_dispatch_stack()
-            and not _C._are_functorch_transforms_active()
-            and not _C._is_any_autocast_enabled()
+            and not _len_function_stack()
+            and not _len_dispatch_stack()
+            and not _functorch_active()
+            and not _autocast_enabled()
             and _fwd_ad._current_level < 0
             and (x.is_cpu or x.is_cuda))
+
+
+# bound once: each costs a module attribute lookup per call otherwise, and eager_ok runs on every rounding
+_is_compiling = torch.compiler.is_compiling
+_len_function_stack = _C._len_torch_function_stack
+_len_dispatch_stack = _C._len_torch_dispatch_stack
+_functorch_active = _C._are_functorch_transforms_active
+_autocast_enabled = _C._is_any_autocast_enabled
 
 
 def quantize_args(x: Tensor, fmt: Format, fmt_args, mode: int, seed: Optional[int], sr_bits: int) -> Tensor:

@@ -66,20 +66,23 @@ def check_seed(seed, field: str = "seed"):
     return seed
 
 
-_seed_buffers = threading.local()  # one int64 scalar per thread, to draw seeds into
+_seed_buffers = threading.local()  # per thread: an int64 scalar to draw seeds into, and a numpy view of it
 
 
 def resolve_seed(seed) -> int:
     """The stochastic-rounding seed: given (checked by ``check_seed``), or drawn from torch's default generator.
 
     The draw is ``torch.randint(0, 2**62, (1,))``'s (randint is ``random_(0, 2**62)`` on a fresh tensor: the same
-    generator call), made into a per-thread buffer: half the cost, the same values."""
+    generator call), made into a per-thread buffer and read back through a numpy view of that buffer (no
+    dispatcher trip for ``item``): the same values."""
     if seed is None:
-        buf = getattr(_seed_buffers, "buf", None)
-        if buf is None:
+        pair = getattr(_seed_buffers, "pair", None)
+        if pair is None:
             with torch.inference_mode(False):  # a normal tensor: writable inside and outside inference mode
-                buf = _seed_buffers.buf = torch.empty(1, dtype=torch.int64)
-        return buf.random_(0, 2**62).item()
+                buf = torch.empty(1, dtype=torch.int64)
+            pair = _seed_buffers.pair = (buf, buf.numpy())
+        pair[0].random_(0, 2**62)
+        return pair[1].item()
     return check_seed(seed)
 
 

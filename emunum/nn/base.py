@@ -21,6 +21,9 @@ from .scaling import ScaledGradQuantizer, ScaledQuantizer
 STATE_PREFIX = "_emunum_"  # every attribute an emulated layer adds to the original's state starts with it
 
 
+_NO_MERGED: dict = {}
+
+
 def _unblocked(spec):
     """None for a block-format role: those apply to GEMM operands only (``block_gemm``), not role by role."""
     return None if spec is not None and isinstance(spec.fmt, BlockFormat) else spec
@@ -177,18 +180,20 @@ class EmuLayer:
         return plan if can_elide(plan) else None
 
     def _emu_round(self, x: Tensor, role: Role) -> Tensor:
-        fq, bq = self._emunum_q[role]
-        trace = self._emunum_trace
+        d = self.__dict__  # read once: each attribute of a module subclass costs a lookup through its classes
+        trace = d.get("_emunum_trace")
         if trace is not None and trace.active:  # a sampled call; the others take the untraced path below
+            fq, bq = d["_emunum_q"][role]
             if isinstance(bq, ScaledGradQuantizer):  # the tracer's gradient rounding is unscaled: not traced
                 return bq(trace.round(x, role, fq, None))
             return trace.round(x, role, fq, bq)
-        merged = self.__dict__.get("_emunum_q1", {}).get(role)
-        elide = grid._enabled[0] and self.__dict__.get("_emunum_elide", True)
+        merged = d.get("_emunum_q1", _NO_MERGED).get(role)
+        elide = grid._enabled[0] and d.get("_emunum_elide", True)
         keep = role is not Role.OUTPUT  # a GEMM operand: only this layer reads the result
         if merged is not None:  # its plan, called without nn.Module.__call__ (an internal quantiser: no hooks)
             plan = merged._plan
             return round_eliding(plan, x, keep) if elide and can_elide(plan) else plan(x)
+        fq, bq = d["_emunum_q"][role]
         if elide:  # one plain quantiser (the other role unrounded): elided the same way
             q = fq if bq is None else (bq if fq is None else None)
             if type(q) is Quantizer and can_elide(q._plan):

@@ -287,6 +287,8 @@ _LINEAR = ("linear",)
 
 def fused_linear(layer, x: Tensor):
     """``layer``'s element-wise forward through one node, or None (then the caller rounds role by role)."""
+    if not _enabled[0]:
+        return None
     w, b = layer.weight, layer.bias
     if x.dim() < 2 or w.dim() != 2:
         return None
@@ -300,6 +302,8 @@ _TORCH_CONV = frozenset({torch.nn.Conv1d._conv_forward, torch.nn.Conv2d._conv_fo
 
 def fused_conv(layer, x: Tensor):
     """The same for a Conv1d/2d/3d layer with zeros padding given as numbers and a batched input."""
+    if not _enabled[0]:
+        return None
     nd = len(layer.kernel_size)
     if type(layer)._conv_forward not in _TORCH_CONV or layer.padding_mode != "zeros" \
             or isinstance(layer.padding, str) or x.dim() != nd + 2:

@@ -71,7 +71,7 @@ def main() -> None:
     x = torch.randn(n, generator=torch.Generator().manual_seed(0)) * 100
     out, y = torch.empty_like(x), x.clone()
     xs, os_ = x.numpy(), out.numpy()
-    _, man, emin, sub, mx, ovf, negzero = emunum.get_format(fmt).to_kernel_args()
+    man, emin, sub, mx, ovf, negzero = emunum.get_format(fmt).to_kernel_args()
     mb, key = np.int64(cpu.max_bits(mx, np.float32)), np.uint64(emunum.rng.seed_key(1))
     pool = ThreadPoolExecutor(2)
 

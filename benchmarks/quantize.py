@@ -261,7 +261,7 @@ def crossover(repeats: int, fmt_name: str) -> None:
     from emunum.rng import seed_key
 
     fmt = emunum.get_format(fmt_name)
-    _, man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()
+    man, emin, sub, mx, ovf, negzero = fmt.to_kernel_args()
     print(f"\nserial vs parallel CPU kernel, {fmt.name}, nearest, float32, best of {repeats} "
           f"(kernels.cpu.PARALLEL_MIN = {cpu.PARALLEL_MIN})")
     print(f"{'n':>9} {'serial us':>10} {'parallel us':>12} {'serial Melem/s':>15} {'parallel Melem/s':>17}  faster")

@@ -44,7 +44,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import _cache, scalar
-from .scalar import GOLDEN, ONE, OVF_INF, OVF_NAN, mix64
+from .scalar import GOLDEN, ONE, OVF_INF, OVF_NAN
 from .wide import prefer_wide_vectors
 
 _cache.guard(__file__, scalar.SOURCES)
@@ -103,6 +103,26 @@ def nearest_f32(u, lsb, half_m1, mask, magic, mn_bits, max_bits, big, ovf_nan, n
     return _finish(u, a, lo if a < mn_bits else rn, max_bits, big, ovf_nan, negzero)
 
 
+def _shift32(name):
+    @intrinsic
+    def shift(typingctx, x, s):
+        """x shifted by s & 31 bits on uint32 (numba's own operators promote to 64 bits, and LLVM then ran
+        variable shifts and the truncations in 64-bit lanes, half as many to a vector)."""
+        if x != types.uint32 or s != types.uint32:
+            return None
+
+        def codegen(context, builder, signature, args):
+            amount = builder.and_(args[1], ir.Constant(ir.IntType(32), 31))
+            return getattr(builder, name)(args[0], amount)
+
+        return types.uint32(x, s), codegen
+
+    return shift
+
+
+_shr32, _shl32 = _shift32("lshr"), _shift32("shl")
+
+
 @njit(inline="always")
 def sr_ok(man, emin, sub, max_value):
     """Whether ``sr_f32`` holds for this FloatFormat (float32 input, emin >= -126)."""
@@ -133,12 +153,10 @@ def sr_f32(u, rnd, d, hm1_d, lsb_d, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, 
     uint32): the result's bits (module doc)."""
     a = U32(u & ABS)
     a1 = U32(U32(U32(a + hm1_d) + U32(U32(a >> (d & U32(31))) & lsb_d)) & mask_d)  # each step on uint32
-    rn = U32(U32(a1 + U32(U32(rnd >> (k & U32(31))) << (d & U32(31)))) & mask_s)
+    rn = U32(U32(a1 + _shl32(_shr32(U32(rnd), U32(k)), U32(d))) & mask_s)
     t = (a.view(F32) * p1) * p2
     kf = F32(U32(t))
-    big_f = F32(8388608.0)
-    f = (t - kf) * pn
-    dr = U32(f if f >= big_f else F32((f + big_f) - big_f))
+    dr = U32(np.rint((t - kf) * pn))
     up = (dr != U32(0)) & (rnd >= U32(two_n - dr))
     lo = F32(F32(kf + F32(1.0 if up else 0.0)) * pq).view(U32)
     return _finish(u, a, lo if a < mn_bits else rn, max_bits, big, ovf_nan, negzero)
@@ -201,26 +219,61 @@ def _nearest_loop(src, dst, man, emin, sub, max_bits, ovf, negzero):
 
 
 @njit(inline="always")
+def _mix64_high(z):
+    """The top 32 bits of ``mix64(z)`` before its last xor-shift (z ^ z >> 31), which reaches them only through
+    bit 63: the loops apply it to this half alone, as h ^ h >> 31 on 32-bit lanes (twice as many to a vector)."""
+    z = (z ^ (z >> U64(30))) * U64(0xBF58476D1CE4E5B9)
+    return U32(((z ^ (z >> U64(27))) * U64(0x94D049BB133111EB)) >> U64(32))
+
+
+@intrinsic
+def _stack_words(typingctx, tag):
+    """A C-contiguous uint32 array of CHUNK elements in the calling compiled function's stack frame (allocated
+    once at its entry; no meminfo, so nothing to free). ``tag`` is unused: passing the chunk index keeps the call
+    inside a prange body, whose every thread then has its own frame and buffer."""
+    if not isinstance(tag, types.Integer):
+        return None
+    arrty = types.Array(types.uint32, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        intp = context.get_value_type(types.intp)
+        buf = cgutils.alloca_once(builder, ir.IntType(32), size=CHUNK)
+        ary = context.make_array(arrty)(context, builder)
+        context.populate_array(ary, data=buf, shape=[intp(CHUNK)], strides=[intp(4)], itemsize=intp(4),
+                               meminfo=None)
+        return ary._getvalue()
+
+    return arrty(tag), codegen
+
+
+@njit(inline="always")
 def _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
     """Element i gets ``scalar.random_bits(key, base + i, nbits)``: the generator's counter key + (base + i + 1)
     * golden is computed once per chunk and then advanced by one add (the same uint64 value, wrapping alike):
     one 64-bit vector multiply fewer per 8 elements, which LLVM does not strength-reduce (measured 1.57 -> 1.33
-    ns/element, 2**14 float32, one thread)."""
+    ns/element, 2**14 float32, one thread). The chunk's random words are written to a stack buffer first, then
+    read by the rounding loop: in one loop LLVM ran every shift of the words on 64-bit lanes and truncated them
+    twice."""
     d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, big, ovf_nan = sr_params(man, emin, sub,
                                                                                            max_bits, ovf, nbits)
     mb = U32(max_bits)
     n = U64(src.size)
-    drop = U64(64 - nbits)
+    drop = U32(32 - nbits)
     for c in prange((src.size + CHUNK - 1) // CHUNK):
         prefer_wide_vectors()
         c0 = U64(c) * U64(CHUNK)
         _hint(src, c0, n)
+        m = min(c0 + U64(CHUNK), n) - c0
+        words = _stack_words(c)
         ctr = U64(key) + (U64(base) + c0 + ONE) * GOLDEN
-        for i in range(c0, min(c0 + U64(CHUNK), n)):
-            rnd = U32(mix64(ctr) >> drop)  # scalar.random_bits(key, base + i, nbits)
+        for j in range(m):
+            words[j] = _mix64_high(ctr)
             ctr += GOLDEN
-            dst[i] = sr_f32(src[i], rnd, d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, mb, big,
-                            ovf_nan, negzero)
+        for j in range(m):
+            h = words[j]
+            rnd = _shr32(U32(h ^ _shr32(h, U32(31))), drop)  # scalar.random_bits(key, base + c0 + j, nbits)
+            dst[c0 + j] = sr_f32(src[c0 + j], rnd, d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n,
+                                 mb, big, ovf_nan, negzero)
 
 
 @njit(inline="always")

@@ -215,3 +215,19 @@ def test_chunked_loops_keep_every_elements_bits_and_random_stream(size, base):
         got[:] = 0
         kernel(u, got, man, emin, sub, mb, ovf, negzero)
         assert np.array_equal(got, want_n)
+
+
+@pytest.mark.parametrize("nbits", [8, 32])
+def test_parallel_chunks_draw_their_own_random_words(nbits):
+    """The stochastic loop writes each chunk's random words to a buffer in the running thread's own stack frame,
+    then rounds the chunk with them: with every thread at work on many chunks, element i still gets element i's
+    random bits (a buffer shared by the threads would hand one chunk another's words; such a race is rare on a
+    loaded machine, hence many repeats over a long array)."""
+    man, emin, sub, mx, ovf, negzero = _args("fp8_152")
+    u = np.resize(sample(man, emin, sub, mx)[::-1], 1 << 22)
+    mb = np.int64(cpu.max_bits(mx, np.float32))
+    want, got = np.empty_like(u), np.empty_like(u)
+    old_sr(u, want, man, emin, sub, mb, ovf, negzero, KEY, nbits, 0)
+    for _ in range(20):
+        ew.sr_parallel(u, got, man, emin, sub, mb, ovf, negzero, KEY, nbits)
+        assert np.array_equal(got, want)

@@ -43,6 +43,11 @@ def _env_default() -> bool:
 
 
 _enabled = [_env_default()]
+# Roundings of tensors with fewer elements than this take the plain path (not elided, their results not tagged):
+# there the bookkeeping (tags, the history walk and hooks for gradients) costs more than the roundings it skips.
+# Measured on element-wise steps: benchmarks/RESULTS.md, "Elision only from 2**16 elements".
+DEFAULT_MIN_ELEMENTS = 1 << 16
+_min_elements = [DEFAULT_MIN_ELEMENTS]
 # elided roundings since the last reset: "forward" (values), "backward" (gradients)
 elided: Counter = Counter()
 
@@ -57,6 +62,17 @@ def set_elision(on: bool) -> bool:
     if not isinstance(on, bool):
         raise TypeError(f"on must be a bool, got {on!r}")
     prev, _enabled[0] = _enabled[0], on
+    return prev
+
+
+def set_min_elements(n: int) -> int:
+    """Elide only the roundings of tensors of at least ``n`` elements (0: every size); returns the previous value.
+    Smaller tensors are rounded as with elision off (the same bits either way)."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {n!r}")
+    if n < 0:
+        raise ValueError(f"n={n} must be >= 0")
+    prev, _min_elements[0] = _min_elements[0], n
     return prev
 
 

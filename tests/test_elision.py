@@ -30,6 +30,15 @@ POLICIES = {
 }
 
 
+
+@pytest.fixture(autouse=True)
+def _elide_every_size():
+    """Elision at every tensor size (these tests' tensors are small; the default starts at 2**16 elements)."""
+    prev = grid.set_min_elements(0)
+    yield
+    grid.set_min_elements(prev)
+
+
 def _bits(t):
     return t.detach().contiguous().view(torch.int64 if t.dtype == torch.float64 else torch.int32)
 
@@ -339,6 +348,31 @@ def test_every_value_a_rounding_returns_is_returned_unchanged_by_every_mode(fmt,
 
 
 # ---- the switch ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [199, 200])
+def test_roundings_of_tensors_below_the_minimum_size_are_not_elided(n):
+    """From ``set_min_elements(m)`` on, a rounding of a tensor of fewer than m elements takes the plain path: not
+    skipped, its result not tagged; one of m elements or more is skipped. The same bits either way."""
+    grid.set_min_elements(200)
+    m = emunum.patch(nn.Sequential(nn.Linear(n, 3)), fmt="e5m2")
+    m(torch.zeros(1, n))  # the first forward counts GEMM coverage, rounding every role
+    x = grid.mark(quantize(torch.randn(1, n, generator=torch.Generator().manual_seed(0)), "e5m2"),
+                  emunum.get_format("e5m2"))
+    grid.elided.clear()
+    y_on = m(x)
+    with grid.elision(False):
+        y_off = m(x)
+    assert grid.elided["forward"] == (n >= 200) and _same(y_on, y_off)
+
+
+def test_the_minimum_size_is_checked_and_restored():
+    assert grid.set_min_elements(5) == 0  # this module's fixture set 0
+    assert grid.set_min_elements(0) == 5
+    for bad, err in ((-1, ValueError), (2.0, TypeError), (True, TypeError), ("7", TypeError)):
+        with pytest.raises(err, match="n"):
+            grid.set_min_elements(bad)
+    assert grid.DEFAULT_MIN_ELEMENTS == 1 << 16
+
+
 def test_patch_elide_false_turns_elision_off_for_that_model():
     on = _train(cnn, _cnn_loss, True, dict(POLICIES["e5m2"], elide=False), steps=2)
     assert on[4] == {}

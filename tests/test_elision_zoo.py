@@ -4,7 +4,7 @@ and off, under a nearest and a stochastic-forward policy."""
 import pytest
 import torch
 
-from test_elision import POLICIES, _check_same, _train
+from test_elision import POLICIES, _check_same, _elide_every_size, _train  # noqa: F401  (autouse)
 from third_party_models import loss_of
 from third_party_zoo import ZOO
 

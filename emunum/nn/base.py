@@ -188,7 +188,7 @@ class EmuLayer:
                 return bq(trace.round(x, role, fq, None))
             return trace.round(x, role, fq, bq)
         merged = d.get("_emunum_q1", _NO_MERGED).get(role)
-        elide = grid._enabled[0] and d.get("_emunum_elide", True)
+        elide = grid._enabled[0] and d.get("_emunum_elide", True) and x.numel() >= grid._min_elements[0]
         keep = role is not Role.OUTPUT  # a GEMM operand: only this layer reads the result
         if merged is not None:  # its plan, called without nn.Module.__call__ (an internal quantiser: no hooks)
             plan = merged._plan

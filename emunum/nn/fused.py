@@ -179,16 +179,17 @@ _conv_backward = torch.ops.aten.convolution_backward.default
 
 
 class _FusedGemm(torch.autograd.Function):
-    """The node (module doc). ``spec``: (modes, plans, gemm) with gemm = ("linear",) or ("conv", stride,
+    """The node (module doc). ``spec``: (modes, plans, gemm) with modes = (input, weight, output, bias), plans =
+    (input, weight, output) and gemm = ("linear",) or ("conv", stride,
     padding, dilation, groups)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor, b, spec) -> Tensor:
         modes, plans, gemm = spec
-        (mi, mw, mo), (pi, pw, po) = modes, plans
+        (mi, mw, mo, mb), (pi, pw, po) = modes, plans
         xr = _round_forward(mi, pi, x)
         wr = _round_forward(mw, pw, w)
-        br = None if b is None else _round_forward(mw, pw, b)
+        br = None if b is None else _round_forward(mb, pw, b)
         if gemm[0] == "linear":
             y = F.linear(xr, wr, br)
         else:
@@ -196,7 +197,7 @@ class _FusedGemm(torch.autograd.Function):
         yr = _round_forward(mo, po, y)
         ctx.spec, ctx.has_bias = spec, b is not None
         clip = [t if p is not None and p.clipped and m == _PLAIN else None
-                for t, p, m in ((x, pi, mi), (w, pw, mw), (b, pw, mw), (y, po, mo))]
+                for t, p, m in ((x, pi, mi), (w, pw, mw), (b, pw, mb), (y, po, mo))]
         ctx.save_for_backward(xr, wr, *clip)
         return yr
 
@@ -207,7 +208,7 @@ class _FusedGemm(torch.autograd.Function):
                                "node is not supported; turn the node off first: emunum.nn.fused.set_fused(False) "
                                "or EMUNUM_FUSED=0")
         modes, plans, gemm = ctx.spec
-        (mi, mw, mo), (pi, pw, po) = modes, plans
+        (mi, mw, mo, mb), (pi, pw, po) = modes, plans
         xr, wr, cx, cw, cb, cy = ctx.saved_tensors
         need = ctx.needs_input_grad
         nx, nw, nb = (need[i] and _runs(ctx.next_functions[i][0]) for i in range(3))
@@ -219,7 +220,7 @@ class _FusedGemm(torch.autograd.Function):
             gx, gw, gb = _conv_backward(g, xr, wr, bias, gemm[1], gemm[2], gemm[3], False, gemm[5], gemm[4],
                                         [nx, nw, nb and ctx.has_bias])
         if gb is not None:
-            gb = _round_backward(mw, pw, gb, cb)
+            gb = _round_backward(mb, pw, gb, cb)
         if gw is not None:
             gw = _round_backward(mw, pw, gw, cw)
         if gx is not None:
@@ -269,10 +270,31 @@ def _spec(layer, x: Tensor, w: Tensor, b, gemm):
     plans = _role_plans(layer)
     if plans is None:
         return None
-    modes = _modes(plans, grid._enabled[0] and layer.__dict__.get("_emunum_elide", True))
+    elide = grid._enabled[0] and layer.__dict__.get("_emunum_elide", True)
+    modes = _modes(plans, elide)
     if modes is None:
         return None
-    return modes, tuple(p for p, _ in plans), gemm
+    modes.append(modes[1])  # the bias: the weight's role
+    lo = grid._min_elements[0]
+    if elide and lo and _ELIDE in modes:  # tensors below the size elision starts at: as _emu_round, plainly
+        small = (x.numel() < lo, w.numel() < lo, _out_numel(x, w, gemm) < lo, b is not None and b.numel() < lo)
+        if any(m == _ELIDE and s for m, s in zip(modes, small)):
+            plain = _modes(plans, False)
+            if plain is None:
+                return None
+            plain.append(plain[1])
+            modes = [p if s else m for m, p, s in zip(modes, plain, small)]
+    return tuple(modes), tuple(p for p, _ in plans), gemm
+
+
+def _out_numel(x: Tensor, w: Tensor, gemm) -> int:
+    """Elements of the GEMM's result: ``F.linear``'s, or the convolution's (torch's output-size formula)."""
+    if gemm[0] == "linear":
+        return x.numel() // x.shape[-1] * w.shape[0] if x.shape[-1] else 0
+    n = x.shape[0] * w.shape[0]
+    for size, k, s, p, d in zip(x.shape[2:], w.shape[2:], gemm[1], gemm[2], gemm[3]):
+        n *= max(0, (size + 2 * p - d * (k - 1) - 1) // s + 1)
+    return n
 
 
 def _call(x: Tensor, w: Tensor, b, spec) -> Tensor:

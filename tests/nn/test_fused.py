@@ -19,6 +19,15 @@ import emunum.trace
 from emunum import FixedFormat, grid
 from emunum.nn.fused import fused, set_fused
 
+
+@pytest.fixture(autouse=True)
+def _elide_every_size():
+    """Elision at every tensor size (these tests' tensors are small; the default starts at 2**16 elements)."""
+    prev = grid.set_min_elements(0)
+    yield
+    grid.set_min_elements(prev)
+
+
 NODE = "_FusedGemmBackward"
 POLICIES = {
     "e4m3fn_e5m2": dict(fmt="e4m3fn", grad="e5m2"),
@@ -304,13 +313,16 @@ def test_the_switch_rejects_non_bools_and_restores_its_setting():
     assert set_fused(prev) is False
 
 
-def test_elision_counts_are_the_same_with_the_node_on_and_off():
-    counts = []
+@pytest.mark.parametrize("min_elements", [0, 100])  # 100: some of the cnn's operands and results below it
+def test_elision_counts_are_the_same_with_the_node_on_and_off(min_elements):
+    grid.set_min_elements(min_elements)
+    counts, runs = [], []
     for on in (True, False):
         grid.elided.clear()
-        _train(cnn, _cnn_loss, on, POLICIES["e4m3fn_e5m2"])
+        runs.append(_train(cnn, _cnn_loss, on, POLICIES["e4m3fn_e5m2"]))
         counts.append(dict(grid.elided))
-    assert counts[0] == counts[1] and counts[0].get("backward", 0) > 0
+    _check_same(*runs)
+    assert counts[0] == counts[1] and counts[0].get("backward", 0) > 0 and runs[0][4][-1] > 0
 
 
 @pytest.mark.parametrize("value,on", [("", False), ("1", True), ("on", True), ("0", False), ("false", False)])

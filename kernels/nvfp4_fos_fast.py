@@ -35,6 +35,7 @@ from numba import njit, prange
 
 from . import _cache, block_fast, nvfp4_fast, scalar
 from .borrow import borrow
+from .transpose16 import transpose16
 from .wide import prefer_wide_vectors
 from .block_fast import ABS, INF_BITS, NAN32, SIGN
 from .nvfp4_fast import _fos_chunk, _join, _scale, _split_constants
@@ -44,7 +45,8 @@ _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
                         __file__.replace("nvfp4_fos_fast.py", "nvfp4_fast.py"),
                         __file__.replace("nvfp4_fos_fast.py", "nvfp4_scalar.py"),
                         __file__.replace("nvfp4_fos_fast.py", "wide.py"),
-                        __file__.replace("nvfp4_fos_fast.py", "borrow.py")])
+                        __file__.replace("nvfp4_fos_fast.py", "borrow.py"),
+                        __file__.replace("nvfp4_fos_fast.py", "transpose16.py")])
 
 U32 = np.uint32
 U64 = np.uint64
@@ -113,8 +115,14 @@ def e2m1_values(vl) -> bool:
 @njit(inline="always", error_model="numpy")
 def _transpose(bits, rb, n, tb, o):
     """tb[o + k * LANES + j] = the bits of |x| of element k of block j (j < n) of the row from flat index rb: the
-    error loop then reads a vector of lanes from consecutive addresses (a stride of 16 would need gathers)."""
-    for j in range(n):
+    error loop then reads a vector of lanes from consecutive addresses (a stride of 16 would need gathers), and
+    this copy takes 16 blocks at a time in vector registers (kernels/transpose16.py), which LLVM's vectorised
+    loop did with gathers of one element per lane."""
+    j0 = 0
+    while j0 + 16 <= n:
+        transpose16(bits, U64(rb + 16 * j0), tb, U64(o + j0), LANES)
+        j0 += 16
+    for j in range(j0, n):
         for k in range(16):
             tb[U64(o + k * LANES + j)] = bits[U64(rb + 16 * j + k)] & ABS
 

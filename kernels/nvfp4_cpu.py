@@ -3,6 +3,7 @@ kernels/nvfp4_scalar.py), parallel over blocks (``prange``) for large tensors; e
 same arguments on any thread count, so the bits never depend on it. Float32 data rounded to nearest with an
 e2m1-like element takes kernels/nvfp4_fast.py (4/6 in blocks of 16 columns: kernels/nvfp4_fos_fast.py), the same
 bits, where its conditions hold (``fast_ok``)."""
+import functools
 import os
 
 import numba
@@ -16,6 +17,7 @@ from .scalar.common import NEAREST
 
 _cache.guard(__file__, [*scalar.SOURCES, os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvfp4_scalar.py")])
 
+_FLT_MAX = float(np.finfo(np.float32).max)
 PARALLEL_MIN = 1 << 16  # fewer elements than the plain block kernel's figure: a 4/6 block costs ~3 plain ones
 
 
@@ -123,18 +125,27 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
 def tensor_line_values(finite_bits: int, denom) -> tuple:
     """(gamax, ges, gds) as float32 scalars of 4/6 with a tensor outer scale, from the bits of the tensor's largest
     finite |x|: emunum/nvfp4_quantize.py's float32 rule (ges = min(denom / gamax, FLT_MAX), 1 if 0; gds = 1 /
-    ges), each operation one IEEE float32 rounding as torch's."""
-    gamax = np.array(finite_bits, np.uint32).view(np.float32)[()]
-    with np.errstate(divide="ignore", over="ignore"):
-        ges = min(np.float32(denom) / gamax, np.finfo(np.float32).max)
-    ges = np.float32(1.0) if ges == 0 else np.float32(ges)
+    ges), each operation one IEEE float32 rounding as torch's. The quotient denom / gamax is taken in float64 and
+    then rounded to float32, which is float32's quotient (53 >= 2 * 24 + 2 bits) and needs no floating-point
+    warnings switched off; clamped first, a float64 quotient past FLT_MAX gives FLT_MAX, as float32's inf does."""
+    gamax = np.uint32(finite_bits).view(np.float32)
+    ges = np.float32(min(float(np.float32(denom)) / float(gamax), _FLT_MAX)) if gamax != 0 else np.float32(_FLT_MAX)
+    ges = np.float32(1.0) if ges == 0 else ges
     return gamax, ges, np.float32(np.float32(1.0) / ges)
+
+
+@functools.lru_cache(maxsize=64)
+def _fos_constants(elem_args: tuple) -> tuple:
+    """(m, vl, lanes): ``nvfp4_fast.e2m1_constants`` of ``block_args[:6]``, and whether its values are e2m1's
+    (kernels/nvfp4_fos_fast.py then holds)."""
+    m, vl = nvfp4_fast.e2m1_constants(*block_fast.element_table(elem_args))
+    return m, vl, nvfp4_fos_fast.e2m1_values(vl)
 
 
 def quantize_fos_tensor(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, denom, metric: int, args: tuple,
                         mode: int, parallel=None) -> bool:
     """4/6 with a tensor outer scale in blocks of 16 columns by kernels/nvfp4_fos_fast.py, the tensor's amax found
-    here by block_fast's amax pass (one pass over the bits, parallel like the rest), where ``fast_ok`` holds;
+    here by ``nvfp4_fast.row_amax_*`` (one pass over the bits, parallel like the rest), where ``fast_ok`` holds;
     whether it ran (else the caller makes the line arrays and runs ``quantize_nvfp4``). The same bits as
     ``quantize_nvfp4`` with emunum/nvfp4_quantize.py's line arrays (``tensor_line_values``)."""
     if int(tile[1]) != 16 or not fast_ok(src, dst, tile, True, args, mode):
@@ -143,12 +154,20 @@ def quantize_fos_tensor(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, ti
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     P, R, C = src.shape
     bits = src.reshape(-1).view(np.uint32)
-    # 1-D blocks: the scales array has the amax pass's layout (the kernel overwrites it); tiles: a scratch one
-    amaxes = scales.reshape(-1) if int(tile[0]) == 1 else np.empty(P * R * -(-C // 16))
-    with _parallel.try_parallel(parallel) as par:
-        fin = (block_fast.amax_parallel if par else block_fast.amax_serial)(bits, amaxes, C, 16)
-    gamax, ges, gds = tensor_line_values(int(fin), denom)
+    m, vl, lanes = _fos_constants(tuple(args[:6]))
     n = P * R
+    rows = np.empty(n, np.float64)
+    with _parallel.try_parallel(parallel) as par:
+        # the tensor's largest finite |x| from each row's (the kernel finds its blocks' maxima itself)
+        (nvfp4_fast.row_amax_parallel if par else nvfp4_fast.row_amax_serial)(bits, rows, C)
+        gamax, ges, gds = tensor_line_values(int(np.float32(rows.max()).view(np.uint32)), denom)
+        if lanes:  # quantize_nvfp4's call of the lanes kernel, without its checks made again
+            s_man, s_emin, s_sub, s_max = args[10:14]
+            (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(
+                src.reshape(-1), bits, dst.reshape(-1).view(np.uint32), scales, R, C, int(tile[0]), np.full(n, ges),
+                np.full(n, gds), np.full(n, gamax), np.float32(denom), int(metric), m, vl, args[6], s_man, s_emin,
+                s_sub, s_max)
+            return True
     lines = (True, None, np.full(n, ges), np.full(n, gds), np.full(n, gamax), np.float32(denom), int(metric))
     quantize_nvfp4(src, dst, scales, tile, lines, args, mode, 0, 0, parallel=parallel)
     return True

@@ -34,6 +34,8 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, block_fast, nvfp4_fast, scalar
+from .borrow import borrow
+from .transpose16 import transpose16
 from .wide import prefer_wide_vectors
 from .block_fast import ABS, INF_BITS, NAN32, SIGN
 from .nvfp4_fast import _fos_chunk, _join, _scale, _split_constants
@@ -42,7 +44,9 @@ from .nvfp4_scalar import F32
 _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
                         __file__.replace("nvfp4_fos_fast.py", "nvfp4_fast.py"),
                         __file__.replace("nvfp4_fos_fast.py", "nvfp4_scalar.py"),
-                        __file__.replace("nvfp4_fos_fast.py", "wide.py")])
+                        __file__.replace("nvfp4_fos_fast.py", "wide.py"),
+                        __file__.replace("nvfp4_fos_fast.py", "borrow.py"),
+                        __file__.replace("nvfp4_fos_fast.py", "transpose16.py")])
 
 U32 = np.uint32
 U64 = np.uint64
@@ -111,8 +115,14 @@ def e2m1_values(vl) -> bool:
 @njit(inline="always", error_model="numpy")
 def _transpose(bits, rb, n, tb, o):
     """tb[o + k * LANES + j] = the bits of |x| of element k of block j (j < n) of the row from flat index rb: the
-    error loop then reads a vector of lanes from consecutive addresses (a stride of 16 would need gathers)."""
-    for j in range(n):
+    error loop then reads a vector of lanes from consecutive addresses (a stride of 16 would need gathers), and
+    this copy takes 16 blocks at a time in vector registers (kernels/transpose16.py), which LLVM's vectorised
+    loop did with gathers of one element per lane."""
+    j0 = 0
+    while j0 + 16 <= n:
+        transpose16(bits, U64(rb + 16 * j0), tb, U64(o + j0), LANES)
+        j0 += 16
+    for j in range(j0, n):
         for k in range(16):
             tb[U64(o + k * LANES + j)] = bits[U64(rb + 16 * j + k)] & ABS
 
@@ -158,6 +168,14 @@ def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
     of blocks ``line`` = u // per (= p * nbr + bi); sc: the scales as (P * nbr, nbc); buffers of LANES (r6, r4,
     ob, vt6, vt4: 16, 3 or 2 rows of LANES), and for ``_fos_chunk``."""
     prefer_wide_vectors()  # the loops below are across blocks or along one, 16 float32 lanes fit either
+    # every array borrowed (kernels/borrow.py) once per task: each unit binds them all again as the arguments of
+    # its inlined calls, which with owned arrays cost more than the unit's error loops (measured)
+    src, bits, dbits, sc, ges, gds, gamax, vl = (borrow(src), borrow(bits), borrow(dbits), borrow(sc), borrow(ges),
+                                                 borrow(gds), borrow(gamax), borrow(vl))
+    mx, ob, tb, s6, s4, enc6, enc4, r6, r4 = (borrow(mx), borrow(ob), borrow(tb), borrow(s6), borrow(s4),
+                                              borrow(enc6), borrow(enc4), borrow(r6), borrow(r4))
+    e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4 = (borrow(e6), borrow(e4), borrow(vt6), borrow(vt4), borrow(q6),
+                                                borrow(q4), borrow(t6), borrow(t4), borrow(w6), borrow(w4))
     whole = C // 16
     for u in range(u0, u1):
         line = u // per

@@ -100,3 +100,20 @@ def test_quantize_takes_the_kernel_amax_path(name, monkeypatch):
     assert calls
     monkeypatch.setattr(nvfp4_cpu, "quantize_fos_tensor", lambda *a, **k: False)
     assert torch.equal(got.view(torch.int32), emunum.quantize(x, name).view(torch.int32))
+
+
+@pytest.mark.parametrize("bound", [448, 256])
+def test_tensor_line_values_equal_torch_float32_rule_across_exponents(bound):
+    # every float32 exponent, subnormals included, with the smallest, largest and random mantissas, and 0: the
+    # quotient's rounding, its overflow to FLT_MAX and the reciprocal, against line_arrays' torch ops
+    rng = np.random.default_rng(bound)
+    mant = np.concatenate([[0, 1, 0x7FFFFF], rng.integers(0, 1 << 23, 5)]).astype(np.uint32)
+    bits = np.concatenate([[0], ((np.arange(255, dtype=np.uint32)[:, None] << 23) | mant).ravel()[1:]])
+    denom = np.float32(6 * bound)
+    gamax = torch.from_numpy(bits.astype(np.uint32).view(np.float32))
+    ges = torch.clamp(torch.tensor(float(denom), dtype=torch.float32) / gamax, max=float(np.finfo(np.float32).max))
+    ges = torch.where(ges == 0, torch.ones_like(ges), ges)
+    gds = torch.tensor(1.0, dtype=torch.float32) / ges
+    want = np.stack([gamax.numpy(), ges.numpy(), gds.numpy()], 1).view(np.uint32)
+    got = np.array([nvfp4_cpu.tensor_line_values(int(b), denom) for b in bits], np.float32).view(np.uint32)
+    assert np.array_equal(got, want)

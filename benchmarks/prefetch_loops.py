@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 import torch
@@ -24,6 +23,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import emunum  # noqa: E402
+from loop_rows import time_rows  # noqa: E402
 from emunum.kernels import cpu, elementwise_f32 as ew  # noqa: E402
 from emunum.kernels.scalar import GOLDEN, ONE, mix64  # noqa: E402
 
@@ -74,28 +74,8 @@ def main() -> None:
         "nearest, previous loop": lambda s, d: previous_nearest(s, d, *fa),
     }
     print(f"# {a.format}, one thread, load average " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
-    print(f"{'n':>8}  {'row':30s} {'in cache':>9} {'not in cache':>13}  (ns/element)")
-    for lg in (int(x) for x in a.sizes.split(",")):
-        n = 1 << lg
-        pool = [(torch.randn(n) * 1e-3).numpy().view(np.uint32) for _ in range(max(2, (128 << 20) // (4 * n)))]
-        out = np.empty(n, np.uint32)
-        check = np.empty(n, np.uint32)
-        for name, fn in rows.items():  # compile, and the same bits from both loops of each mode
-            fn(pool[0], out)
-        rows["stochastic, previous loop"](pool[1], check)
-        rows["stochastic, chunks + hints"](pool[1], out)
-        assert np.array_equal(out, check), "stochastic loops differ"
-        best = {(r, c): float("inf") for r in rows for c in (0, 1)}
-        reps = max(4, (64 << 20) // (4 * n) // 4)
-        for _ in range(a.rounds):
-            for name, fn in rows.items():
-                for cold in (0, 1):
-                    t = time.thread_time()
-                    for i in range(reps):
-                        fn(pool[i % len(pool)] if cold else pool[0], out)
-                    best[name, cold] = min(best[name, cold], (time.thread_time() - t) / reps / n * 1e9)
-        for name in rows:
-            print(f"{n:>8}  {name:30s} {best[name, 0]:9.2f} {best[name, 1]:13.2f}")
+    sizes = [int(x) for x in a.sizes.split(",")]
+    time_rows(rows, sizes, a.rounds, same=("stochastic, previous loop", "stochastic, chunks + hints"))
 
 
 if __name__ == "__main__":

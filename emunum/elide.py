@@ -273,12 +273,16 @@ _relu_apply = super(torch.autograd.Function, _ReluEliding).apply
 def relu_eliding(plan, x: Tensor, have, inplace: bool = False):
     """``round_eliding(plan, torch.relu(x))`` (``x.relu_()`` with ``inplace``) for an x on ``have``'s grid
     (``input_grid``) as one node, the same values, gradients, tags and seed draws; None where it does not apply
-    (then the caller takes the two steps): x not a float32/float64 tensor in eager mode that requires grad,
-    ``have`` not nested in the plan's format, or, in place, x a leaf, a view or not laid out as a rounding's
-    result (``relu_`` must return x itself)."""
+    (then the caller takes the two steps): x not a float32/float64 tensor in eager mode that requires grad, of
+    fewer elements than elision starts at (``grid.set_min_elements``), ``have`` not nested in the plan's format,
+    or, in place, x a leaf, a view or not laid out as a rounding's result (``relu_`` must return x itself). The
+    history above x is hooked as ``round_eliding`` hooks it above relu's result (the node tags its own gradient)."""
     if not (x.requires_grad and torch.is_grad_enabled() and eager_ok(x) and x.dtype in grid._DTYPES
-            and plan.forward is not None and grid.nests(have, plan.forward)):
+            and x.numel() >= grid._min_elements[0] and plan.forward is not None and grid.nests(have, plan.forward)):
         return None
     if inplace and (x.is_leaf or x._base is not None or not _own_layout(x)):
         return None
-    return _relu_apply(_unwrap_if_dead(x), plan, have, inplace)
+    if plan.backward is not None:
+        _hook_history(x)
+    # tagged again: autograd bumps a dirty input's version after the node's forward, which voids the tag inside
+    return grid.mark(_relu_apply(_unwrap_if_dead(x), plan, have, inplace), have)

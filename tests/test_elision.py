@@ -306,6 +306,34 @@ def test_an_emulated_relu_over_an_on_grid_tensor_is_one_node_that_keeps_relus_ow
             y.sum().backward()
 
 
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("before", ["conv", "view", "max_pool", "max_pool_view"])
+def test_the_one_node_relu_skips_what_relu_and_its_rounding_skipped(before, inplace, monkeypatch):
+    """The same skipped roundings, forward and backward, and the same bits, as relu's node and the rounding node
+    after it (the one-node path switched off), whatever grid-keeping ops lie between the rounding before and it."""
+    import emunum.elide as elide_mod
+    import emunum.nn.layers as layers_mod
+
+    mid = {"conv": [], "view": [nn.Flatten(), nn.Unflatten(1, (4, 6, 6))], "max_pool": [nn.MaxPool2d(2)],
+           "max_pool_view": [nn.MaxPool2d(2), nn.Flatten(), nn.Unflatten(1, (4, 3, 3))]}[before]
+
+    def build():
+        torch.manual_seed(0)
+        width = 36 if before.startswith("max_pool") else 144
+        return nn.Sequential(nn.Conv2d(3, 4, 3), *mid, nn.ReLU(inplace=inplace), nn.Flatten(), nn.Linear(width, 3))
+
+    def loss(m):
+        return m(_image()).square().sum()
+
+    one = _train(build, loss, True, POLICIES["e4m3fn_e5m2"], steps=2)
+    monkeypatch.setattr(layers_mod, "relu_eliding", lambda *a: None)
+    two = _train(build, loss, True, POLICIES["e4m3fn_e5m2"], steps=2)
+    monkeypatch.undo()
+    _check_same(one, two)
+    assert one[4] == two[4] and one[4]["backward"] > 0
+    assert elide_mod.relu_eliding is layers_mod.relu_eliding
+
+
 @pytest.mark.parametrize("write", ["none", "in_place", "through_view", "no_grad", "copy_into"])
 def test_a_tag_holds_for_the_tensor_and_its_views_until_a_write(write):
     f = emunum.get_format("e5m2")

@@ -18,7 +18,6 @@ load or of its memory regime hits every row alike); "% copy" against out.copy_(x
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 import time

@@ -9,7 +9,6 @@ vectors in a function that asks for them (kernels/wide.py) a row is one register
 Bounds are not checked: the caller keeps both tiles inside their arrays."""
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 _I32 = ir.IntType(32)

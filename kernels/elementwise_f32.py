@@ -57,6 +57,7 @@ SIGN = U32(0x80000000)
 INF_BITS = U32(0x7F800000)
 QUIET = U32(0x400000)
 NAN32 = U32(0x7FC00000)
+NEG_INF32 = U32(0xFF800000)
 
 
 @njit(inline="always")
@@ -247,7 +248,7 @@ def _stack_words(typingctx, tag):
 
 
 @njit(inline="always")
-def _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
+def _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base, neg_nan):
     """Element i gets ``scalar.random_bits(key, base + i, nbits)``: the generator's counter key + (base + i + 1)
     * golden is computed once per chunk and then advanced by one add (the same uint64 value, wrapping alike):
     one 64-bit vector multiply fewer per 8 elements, which LLVM does not strength-reduce (measured 1.57 -> 1.33
@@ -272,8 +273,12 @@ def _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
         for j in range(m):
             h = words[j]
             rnd = _shr32(U32(h ^ _shr32(h, U32(31))), drop)  # scalar.random_bits(key, base + c0 + j, nbits)
-            dst[c0 + j] = sr_f32(src[c0 + j], rnd, d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n,
-                                 mb, big, ovf_nan, negzero)
+            u = src[c0 + j]
+            r = sr_f32(u, rnd, d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, mb, big, ovf_nan,
+                       negzero)
+            if neg_nan:  # a constant where inlined: unsigned formats (kernels/p3109_cpu.py), x < 0 -> NaN
+                r = NAN32 if (u > SIGN) & (u <= NEG_INF32) else r
+            dst[c0 + j] = r
 
 
 @njit(inline="always")
@@ -287,9 +292,9 @@ def _nearest(src, dst, man, emin, sub, max_bits, ovf, negzero):
 @njit(inline="always")
 def _sr(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
     if src.ctypes.data == dst.ctypes.data:
-        _sr_loop(dst, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+        _sr_loop(dst, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base, False)
     else:
-        _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+        _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base, False)
 
 
 @njit(cache=True, nogil=True)

@@ -18,9 +18,9 @@ _cache.guard(__file__, [_ew.__file__])
 from .cpu import _check_dtype, _voidptr, use_parallel  # noqa: E402
 from .direct import direct_caller  # noqa: E402
 from .elementwise_f32 import NAN32, SIGN, U32, U64  # noqa: E402
-from .scalar import NEAREST, STOCHASTIC, random_bits  # noqa: E402
+from .scalar import NEAREST, STOCHASTIC  # noqa: E402
 
-NEG_INF_BITS = U32(0xFF800000)
+NEG_INF_BITS = _ew.NEG_INF32
 
 
 # a select rather than a conditional store: the loop vectorises
@@ -88,14 +88,9 @@ def nearest_at(src, dst, n, par, man, emin, max_bits, ovf):
 
 @njit(inline="always")
 def _sr_loop(src, dst, man, emin, max_bits, ovf, key, nbits):
-    d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, big, ovf_nan = _ew.sr_params(man, emin, 1,
-                                                                                               max_bits, ovf, nbits)
-    mb = U32(max_bits)
-    for i in prange(src.size):
-        u = src[U64(i)]
-        rnd = U32(random_bits(key, U64(i), nbits))
-        r = _ew.sr_f32(u, rnd, d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, mb, big, ovf_nan, 0)
-        dst[U64(i)] = NAN32 if (u > SIGN) & (u <= NEG_INF_BITS) else r
+    """The float32 stochastic loop of ``elementwise_f32`` (its random words, element i's bits
+    ``random_bits(key, i, nbits)``) with NaN selected for x < 0."""
+    _ew._sr_loop(src, dst, man, emin, 1, max_bits, ovf, 0, key, nbits, 0, True)
 
 
 @njit(inline="always")

@@ -228,7 +228,7 @@ def _mix64_high(z):
 
 
 @intrinsic
-def _stack_words(typingctx, tag):
+def stack_words(typingctx, tag):
     """A C-contiguous uint32 array of CHUNK elements in the calling compiled function's stack frame (allocated
     once at its entry; no meminfo, so nothing to free). ``tag`` is unused: passing the chunk index keeps the call
     inside a prange body, whose every thread then has its own frame and buffer."""
@@ -245,6 +245,22 @@ def _stack_words(typingctx, tag):
         return ary._getvalue()
 
     return arrty(tag), codegen
+
+
+@njit(inline="always")
+def fill_words(words, key, base, c0, m):
+    """words[j] for j < m: the top half of element base + c0 + j's generator word before its last xor-shift
+    (``_mix64_high``); the counter computed once and advanced by one add per element."""
+    ctr = U64(key) + (U64(base) + c0 + ONE) * GOLDEN
+    for j in range(m):
+        words[j] = _mix64_high(ctr)
+        ctr += GOLDEN
+
+
+@njit(inline="always")
+def word_bits(h, drop):
+    """``scalar.random_bits``'s value from a word of ``fill_words`` (drop = 32 - nbits, uint32)."""
+    return _shr32(U32(h ^ _shr32(h, U32(31))), drop)
 
 
 @njit(inline="always")
@@ -265,14 +281,10 @@ def _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base,
         c0 = U64(c) * U64(CHUNK)
         _hint(src, c0, n)
         m = min(c0 + U64(CHUNK), n) - c0
-        words = _stack_words(c)
-        ctr = U64(key) + (U64(base) + c0 + ONE) * GOLDEN
+        words = stack_words(c)
+        fill_words(words, key, base, c0, m)
         for j in range(m):
-            words[j] = _mix64_high(ctr)
-            ctr += GOLDEN
-        for j in range(m):
-            h = words[j]
-            rnd = _shr32(U32(h ^ _shr32(h, U32(31))), drop)  # scalar.random_bits(key, base + c0 + j, nbits)
+            rnd = word_bits(words[j], drop)  # scalar.random_bits(key, base + c0 + j, nbits)
             u = src[c0 + j]
             r = sr_f32(u, rnd, d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, mb, big, ovf_nan,
                        negzero)

@@ -11,11 +11,12 @@ import functools
 import numpy as np
 from numba import carray, njit, prange
 
-from . import _cache, scalar
+from . import _cache, elementwise_f32 as _ew, scalar
 
-_cache.guard(__file__, scalar.SOURCES)
+_cache.guard(__file__, scalar.SOURCES + [_ew.__file__])
 
 from .cpu import MODES, _check_dtype, _runner, _runtime_mode, _voidptr  # noqa: E402
+from .wide import prefer_wide_vectors  # noqa: E402
 from .scalar import (HIF8_MAX_BITS32, HIF8_MAX_BITS64, NEAREST, NEAREST_AWAY, OVF_SAT, STOCHASTIC,  # noqa: E402
                      hif8_sr_f32, nearest_ta_f32, random_bits, round_hif8_bits, round_hif8_f32)
 
@@ -31,12 +32,21 @@ def _nearest_loop(src, dst, big):
 
 @njit(inline="always")
 def _sr_loop(src, dst, big, key, nbits):
+    """Element i's bits ``random_bits(key, i, nbits)``, made per chunk into a stack buffer first
+    (``elementwise_f32.fill_words``: 32-bit lanes for the rounding that reads them)."""
     pw = U32(1 << (32 - nbits))
     pn = np.float32(2.0**nbits)
     two_n = U32((1 << nbits) & 0xFFFFFFFF)
-    for i in prange(src.size):
-        rnd = U32(random_bits(key, U64(i), nbits))
-        dst[U64(i)] = hif8_sr_f32(src[U64(i)], rnd, pw, pn, two_n, big)
+    n = U64(src.size)
+    drop = U32(32 - nbits)
+    for c in prange((src.size + _ew.CHUNK - 1) // _ew.CHUNK):
+        prefer_wide_vectors()
+        c0 = U64(c) * U64(_ew.CHUNK)
+        m = min(c0 + U64(_ew.CHUNK), n) - c0
+        words = _ew.stack_words(c)
+        _ew.fill_words(words, key, 0, c0, m)
+        for j in range(m):
+            dst[c0 + j] = hif8_sr_f32(src[c0 + j], _ew.word_bits(words[j], drop), pw, pn, two_n, big)
 
 
 @functools.lru_cache(maxsize=None)

@@ -106,13 +106,10 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     fos, _, ges, gds, gamax, denom, metric = lines
     if fast and fos and fast_ok(src, dst, tile, True, args, mode):
-        m, vl = nvfp4_fast.e2m1_constants(*block_fast.element_table(tuple(args[:6])))
-        s_man, s_emin, s_sub, s_max = args[10:14]
-        flat = (src.reshape(-1), src.reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint32), scales,
-                src.shape[1], src.shape[2], int(tile[0]))
-        rest = (ges, gds, gamax, np.float32(denom), int(metric), m, vl, args[6], s_man, s_emin, s_sub, s_max)
+        m, vl, lanes = _fos_constants(tuple(args[:6]))
+        flat, rest = _fos_arguments(src, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl, args)
         with _parallel.try_parallel(parallel) as par:
-            if int(tile[1]) == 16 and nvfp4_fos_fast.e2m1_values(vl):  # the error sums vectorised across blocks
+            if int(tile[1]) == 16 and lanes:  # the error sums vectorised across blocks
                 (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(*flat, *rest)
             else:
                 (nvfp4_fast.fos_parallel if par else nvfp4_fast.fos_serial)(*flat, int(tile[1]), *rest)
@@ -142,6 +139,15 @@ def _fos_constants(elem_args: tuple) -> tuple:
     return m, vl, nvfp4_fos_fast.e2m1_values(vl)
 
 
+def _fos_arguments(src, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl, args: tuple) -> tuple:
+    """(flat, rest): the arguments of the fast 4/6 kernels (``nvfp4_fos_fast.fos_lanes_*``: flat + rest;
+    ``nvfp4_fast.fos_*``: flat, the tile's width, rest) for (P, R, C) src/dst, the line arrays and ``block_args``."""
+    flat = (src.reshape(-1), src.reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint32), scales,
+            src.shape[1], src.shape[2], int(tile[0]))
+    rest = (ges, gds, gamax, np.float32(denom), int(metric), m, vl, args[6], *args[10:14])
+    return flat, rest
+
+
 def quantize_fos_tensor(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, denom, metric: int, args: tuple,
                         mode: int, parallel=None) -> bool:
     """4/6 with a tensor outer scale in blocks of 16 columns by kernels/nvfp4_fos_fast.py, the tensor's amax found
@@ -162,11 +168,9 @@ def quantize_fos_tensor(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, ti
         (nvfp4_fast.row_amax_parallel if par else nvfp4_fast.row_amax_serial)(bits, rows, C)
         gamax, ges, gds = tensor_line_values(int(np.float32(rows.max()).view(np.uint32)), denom)
         if lanes:  # quantize_nvfp4's call of the lanes kernel, without its checks made again
-            s_man, s_emin, s_sub, s_max = args[10:14]
-            (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(
-                src.reshape(-1), bits, dst.reshape(-1).view(np.uint32), scales, R, C, int(tile[0]), np.full(n, ges),
-                np.full(n, gds), np.full(n, gamax), np.float32(denom), int(metric), m, vl, args[6], s_man, s_emin,
-                s_sub, s_max)
+            flat, rest = _fos_arguments(src, dst, scales, tile, np.full(n, ges), np.full(n, gds), np.full(n, gamax),
+                                        denom, metric, m, vl, args)
+            (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(*flat, *rest)
             return True
     lines = (True, None, np.full(n, ges), np.full(n, gds), np.full(n, gamax), np.float32(denom), int(metric))
     quantize_nvfp4(src, dst, scales, tile, lines, args, mode, 0, 0, parallel=parallel)

@@ -24,6 +24,24 @@ STATE_PREFIX = "_emunum_"  # every attribute an emulated layer adds to the origi
 _NO_MERGED: dict = {}
 
 
+def _elidable(d: dict, role: Role):
+    """The plan of ``role`` that ``round_eliding`` takes, from a layer's ``__dict__`` d: its merged quantiser's, or
+    its one plain ``Quantizer``'s (the other direction unrounded), where elision is on (process and layer) and the
+    plan allows it; else None."""
+    if not (grid._enabled[0] and d.get("_emunum_elide", True)):
+        return None
+    merged = d.get("_emunum_q1", _NO_MERGED).get(role)
+    if merged is not None:
+        plan = merged._plan
+    else:
+        fq, bq = d["_emunum_q"][role]
+        q = fq if bq is None else (bq if fq is None else None)
+        if type(q) is not Quantizer:
+            return None
+        plan = q._plan
+    return plan if can_elide(plan) else None
+
+
 def _unblocked(spec):
     """None for a block-format role: those apply to GEMM operands only (``block_gemm``), not role by role."""
     return None if spec is not None and isinstance(spec.fmt, BlockFormat) else spec
@@ -166,18 +184,7 @@ class EmuLayer:
         """The plan ``_emu_round`` rounds ``role`` with through ``round_eliding`` now, or None where it takes
         another path (a sampled trace call, elision off, a scaled or clipped role, two quantisers)."""
         trace = self._emunum_trace
-        if (trace is not None and trace.active) or not (grid._enabled[0] and self.__dict__.get("_emunum_elide", True)):
-            return None
-        merged = self.__dict__.get("_emunum_q1", {}).get(role)
-        if merged is not None:
-            plan = merged._plan
-        else:
-            fq, bq = self._emunum_q[role]
-            q = fq if bq is None else (bq if fq is None else None)
-            if type(q) is not Quantizer:
-                return None
-            plan = q._plan
-        return plan if can_elide(plan) else None
+        return None if trace is not None and trace.active else _elidable(self.__dict__, role)
 
     def _emu_round(self, x: Tensor, role: Role) -> Tensor:
         d = self.__dict__  # read once: each attribute of a module subclass costs a lookup through its classes
@@ -187,17 +194,14 @@ class EmuLayer:
             if isinstance(bq, ScaledGradQuantizer):  # the tracer's gradient rounding is unscaled: not traced
                 return bq(trace.round(x, role, fq, None))
             return trace.round(x, role, fq, bq)
+        if x.numel() >= grid._min_elements[0]:
+            plan = _elidable(d, role)
+            if plan is not None:  # keep: a GEMM operand, which only this layer reads
+                return round_eliding(plan, x, role is not Role.OUTPUT)
         merged = d.get("_emunum_q1", _NO_MERGED).get(role)
-        elide = grid._enabled[0] and d.get("_emunum_elide", True) and x.numel() >= grid._min_elements[0]
-        keep = role is not Role.OUTPUT  # a GEMM operand: only this layer reads the result
         if merged is not None:  # its plan, called without nn.Module.__call__ (an internal quantiser: no hooks)
-            plan = merged._plan
-            return round_eliding(plan, x, keep) if elide and can_elide(plan) else plan(x)
+            return merged._plan(x)
         fq, bq = d["_emunum_q"][role]
-        if elide:  # one plain quantiser (the other role unrounded): elided the same way
-            q = fq if bq is None else (bq if fq is None else None)
-            if type(q) is Quantizer and can_elide(q._plan):
-                return round_eliding(q._plan, x, keep)
         if fq is not None:
             x = fq(x)
         if bq is not None:

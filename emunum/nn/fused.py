@@ -254,7 +254,7 @@ def _operand_ok(t: Tensor, dtype) -> bool:
 
 def _spec(layer, x: Tensor, w: Tensor, b, gemm):
     """The node's spec for this call, or None where the layer must round role by role (module doc)."""
-    if not _enabled[0] or not torch.is_grad_enabled() or layer._emunum_policy.mad is not None:
+    if not torch.is_grad_enabled() or layer._emunum_policy.mad is not None:  # (the switch: the callers)
         return None
     trace = layer._emunum_trace
     if trace is not None and trace.active:

@@ -83,7 +83,7 @@ def main(argv=None) -> None:
               f"validation examples {math.sqrt(statistics.fmean(sampling) / n_val):.4f}")
     print(f"loss target (baseline's mean validation loss at its interpolated {args.target} crossing): "
           f"{loss_target}")
-    print(f"runs: " + ", ".join(f"{f} {sum(r.format == f for r in runs)}" for f in fmts))
+    print("runs: " + ", ".join(f"{f} {sum(r.format == f for r in runs)}" for f in fmts))
 
     cands = candidates(args.target, loss_target)
     table = {}

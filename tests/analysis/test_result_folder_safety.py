@@ -210,7 +210,7 @@ def test_absurd_configs_exit_2_naming_the_file(tmp_path, capsys, command, name):
     assert len(err) < 2000
 
 
-@pytest.mark.parametrize("content", [f"fp32: {HUGE}\n", f"fp32: 1e400\n", "fp32: " + "[" * 100000 + "]" * 100000,
+@pytest.mark.parametrize("content", [f"fp32: {HUGE}\n", "fp32: 1e400\n", "fp32: " + "[" * 100000 + "]" * 100000,
                                      f"format,seconds_per_iteration\nfp32,{HUGE}\n"])
 def test_absurd_sim_files_exit_2_naming_the_file(tmp_path, capsys, content):
     sweep = _sweep(tmp_path)

@@ -82,7 +82,7 @@ def test_ranks_with_different_settings_raise_on_every_rank_naming_them(other, ra
     out = ranks[key]
     for r in (0, 1):
         assert f"rank {r} RAISED quantized_allreduce_hook: the ranks' settings differ" in out, out
-    assert f"rank 1: " in out and f"{key}=" in out
+    assert "rank 1: " in out and f"{key}=" in out
 
 
 def test_ranks_with_the_same_settings_train(ranks):

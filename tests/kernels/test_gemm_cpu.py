@@ -254,7 +254,6 @@ def test_fast_kernel_bias_rounds_once_at_the_accumulators_midpoints(fast):
 def test_fast_plan_drops_only_what_cannot_matter():
     unit = MADUnit("fp8_152", "fp16_169", chunk=64)
     mulp, accp = unit.kernel_params()
-    rng = np.random.default_rng(3)
     A = emunum.quantize(torch.randn(1, 8, 512, generator=torch.Generator().manual_seed(0)) * 8, "fp8_152").numpy()
     B = emunum.quantize(torch.randn(1, 512, 8, generator=torch.Generator().manual_seed(1)), "fp8_152").numpy()
     dtype, mul_sub, acc_sub, checks, mul_exact = gemm_cpu.fast_plan(A, B, 0, mulp, accp)

@@ -17,7 +17,10 @@ How the product itself runs, per policy:
   and backward (``BlockPlan``, as ``emunum.nn.block_gemm`` does for layers; the Hadamard transform of the
   NVFP4 recipe applies to layers' weight gradients only).
 ``einsum`` with two or more operands runs as a chain of batched products, left to right (each contraction one
-emulated GEMM, its result rounded as ``output``); an index summed within one operand is summed first.
+emulated GEMM, its result rounded as ``output``); an index summed within one operand is summed first. As in
+torch's own einsum, a summed index of size 1 in either operand is no GEMM dimension (the other operand is summed
+over it first), and a pair left without a summed index of size > 1 in both is torch's element-wise product:
+no GEMM, nothing rounded (longformer's sliding-window mask is such a product).
 ``scaled_dot_product_attention`` runs as its math: ``S = Q K^T`` (an emulated GEMM), ``S * scale``, the mask
 (boolean: -inf where False; float: added; ``is_causal``: lower-triangular), softmax (rows that are fully
 masked give zeros, as torch's math path), dropout with ``dropout_p``, then ``P V`` with P rounded as a GEMM
@@ -225,14 +228,16 @@ class GemmEmulator(EmuLayer):
         for s, t in ((sa, a), (sb, b)):
             if len(set(s)) != len(s):
                 raise Unsupported(f"einsum with a repeated index in one operand ({s!r})")
+        if not any(c in sb and c not in out and a.shape[sa.index(c)] != 1 and b.shape[sb.index(c)] != 1
+                   for c in sa):  # torch's einsum multiplies element-wise here: no GEMM, nothing rounded
+            return torch.einsum(f"{sa},{sb}->{out}", a, b)
         a, sa = _sum_out(a, sa, sb + out)
         b, sb = _sum_out(b, sb, sa + out)
+        a, sa, b, sb = _unit_reductions(a, sa, b, sb, out)
         batch = [c for c in sa if c in sb and c in out]
         red = [c for c in sa if c in sb and c not in out]
         m = [c for c in sa if c not in sb]
         n = [c for c in sb if c not in sa]
-        if not red:
-            raise Unsupported("einsum without a summed index (an outer or element-wise product, no GEMM)")
         size = {}
         for s, t in ((sa, a), (sb, b)):
             for c, d in zip(s, t.shape):
@@ -325,6 +330,19 @@ def _sum_out(t: Tensor, s: str, others: str):
     if not drop:
         return t, s
     return t.sum(dim=drop), "".join(c for c in s if c not in others)
+
+
+def _unit_reductions(a: Tensor, sa: str, b: Tensor, sb: str, out: str):
+    """torch.einsum's rule for a summed index of size 1 in an operand: it is no dimension of the GEMM; the other
+    operand is summed over it first (where it is larger than 1 there) and the index dropped from both."""
+    for c in [c for c in sa if c in sb and c not in out]:
+        ia, ib = sa.index(c), sb.index(c)
+        if a.shape[ia] != 1 and b.shape[ib] != 1:
+            continue
+        a = a.squeeze(ia) if a.shape[ia] == 1 else a.sum(ia)
+        b = b.squeeze(ib) if b.shape[ib] == 1 else b.sum(ib)
+        sa, sb = sa.replace(c, ""), sb.replace(c, "")
+    return a, sa, b, sb
 
 
 def _parse_einsum(equation: str, operands) -> tuple:

@@ -189,6 +189,52 @@ def test_einsum_is_a_chain_of_rounded_products(eq, fmt):
     assert_same(got, ref_grads(lambda ts, ps: ref(q, ts), xs, []))
 
 
+UNIT_EINSUMS = {  # torch.einsum runs these as an element-wise product, no GEMM: (equation, shapes)
+    "longformer_mask": ("bcxd,bcyd->bcxy", [(2, 3, 4, 1), (2, 3, 5, 1)]),  # its sliding-window mask
+    "size_1_in_both": ("ij,jk->ik", [(3, 1), (1, 4)]),
+    "size_1_in_second": ("ij,jk->ik", [(3, 5), (1, 4)]),  # j summed out of the first operand first
+    "size_1_in_first": ("ij,jk->ik", [(3, 1), (5, 4)]),
+    "outer": ("ij,k->ijk", [(3, 5), (4,)]),
+}
+
+
+@pytest.mark.parametrize("fmt", ELEMENT)
+@pytest.mark.parametrize("case", sorted(UNIT_EINSUMS))
+def test_an_einsum_that_torch_runs_without_a_gemm_is_torchs_own_product_unrounded(case, fmt):
+    eq, shapes = UNIT_EINSUMS[case]
+    xs = [tame(*s, seed=i) for i, s in enumerate(shapes)]
+    module = Fn(lambda m, *ts: torch.einsum(eq, *ts))
+    got = run(module, xs, nearest_policy(fmt))
+    assert_same(got, ref_grads(lambda ts, ps: torch.einsum(eq, *ts), xs, []))
+    xs = [x.requires_grad_(True) for x in xs]
+    plain = emunum.coverage(copy.deepcopy(module), *xs)
+    cov = emunum.coverage(emunum.patch(copy.deepcopy(module), fmt), *xs)
+    assert plain.total_flops == cov.total_flops == 0
+
+
+CHAINS = {  # a GEMM beside a summed index of size 1: (equation, shapes, reference(q, ts), forward GEMM FLOPs)
+    "size_1_in_first": ("ijl,jlk->ik", [(3, 5, 1), (5, 7, 4)],
+                        lambda q, t: q(q(t[0][:, :, 0]) @ q(t[1].sum(1))), 2 * 3 * 5 * 4),
+    "element_wise_pair_then_gemm": ("bi,ij,jk->bk", [(3, 1), (1, 4), (4, 5)],
+                                    lambda q, t: q(q(t[0] * t[1]) @ q(t[2])), 2 * 3 * 4 * 5),
+}
+
+
+@pytest.mark.parametrize("fmt", ELEMENT)
+@pytest.mark.parametrize("case", sorted(CHAINS))
+def test_a_summed_index_of_size_1_is_no_gemm_dimension_and_the_gemm_beside_it_is_emulated(case, fmt):
+    eq, shapes, ref, flops = CHAINS[case]
+    xs = [tame(*s, seed=i) for i, s in enumerate(shapes)]
+    module = Fn(lambda m, *ts: torch.einsum(eq, *ts))
+    got = run(module, xs, nearest_policy(fmt))
+    q = refq(fmt)
+    assert_same(got, ref_grads(lambda ts, ps: ref(q, ts), xs, []))
+    xs = [x.requires_grad_(True) for x in xs]
+    plain = emunum.coverage(copy.deepcopy(module), *xs)
+    cov = emunum.coverage(emunum.patch(copy.deepcopy(module), fmt), *xs)
+    assert cov.fraction == 1.0 and cov.total_flops == plain.total_flops == 3 * flops  # forward, two backward
+
+
 @pytest.mark.parametrize("fmt", ELEMENT)
 @pytest.mark.parametrize("mask", ["none", "causal", "bool", "float", "gqa"])
 def test_sdpa_runs_as_its_math_with_both_products_emulated(mask, fmt):
@@ -245,24 +291,37 @@ def test_sdpa_dropout_comes_before_the_rounding_of_p():
     assert torch.equal(y, Q(Q(p) @ Q(v)))
 
 
+def exact_block_gemm_data(*shape, seed=0):
+    """Magnitudes in [4, 8) and one 10.5, so that NVFP4's tensor scale is 10.5 / 2688 = 2**-8: every quantised
+    value (MX or NVFP4) is then a multiple of 2**-5 below 11 with at most 6 significant bits, and the float32
+    GEMMs of these tests are exact, whatever order or operand layout the CPU's GEMM kernel takes."""
+    t = tame(*shape, seed=seed)
+    t = torch.sign(t) * (4 + (t.abs() - 0.5) * (4 / 7.5))
+    t.view(-1)[0] = 10.5
+    return t
+
+
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
 def test_block_formats_quantise_each_functional_gemm_along_its_own_k(fmt):
-    a, b, w = tame(2, 3, 5, 32, seed=1), tame(2, 3, 32, 4, seed=2), tame(32, 6, seed=3)
-    mod = Fn(lambda m, a, b: (a @ b).sum() + (a @ m.w).sum(), w)
+    E = exact_block_gemm_data
+    a, b, w = E(2, 3, 5, 32, seed=1), E(2, 3, 32, 4, seed=2), E(32, 6, seed=3)
+    # the two products' gradients: one magnitude that both formats hold exactly in every block along any axis
+    # (10.5 = 6 * 448 * 2**-8 in NVFP4, 2**3 in MX), so their stochastic rounding draws nothing that matters
+    c = 10.5 if fmt == "nvfp4" else 8.0
+    g1, g2 = c * torch.sign(tame(2, 3, 5, 4, seed=4)), c * torch.sign(tame(2, 3, 5, 6, seed=5))
+    mod = Fn(lambda m, a, b: ((a @ b) * g1).sum() + ((a @ m.w) * g2).sum(), w)
     pm = emunum.patch(copy.deepcopy(mod), fmt)
     a_, b_ = a.clone().requires_grad_(True), b.clone().requires_grad_(True)
     y = pm(a_, b_)
     plan = pm.__dict__["_emunum_gemm"].mode.emu._emunum_block
     R = emunum.Role
     qa, qb, qw = plan.q(a, R.INPUT, -1), plan.q(b, R.INPUT, -2), plan.q(w, R.WEIGHT, 0)
-    assert torch.equal(y, (qa @ qb).sum() + (qa.reshape(-1, 32) @ qw).reshape(2, 3, 5, 6).sum())
+    assert torch.equal(y, ((qa @ qb) * g1).sum() + ((qa.reshape(-1, 32) @ qw).reshape(2, 3, 5, 6) * g2).sum())
     y.backward()
-    g = torch.ones(2, 3, 5, 4)  # grad of (a @ b): ones, quantised along each backward GEMM's K
-    ga_ab = plan.q(g, R.GRAD_OUTPUT, -1) @ plan.q(b.transpose(-1, -2), R.INPUT, -2)
-    g2 = torch.ones(30, 6)
-    ga_aw = (plan.q(g2, R.GRAD_OUTPUT, -1) @ plan.q(w.t(), R.WEIGHT, -2)).reshape(2, 3, 5, 32)
+    ga_ab = plan.q(g1, R.GRAD_OUTPUT, -1) @ plan.q(b.transpose(-1, -2), R.INPUT, -2)
+    ga_aw = (plan.q(g2.reshape(30, 6), R.GRAD_OUTPUT, -1) @ plan.q(w.t(), R.WEIGHT, -2)).reshape(2, 3, 5, 32)
     assert torch.equal(a_.grad, ga_ab + ga_aw)
-    gb = plan.q(a.transpose(-1, -2), R.INPUT, -1) @ plan.q(g, R.GRAD_OUTPUT, -2)
+    gb = plan.q(a.transpose(-1, -2), R.INPUT, -1) @ plan.q(g1, R.GRAD_OUTPUT, -2)
     assert torch.equal(b_.grad, gb)
 
 

@@ -307,7 +307,7 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
             ob[U64(j) + st] = F32(o15).view(U32)
             ob[U64(j) + 2 * st] = U32(ok)
     rb = r * C + c00
-    nzm = U32(0xFFFFFFFF) if negzero != 0 else U32(0)  # x's sign kept where q | nzm != 0 (q >= 0: +0 or not 0)
+    nzs = SIGN if negzero != 0 else U32(0)  # keeps x's sign on zero results too
     for j in range(n):
         e = enc[U64(j)]
         o = U64(j)
@@ -323,12 +323,12 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
                 dbits[x] = res | (bits[x] & SIGN if (q != 0.0) | (negzero != 0) else U32(0))
         else:
             o1, o15 = U32(ob[o]).view(np.float32), U32(ob[o + st]).view(np.float32)
-            for k in range(16):  # integer tests: a float compare or-ed with a flag made 6 shuffles of a bool vector
+            for k in range(16):  # x's sign where q != 0 (then q's bits + ABS have the sign bit) or nzs has it
                 x = U64(rb + 16 * j + k)
                 u = bits[x]
                 q = e2m1_round(F32(U32(u & ABS).view(np.float32) * e))
                 res = F32(_dequant(q, o1, o15)).view(U32)
-                dbits[x] = res | (u & SIGN if (F32(q).view(U32) | nzm) != U32(0) else U32(0))
+                dbits[x] = res | (u & (U32(F32(q).view(U32) + ABS) | nzs) & SIGN)
 
 
 @njit(inline="always", error_model="numpy")

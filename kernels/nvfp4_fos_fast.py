@@ -265,10 +265,12 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
                     z4 = _join(z4, c4, metric)
                 e6[U64(j)] = z6
                 e4[U64(j)] = z4
-        for j in range(n):
+        for j in range(n):  # selections of loaded values: no branch on the (unpredictable) decision
             keep4 = e4[U64(j)] < e6[U64(j)]  # a tie keeps S6
-            s6[U64(j)] = s4[U64(j)] if keep4 else s6[U64(j)]  # the kept scale, and its enc for gds[row0]
-            enc6[U64(j)] = enc4[U64(j)] if keep4 else enc6[U64(j)]
+            a4, a6, c4, c6 = s4[U64(j)], s6[U64(j)], enc4[U64(j)], enc6[U64(j)]
+            s6[U64(j)] = a4 if keep4 else a6  # the kept scale, and its enc for gds[row0]
+            enc6[U64(j)] = c4 if keep4 else c6
+        for j in range(n):
             sc[line, bj0 + j] = s6[U64(j)] if mx[U64(j)] <= INF_BITS else math.nan
         for i in range(rows):
             g = gds[U64(row0 + i)]
@@ -305,6 +307,7 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
             ob[U64(j) + st] = F32(o15).view(U32)
             ob[U64(j) + 2 * st] = U32(ok)
     rb = r * C + c00
+    nzs = SIGN if negzero != 0 else U32(0)  # keeps x's sign on zero results too
     for j in range(n):
         e = enc[U64(j)]
         o = U64(j)
@@ -320,12 +323,12 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
                 dbits[x] = res | (bits[x] & SIGN if (q != 0.0) | (negzero != 0) else U32(0))
         else:
             o1, o15 = U32(ob[o]).view(np.float32), U32(ob[o + st]).view(np.float32)
-            for k in range(16):
+            for k in range(16):  # x's sign where q != 0 (then q's bits + ABS have the sign bit) or nzs has it
                 x = U64(rb + 16 * j + k)
                 u = bits[x]
-                q = e2m1_round(F32(abs(src[x]) * e))
+                q = e2m1_round(F32(U32(u & ABS).view(np.float32) * e))
                 res = F32(_dequant(q, o1, o15)).view(U32)
-                dbits[x] = res | (u & SIGN if (q != F32(0.0)) | (negzero != 0) else U32(0))
+                dbits[x] = res | (u & (U32(F32(q).view(U32) + ABS) | nzs) & SIGN)
 
 
 @njit(inline="always", error_model="numpy")

@@ -124,4 +124,10 @@ ZOO = {
                     num_attention_heads=[2, 3, 4], depths=[1, 1, 1], key_dim=[8, 8, 8], num_labels=10),
     "poolformer": _built("PoolFormerConfig", "PoolFormerForImageClassification", _image, hidden_sizes=[8, 16, 32, 64],
                          depths=[1, 1, 1, 1], num_labels=10),
+    # sliding-window attention: its mask is an einsum over an index of size 1 (an element-wise product to torch)
+    "longformer": _text("LongformerConfig", "LongformerForMaskedLM", attention_window=4),
+    "led": _built("LEDConfig", "LEDForConditionalGeneration", _ids, lambda: {"decoder_input_ids": _ids()}, d_model=32,
+                  encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+                  encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB, max_encoder_position_embeddings=64,
+                  max_decoder_position_embeddings=64, attention_window=4, **_TOKENS),
 }

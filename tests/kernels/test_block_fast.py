@@ -415,25 +415,29 @@ def test_table_path_takes_signed_int4_elements_under_amax_scales_alone(fmt, path
 @pytest.mark.parametrize("fmt", INT4, ids=INT4_IDS)
 def test_int4_table_path_at_every_code_and_midpoint_of_every_scale(fmt, t):
     """For every scale S (and T): blocks led by amax 7 2**-f S T (its float32 rounding), which sets S, holding the
-    float32 neighbours of each code and midpoint j/2 2**-f S T, j = 0..17 (past both ends), both signs: every
-    threshold's compare, ties up and down, the saturation at 7 and at -8."""
+    float32 neighbours of each code and midpoint j/2 2**-f S T up to the amax (j = 0..14), both signs: every
+    threshold's compare, ties up and down (the ends past 7: the next test)."""
     step = fmt.element.eps
     scales = np.unique(np.abs(fmt.scale.values()))
     scales = scales[np.isfinite(scales) & (scales >= fmt.scale.min_subnormal)]
-    grid = np.arange(18) / 2 * step
-    x = np.concatenate([blocks_led_by(7 * step * s * t, both_signs(grid * s * t), fmt.tile[1]) for s in scales])
-    codes = assert_int4(x, fmt, t)
-    assert (codes == -8).any() and (codes == 7).any()
+    grid = np.arange(15) / 2 * step
+    rows = []
+    for s in scales:
+        amax = np.float32(7 * step * s * t)
+        rest = both_signs(grid * s * t)
+        rows.append(blocks_led_by(amax, rest[np.abs(rest) <= amax], fmt.tile[1]))
+    codes = assert_int4(np.concatenate(rows), fmt, t)
+    assert (codes == -7).any() and (codes == 7).any()
 
 
+@pytest.mark.parametrize("t", [1.0, 0.375, float(np.float32(0.3))])  # ties exact in float32 (1.0, 0.375) or not
 @pytest.mark.parametrize("fmt", INT4, ids=INT4_IDS)
-def test_int4_negatives_saturate_at_minus_8_where_the_scale_rounds_down(fmt):
+def test_int4_negatives_saturate_at_minus_8_where_the_scale_rounds_down(fmt, t):
     """x / (S T) <= -7.5 2**-f (the tie included: -8 is even) gives -8, >= 6.5 2**-f up to +inf gives 7, where S
     lies below amax / (7 2**-f T) by more than half a scale step: subnormal scales (amax / (7 2**-f T) among the
     scale format's subnormals), the scale clipped at its max (a T too small for the block) and an inf in the
     block (S = max); the blocks hold the float32 neighbours of 6.5..12 2**-f S T, both signs."""
     sc, tc, step = fmt.scale, fmt.tile[1], fmt.element.eps
-    t = float(np.float32(0.3))
     near = np.array([6.5, 7.0, 7.25, 7.5, 7.75, 8.0, 8.5, 9.0, 12.0]) * step
     rows = []
     for want in np.linspace(sc.min_subnormal * 0.5, 2.0**sc.emin, 41)[1:]:

@@ -7,8 +7,8 @@ Arrays are 3-D, (P, R, C), C-contiguous; a block is a (tr, tc) tile (1-D blocks 
 
 ``quantize_blocks`` dispatches float32 data in 1-D blocks rounded to nearest to kernels/block_fast.py (power-of-two
 scales in float32 arithmetic; NVFP4- and NVINT4-like amax scales by exact thresholds, no division) where its
-proofs hold (``fast_path_of``), float32 data in 1-D blocks with amax scales rounded stochastically to kernels/block_sr.py
-(``sr_ok``), else to the float64 loops here; all give the bits of ``block_serial``.
+proofs hold (``fast_path_of``), float32 data in 1-D blocks with amax scales rounded stochastically to
+kernels/block_sr.py (``sr_ok``), else to the float64 loops here; all give the bits of ``block_serial``.
 """
 import functools
 import math

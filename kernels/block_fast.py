@@ -28,36 +28,35 @@ division, the rule's own ratio). v = x * (1/S) in float32:
   what the float64 product rounded to float32 gives.
 
 **Amax scales (rule 1) with an element of seven positive values (e2m1: NVFP4; signed int4: NVINT4, below),
-``table_*``: no division.**
-F = S * T (S: a scale-format value, s_man + 1 bits; T: the float32 tensor scale) is exact in float64. The
-float64 loop rounds d = fl64(x / F): its result is V[c], c = #{i : d > M_i, or d == M_i where the tie goes up
-(to the even neighbour)}, with V the element's positive values and M_i the midpoint below V[i] (V[-1] = 0);
-above M_6 everything saturates to V[6] = max. Each M_i * F is exact (M_i's bits, man + 2 for a float element,
-+ s_man + 1 + 24 <= 53, ``table_ok``), and d compares with M_i as x / F does, so as |x| compares with M_i * F: rounding is monotone and
-M_i is a float64, so only d == M_i needs a look; then |x - M_i F| <= 2**-53 M_i F, while x and M_i F are both
-multiples of 2**g (g: the lower of their last-place exponents) and 2**-53 M_i F < 2**g (x has 24 bits, M_i F at
-most 53, M_i F a normal float64: ``table_ok``), so x == M_i F. For float32 |x| with bits a (inf included),
-``|x| > T`` is ``a > bits(RD32(T))`` and ``|x| >= T`` is ``a > bits(RU32(T)) - 1`` (RD32/RU32: the float32 neighbours of T, no float32 between them;
-``_threshold``). So an element is 7 unsigned compares against its block's thresholds and a select among the
-bits of float32(V[i] * F) (the float64 loop's product rounded to float32), with x's sign (kept also where
-V[i] * F underflows to a zero, as the float64 product's sign is; on a zero result only where the element has
--0). The thresholds and results depend on S alone (T is per call): ``scale_table`` makes them once per call
-for every scale value, and a block looks its row up by S's bits.
+``table_*``: no division.** F = S * T (S: a scale-format value, s_man + 1 bits; T: the float32 tensor scale) is
+exact in float64. The float64 loop rounds d = fl64(x / F): its result is V[c], c = #{i : d > M_i, or d == M_i where
+the tie goes up (to the even neighbour)}, with V the element's positive values and M_i the midpoint below V[i]
+(V[-1] = 0); above M_6 everything saturates to V[6] = max. Each M_i * F is exact (M_i's bits, man + 2 for a float
+element, + s_man + 1 + 24 <= 53, ``table_ok``), and d compares with M_i as x / F does, so as |x| compares with M_i *
+F: rounding is monotone and M_i is a float64, so only d == M_i needs a look; then |x - M_i F| <= 2**-53 M_i F, while
+x and M_i F are both multiples of 2**g (g: the lower of their last-place exponents) and 2**-53 M_i F < 2**g (x has
+24 bits, M_i F at most 53, M_i F a normal float64: ``table_ok``), so x == M_i F. For float32 |x| with bits a (inf
+included), ``|x| > T`` is ``a > bits(RD32(T))`` and ``|x| >= T`` is ``a > bits(RU32(T)) - 1`` (RD32/RU32: the
+float32 neighbours of T, no float32 between them; ``_threshold``). So an element is 7 unsigned compares against its
+block's thresholds and a select among the bits of float32(V[i] * F) (the float64 loop's product rounded to float32),
+with x's sign (kept also where V[i] * F underflows to a zero, as the float64 product's sign is; on a zero result
+only where the element has -0). The thresholds and results depend on S alone (T is per call): ``scale_table`` makes
+them once per call for every scale value, and a block looks its row up by S's bits.
 
-**Signed int4 elements (NVINT4; ``fixed_table``) on the same path.** The float64 loop rounds y = d * 2**f
-(exact: no over- or underflow near a midpoint, ``table_ok``'s range) to the nearest integer, ties to even, on
-|y| with x's sign, then saturates to [-8, 7] with a +0 for zero (kernels/scalar/fixed.py; infinities saturate:
-+inf to 7, -inf to -8). So V_i = i 2**-f and M_i = (i - 1/2) 2**-f (i = 1..7) with ties up where i is even,
-compared as above, for either sign alike up to 7; past that the sign matters: a positive x stays at 7 (x / F
->= 6.5 2**-f ... +inf), a negative one goes to -8 where d <= -7.5 2**-f (the tie to -8, the even code). That is
-an eighth compare, ``bits(x) > thr7`` with thr7 = SIGN | ``_threshold(7.5 2**-f F, up)``: unsigned, only a
-negative x's bits (sign bit set) can exceed it, and they do exactly where |x| >= 7.5 2**-f F (its result
-float32(8 2**-f F), x's sign added as for the others). A symmetric element has thr7 = all ones: never exceeded.
-It happens only where S lies more than 2**-4 (relative) below amax / (7 T): a subnormal or clipped scale (a
-block tiny beside the tensor's amax, an inf in the block). M_i has at most 4 significant bits (15 / 2), the
-bound of ``table_ok`` for every element being the bits of its midpoints, and negzero is 0 (zero is +0, a
-product underflowing in float32 keeps x's sign, as the float64 product does). Unsigned and wider fixed
-elements take the float64 loops.
+**Signed int4 elements (NVINT4; ``fixed_table``) on the same path.** The float64 loop rounds y = d * 2**f (exact: no
+over- or underflow near a midpoint, ``table_ok``'s range) to the nearest integer, ties to even, on |y| with x's
+sign, then saturates to [-8, 7] with a +0 for zero (kernels/scalar/fixed.py; infinities saturate: +inf to 7, -inf to
+-8). So V_i = i 2**-f and M_i = (i - 1/2) 2**-f (i = 1..7) with ties up where i is even, compared as above, for
+either sign alike up to 7; past that the sign matters: a positive x stays at 7 (x / F >= 6.5 2**-f ... +inf), a
+negative one goes to -8 where d <= -7.5 2**-f (the tie to -8, the even code). That is an eighth compare, ``bits(x) >
+thr7`` with thr7 = SIGN | ``_threshold(7.5 2**-f F, up)``: unsigned, only a negative x's bits (sign bit set) can
+exceed it, and they do exactly where |x| >= 7.5 2**-f F (its result float32(8 2**-f F), x's sign added as for the
+others). A symmetric element has thr7 = all ones: never exceeded. It happens only where S lies below amax / (7 2**-f
+T) by more than 1/15 of it (never where S is a normal e4m3 value rounded to nearest, off by at most 2**-4): a
+subnormal or clipped scale (a block tiny beside the tensor's amax, an inf in the block). M_i has at most 4
+significant bits (15 / 2), the bound of ``table_ok`` for every element being the bits of its midpoints, and negzero
+is 0 (zero is +0, a product underflowing in float32 keeps x's sign, as the float64 product does). Unsigned and wider
+fixed elements take the float64 loops.
 
 **The amax pass, ``amax_*``.** T needs the tensor's largest finite |x| before any block is rounded. One
 parallel pass over the bits finds it and keeps each block's largest |x| (from the bits: NaN > inf > finite as

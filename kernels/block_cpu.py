@@ -6,9 +6,9 @@ Arrays are 3-D, (P, R, C), C-contiguous; a block is a (tr, tc) tile (1-D blocks 
 (1, tc) tiles); edge tiles are partial. ``scales`` (P, nbr, nbc) float64 receives each block's scale.
 
 ``quantize_blocks`` dispatches float32 data in 1-D blocks rounded to nearest to kernels/block_fast.py (power-of-two
-scales in float32 arithmetic; NVFP4-like amax scales by exact thresholds, no division) where its proofs hold
-(``fast_path_of``), float32 data in 1-D blocks with amax scales rounded stochastically to kernels/block_sr.py
-(``sr_ok``), else to the float64 loops here; all give the bits of ``block_serial``.
+scales in float32 arithmetic; NVFP4- and NVINT4-like amax scales by exact thresholds, no division) where its
+proofs hold (``fast_path_of``), float32 data in 1-D blocks with amax scales rounded stochastically to
+kernels/block_sr.py (``sr_ok``), else to the float64 loops here; all give the bits of ``block_serial``.
 """
 import functools
 import math
@@ -287,7 +287,7 @@ def fast_path_of(args: tuple) -> str | None:
 @functools.lru_cache(maxsize=16)
 def _scale_table(args: tuple):
     """``block_fast.scale_table`` for ``block_args`` (T included), kept for repeated calls (read-only)."""
-    mids, ups, vals = block_fast.element_table(args[:6])
+    mids, ups, vals = block_fast.table_of(args[:6])
     return block_fast.scale_table(mids, ups, vals, args[15], args[10], args[14], args[13])
 
 
@@ -335,14 +335,14 @@ def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     kind, man, emin, sub = args[:4]
     f32_rows = int(tile[0]) == 1 and src.dtype == np.float32 and dst.dtype == np.float32
-    fast = f32_rows and kind == 0 and mode == NEAREST
+    fast = f32_rows and mode == NEAREST
     with _parallel.try_parallel(parallel) as par:  # one parallel section per process (kernels/parallel.py)
         if f32_rows and mode == STOCHASTIC and block_sr.sr_ok(args):
             block_sr.quantize_sr(src, dst, scales, int(tile[1]), args, key, int(nbits), par, scanned)
             return
         if fast and _fast_path(src, dst, scales, int(tile[1]), args, par, scanned):
             return
-        if fast:
+        if fast and kind == 0:
             flat = src.reshape(-1)
             run = rows_f32_parallel if par else rows_f32_serial
             run(flat, flat.view(np.uint32), dst.reshape(-1), scales.reshape(-1), src.shape[2], int(tile[1]), man,

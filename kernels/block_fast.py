@@ -27,21 +27,36 @@ division, the rule's own ratio). v = x * (1/S) in float32:
   element has no -0 (negzero 0). The result times S in float32 is the float32 rounding of the exact product:
   what the float64 product rounded to float32 gives.
 
-**Amax scales (rule 1) with an element of seven positive values (e2m1: NVFP4), ``table_*``: no division.**
-F = S * T (S: a scale-format value, s_man + 1 bits; T: the float32 tensor scale) is exact in float64. The
-float64 loop rounds d = fl64(x / F): its result is V[c], c = #{i : d > M_i, or d == M_i where the tie goes up
-(to the even neighbour)}, with V the element's positive values and M_i the midpoint below V[i] (V[-1] = 0);
-above M_6 everything saturates to V[6] = max. Each M_i * F is exact (man + 2 + s_man + 1 + 24 <= 53 bits,
-``table_ok``), and d compares with M_i as x / F does, so as |x| compares with M_i * F: rounding is monotone and
-M_i is a float64, so only d == M_i needs a look; then |x - M_i F| <= 2**-53 M_i F, while x and M_i F are both
-multiples of 2**g (g: the lower of their last-place exponents) and 2**-53 M_i F < 2**g (x has 24 bits, M_i F at
-most 52), so x == M_i F. For float32 |x| with bits a (inf included), ``|x| > T`` is ``a > bits(RD32(T))`` and
-``|x| >= T`` is ``a > bits(RU32(T)) - 1`` (RD32/RU32: the float32 neighbours of T, no float32 between them;
-``_threshold``). So an element is 7 unsigned compares against its block's thresholds and a select among the
-bits of float32(V[i] * F) (the float64 loop's product rounded to float32), with x's sign (kept also where
-V[i] * F underflows to a zero, as the float64 product's sign is; on a zero result only where the element has
--0). The thresholds and results depend on S alone (T is per call): ``scale_table`` makes them once per call
-for every scale value, and a block looks its row up by S's bits.
+**Amax scales (rule 1) with an element of seven positive values (e2m1: NVFP4; signed int4: NVINT4, below),
+``table_*``: no division.** F = S * T (S: a scale-format value, s_man + 1 bits; T: the float32 tensor scale) is
+exact in float64. The float64 loop rounds d = fl64(x / F): its result is V[c], c = #{i : d > M_i, or d == M_i where
+the tie goes up (to the even neighbour)}, with V the element's positive values and M_i the midpoint below V[i]
+(V[-1] = 0); above M_6 everything saturates to V[6] = max. Each M_i * F is exact (M_i's bits, man + 2 for a float
+element, + s_man + 1 + 24 <= 53, ``table_ok``), and d compares with M_i as x / F does, so as |x| compares with M_i *
+F: rounding is monotone and M_i is a float64, so only d == M_i needs a look; then |x - M_i F| <= 2**-53 M_i F, while
+x and M_i F are both multiples of 2**g (g: the lower of their last-place exponents) and 2**-53 M_i F < 2**g (x has
+24 bits, M_i F at most 53, M_i F a normal float64: ``table_ok``), so x == M_i F. For float32 |x| with bits a (inf
+included), ``|x| > T`` is ``a > bits(RD32(T))`` and ``|x| >= T`` is ``a > bits(RU32(T)) - 1`` (RD32/RU32: the
+float32 neighbours of T, no float32 between them; ``_threshold``). So an element is 7 unsigned compares against its
+block's thresholds and a select among the bits of float32(V[i] * F) (the float64 loop's product rounded to float32),
+with x's sign (kept also where V[i] * F underflows to a zero, as the float64 product's sign is; on a zero result
+only where the element has -0). The thresholds and results depend on S alone (T is per call): ``scale_table`` makes
+them once per call for every scale value, and a block looks its row up by S's bits.
+
+**Signed int4 elements (NVINT4; ``fixed_table``) on the same path.** The float64 loop rounds y = d * 2**f (exact: no
+over- or underflow near a midpoint, ``table_ok``'s range) to the nearest integer, ties to even, on |y| with x's
+sign, then saturates to [-8, 7] with a +0 for zero (kernels/scalar/fixed.py; infinities saturate: +inf to 7, -inf to
+-8). So V_i = i 2**-f and M_i = (i - 1/2) 2**-f (i = 1..7) with ties up where i is even, compared as above, for
+either sign alike up to 7; past that the sign matters: a positive x stays at 7 (x / F >= 6.5 2**-f ... +inf), a
+negative one goes to -8 where d <= -7.5 2**-f (the tie to -8, the even code). That is an eighth compare, ``bits(x) >
+thr7`` with thr7 = SIGN | ``_threshold(7.5 2**-f F, up)``: unsigned, only a negative x's bits (sign bit set) can
+exceed it, and they do exactly where |x| >= 7.5 2**-f F (its result float32(8 2**-f F), x's sign added as for the
+others). A symmetric element has thr7 = all ones: never exceeded. It happens only where S lies below amax / (7 2**-f
+T) by more than 1/15 of it (never where S is a normal e4m3 value rounded to nearest, off by at most 2**-4): a
+subnormal or clipped scale (a block tiny beside the tensor's amax, an inf in the block). M_i has at most 4
+significant bits (15 / 2), the bound of ``table_ok`` for every element being the bits of its midpoints, and negzero
+is 0 (zero is +0, a product underflowing in float32 keeps x's sign, as the float64 product does). Unsigned and wider
+fixed elements take the float64 loops.
 
 **The amax pass, ``amax_*``.** T needs the tensor's largest finite |x| before any block is rounded. One
 parallel pass over the bits finds it and keeps each block's largest |x| (from the bits: NaN > inf > finite as
@@ -227,7 +242,9 @@ def _threshold(T, up):
 def scale_table(mids, ups, vals, t, s_man, s_min, s_max):
     """(thr, val, k0): for every float64 q in [s_min, s_max] with s_man mantissa bits (the scale values, and a
     few more), at row key = (bits(q) >> (52 - s_man)) - k0, the 7 thresholds (``_threshold`` of M_i * q * t)
-    and the 7 results (bits of float32(V_i * q * t)), 8 columns per row."""
+    and the 7 results (bits of float32(V_i * q * t)), 8 columns per row; column 7 is the negative end (an
+    eighth M, V of ``table_of``): its threshold with the sign bit set, so that only a negative x's bits exceed
+    it, or all ones (no x's do) where the element is symmetric."""
     sh = 52 - s_man
     k0 = np.float64(s_min).view(np.int64) >> sh
     nk = (np.float64(s_max).view(np.int64) >> sh) - k0 + 1
@@ -235,8 +252,10 @@ def scale_table(mids, ups, vals, t, s_man, s_min, s_max):
     val = np.zeros(nk * 8, U32)
     for k in range(nk):
         full = np.int64((k + k0) << sh).view(np.float64) * t  # exact (table_ok)
-        for i in range(7):
-            thr[k * 8 + i] = _threshold(mids[i] * full, ups[i])
+        thr[k * 8 + 7] = U32(0xFFFFFFFF)
+        for i in range(mids.size):
+            h = _threshold(mids[i] * full, ups[i])
+            thr[k * 8 + i] = h | SIGN if i == 7 else h
             val[k * 8 + i] = np.float32(vals[i] * full).view(U32)
     return thr, val, k0
 
@@ -244,10 +263,10 @@ def scale_table(mids, ups, vals, t, s_man, s_min, s_max):
 @njit(inline="always")
 def _table_block(bits, dbits, start, size, thr, val, o, negzero):
     """Block [start, start + size) with the thresholds and results of table row offset o (``scale_table``)."""
-    t0, t1, t2, t3, t4, t5, t6 = thr[o], thr[o + U64(1)], thr[o + U64(2)], thr[o + U64(3)], thr[o + U64(4)], \
-        thr[o + U64(5)], thr[o + U64(6)]
-    v0, v1, v2, v3, v4, v5, v6 = val[o], val[o + U64(1)], val[o + U64(2)], val[o + U64(3)], val[o + U64(4)], \
-        val[o + U64(5)], val[o + U64(6)]
+    t0, t1, t2, t3, t4, t5, t6, t7 = thr[o], thr[o + U64(1)], thr[o + U64(2)], thr[o + U64(3)], thr[o + U64(4)], \
+        thr[o + U64(5)], thr[o + U64(6)], thr[o + U64(7)]
+    v0, v1, v2, v3, v4, v5, v6, v7 = val[o], val[o + U64(1)], val[o + U64(2)], val[o + U64(3)], val[o + U64(4)], \
+        val[o + U64(5)], val[o + U64(6)], val[o + U64(7)]
     for k in range(size):
         u = bits[U64(start + k)]
         a = u & ABS
@@ -258,6 +277,7 @@ def _table_block(bits, dbits, start, size, thr, val, o, negzero):
         r = v4 if a > t4 else r
         r = v5 if a > t5 else r
         r = v6 if a > t6 else r
+        r = v7 if u > t7 else r  # the negative end: x < 0 and |x| past M_7 (t7 carries the sign bit)
         dbits[U64(start + k)] = r | (u & SIGN if (a > t0) | (negzero != 0) else U32(0))
 
 
@@ -396,14 +416,49 @@ def element_table(args: tuple):
     return mids, ups, np.array(v)
 
 
+@functools.lru_cache(maxsize=64)
+def fixed_table(args: tuple):
+    """(mids, ups, vals) for ``block_args[:6]`` of a signed 4-bit fixed element (codes -8..7 times 2**-f: the only
+    fixed element whose positive values are seven, 1..7 times a power of two), eight entries each: V_i = i 2**-f
+    and M_i = (i - 1/2) 2**-f for i = 1..8, a tie going up where i is even (``round_fixed_value``: the magnitude
+    to nearest, ties to the even code); entry 8 is the negative end, as saturation is to [-8, 7]: x / F <= -7.5
+    2**-f (the tie to -8, even) gives -8 2**-f, while x / F >= 6.5 2**-f ... up to +inf gives 7 2**-f (6.5 itself
+    6). None for any other element (unsigned ones: every x < 0 gives +0; other widths: not seven values)."""
+    kind, frac, code_min, code_max = args[:4]
+    if kind != 1 or code_min != -8 or code_max != 7:
+        return None
+    step = math.ldexp(1.0, -frac)
+    i = np.arange(1, 9)
+    return (i - 0.5) * step, i % 2 == 0, i * step
+
+
+def table_of(args: tuple):
+    """``table_*``'s element table for ``block_args[:6]``: ``element_table`` (float, symmetric: 7 entries) or
+    ``fixed_table`` (signed int4: 7 entries and the negative end); None if neither holds."""
+    return element_table(args[:6]) or fixed_table(args[:6])
+
+
+def _significant_bits(v: float) -> int:
+    """The significant bits of a finite float v != 0 (its odd integer part times a power of two)."""
+    m = int(abs(math.frexp(v)[0]) * 2**53)
+    return 53 - ((m & -m).bit_length() - 1)
+
+
 def table_ok(args: tuple) -> bool:
     """Whether ``table_*`` holds for ``block_args``: amax scales into a float scale format (at most 4096 rows of
-    ``scale_table``), an element of seven positive values, a float32 tensor scale t > 0, and every M_i * S * T
-    exact in float64 (module doc)."""
+    ``scale_table``), an element of seven positive values (``table_of``), a float32 tensor scale t > 0, and every
+    M_i * S * T exact and normal in float64: the bits of M_i, S and T (24) at most 53, M_0 s_min T >= 2**-1022,
+    max(M, V) s_max T < 2**1023 (module doc)."""
     kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t = args
-    if not (rule == 1 and 1 <= s_man and man + 2 + s_man + 1 + 24 <= 53 and 0.0 < t < math.inf
-            and float(np.float32(t)) == t and 2.0**-1000 < s_min <= s_max < 2.0**1000):
+    table = table_of(args[:6])
+    if table is None or not (rule == 1 and 1 <= s_man and 0.0 < t < math.inf and float(np.float32(t)) == t
+                             and 2.0**-1000 < s_min <= s_max < 2.0**1000):
+        return False
+    mids, ups, vals = table
+    m_bits = max(_significant_bits(float(m)) for m in mids)
+    if not (m_bits + s_man + 1 + 24 <= 53 and 2.0**-1022 <= mids[0] * s_min * t
+            and max(mids[-1], vals[-1]) * s_max * t < 2.0**1023):
         return False
     sh = 52 - s_man
     rows = (int(np.float64(s_max).view(np.int64)) >> sh) - (int(np.float64(s_min).view(np.int64)) >> sh) + 1
-    return rows <= 4096 and element_table(args[:6]) is not None
+    return rows <= 4096

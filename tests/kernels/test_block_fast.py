@@ -4,13 +4,16 @@ tolerance: element midpoints and their float32 neighbours at every scale, clippe
 partial blocks, serial and parallel loops, and through ``emunum.quantize`` (axes, dtypes, out=, views)."""
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import numpy as np
 import pytest
 import torch
 
 import emunum
 from emunum.block_quantize import block_args
-from emunum.formats import BLOCK_PRESETS, BlockFormat, FloatFormat, RoundMode
+from emunum.formats import BLOCK_PRESETS, BlockFormat, FixedFormat, FloatFormat, RoundMode
 from emunum.kernels import block_cpu, block_fast
 
 POW2 = ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1", "msfp12", "msfp16"]
@@ -286,3 +289,198 @@ def test_table_path_with_scanned_starts_from_the_amaxes_in_scales():
     block_cpu.quantize_blocks(x, dst, sc, (1, 16), args, NEAREST, 0, 32, parallel=False, scanned=True)
     assert np.array_equal(dst.reshape(4, 64).view(np.uint32), want.view(np.uint32))
     assert np.array_equal(sc.reshape(4, 4), wsc)
+
+
+# ---- signed int4 elements (NVINT4) on the table path: against block_serial and the definition in fractions ----
+
+def _rne(q: Fraction) -> int:
+    """q rounded to the nearest integer, ties to even."""
+    fl = math.floor(q)
+    r = q - fl
+    return fl + (r > Fraction(1, 2) or (r == Fraction(1, 2) and fl % 2 == 1))
+
+
+def _round_float(r: Fraction, man: int, emin: int) -> Fraction:
+    """r >= 0 rounded to nearest (ties to even) on the grid of a float of man mantissa bits with subnormals below
+    2**emin, no upper limit."""
+    if r == 0:
+        return r
+    e = r.numerator.bit_length() - r.denominator.bit_length()
+    e -= Fraction(2) ** e > r  # floor(log2 r)
+    quantum = Fraction(2) ** (max(e, emin) - man)
+    return _rne(r / quantum) * quantum
+
+
+def _f32(r: Fraction, negative: bool) -> np.float32:
+    """The float32 nearest r >= 0 (ties to even; inf from 2**128 on), negated where ``negative`` (-0 included)."""
+    v = _round_float(r, 23, -126)
+    f = np.float32(np.inf) if v >= 2**128 else np.float32(float(v))  # float(v): exact, v is a float32 value
+    return -f if negative else f
+
+
+def int4_definition(x: np.ndarray, fmt: BlockFormat, t: float):
+    """(values, codes) of float32 rows x (R, C) through ``fmt`` (a signed 4-bit fixed element of frac_bits f,
+    amax scales, tensor scale t) by the definition (emunum/formats/block.py), in exact fractions, per block of tc
+    along the rows: NaN everywhere (code 99) if it holds a NaN; else S = the scale format's value nearest
+    min(amax / (7 2**-f) / t, its max) (ties to even), at least its smallest; each element's code k = x / (S t)
+    2**f rounded to the nearest integer (ties to even) and clamped to [-8, 7] (+inf: 7, -inf: -8), its value
+    float32(k 2**-f S t): +0 for k = 0, else with k's sign."""
+    el, sc, tc = fmt.element, fmt.scale, fmt.tile[1]
+    T, step = Fraction(t), Fraction(2) ** -el.frac_bits
+    values, codes = np.empty(x.shape, np.float32), np.full(x.shape, 99)
+    for r in range(x.shape[0]):
+        for c0 in range(0, x.shape[1], tc):
+            blk = x[r, c0:c0 + tc]
+            if np.isnan(blk).any():
+                values[r, c0:c0 + tc] = np.nan
+                continue
+            want = Fraction(sc.max) if np.isinf(blk).any() else \
+                min(max(abs(Fraction(float(v))) for v in blk) / (7 * step) / T, Fraction(sc.max))
+            full = max(_round_float(want, sc.man, sc.emin), Fraction(sc.min_subnormal)) * T
+            for j, v in enumerate(blk):
+                k = (7 if v > 0 else -8) if np.isinf(v) else min(max(_rne(Fraction(float(v)) / (full * step)), -8), 7)
+                codes[r, c0 + j] = k
+                values[r, c0 + j] = np.float32(0.0) if k == 0 else _f32(abs(k) * step * full, k < 0)
+    return values, codes
+
+
+def assert_int4(x: np.ndarray, fmt: BlockFormat, t: float) -> np.ndarray:
+    """``assert_same`` (the table path against ``block_serial``, scales included, serial and parallel, with and
+    without the amax pass), and its values against ``int4_definition``, bit for bit; returns the codes."""
+    assert_same(x, fmt, t, "table")
+    want, codes = int4_definition(x, fmt, t)
+    got, _ = fast(x, fmt, t, False, "table")
+    bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert bad.size == 0, (fmt.name, t, x.flat[bad[:5]], got.flat[bad[:5]], want.flat[bad[:5]], codes.flat[bad[:5]])
+    return codes
+
+
+def blocks_led_by(first: float, rest: np.ndarray, tc: int) -> np.ndarray:
+    """Rows of one block of tc each: ``first`` (the amax that sets the scale), then ``rest`` in order (cycled)."""
+    n = -(-len(rest) // (tc - 1))
+    x = np.empty((n, tc), np.float32)
+    x[:, 0] = first
+    x[:, 1:] = np.resize(rest.astype(np.float32), (n, tc - 1))
+    return x
+
+
+def both_signs(v: np.ndarray) -> np.ndarray:
+    """The float32 values next to each float64 v >= 0 (below, nearest, above), and their negatives."""
+    f = v.astype(np.float32)
+    near = np.concatenate([np.nextafter(f, np.float32(0)), f, np.nextafter(f, np.float32(np.inf))])
+    return np.concatenate([near, -near])
+
+
+_E4M3 = FloatFormat(4, 3, special="fn")
+INT4 = [BLOCK_PRESETS["nvint4"],
+        BlockFormat(FixedFormat(4, 3), 16, _E4M3, scale_rule="amax", tensor_scale=True),  # codes * 2**-3
+        BlockFormat(FixedFormat(4, -2), 32, FloatFormat(5, 2), scale_rule="amax")]  # codes * 4, e5m2 scales
+INT4_IDS = [f.name for f in INT4]
+
+
+def _with_element(el, tc=16, scale=_E4M3, **kw):
+    return BlockFormat(el, tc, scale, scale_rule="amax", **{"tensor_scale": True, **kw})
+
+
+TABLE_OR_NOT = [
+    (BLOCK_PRESETS["nvint4"], "table"),
+    (_with_element(FixedFormat(4, 0), tensor_scale=False), "table"),  # single level
+    (INT4[1], "table"),
+    (INT4[2], "table"),
+    (_with_element(FixedFormat(4, 0), scale=FloatFormat(8, 23)), None),  # fp32 block scales: too many table rows
+    (_with_element(FixedFormat(3, 0, signed=False)), None),  # codes 0..7: every x < 0 gives +0, no table
+    (_with_element(FixedFormat(3, 0)), None),  # three positive values
+    (_with_element(FixedFormat(5, 1)), None),  # fifteen
+    (BLOCK_PRESETS["mxint4"], None),  # power-of-two scales: pow2_* takes float elements only
+    (BLOCK_PRESETS["mxint8"], None),
+]
+
+
+@pytest.mark.parametrize("fmt,path", TABLE_OR_NOT, ids=[f.name for f, _ in TABLE_OR_NOT])
+def test_table_path_takes_signed_int4_elements_under_amax_scales_alone(fmt, path):
+    """``table_ok``: of the fixed elements, signed 4-bit ones (any frac_bits) under amax scales into a float scale
+    format of at most 4096 table rows; their table is the 7 positive codes and the negative end -8, ties to the
+    even code; ``element_table`` (the NVFP4 family's kernels' gate, kernels/nvfp4_cpu.py) stays float-only."""
+    args = block_args(fmt, float(np.float32(0.0123)))
+    assert block_cpu.fast_path_of(args) == path
+    assert block_fast.element_table(args[:6]) is None
+    if path == "table":
+        mids, ups, vals = block_fast.table_of(args[:6])
+        step = fmt.element.eps
+        assert list(mids / step) == [0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5]
+        assert list(ups) == [False, True] * 4 and list(vals / step) == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("t", [1.0, 0.375, float(np.float32(0.1)), float(np.float32(7e-40)), float(np.float32(1e30))])
+@pytest.mark.parametrize("fmt", INT4, ids=INT4_IDS)
+def test_int4_table_path_at_every_code_and_midpoint_of_every_scale(fmt, t):
+    """For every scale S (and T): blocks led by amax 7 2**-f S T (its float32 rounding), which sets S, holding the
+    float32 neighbours of each code and midpoint j/2 2**-f S T up to the amax (j = 0..14), both signs: every
+    threshold's compare, ties up and down (the ends past 7: the next test)."""
+    step = fmt.element.eps
+    scales = np.unique(np.abs(fmt.scale.values()))
+    scales = scales[np.isfinite(scales) & (scales >= fmt.scale.min_subnormal)]
+    grid = np.arange(15) / 2 * step
+    rows = []
+    for s in scales:
+        amax = np.float32(7 * step * s * t)
+        rest = both_signs(grid * s * t)
+        rows.append(blocks_led_by(amax, rest[np.abs(rest) <= amax], fmt.tile[1]))
+    codes = assert_int4(np.concatenate(rows), fmt, t)
+    assert (codes == -7).any() and (codes == 7).any()
+
+
+@pytest.mark.parametrize("t", [1.0, 0.375, float(np.float32(0.3))])  # ties exact in float32 (1.0, 0.375) or not
+@pytest.mark.parametrize("fmt", INT4, ids=INT4_IDS)
+def test_int4_negatives_saturate_at_minus_8_where_the_scale_rounds_down(fmt, t):
+    """x / (S T) <= -7.5 2**-f (the tie included: -8 is even) gives -8, >= 6.5 2**-f up to +inf gives 7, where S
+    lies below amax / (7 2**-f T) by more than half a scale step: subnormal scales (amax / (7 2**-f T) among the
+    scale format's subnormals), the scale clipped at its max (a T too small for the block) and an inf in the
+    block (S = max); the blocks hold the float32 neighbours of 6.5..12 2**-f S T, both signs."""
+    sc, tc, step = fmt.scale, fmt.tile[1], fmt.element.eps
+    near = np.array([6.5, 7.0, 7.25, 7.5, 7.75, 8.0, 8.5, 9.0, 12.0]) * step
+    rows = []
+    for want in np.linspace(sc.min_subnormal * 0.5, 2.0**sc.emin, 41)[1:]:
+        amax = float(np.float32(want * 7 * step * t))
+        full = float(max(_round_float(Fraction(amax) / (7 * Fraction(step)) / Fraction(t), sc.man, sc.emin),
+                         Fraction(sc.min_subnormal))) * t
+        rest = both_signs(near * full)
+        rows += [blocks_led_by(a, rest[np.abs(rest) <= amax], tc) for a in (amax, -amax)]
+    full = float(sc.max) * t
+    for first in (np.inf, -np.inf, 1e6 * full * step):  # an inf, or an amax past max * 7 2**-f * T: S = max
+        rows.append(blocks_led_by(first, both_signs(near * full), tc))
+    codes = assert_int4(np.concatenate(rows), fmt, t)
+    assert (codes == -8).sum() > 100 and (codes == 7).sum() > 100
+
+
+@pytest.mark.parametrize("cols", [64, 37, 16, 5])  # tiling the rows, and partial last blocks
+@pytest.mark.parametrize("fmt", INT4, ids=INT4_IDS)
+def test_int4_table_path_on_special_values(fmt, cols):
+    """Signed zeros and negatives rounding to zero (+0), NaN blocks, +-inf (7 and -8), float32 subnormals and
+    values near overflow (products past float32's max: inf), partial last blocks, several T."""
+    x = special_rows(np.random.default_rng(cols), cols)
+    for t in [0.0123, 2.0**-140, 1.0, 3.0e35]:
+        assert_int4(x, fmt, float(np.float32(t)))
+        got, _ = fast(x, fmt, float(np.float32(t)), False, "table")
+        assert not np.signbit(got[5:7]).any()  # rows of +0 and of -0: +0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_nvint4_quantize_float32_equals_float64_and_the_definition(seed):
+    """``emunum.quantize(x, "nvint4")`` on float32 (the amax pass, then the table path) gives the float64 path's
+    bits (the general loop) along both axes, and the definition's, T = float32(amax / (7 * 448)) included; the
+    blocks' magnitudes spread over 2**-14..2**8 so that some scales are subnormal and give -8."""
+    rng = np.random.default_rng(seed)
+    x64 = rng.standard_normal((16, 160)) * np.repeat(2.0 ** rng.integers(-14, 8, (16, 10)), 16, axis=1)
+    x64[rng.random(x64.shape) < 0.03] = 0.0
+    x = torch.from_numpy(x64.astype(np.float32))
+    for axis in (-1, 0):
+        got = emunum.quantize(x, "nvint4", axis=axis)
+        want = emunum.quantize(x.double(), "nvint4", axis=axis).float()
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), axis
+    amax = Fraction(float(x.abs().max()))
+    t = float(_f32(amax / (7 * 448), False))
+    want, codes = int4_definition(x.numpy(), BLOCK_PRESETS["nvint4"], t)
+    got = emunum.quantize(x, "nvint4").numpy()
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert (codes == -8).any()

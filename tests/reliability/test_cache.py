@@ -115,7 +115,7 @@ def _at_cases():
     return {  # factory module, factory, loop factory it calls, signature of its kernel
         "cpu.f32_at": ("cpu", "f32_at", "f32_loop", _at_signature(types.uint32, i, i, i, i, f, i, i, u, i)),
         "cpu.fixed_at": ("cpu", "fixed_at", "fixed_loop", _at_signature(types.float32, i, i, i, i, u, i)),
-        "hifloat8_cpu.f32_at": ("hifloat8_cpu", "f32_at", "f32_loop", _at_signature(types.uint8, i, u, i)),
+        "hifloat8_cpu.f32_at": ("hifloat8_cpu", "_f32_at", "_f32_loop", _at_signature(types.uint8, i, u, i)),
     }
 
 

@@ -49,18 +49,28 @@ def _sr_loop(src, dst, big, key, nbits):
             dst[c0 + j] = hif8_sr_f32(src[c0 + j], _ew.word_bits(words[j], drop), pw, pn, two_n, big)
 
 
-@functools.lru_cache(maxsize=None)
+def _loop_mode(mode: int) -> int:
+    """The mode whose loop serves ``mode``: HiF8 rounds to nearest with ties away in both nearest modes (the same
+    loop), so NEAREST_AWAY takes NEAREST's compiled loop instead of a copy of it."""
+    return NEAREST if int(mode) == NEAREST_AWAY else int(mode)
+
+
 def f32_loop(MODE: int, PARALLEL: bool):
-    """``loop(src, dst, ovf, key, nbits)``: dst = src rounded in mode MODE; src, dst uint32 (float32 bits).
-    numba's cache key holds the closure's variables, which must be exactly MODE and PARALLEL: without PARALLEL
-    the serial and prange loops share a key and a process may load the other one (a thread-pool launch per
-    call: 15 us on 10 elements, measured); a captured dispatcher would give a new key in every process."""
+    """``loop(src, dst, ovf, key, nbits)``: dst = src rounded in mode MODE; src, dst uint32 (float32 bits)."""
+    return _f32_loop(_loop_mode(MODE), bool(PARALLEL))
+
+
+@functools.lru_cache(maxsize=None)
+def _f32_loop(MODE: int, PARALLEL: bool):
+    """``f32_loop``. numba's cache key holds the closure's variables, which must be exactly MODE and PARALLEL:
+    without PARALLEL the serial and prange loops share a key and a process may load the other one (a thread-pool
+    launch per call: 15 us on 10 elements, measured)."""
 
     @njit(cache=True, parallel=PARALLEL)
     def loop(src, dst, ovf, key, nbits):
         _ = PARALLEL  # puts PARALLEL in the closure, so in the cache key
         big = U32(HIF8_MAX_BITS32) if ovf == OVF_SAT else U32(0x7F800000)
-        if MODE == NEAREST or MODE == NEAREST_AWAY:
+        if MODE == NEAREST:  # ties away, the loop of both nearest modes (_loop_mode)
             if src.ctypes.data == dst.ctypes.data:  # one array: LLVM's overlap check would take the scalar loop
                 _nearest_loop(dst, dst, big)
             else:
@@ -78,9 +88,13 @@ def f32_loop(MODE: int, PARALLEL: bool):
     return loop
 
 
-@functools.lru_cache(maxsize=None)
 def f32_at(MODE: int):
     """``at(src, dst, n, w, par, ovf, key, nbits)``: ``f32_loop`` on the n float32 values at address src."""
+    return _f32_at(_loop_mode(MODE))
+
+
+@functools.lru_cache(maxsize=None)
+def _f32_at(MODE: int):
     serial, parallel = f32_loop(MODE, False), f32_loop(MODE, True)
 
     @njit(cache=True)

@@ -100,3 +100,42 @@ def test_checkouts_with_the_same_sources_share_cache_entries_whatever_their_mtim
         exec(compile(open(m).read(), m, "exec"), ns)
         stamps.append(_cache._DigestLocator(ns["f"], m).get_source_stamp())
     assert stamps[0] == stamps[1]
+
+
+def _at_signature(witness, *rest):
+    from numba import types
+
+    return (types.int64, types.int64, types.int64, types.Array(witness, 1, "C"), types.boolean, *rest)
+
+
+def _at_cases():
+    from numba import types
+
+    i, u, f = types.int64, types.uint64, types.float64
+    return {  # factory module, factory, loop factory it calls, signature of its kernel
+        "cpu.f32_at": ("cpu", "f32_at", "f32_loop", _at_signature(types.uint32, i, i, i, i, f, i, i, u, i)),
+        "cpu.fixed_at": ("cpu", "fixed_at", "fixed_loop", _at_signature(types.float32, i, i, i, i, u, i)),
+        "hifloat8_cpu.f32_at": ("hifloat8_cpu", "_f32_at", "_f32_loop", _at_signature(types.uint8, i, u, i)),
+    }
+
+
+@pytest.mark.parametrize("case", ["cpu.f32_at", "cpu.fixed_at", "hifloat8_cpu.f32_at"])
+def test_a_kernel_that_calls_the_kernels_it_captured_loads_from_the_cache_in_another_process(case, monkeypatch):
+    """A factory's kernel that captures the loops it calls is found on disk by a process whose loop dispatchers
+    are other objects (as in every other process): numba keyed it on their pickles, which differ per process,
+    so each process compiled it again. Here new loop dispatchers stand in for another process's."""
+    import functools
+    import importlib
+
+    from emunum.kernels.scalar import TOWARD_ZERO
+
+    module, factory, loops, sig = _at_cases()[case]
+    mod = importlib.import_module(f"emunum.kernels.{module}")
+    kernel = getattr(mod, factory)(TOWARD_ZERO)
+    kernel.compile(sig)  # loaded or compiled, and then on disk
+    monkeypatch.setattr(mod, loops, functools.lru_cache(maxsize=None)(getattr(mod, loops).__wrapped__))
+    fresh = getattr(mod, factory).__wrapped__(TOWARD_ZERO)
+    assert all(c.cell_contents is not k.cell_contents for c, k in zip(fresh.py_func.__closure__,
+                                                                       kernel.py_func.__closure__))
+    fresh.compile(sig)
+    assert not fresh.stats.cache_misses and sum(fresh.stats.cache_hits.values()) == 1

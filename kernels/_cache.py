@@ -21,11 +21,6 @@ a directory named after the digest of the module and its dependencies:
   load the other kernel's code. In emunum's directories a save holds an exclusive lock on the directory
   (``fcntl.flock`` on ``.lock``), re-reads the index under it and writes the data file before the index.
 - The freshness stamp is the digest, not the file's mtime: checkouts with the same sources share the entries.
-- A kernel that captures another kernel (a factory's closure calling the loops it made, e.g. kernels/cpu.py's
-  ``f32_at``) is keyed on that kernel's function, closure and options (``_index_key``). numba keys a closure on
-  its pickled cells, and a dispatcher pickles with an identifier drawn anew in every process, so such kernels
-  never loaded from the cache: every process compiled them again (kernels/cpu.py's ``*_at`` about 0.4 CPU-s per
-  mode and dtype, in each test worker and subprocess).
 """
 from __future__ import annotations
 
@@ -38,7 +33,6 @@ import tempfile
 import warnings
 
 from numba.core import caching as _caching
-from numba.core.dispatcher import Dispatcher as _Dispatcher
 
 from . import _inline_copy
 
@@ -158,36 +152,6 @@ def _locked_save(self, key, data):
 
 _IndexDataCacheFile._emunum_unlocked_save = _numba_save
 _IndexDataCacheFile.save = _locked_save
-
-_Cache = _caching.Cache
-_numba_index_key = getattr(_Cache, "_emunum_numba_index_key", _Cache._index_key)
-
-
-def _key_cell(v):
-    """A closure cell's value as it enters the cache key: a captured kernel as its function's module, name,
-    bytecode digest, cells (the same way, recursively) and compile options, which are the same in every process;
-    anything else as itself."""
-    if not isinstance(v, _Dispatcher):
-        return v
-    f = v.py_func
-    return ("emunum kernel", f.__module__, f.__qualname__, hashlib.sha256(f.__code__.co_code).hexdigest(),
-            tuple(_key_cell(c.cell_contents) for c in f.__closure__ or ()), repr(sorted(v.targetoptions.items())))
-
-
-def _index_key(self, sig, codegen):
-    """numba's ``Cache._index_key`` (signature, target, digests of the bytecode and the pickled closure cells),
-    with captured kernels' cells replaced by ``_key_cell`` for kernels in emunum's directories (module doc)."""
-    cells = self._py_func.__closure__ or ()
-    if not (isinstance(self._impl.locator, _DigestLocator) and any(isinstance(c.cell_contents, _Dispatcher)
-                                                                   for c in cells)):
-        return _numba_index_key(self, sig, codegen)
-    cvars = _caching.dumps(tuple(_key_cell(c.cell_contents) for c in cells))
-    return (sig, codegen.magic_tuple(), (hashlib.sha256(self._py_func.__code__.co_code).hexdigest(),
-                                         hashlib.sha256(cvars).hexdigest()))
-
-
-_Cache._emunum_numba_index_key = _numba_index_key
-_Cache._index_key = _index_key
 
 
 def guard(module_file: str, deps: list[str]) -> None:

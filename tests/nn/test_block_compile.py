@@ -45,12 +45,20 @@ def test_a_block_format_bert_compiles_fullgraph_with_eagers_bits(fmt):
             assert torch.equal(a.grad, b.grad), name
 
 
-def test_the_block_op_is_quantize_contiguous_and_passes_opcheck():
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp8_e4m3", "nvfp4_2d"])
+def test_the_block_op_is_quantize_in_its_layout_and_passes_opcheck(name):
+    # the layout too: a compiled graph then hands torch's GEMMs eager's operands (a CPU's GEMM kernel may sum
+    # in another order for another layout, and did on an AMD host)
+    import emunum.block_ops  # noqa: F401  (registers the op)
     from emunum.formats.interned import intern
 
-    fmt = emunum.get_format("nvfp4")
-    x = torch.randn(48, 40)
-    for axis in (-1, 0):
-        y = torch.ops.emunum.quantize_block(x, intern(fmt), 0, None, 32, axis)
-        assert y.is_contiguous() and torch.equal(y, emunum.quantize(x, fmt, axis=axis))
-        torch.library.opcheck(torch.ops.emunum.quantize_block.default, (x, intern(fmt), 0, 7, 32, axis))
+    fmt = emunum.get_format(name)
+    for x in (torch.randn(48, 40), torch.randn(3, 32, 48)):
+        for axis in (-1, 0, 1):
+            y = torch.ops.emunum.quantize_block(x, intern(fmt), 0, None, 32, axis)
+            want = emunum.quantize(x, fmt, axis=axis)
+            assert torch.equal(y, want) and y.stride() == want.stride()
+            with torch._subclasses.FakeTensorMode() as mode:
+                fake = torch.ops.emunum.quantize_block(mode.from_tensor(x), intern(fmt), 0, None, 32, axis)
+            assert fake.shape == y.shape and fake.stride() == y.stride()
+            torch.library.opcheck(torch.ops.emunum.quantize_block.default, (x, intern(fmt), 0, 7, 32, axis))

@@ -8,7 +8,8 @@ last come back as a view with that axis innermost in memory; 2-D tiles and the l
 (meta) implementation makes the same layout, so that a compiled graph hands torch's GEMMs the operands eager
 mode hands them (a CPU's GEMM kernel may sum in another order for another operand layout). Its gradient is the
 identity (straight through). ``seed=None`` draws a fresh seed from torch's default generator when the op runs,
-as ``quantize`` does in eager mode. Eager callers keep calling ``quantize`` directly (``ops.eager_ok``): no dispatch cost.
+as ``quantize`` does in eager mode. Eager callers keep calling ``quantize`` directly (``ops.eager_ok``): no
+dispatch cost.
 """
 from __future__ import annotations
 

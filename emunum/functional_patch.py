@@ -12,7 +12,7 @@ import torch
 from .gemm_coverage import GemmCounter
 from .nn.functional import GemmEmulator
 from .nn.gemm_context import CHOSEN
-from .nn.gemm_mode import GemmMode, GemmModeError, ModelHooks
+from .nn.gemm_mode import FUNCTIONAL_OPS, GemmMode, GemmModeError, ModelHooks
 from .policy import Policy
 
 
@@ -31,6 +31,18 @@ class FunctionalPatch(ModelHooks):
             self._counter = GemmCounter(mod).__enter__()
         super()._enter(mod, args)
 
+    def _nest_recomputed(self, model, records) -> None:
+        """The mode around each module that ran emulated functional GEMMs in this first forward, too: an activation
+        checkpoint (transformers' gradient checkpointing, ``torch.utils.checkpoint``) recomputes a block in
+        backward, outside the model's forward, and its GEMMs must run emulated again, as in the forward (the
+        recomputation must save the same tensors, and the gradients come from its values)."""
+        names = {r.module for r in records if r.emulated and r.phase == "forward" and r.module and r.op in FUNCTIONAL_OPS}
+        done = set()
+        for name, m in model.named_modules(remove_duplicate=False):
+            if name in names and id(m) not in done:
+                done.add(id(m))
+                self.attach_nested(m)
+
     def _exit(self, mod, args, out):
         super()._exit(mod, args, out)
         counter = self._counter
@@ -38,7 +50,9 @@ class FunctionalPatch(ModelHooks):
             return
         self._counter = None
         counter.__exit__(None, None, None)
-        missed = [r for r in counter.records() if not r.emulated and r.flops and r.reason not in CHOSEN]
+        records = counter.records()
+        self._nest_recomputed(mod, records)
+        missed = [r for r in records if not r.emulated and r.flops and r.reason not in CHOSEN]
         if not missed:
             return
         total = sum(f for f, _ in counter.totals.values())

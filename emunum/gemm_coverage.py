@@ -206,6 +206,10 @@ class GemmCounter:
             module, ctx = self._where()
             self.add(op, flops, module, ctx, "forward")
             return
+        if gemm_context.current() is not None:  # a forward recomputed in backward (a reentrant checkpoint)
+            module, ctx = self._where()
+            self.add(op, flops, module, ctx, "backward")
+            return
         tag = node.metadata.get("emunum_cov")
         if tag is None:
             self.add(op, flops, "?", gemm_context.GemmContext(False, op, _UNTAGGED), "backward")

@@ -1,4 +1,4 @@
-"""Elision changes no bit on the 44 architectures of the exhaustive zoo (exhaustive tier: ``pytest -m
+"""Elision changes no bit on the 46 architectures of the exhaustive zoo (exhaustive tier: ``pytest -m
 exhaustive``): two training steps give the same losses, gradients, weights and generator state with elision on
 and off, under a nearest and a stochastic-forward policy."""
 import pytest

@@ -130,4 +130,15 @@ ZOO = {
                   encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
                   encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB, max_encoder_position_embeddings=64,
                   max_decoder_position_embeddings=64, attention_window=4, **_TOKENS),
+    # attention through F.multi_head_attention_forward called directly, with a gated relative position bias
+    "wavlm": _built("WavLMConfig", "WavLMForCTC",
+                    lambda: (torch.randn(2, 800, generator=torch.Generator().manual_seed(0)),),
+                    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                    vocab_size=VOCAB, conv_dim=(16, 16), conv_stride=(5, 4), conv_kernel=(10, 4),
+                    num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, num_buckets=16,
+                    max_bucket_distance=32, layerdrop=0.0, mask_time_prob=0.0),
+    # patch embedding: Conv2d(padding="valid")
+    "siglip_vision": _built("SiglipConfig", "SiglipForImageClassification", _image, num_labels=10,
+                            vision_config=dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                               num_attention_heads=4, intermediate_size=64)),
 }

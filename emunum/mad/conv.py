@@ -34,8 +34,8 @@ def _pair(value, name: str, n: int, lo: int) -> tuple:
     return tuple(vals)
 
 
-def _padding(padding, kernel: tuple, dilation: tuple, stride: tuple, n: int) -> tuple:
-    """(before, after) per spatial dim."""
+def explicit_padding(padding, kernel: tuple, dilation: tuple, stride: tuple, n: int) -> tuple:
+    """(before, after) per spatial dim of a conv's ``padding`` (an int, ints, "valid" or "same"), as torch pads."""
     if isinstance(padding, str):
         if padding == "valid":
             return tuple((0, 0) for _ in range(n))
@@ -193,7 +193,7 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     _check(input, weight, bias, groups, 2)
     stride = _pair(stride, "stride", 2, 1)
     dilation = _pair(dilation, "dilation", 2, 1)
-    pads = _padding(padding, tuple(weight.shape[2:]), dilation, stride, 2)
+    pads = explicit_padding(padding, tuple(weight.shape[2:]), dilation, stride, 2)
     if any(p for pair in pads for p in pair):
         input = F.pad(input, (pads[1][0], pads[1][1], pads[0][0], pads[0][1]))
     for d in range(2):

@@ -13,7 +13,8 @@ An operand role holding an element format (FloatFormat/FixedFormat) rounds that 
 GEMM instead; a role that is None leaves it unquantised. A weight format with 2-D tiles
 (``BlockFormat(..., block_size=(16, 16))``) quantises W once, as tiles, for both of its GEMMs. A convolution
 (Conv1d/2d/3d) is the same GEMM on its im2col matrix: K is in_channels/groups * kernel size, one GEMM per group
-(group g: input channels g*C/groups.., output channels g*O/groups..). A transposed convolution
+(group g: input channels g*C/groups.., output channels g*O/groups..); string padding is torch's ("same" with an
+even total pads its extra zero at the end). A transposed convolution
 (ConvTranspose1d/2d/3d) is the GEMM x2 @ W2 with K = in_channels/groups, then an overlap-add of each kernel
 tap's columns into the output (``block_conv_transpose``). The GEMMs themselves are torch's, in
 the tensors' dtype (MX hardware accumulates in fp32). The layer's other roles round element-wise around the GEMMs
@@ -325,9 +326,14 @@ def block_conv(module, x: Tensor, w: Tensor, b: Optional[Tensor], plan: BlockPla
     if module.padding_mode != "zeros":
         x = F.pad(x, module._reversed_padding_repeated_twice, mode=module.padding_mode)
         padding = (0,) * nd
-    if isinstance(padding, str):
-        raise ValueError(f"{type(module).__name__}(padding={padding!r}) with block formats: give padding as ints")
     k, st, dil = module.kernel_size, module.stride, module.dilation
+    if isinstance(padding, str):  # "valid" or "same"; an uneven "same" pads the extra zero at the end, as torch
+        from ..mad.conv import explicit_padding
+        pads = explicit_padding(padding, k, dil, st, nd)
+        padding = tuple(lo for lo, _ in pads)
+        if any(lo != hi for lo, hi in pads):
+            x = F.pad(x, [q for pair in reversed(pads) for q in pair])
+            padding = (0,) * nd
     image = scan = None
     if nd == 3:
         cols, out = _im2col(x, k, st, padding, dil)

@@ -261,10 +261,9 @@ class GemmEmulator(EmuLayer):
         x, w, bias = R(x, rx), R(w, rw), self._bias(bias)
         pol, plan = self._emunum_policy, self._emunum_block
         if plan is not None:
-            if isinstance(padding, str):
-                raise Unsupported(f"F.conv{nd}d(padding={padding!r}) with block formats (give padding as ints)")
             geo = SimpleNamespace(kernel_size=tuple(w.shape[2:]), stride=_per_dim(stride, nd),
-                                  padding=_per_dim(padding, nd), dilation=_per_dim(dilation, nd), groups=groups,
+                                  padding=padding if isinstance(padding, str) else _per_dim(padding, nd),
+                                  dilation=_per_dim(dilation, nd), groups=groups,
                                   padding_mode="zeros")
             y = block_conv(geo, x, w, bias, plan)
         elif pol.mad is not None:

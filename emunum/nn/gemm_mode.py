@@ -16,10 +16,12 @@ counts those from the executed aten ops and names them.
 """
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _pop_mode, _push_mode
 
 from . import products
 from .functional import GemmEmulator, Unsupported, no_out
@@ -116,6 +118,25 @@ for _name, _fns, _h in (
     for _f in _fns:
         HANDLERS[_f] = (_name, _h)
 
+def _transparent(fn):
+    """A copy of the Python function ``fn`` (same code, defaults and closure) whose own torch-function check is
+    off, so that, run with the mode on torch's stack, the mode sees the torch calls of its body. torch hands a
+    mode such a function whole and pops the mode while the mode handles it: its GEMMs would run unseen."""
+    scope = dict(fn.__globals__)
+    scope["has_torch_function"] = lambda *args: False
+    body = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    body.__kwdefaults__ = fn.__kwdefaults__
+    return body
+
+
+# Python functions of torch's API whose bodies make GEMMs through calls the mode handles (F.linear, bmm,
+# baddbmm, scaled_dot_product_attention): the mode runs their body with itself on the stack (transformers'
+# WavLM calls F.multi_head_attention_forward itself; nn.MultiheadAttention is an emulated layer instead).
+COMPOSITES: dict = {F.multi_head_attention_forward: _transparent(F.multi_head_attention_forward)}
+
+# the names GEMMs run by the mode report (``GemmContext.op``)
+FUNCTIONAL_OPS = frozenset(name for name, _ in HANDLERS.values())
+
 # GEMMs that the mode sees but does not emulate: they run as they are, and coverage names them
 UNSUPPORTED: dict = {}
 for _f in (torch.linalg.vecdot,):
@@ -142,6 +163,13 @@ class GemmMode(TorchFunctionMode):
         kwargs = kwargs or {}
         entry = HANDLERS.get(func)
         if entry is None:
+            body = COMPOSITES.get(func)
+            if body is not None and not self.off:
+                _push_mode(self)
+                try:
+                    return body(*args, **kwargs)
+                finally:
+                    _pop_mode()
             if func in UNSUPPORTED and not self.off:
                 return self._passed(func, UNSUPPORTED[func], "not emulated by emunum", args, kwargs)
             return func(*args, **kwargs)
@@ -208,13 +236,25 @@ class ModelHooks:
         self.handles.append(module.register_forward_pre_hook(pre))
         self.handles.append(module.register_forward_hook(post, always_call=True))
 
+    def attach_nested(self, module) -> None:
+        """Enter the mode around ``module``'s forward as well: nested (a no-op) inside the model's forward, and
+        on its own where ``module`` runs outside it, as when an activation checkpoint recomputes it in backward."""
+        self.handles.append(module.register_forward_pre_hook(lambda mod, args: self._push()))
+        self.handles.append(module.register_forward_hook(lambda mod, args, out: self._pop(), always_call=True))
+
     def _enter(self, mod, args):
+        self._push()
+
+    def _exit(self, mod, args, out):
+        self._pop()
+
+    def _push(self) -> None:
         m = self.mode
         if m.depth == 0:
             m.__enter__()
         m.depth += 1
 
-    def _exit(self, mod, args, out):
+    def _pop(self) -> None:
         m = self.mode
         m.depth -= 1
         if m.depth == 0:

@@ -92,6 +92,37 @@ def test_conv_is_the_block_gemm_on_its_im2col_matrix(conv, shape):
         torch.testing.assert_close(bg.block_conv(conv, x, conv.weight, conv.bias, plan), conv(x))
 
 
+PADDED = {  # a conv with string padding, and the zeros torch pads for it (before, after per dim, last dim first)
+    "same 2-D, odd kernel": (lambda: nn.Conv2d(4, 6, 3, padding="same"), (2, 4, 9, 7), (1, 1, 1, 1)),
+    "same 2-D, even kernel": (lambda: nn.Conv2d(4, 6, (2, 4), padding="same"), (2, 4, 9, 7), (1, 2, 0, 1)),
+    "same 2-D, dilated": (lambda: nn.Conv2d(4, 6, (3, 2), padding="same", dilation=2), (2, 4, 9, 7), (1, 1, 2, 2)),
+    "same 1-D, even kernel": (lambda: nn.Conv1d(3, 8, 4, padding="same"), (2, 3, 20), (1, 2)),
+    "same 3-D": (lambda: nn.Conv3d(2, 4, (2, 3, 3), padding="same"), (1, 2, 5, 6, 6), (1, 1, 1, 1, 0, 1)),
+    "valid 2-D": (lambda: nn.Conv2d(4, 6, 3, padding="valid"), (2, 4, 9, 7), (0, 0, 0, 0)),
+}
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
+@pytest.mark.parametrize("case", sorted(PADDED))
+def test_string_padding_gives_the_bits_of_its_explicit_zeros(case, fmt):
+    make, shape, pads = PADDED[case]
+    torch.manual_seed(0)
+    conv = make()
+    flat = type(conv)(conv.in_channels, conv.out_channels, conv.kernel_size, dilation=conv.dilation)
+    flat.load_state_dict(conv.state_dict())
+    x = torch.randn(*shape)
+    outs = []
+    for layer, pad in ((conv, None), (flat, pads)):
+        emu = emunum.patch(nn.Sequential(layer), policy=_policy(fmt))
+        xi = x.clone().requires_grad_(True)
+        y = emu(F.pad(xi, pad) if pad else xi)
+        y.backward(torch.linspace(-2, 2, y.numel()).view(y.shape))
+        outs.append((y.detach(), xi.grad, layer.weight.grad))
+    assert outs[0][0].shape == conv(x).shape
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
 def test_per_tensor_scaling_and_mad_with_block_formats_are_rejected():
     with pytest.raises(ValueError, match="scaling='per_tensor'"):
         emunum.Policy.make("mxfp8", scaling="per_tensor")

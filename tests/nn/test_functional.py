@@ -1,6 +1,7 @@
 """Functional GEMMs inside a patched model: each op gives the bits of its reference composition of roundings
 (``Q_out(op(Q_a(a), Q_b(b)))``, forward and backward), for element formats, block formats and MAD units."""
 import copy
+import math
 
 import pytest
 import torch
@@ -268,6 +269,60 @@ def test_sdpa_runs_as_its_math_with_both_products_emulated(mask, fmt):
         assert torch.equal(a, b)
 
 
+class _FunctionalMHA(nn.Module):
+    """Self-attention through ``F.multi_head_attention_forward`` called directly (as transformers' WavLM does):
+    separate q/k/v weights with an additive (batch * heads, L, L) mask and the weights returned (the bmm path),
+    or one packed weight without a mask or weights (the SDPA path). ``explicit``: the same function's math path
+    for these arguments, written out step by step in handled torch calls (the reference)."""
+
+    def __init__(self, separate: bool, explicit: bool, E=16, H=4):
+        super().__init__()
+        self.separate, self.explicit, self.E, self.H = separate, explicit, E, H
+        g = torch.Generator().manual_seed(3)
+        self.w = nn.Parameter(tame(3 * E, E, seed=1) / 16)
+        self.b = nn.Parameter(tame(3 * E, seed=2) / 16)
+        self.wo, self.bo = nn.Parameter(tame(E, E, seed=4) / 16), nn.Parameter(tame(E, seed=5) / 16)
+        self.register_buffer("mask", torch.randn(2 * H, 5, 5, generator=g))
+
+    def forward(self, x):
+        x = x.transpose(0, 1)  # (L, batch, E)
+        wq, wk, wv = self.w.chunk(3)
+        if self.explicit:
+            return self._math(x, wq, wk, wv).transpose(0, 1)
+        kw = dict(use_separate_proj_weight=True, q_proj_weight=wq, k_proj_weight=wk, v_proj_weight=wv,
+                  attn_mask=self.mask, need_weights=True) if self.separate else dict(need_weights=False)
+        y, _ = F.multi_head_attention_forward(x, x, x, self.E, self.H, self.w, self.b, None, None, False, 0.0,
+                                              self.wo, self.bo, self.training, None, **kw)
+        return y.transpose(0, 1)
+
+    def _math(self, x, wq, wk, wv):
+        L, B, E, H = x.shape[0], x.shape[1], self.E, self.H
+        if self.separate:
+            q, k, v = F._in_projection(x, x, x, wq, wk, wv, *self.b.chunk(3))
+        else:
+            q, k, v = F._in_projection_packed(x, x, x, self.w, self.b)
+        q, k, v = (t.view(L, B * H, E // H).transpose(0, 1) for t in (q, k, v))
+        if self.separate:
+            p = torch.softmax(torch.baddbmm(self.mask, q * math.sqrt(1.0 / float(E // H)), k.transpose(-2, -1)), -1)
+            out = torch.bmm(p, v).transpose(0, 1).reshape(L * B, E)
+        else:
+            q, k, v = (t.reshape(B, H, L, E // H) for t in (q, k, v))
+            out = F.scaled_dot_product_attention(q, k, v, None, 0.0, False).permute(2, 0, 1, 3).reshape(B * L, E)
+        return F.linear(out, self.wo, self.bo).view(L, B, E)
+
+
+@pytest.mark.parametrize("fmt", ELEMENT)
+@pytest.mark.parametrize("separate", [True, False], ids=["separate_bmm", "packed_sdpa"])
+def test_a_direct_multi_head_attention_call_runs_its_gemms_emulated_as_its_math(separate, fmt):
+    x = tame(2, 5, 16, seed=6)
+    got, want = (run(_FunctionalMHA(separate, explicit), [x], nearest_policy(fmt)) for explicit in (False, True))
+    for a, b in zip([got[0], *got[1], *got[2]], [want[0], *want[1], *want[2]]):
+        assert torch.equal(a, b)
+    plain = emunum.coverage(_FunctionalMHA(separate, False), x)
+    cov = emunum.coverage(emunum.patch(_FunctionalMHA(separate, False), nearest_policy(fmt)), x)
+    assert cov.fraction == 1.0 and cov.total_flops == plain.total_flops > 0, str(cov)
+
+
 def test_sdpa_gives_zeros_for_a_row_masked_whole_as_torchs_math_path():
     q, k, v = (tame(1, 2, 4, 8, seed=s) for s in (1, 2, 3))
     mask = torch.ones(4, 4, dtype=torch.bool)
@@ -374,6 +429,27 @@ def test_a_functional_conv_with_block_formats_on_a_mad_unit_gives_the_layers_bit
         y = net(xg)
         y.square().sum().backward()
         out.append((y, xg.grad, net.conv.weight.grad, cov.fraction))
+    (y0, gx0, gw0, f0), (y1, gx1, gw1, f1) = out
+    assert f0 == f1 == 1.0
+    assert torch.equal(y0, y1) and torch.equal(gx0, gx1) and torch.equal(gw0, gw1)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
+@pytest.mark.parametrize("conv,shape", [(lambda: nn.Conv1d(4, 6, 4, padding="same"), (2, 4, 12)),
+                                        (lambda: nn.Conv2d(4, 6, (2, 3), padding="same", dilation=2), (2, 4, 7, 7)),
+                                        (lambda: nn.Conv2d(4, 6, 3, padding="valid"), (2, 4, 7, 7))],
+                         ids=["same1d_even", "same2d_dilated", "valid2d"])
+def test_a_functional_conv_with_string_padding_and_block_formats_gives_the_layers_bits(fmt, conv, shape):
+    torch.manual_seed(0)
+    c, x = conv(), torch.randn(shape)
+    out = []
+    for net in (_ConvNet(copy.deepcopy(c)), _ConvNet(_FunctionalConv(copy.deepcopy(c)))):
+        emunum.patch(net, fmt, strict=True)
+        xg = x.clone().requires_grad_(True)
+        torch.manual_seed(5)  # the same stochastic gradient roundings in both
+        y = net(xg)
+        y.square().sum().backward()
+        out.append((y, xg.grad, net.conv.weight.grad, emunum.coverage(net, x).fraction))
     (y0, gx0, gw0, f0), (y1, gx1, gw1, f1) = out
     assert f0 == f1 == 1.0
     assert torch.equal(y0, y1) and torch.equal(gx0, gx1) and torch.equal(gw0, gw1)

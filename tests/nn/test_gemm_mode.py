@@ -1,0 +1,87 @@
+"""The functional-GEMM mode under activation checkpointing: a block recomputed in backward (transformers' gradient
+checkpointing, ``torch.utils.checkpoint`` over a module) runs its functional GEMMs emulated again, so the
+gradients are the bits of the same model without checkpointing, and ``coverage`` counts the recomputation."""
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import emunum
+from third_party_models import MODELS, loss_of
+
+POLICIES = {"e4m3fn nearest": dict(fmt="e4m3fn", grad_rounding="nearest"),
+            "e4m3fn/e5m2 stochastic grads": dict(fmt="e4m3fn", grad="e5m2"), "nvfp4": dict(fmt="nvfp4")}
+
+
+class Block(nn.Module):
+    """Self-attention whose products are functional GEMMs of the block itself, then a Linear."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        p = torch.softmax(q @ k.transpose(-2, -1) / 4, dim=-1)
+        return x + self.out(torch.matmul(p, v))
+
+
+class Checkpointed(nn.Module):
+    """Two blocks, each run through ``torch.utils.checkpoint`` when ``reentrant`` is not None."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.reentrant, self.blocks, self.head = reentrant, nn.ModuleList([Block(), Block()]), nn.Linear(16, 4)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x) if self.reentrant is None else checkpoint(b, x, use_reentrant=self.reentrant)
+        return self.head(F.gelu(x))
+
+
+def _own(reentrant):
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(1)).requires_grad_()  # reentrant: needed
+    return Checkpointed(reentrant), (x,), {}
+
+
+def _llama(reentrant):
+    torch.manual_seed(0)
+    model, args, kw = MODELS["llama"]()
+    if reentrant is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # transformers' name for it changes in v6
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    return model, args, kw
+
+
+BUILDERS = {"torch.utils.checkpoint over a block": _own, "transformers llama": _llama}
+
+
+def _grads(build, reentrant, policy):
+    model, args, kw = build(reentrant)
+    model.train()
+    emunum.patch(model, **policy)
+    out = []
+    for step in range(2):  # the first forward is patch's coverage check; the second runs without it
+        model.zero_grad()
+        torch.manual_seed(5 + step)  # the same stochastic roundings with and without checkpointing
+        loss_of(model(*args, **kw)).backward()
+        out.append([p.grad.clone() for p in model.parameters()])
+    return out, model, args, kw
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+@pytest.mark.parametrize("model", sorted(BUILDERS))
+def test_a_checkpointed_block_recomputes_its_functional_gemms_emulated(model, reentrant, policy):
+    want, *_ = _grads(BUILDERS[model], None, POLICIES[policy])
+    got, patched, args, kw = _grads(BUILDERS[model], reentrant, POLICIES[policy])
+    for step_got, step_want in zip(got, want):
+        assert all(torch.equal(a, b) for a, b in zip(step_got, step_want))
+    cov = emunum.coverage(patched, *args, loss_fn=loss_of, **kw)
+    assert cov.fraction == 1.0, str(cov)

@@ -1,5 +1,6 @@
-"""A hook for ``emunum.coverage``: GEMMs that run in emunum's own kernels (MAD units), which torch's dispatcher
-never sees, report their FLOPs to every active listener. Imports nothing but contextlib; costs one list read."""
+"""Hooks for ``emunum.coverage``: GEMMs that run in emunum's own kernels (MAD units), which torch's dispatcher
+never sees, report their FLOPs to every active listener, and the functional-GEMM mode hands each emulated
+product to them while its context is current. Imports nothing but contextlib; costs one list read."""
 from __future__ import annotations
 
 import contextlib
@@ -15,3 +16,10 @@ def native(op: str, flops: int):
     for listener in list(LISTENERS):
         stack.enter_context(listener.native(op, flops))
     return stack
+
+
+def emulated(out) -> None:
+    """``out``, a functional GEMM's result, was computed in the current emulating context: listeners attribute its
+    autograd nodes (and their backward GEMMs) to it."""
+    for listener in list(LISTENERS):
+        listener.tag(out)

@@ -1,6 +1,6 @@
-"""Elision changes no bit on the 46 architectures of the exhaustive zoo (exhaustive tier: ``pytest -m
-exhaustive``): two training steps give the same losses, gradients, weights and generator state with elision on
-and off, under a nearest and a stochastic-forward policy."""
+"""Elision changes no bit on the architectures of the exhaustive zoo whose training is reproducible (exhaustive
+tier: ``pytest -m exhaustive``): two training steps give the same losses, gradients, weights and generator state
+with elision on and off, under a nearest and a stochastic-forward policy."""
 import pytest
 import torch
 
@@ -10,9 +10,12 @@ from third_party_zoo import ZOO
 
 pytestmark = pytest.mark.exhaustive
 
+# models whose training step is not reproducible run to run, so two runs cannot be compared bit for bit
+UNREPRODUCIBLE = {"reformer": "each layer's training forward reseeds torch's generator from the OS (torch.seed())"}
+
 
 @pytest.mark.parametrize("policy", ["e4m3fn_e5m2", "directed_sr_forward"])
-@pytest.mark.parametrize("name", sorted(ZOO))
+@pytest.mark.parametrize("name", sorted(set(ZOO) - set(UNREPRODUCIBLE)))
 def test_the_model_gives_the_same_bits_with_elision_on_and_off(name, policy):
     _, args, kwargs = ZOO[name]()
 

@@ -1,4 +1,4 @@
-"""Every GEMM of 46 more transformers architectures runs on the format (exhaustive tier: ``pytest -m exhaustive``):
+"""Every GEMM of 47 more transformers architectures runs on the format (exhaustive tier: ``pytest -m exhaustive``):
 decoders with GQA, MoE routing, rotary and ALiBi attention, encoders, encoder-decoders, speech (1-D
 convolutions), vision (depthwise and strided convolutions, windowed attention) and a state-space model."""
 import copy

@@ -137,6 +137,12 @@ ZOO = {
                     vocab_size=VOCAB, conv_dim=(16, 16), conv_stride=(5, 4), conv_kernel=(10, 4),
                     num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, num_buckets=16,
                     max_bucket_distance=32, layerdrop=0.0, mask_time_prob=0.0),
+    # reversible layers: backward recomputes each layer's attention in its own autograd Function
+    "reformer": _built("ReformerConfig", "ReformerModelWithLMHead", _ids, hidden_size=32, num_attention_heads=2,
+                       attention_head_size=16, feed_forward_size=64, vocab_size=VOCAB, attn_layers=["local", "lsh"],
+                       axial_pos_embds_dim=[16, 16], axial_pos_shape=[4, 4], local_attn_chunk_length=4,
+                       lsh_attn_chunk_length=4, num_buckets=2, is_decoder=True, max_position_embeddings=SEQ,
+                       pad_token_id=0, eos_token_id=1),
     # patch embedding: Conv2d(padding="valid")
     "siglip_vision": _built("SiglipConfig", "SiglipForImageClassification", _image, num_labels=10,
                             vision_config=dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,

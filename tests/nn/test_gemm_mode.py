@@ -1,6 +1,7 @@
 """The functional-GEMM mode under activation checkpointing: a block recomputed in backward (transformers' gradient
-checkpointing, ``torch.utils.checkpoint`` over a module) runs its functional GEMMs emulated again, so the
-gradients are the bits of the same model without checkpointing, and ``coverage`` counts the recomputation."""
+checkpointing, ``torch.utils.checkpoint`` over a module, a reversible layer's own autograd Function as in
+Reformer) runs its functional GEMMs emulated again, so the gradients are the bits of the same model without
+checkpointing, and ``coverage`` counts the recomputation as emulated."""
 import copy
 import warnings
 
@@ -30,16 +31,44 @@ class Block(nn.Module):
         return x + self.out(torch.matmul(p, v))
 
 
+class Recomputed(torch.autograd.Function):
+    """y = block(x), saving nothing: backward runs the block again with grad on and backpropagates through it (the
+    way Reformer's reversible layers recompute)."""
+
+    @staticmethod
+    def forward(ctx, x, block, *params):
+        ctx.block = block
+        ctx.save_for_backward(x)
+        return block(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        params = list(ctx.block.parameters())
+        with torch.enable_grad():
+            xd = x.detach().requires_grad_()
+            y = ctx.block(xd)
+            grads = torch.autograd.grad(y, [xd, *params], grad)
+        return (grads[0], None, *grads[1:])
+
+
 class Checkpointed(nn.Module):
-    """Two blocks, each run through ``torch.utils.checkpoint`` when ``reentrant`` is not None."""
+    """Two blocks, each run through ``torch.utils.checkpoint`` (reentrant True or False) or ``Recomputed``
+    ("function"), or as they are (None)."""
 
     def __init__(self, reentrant):
         super().__init__()
-        self.reentrant, self.blocks, self.head = reentrant, nn.ModuleList([Block(), Block()]), nn.Linear(16, 4)
+        self.reentrant, self.head = reentrant, nn.Linear(16, 4)
+        self.blocks = nn.ModuleList([nn.Sequential(Block()), nn.Sequential(Block())])  # the GEMMs a level down
 
     def forward(self, x):
         for b in self.blocks:
-            x = b(x) if self.reentrant is None else checkpoint(b, x, use_reentrant=self.reentrant)
+            if self.reentrant is None:
+                x = b(x)
+            elif self.reentrant == "function":
+                x = Recomputed.apply(x, b, *b.parameters())
+            else:
+                x = checkpoint(b, x, use_reentrant=self.reentrant)
         return self.head(F.gelu(x))
 
 
@@ -76,9 +105,11 @@ def _grads(build, reentrant, policy):
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+@pytest.mark.parametrize("reentrant", [False, True, "function"], ids=["non_reentrant", "reentrant", "function"])
 @pytest.mark.parametrize("model", sorted(BUILDERS))
 def test_a_checkpointed_block_recomputes_its_functional_gemms_emulated(model, reentrant, policy):
+    if reentrant == "function" and model != "torch.utils.checkpoint over a block":
+        pytest.skip("an autograd Function of the test's own: its own model only")
     want, *_ = _grads(BUILDERS[model], None, POLICIES[policy])
     got, patched, args, kw = _grads(BUILDERS[model], reentrant, POLICIES[policy])
     for step_got, step_want in zip(got, want):

@@ -21,7 +21,10 @@ def emu_class(base: type, mixin: type) -> type:
         name = f"Emu{base.__name__}"
         if name in globals():  # another class of that name: qualify with its module
             name = f"Emu_{base.__module__.replace('.', '_')}_{base.__name__}"
-        cls = type(name, (mixin, base), {"_emunum_base": base, "__module__": __name__, "__qualname__": name})
+        attrs = {"_emunum_base": base, "__module__": __name__, "__qualname__": name}
+        if getattr(base, "cls_to_become", None) is not None:  # a lazy layer turns into its emulated twin's class
+            attrs["cls_to_become"] = emu_class(base.cls_to_become, mixin)
+        cls = type(name, (mixin, base), attrs)
         _CLASSES[key] = cls
         globals()[name] = cls
     return cls

@@ -1,4 +1,10 @@
-"""emunum.nn's exported names: Emu<Layer> are emulated layers, <Kind>Mixin their rounding mixins."""
+"""emunum.nn's exported names: Emu<Layer> are emulated layers, <Kind>Mixin their rounding mixins; a lazy layer
+patched before its first forward turns into its emulated twin."""
+import pytest
+import torch
+from torch import nn
+
+import emunum
 
 
 def test_exported_names_say_which_are_layers_and_which_are_mixins():
@@ -15,3 +21,32 @@ def test_exported_names_say_which_are_layers_and_which_are_mixins():
     for n in mixins:
         assert issubclass(getattr(enn, n), enn.EmuLayer)
         assert not any(b.__module__.startswith("torch.nn.modules") for b in getattr(enn, n).__mro__), n
+
+
+LAZY = {  # a lazy stack, and its input
+    "linear": (lambda: nn.Sequential(nn.LazyLinear(32), nn.ReLU(), nn.Linear(32, 4)), (3, 16)),
+    "conv1d": (lambda: nn.Sequential(nn.LazyConv1d(4, 3), nn.Flatten(), nn.LazyLinear(4)), (2, 3, 12)),
+    "conv2d": (lambda: nn.Sequential(nn.LazyConv2d(4, 3), nn.Flatten(), nn.LazyLinear(4)), (2, 3, 8, 8)),
+    "conv_transpose2d": (lambda: nn.Sequential(nn.LazyConvTranspose2d(4, 3), nn.Flatten(), nn.LazyLinear(4)),
+                         (2, 3, 5, 5)),
+}
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "nvfp4"])
+@pytest.mark.parametrize("case", sorted(LAZY))
+def test_a_lazy_layer_patched_before_its_first_forward_becomes_its_emulated_twin(case, fmt):
+    make, shape = LAZY[case]
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    out = []
+    for materialise_first in (False, True):
+        torch.manual_seed(0)  # the same initial weights in both
+        model = make()
+        if materialise_first:
+            model(x)
+        model = emunum.patch(model, fmt=fmt, grad_rounding="nearest")
+        xg = x.clone().requires_grad_()
+        y = model(xg)
+        y.square().sum().backward()
+        assert all(type(m).__name__.startswith("Emu") for m in model if any(True for _ in m.parameters()))
+        out.append([y, xg.grad, *(p.grad for p in model.parameters())])
+    assert all(torch.equal(a, b) for a, b in zip(*out))

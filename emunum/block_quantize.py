@@ -46,9 +46,7 @@ def tensor_scale(work: torch.Tensor, fmt: BlockFormat, amax: float | None = None
     elif amax is None:
         a = work.detach().abs()
         amax = float(torch.where(torch.isfinite(a), a, 0.0).max()) if a.numel() else 0.0
-    if amax == 0.0:
-        return 1.0
-    return float(np.float32(amax / (fmt.element.max * fmt.scale.max)))
+    return fmt.tensor_scale_for(amax)
 
 
 def working_layout(x: torch.Tensor, fmt: BlockFormat, axis: int):

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .formats import BlockFormat, OuterScale, RoundMode
-from .formats.nvfp4 import Metric
+from .formats.nvfp4 import TENSOR_SCALE_MIN, Metric
 
 _METRIC = {Metric.MAE: 0, Metric.MSE: 1, Metric.ABSMAX: 2}
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -55,7 +55,7 @@ def line_arrays(work: torch.Tensor, fmt: BlockFormat) -> tuple:
         else:
             amax = _finite_amax(work, per_row)
             t = (amax / (fmt.element.max * fmt.scale.max)).to(torch.float32).to(torch.float64)
-            t = torch.where(amax == 0, 1.0, t).expand(n).contiguous()
+            t = torch.where(amax == 0, 1.0, t.clamp(min=TENSOR_SCALE_MIN)).expand(n).contiguous()
         dummy = torch.ones(n, dtype=torch.float32, device=dev)
         return (False, t, dummy, dummy, dummy, np.float32(1.0), 0)
     denom = np.float32(6 * fos.bound)

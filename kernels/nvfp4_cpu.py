@@ -74,8 +74,7 @@ def row_amax(src: np.ndarray, parallel=None) -> np.ndarray:
 
 def quantize_rows(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, args: tuple, mode: int, key: int,
                   nbits: int, parallel=None) -> bool:
-    """Per-row outer scales by kernels/nvfp4_fast.py, T_r computed there, where ``fast_ok`` holds and no T_r is 0;
-    whether it ran (else the caller runs ``quantize_nvfp4``). Arguments as ``quantize_nvfp4``'s."""
+    """Per-row outer scales by kernels/nvfp4_fast.py, T_r computed there, where ``fast_ok`` holds; whether it ran (else the caller runs ``quantize_nvfp4``). Arguments as ``quantize_nvfp4``'s."""
     if not fast_ok(src, dst, tile, False, args, mode):
         return False
     if parallel is None:
@@ -89,8 +88,6 @@ def quantize_rows(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, ar
         (nvfp4_fast.row_scales_parallel if par else nvfp4_fast.row_scales_serial)(bits, scales.reshape(-1), t,
                                                                                   src.shape[2], int(tile[1]),
                                                                                   max_e * s_max)
-        if (t == 0.0).any():  # a row's T underflowed: the scalar core
-            return False
         run = nvfp4_fast.row_parallel if par else nvfp4_fast.row_serial
         run(bits, dbits, scales.reshape(-1), t, src.shape[2], int(tile[1]), mids, ups, vals, max_e, negzero, s_man,
             s_emin, s_sub, s_max, s_min)

@@ -8,12 +8,11 @@ r = p * R + i; ``scales`` float64, one per block in (P, nbr, nbc) order. Blocks 
 
 **Per-row outer scales (``row_*``).** T_r is computed here from the row's bits as emunum/nvfp4_quantize.py
 states it: float32(amax_r / (element max * scale max)) with amax_r the row's largest finite |x| (exact in
-float64), 1 if it is 0. A block then is ``row_block``'s with T_r: its scale is the amax rule's (the expression
+float64), raised to 2**-149 if it rounds to 0, 1 if amax_r is 0. A block then is ``row_block``'s with T_r: its scale is the amax rule's (the expression
 and rounding of kernels/block_fast.py's table path), and its elements are compared with the seven thresholds
 of M_i * S * T_r and replaced by the bits of float32(V_i * S * T_r), as block_fast.py proves for one tensor
 scale (its ``_threshold`` holds for any T > 0, subnormal products included). The thresholds are made per block
-(S and T_r vary). A tensor with a row whose T_r is 0 (a float32 underflow of amax_r / 2688) runs the scalar
-core instead (kernels/nvfp4_cpu.py).
+(S and T_r vary).
 
 **4/6 selection (``fos_*``).** Per candidate S the scalar core rounds v = float32(x * enc) (enc > 0) and sums
 a function of d = float32(val - x), val = float32(float32(float32(q * S) * gamax) / denom). Rounding to nearest
@@ -69,7 +68,7 @@ def _row_scale(bits, sc, r, C, nbc, tc, prod):
         sc[U64(r * nbc + bj)] = np.float64(U32(m).view(np.float32))
         fin = max(fin, finite_max_bits(bits, start, size) if m >= INF_BITS else m)
     amax = np.float64(U32(fin).view(np.float32))
-    return np.float64(np.float32(amax / prod)) if amax != 0.0 else 1.0
+    return max(np.float64(np.float32(amax / prod)), 2.0**-149) if amax != 0.0 else 1.0  # never 0 (BlockFormat)
 
 
 @njit(cache=True, error_model="numpy")

@@ -134,10 +134,11 @@ def test_2d_tiles_quantise_w_and_its_transpose_alike():
 
 
 def nvfp4_oracle(x: np.ndarray, mode: str) -> np.ndarray:
-    """NVFP4 from gfloat parts: T = fp32(amax/(6*448)); S = e4m3(amax_b/6/T) (gfloat round, nearest, sat),
-    at least 2**-9; elements by gfloat.quantize_block with the full scale S*T (a binary64 scale type)."""
+    """NVFP4 from gfloat parts: T = fp32(amax/(6*448)), at least 2**-149; S = e4m3(amax_b/6/T) (gfloat round,
+    nearest, sat), at least 2**-9; elements by gfloat.quantize_block with the full scale S*T (a binary64 scale
+    type)."""
     fin = np.abs(x[np.isfinite(x)])
-    t = float(np.float32(fin.max() / (6 * 448))) if fin.size and fin.max() > 0 else 1.0
+    t = max(float(np.float32(fin.max() / (6 * 448))), 2.0**-149) if fin.size and fin.max() > 0 else 1.0
     e4m3 = gff.format_info_ocp_e4m3
 
     def scale(emax, vals):
@@ -222,6 +223,23 @@ def test_msfp_is_a_shared_exponent_over_sign_magnitude_integers(name, k):
     assert same_bits(got, want + 0.0 * np.sign(x))
     got32 = emunum.quantize(torch.from_numpy(x).float(), name).numpy()  # the float32 fast path, blocks of 16
     assert same_bits(got32, (want + 0.0 * np.sign(x)).astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("mode", ["nearest", "stochastic", "toward_zero"])
+@pytest.mark.parametrize("amax", [2.0**-149, 2.0**-147, 2.0**-139, 2.0**-137], ids=lambda a: f"2**{int(np.log2(a))}")
+def test_a_tensor_scale_that_would_round_to_zero_is_the_smallest_float32(amax, mode, dtype):
+    """amax / 2688 below 2**-150 rounds to 0 in float32, and dividing by T = 0 crashed (or gave inf)."""
+    x = (np.random.default_rng(3).integers(-4, 5, (4, 48)) * (amax / 4)).astype(dtype)
+    x[0, 0] = amax
+    fmt = BLOCK_PRESETS["nvfp4"]
+    assert fmt.tensor_scale_of(x.astype(np.float64)) == max(float(np.float32(amax / 2688)), 2.0**-149)
+    got = emunum.quantize(torch.from_numpy(x), "nvfp4", mode, seed=7).numpy()
+    assert np.isfinite(got).all()
+    if mode != "stochastic":
+        assert same_bits(got, nvfp4_oracle(x.astype(np.float64), mode).astype(dtype))
+    for name in ("nvfp4_b32", "nvint4", "nvfp4_row"):  # the other outer-scaled presets: finite, no error
+        assert np.isfinite(emunum.quantize(torch.from_numpy(x), name, mode, seed=7).numpy()).all()
 
 
 # Every preset against BlockFormat.encode/decode, the per-row and 4/6 presets too (their numpy reference:

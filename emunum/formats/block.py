@@ -22,12 +22,13 @@ import numpy as np
 from .base import FormatSpec, NumberFormat, RoundMode, as_codes, check_bool, check_int
 from .fixed import FixedFormat
 from .float import FloatFormat
-from .nvfp4 import UE5M3, FourOverSix, OuterScale, check_family
+from .nvfp4 import TENSOR_SCALE_MIN, UE5M3, FourOverSix, OuterScale, check_family
 from .nvfp4_encode import encode_fos, row_outer_scale
 from ..kernels.abi import ScaleArgs
 from .presets import ALIASES, PRESETS
 from .scale_rule import ScaleRule, pow2_exponents
 from .table import TABLE_PRESETS, TableFormat
+
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,8 @@ class BlockFormat(FormatSpec):
       ties to even, into the scale format, saturating at its max and raised to its smallest positive value
       if it would round to 0 (so an all-zero block gets that smallest scale).
     - tensor_scale (NVFP4's second level): T = amax_tensor / (element.max * scale.max) rounded to fp32
-      (nearest-even); T = 1 if the tensor's amax is 0 or not finite. The full scale is S * T (exact in float64).
+      (nearest-even), raised to the smallest positive fp32 (2**-149) if it would round to 0 (a tensor whose
+      largest magnitude is below about 2**-139; T is never 0); T = 1 if the tensor's amax is 0 or not finite. The full scale is S * T (exact in float64).
     - Elements: x / full_scale (one float64 division, as gfloat does), rounded with the caller's mode (every
       mode, stochastic included) and always saturated to the element range (+-max; [min, max] for fixed
       point, so MXINT8 reaches -2), whatever the element format's own overflow policy; an infinite x therefore
@@ -346,10 +348,13 @@ class BlockFormat(FormatSpec):
         if not self.tensor_scale:
             return 1.0
         fin = np.abs(v[np.isfinite(v)])
-        amax = float(fin.max()) if fin.size else 0.0
+        return self.tensor_scale_for(float(fin.max()) if fin.size else 0.0)
+
+    def tensor_scale_for(self, amax: float) -> float:
+        """T for a tensor whose largest finite magnitude is ``amax`` (the class docstring's rule)."""
         if amax == 0.0:
             return 1.0
-        return float(np.float32(amax / (self.element.max * self.scale.max)))
+        return max(float(np.float32(amax / (self.element.max * self.scale.max))), TENSOR_SCALE_MIN)
 
     def block_scales(self, amax: np.ndarray, t: float = 1.0) -> np.ndarray:
         """The scale (a value of the scale format) for block amax values (float64, NaN-free)."""

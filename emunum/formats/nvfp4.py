@@ -22,6 +22,9 @@ from .base import parse_enum
 from .fixed import FixedFormat
 from .float import FloatFormat
 
+# the smallest positive float32: an outer (tensor or row) scale T that would round to 0 is raised to it
+TENSOR_SCALE_MIN = 2.0 ** -149
+
 # UE5M3's values are exactly the non-negative values of e5m3 with special "fn" (bias 15, only the all-ones
 # magnitude code NaN): an UE5M3 code is that format's code without its (always 0) sign bit.
 UE5M3 = FloatFormat(5, 3, special="fn")

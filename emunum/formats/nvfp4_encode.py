@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .nvfp4 import Metric, OuterScale
+from .nvfp4 import TENSOR_SCALE_MIN, Metric, OuterScale
 
 F32 = np.float32
 FLT_MAX = np.finfo(np.float32).max
@@ -31,7 +31,7 @@ def row_outer_scale(fmt, blocks):
     """T_r for blocks (P, 1, 1, nbc, tc) of rows of 1-D blocks (float64, keepdims)."""
     amax = _row_amax(blocks, (-2, -1))
     t = (amax / (fmt.element.max * fmt.scale.max)).astype(F32).astype(np.float64)
-    return np.where(amax == 0, 1.0, t)
+    return np.where(amax == 0, 1.0, np.maximum(t, TENSOR_SCALE_MIN))
 
 
 def _outer_fos(fmt, b32):

@@ -1,7 +1,7 @@
 """The float32 fast paths of the NVFP4-family CPU kernel (kernels/nvfp4_fast.py) give the bits and scales of the
 scalar cores (kernels/nvfp4_scalar.py, ``quantize_nvfp4(fast=False)``), per-row outer scales and 4/6 selection
 alike, over random and adversarial tensors: rows spread over 2**+-40, exact and near ties of the element's
-midpoints, zeros and -0, inf and NaN, subnormal rows (whose per-row scale underflows to 0), huge rows, partial
+midpoints, zeros and -0, inf and NaN, subnormal rows (whose per-row scale would round to 0 and is 2**-149), huge rows, partial
 blocks and tiles."""
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+import emunum
 from emunum.block_quantize import block_args
 from emunum.formats import BLOCK_PRESETS, BlockFormat, FourOverSix, RoundMode
-from emunum.nvfp4_quantize import line_arrays
+from emunum.nvfp4_quantize import line_arrays, outer_scale_values
 from emunum.kernels import block_fast, nvfp4_cpu
 
 NEAREST = int(RoundMode.NEAREST)
@@ -147,11 +148,13 @@ def test_fast_path_is_float32_round_to_nearest_only(fmt):
     assert not nvfp4_cpu.fast_ok(x, x, (1, 16), fos, args, int(RoundMode.STOCHASTIC))
 
 
-def test_a_row_whose_outer_scale_underflows_to_zero_leaves_the_tensor_to_the_scalar_core():
+@pytest.mark.parametrize("fmt", ROW_FORMATS, ids=lambda f: f.name)
+def test_a_row_whose_outer_scale_would_round_to_zero_takes_the_smallest_and_the_fast_path_gives_the_cores_bits(fmt):
     x = spread(np.random.default_rng(0))
-    x[1, 12, :] = np.float32(1e-45) * (np.arange(SHAPE[2]) % 3)  # amax 2**-148: T = float32(amax / 2688) = 0
-    fmt = ROW_FORMATS[0]
-    dst, scales = np.empty_like(x), np.empty((2, 40, 5))
-    assert not nvfp4_cpu.quantize_rows(x, dst, scales, (1, 16), block_args(fmt, 1.0)[:-1], NEAREST, KEY, 32)
-    x[1, 12, 0] = np.float32(2.0**-137)  # T = 2**-137 / 2688 > 0: the fast path again
+    x[1, 12, :] = np.float32(1e-45) * (np.arange(SHAPE[2]) % 3)  # amax 2**-148: float32(amax / 2688) = 0
+    x[0, 3, :] = np.float32(-1e-45) * (np.arange(SHAPE[2]) % 2)  # amax 2**-149
     assert_same(x, fmt)
+    t = outer_scale_values(torch.from_numpy(x), fmt).view(2, 40)
+    assert t[1, 12] == t[0, 3] == 2.0**-149
+    y = emunum.quantize(torch.from_numpy(x), fmt)
+    assert torch.isfinite(y).all() and torch.equal(y[1, 12].abs(), torch.from_numpy(x[1, 12]).abs())

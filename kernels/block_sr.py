@@ -1,11 +1,18 @@
 """Float32 fast path of the block kernel (kernels/block_cpu.py) for stochastic rounding: float32 data, 1-D blocks
-along the last axis, a float element, amax scales (NVFP4's gradients). The same bits as ``block_cpu._one_block``'s
-stochastic branch, which rounds x / F (F = S * T, in float64) by ``round_float_value_sat`` with the bits
+along the last axis, a float or fixed-point element, amax scales (NVFP4's and NVINT4's gradients). The same bits
+as ``block_cpu._one_block``'s stochastic branch, which rounds x / F (F = S * T, in float64) by
+``round_element`` (``round_float_value_sat``, or ``round_fixed_value`` saturating) with the bits
 ``random_bits(key, flat index, nbits)`` and stores float32(q * F); tests/kernels/test_block_sr.py compares
 the two bit for bit.
 
-The element loop is that core with its two calls that do not vectorise replaced by equal expressions, so that
-LLVM runs it in vector lanes:
+A fixed element (kind 1: codes code_min..code_max times 2**-f, e.g. NVINT4's int4) runs
+``round_fixed_value``'s own steps for saturation and STOCHASTIC (``sr_fixed_element``), with its powers of two
+2**f and 2**-f computed once per call instead of per element: the same float64 operations on the same values,
+so the same bits for any f and code range, and written with selects, so they vectorise as they are. Which core
+a block runs is a per-block branch on ``kind`` (a runtime argument: one compiled variant for both).
+
+The float element loop is that core with its two calls that do not vectorise replaced by equal expressions,
+so that LLVM runs it in vector lanes:
 - the exponent of |v| (``frexp``) is read off the float64 bits. That is frexp's exponent minus one for a normal
   v, and v is normal or zero or infinite: |x| lies in [2**-149, 2**128] for a nonzero finite float32 x, and
   F in [2**-900, 2**900] (``sr_ok``), so 0 < |x / F| < 2**1029 is normal unless x / F overflows (to inf, as
@@ -63,8 +70,30 @@ def sr_element(x, full, rnd, man, emin, sub, max_e, negzero, two_n):
 
 
 @njit(inline="always")
-def _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, tiled, man, emin, sub, max_e, negzero, s_max, s_min, t,
-               s_split, s_magic, s_min_normal, key, nbits):
+def sr_fixed_element(x, full, rnd, up, down, lo, hi, two_n):
+    """float32(round_fixed_value(x / full, f, code_min, code_max, 1, STOCHASTIC, rnd, nbits) * full) for a float32
+    x that is not NaN (up = 2.0**f, down = 2.0**-f, lo = code_min, hi = code_max, two_n = 2.0**nbits): its steps."""
+    v = np.float64(x) / full
+    y = v * up
+    neg = v < 0.0
+    a = abs(y)
+    k = _floor(a)
+    r = a - k
+    r = 5e-324 if (a == 0.0) & (v != 0.0) else r  # a remainder lost to underflow (f < 0) is not 0
+    d = r * two_n
+    f = _floor(d)
+    dd = d - f
+    f = f + (1.0 if (dd > 0.5) | ((dd == 0.5) & _is_odd(f)) else 0.0)
+    k = k + (1.0 if f + rnd >= two_n else 0.0)
+    q = (0.0 - k if neg else k) + 0.0
+    q = min(max(q, lo), hi)
+    q = (hi if y > 0.0 else lo) if a == math.inf else q
+    return np.float32(q * down * full)
+
+
+@njit(inline="always")
+def _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, tiled, kind, man, emin, sub, max_e, negzero, up, down,
+               lo, hi, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits):
     nb = scales.size
     nbc = nb // (bits.size // C)
     two_n = math.ldexp(1.0, nbits)
@@ -83,51 +112,62 @@ def _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, tiled, man, emin, 
             continue
         scales[U64(b)] = s
         full = s * t
-        for k in range(size):
-            i = U64(start + k)
-            rnd = np.float64(random_bits(key, i, nbits))
-            dst[i] = sr_element(src[i], full, rnd, man, emin, sub, max_e, negzero, two_n)
+        if kind == 0:
+            for k in range(size):
+                i = U64(start + k)
+                rnd = np.float64(random_bits(key, i, nbits))
+                dst[i] = sr_element(src[i], full, rnd, man, emin, sub, max_e, negzero, two_n)
+        else:
+            for k in range(size):
+                i = U64(start + k)
+                rnd = np.float64(random_bits(key, i, nbits))
+                dst[i] = sr_fixed_element(src[i], full, rnd, up, down, lo, hi, two_n)
 
 
 @njit(inline="always")
-def _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, negzero, s_man, s_emin, s_sub,
+def _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, kind, man, emin, sub, max_e, negzero, s_man, s_emin, s_sub,
              s_max, s_min, t, key, nbits):
     s_split = math.ldexp(1.0, 52 - s_man) + 1.0
     s_magic = 1.5 * math.ldexp(1.0, 52 + (s_emin - s_man if s_sub != 0 else s_emin))
     s_min_normal = math.ldexp(1.0, s_emin)
+    up, down = math.ldexp(1.0, man), math.ldexp(1.0, -man)  # a fixed element's 2**f and 2**-f (man = f)
+    lo, hi = float(emin), float(sub)  # and its code_min, code_max
     if tc == 16 and C % 16 == 0:  # a constant trip count for the element loop
-        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, 16, True, man, emin, sub, max_e, negzero, s_max, s_min,
-                   t, s_split, s_magic, s_min_normal, key, nbits)
+        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, 16, True, kind, man, emin, sub, max_e, negzero, up,
+                   down, lo, hi, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
     elif C % tc == 0:
-        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, True, man, emin, sub, max_e, negzero, s_max, s_min,
-                   t, s_split, s_magic, s_min_normal, key, nbits)
+        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, True, kind, man, emin, sub, max_e, negzero, up,
+                   down, lo, hi, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
     else:
-        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, False, man, emin, sub, max_e, negzero, s_max, s_min,
-                   t, s_split, s_magic, s_min_normal, key, nbits)
+        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, False, kind, man, emin, sub, max_e, negzero, up,
+                   down, lo, hi, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
 
 
 @njit(cache=True)
-def sr_serial(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, negzero, s_man, s_emin, s_sub,
-              s_max, s_min, t, key, nbits):
+def sr_serial(src, bits, dst, dbits, scales, scanned, C, tc, kind, man, emin, sub, max_e, negzero, s_man, s_emin,
+              s_sub, s_max, s_min, t, key, nbits):
     """Stochastic rounding of float32 rows of C in 1-D blocks of tc with amax scales (module doc); src, dst flat
-    float32 with uint32 views bits, dbits; scales float64, one per block (the amaxes already, if ``scanned``)."""
-    _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, negzero, s_man, s_emin, s_sub,
-             s_max, s_min, t, key, nbits)
+    float32 with uint32 views bits, dbits; scales float64, one per block (the amaxes already, if ``scanned``);
+    kind, man, emin, sub: ``block_args``'s element (a fixed one's f, code_min, code_max for kind 1)."""
+    _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, kind, man, emin, sub, max_e, negzero, s_man, s_emin,
+             s_sub, s_max, s_min, t, key, nbits)
 
 
 @njit(cache=True, parallel=True)
-def sr_parallel(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, negzero, s_man, s_emin, s_sub,
-                s_max, s_min, t, key, nbits):
+def sr_parallel(src, bits, dst, dbits, scales, scanned, C, tc, kind, man, emin, sub, max_e, negzero, s_man, s_emin,
+                s_sub, s_max, s_min, t, key, nbits):
     """``sr_serial``, parallel over blocks."""
-    _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, negzero, s_man, s_emin, s_sub,
-             s_max, s_min, t, key, nbits)
+    _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, kind, man, emin, sub, max_e, negzero, s_man, s_emin,
+             s_sub, s_max, s_min, t, key, nbits)
 
 
 def sr_ok(args: tuple) -> bool:
-    """Whether ``sr_*`` holds for ``block_args``: a float element (man >= 1), amax scales into a float scale
-    format with s_man >= 1, a float32 tensor scale t > 0, and every full scale S * T in [2**-900, 2**900]."""
+    """Whether ``sr_*`` holds for ``block_args``: a float element (man >= 1) or a fixed one with code_max >= 1,
+    amax scales into a float scale format with s_man >= 1, a float32 tensor scale t > 0, and every full scale
+    S * T in [2**-900, 2**900]."""
     kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t = args
-    return (kind == 0 and man >= 1 and rule == 1 and s_man >= 1 and 0.0 < t < math.inf
+    element = (kind == 0 and man >= 1) or (kind == 1 and sub >= 1 and 0.0 < max_e < math.inf)
+    return (element and rule == 1 and s_man >= 1 and 0.0 < t < math.inf
             and float(np.float32(t)) == t and 0.0 < s_min <= s_max < math.inf
             and 2.0**-900 <= s_min * t and s_max * t <= 2.0**900)
 
@@ -138,5 +178,5 @@ def quantize_sr(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tc: int, a
     kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t = args
     flat, out = src.reshape(-1), dst.reshape(-1)
     run = sr_parallel if par else sr_serial
-    run(flat, flat.view(np.uint32), out, out.view(np.uint32), scales.reshape(-1), scanned, src.shape[2], tc, man,
-        emin, sub, max_e, negzero, s_man, s_emin, s_sub, s_max, s_min, t, np.uint64(key), nbits)
+    run(flat, flat.view(np.uint32), out, out.view(np.uint32), scales.reshape(-1), scanned, src.shape[2], tc, kind,
+        man, emin, sub, max_e, negzero, s_man, s_emin, s_sub, s_max, s_min, t, np.uint64(key), nbits)

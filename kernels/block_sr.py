@@ -12,17 +12,19 @@ LLVM runs it in vector lanes:
   F in [2**-900, 2**900] (``sr_ok``), so 0 < |x / F| < 2**1029 is normal unless x / F overflows (to inf, as
   the reference's quotient does);
 - the powers of two 2**-qe and 2**qe (``ldexp``) are built from their bits: |qe| <= 1030 - man stays inside
-  float64's normal exponents for every normal v (for inf and 0 the value is replaced by a select).
+  float64's normal exponents for every normal v (0 gives a zero, replaced by a select; inf overflows
+  big 2**qe, qe = min(1024 - man, 1022), or inf 2**qe to inf, clamped to the limit of its sign).
 A fixed element (codes code_min..code_max times 2**-f, |f| <= 1022: NVINT4's int4 -8..7, f = 0) runs the same
 core, with arguments (``element_of``) that make it ``round_fixed_value``'s steps: the quantum exponent qe = -f
 for every v (emin = FIXED_E above any exponent of v, subnormal branch on, man = FIXED_E + f), no carry bound
-(big = inf), and the limits max_e = code_max 2**-f for v > 0 and neg_max = -code_min 2**-f for v < 0 (0 for an
-unsigned element: a zero, +0 as negzero is 0). ``round_fixed_value`` computes y = v 2**f, the integer k and
-remainder r of |y|, the same stochastic carry, then clamps +-k to [code_min, code_max] and multiplies by 2**-f;
-here |y| is |v| 2**f, the same float64 (a product by a power of two rounds |.| alike; an overflow to inf
-saturates in both), and clamping k before or k 2**-f after the power of two is the same value. Its only other
-step, a remainder set to 2**-1074 where y underflows to 0, never carries (2**-1074 2**nbits rounds to 0 <
-1/2). So one compiled loop serves both kinds, at the cost of one select per element (the limit by sign).
+(big = inf), and the result clamped to [-neg_max, max_e] = [code_min, code_max] 2**-f (neg_max = 0 for an
+unsigned element: a zero, +0 as negzero is 0; a float element's neg_max is max_e). ``round_fixed_value`` computes
+y = v 2**f, the integer k and remainder r of |y|, the same stochastic carry, then clamps +-k to [code_min,
+code_max] and multiplies by 2**-f; here |y| is |v| 2**f, the same float64 (a product by a power of two rounds |.|
+alike; an overflow to inf saturates in both), and clamping k, or k 2**-f after the exact power of two, is the
+same value. Its only other step, a remainder set to 2**-1074 where y underflows to 0, never carries (r 2**nbits
+<= 2**-1042 rounds to F = 0, and F + rnd < 2**nbits). So one compiled loop serves both kinds, at the cost of one
+max per element (the lower limit).
 
 The block scale is computed as the nearest-rounding amax path (``block_fast._table_blocks``) computes it, from
 each block's largest |x| (``block_amaxes``'s, when ``scanned``).
@@ -57,7 +59,7 @@ def sr_element(x, full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n
     a = abs(v)
     e = I64((np.float64(a).view(U64) >> U64(52)) & U64(0x7FF)) - 1023
     qe = e - man if e >= emin else (emin - man if sub != 0 else emin)
-    qe = min(max(qe, -1022), 1022)  # only for v = 0 or inf, whose result is a select below
+    qe = min(max(qe, -1022), 1022)  # only for v = 0 or inf (module doc)
     y = a * _pow2(-qe)  # a float element: exact (a normal v times a power of two, normal); fixed: v 2**f as ever
     k = _floor(y)
     r = y - k
@@ -66,10 +68,8 @@ def sr_element(x, full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n
     dd = d - f
     f = f + (1.0 if (dd > 0.5) | ((dd == 0.5) & _is_odd(f)) else 0.0)
     k = k + (1.0 if f + rnd >= two_n else 0.0)
-    lim = max_e if v > 0.0 else neg_max
-    q = min(min(k, big) * _pow2(qe), lim)
-    q = lim if a == math.inf else q
-    q = math.copysign(q, v)
+    q = math.copysign(min(k, big) * _pow2(qe), v)  # v = +-inf: +-big 2**qe or +-inf 2**qe, +-inf
+    q = max(min(q, max_e), -neg_max)
     zero = math.copysign(0.0, v) if negzero != 0 else 0.0
     q = zero if q == 0.0 else q
     return np.float32(q * full)

@@ -1,6 +1,7 @@
 """Float32 fast path of the block kernel (kernels/block_cpu.py) for stochastic rounding: float32 data, 1-D blocks
-along the last axis, a float element, amax scales (NVFP4's gradients). The same bits as ``block_cpu._one_block``'s
-stochastic branch, which rounds x / F (F = S * T, in float64) by ``round_float_value_sat`` with the bits
+along the last axis, a float or fixed-point element, amax scales (NVFP4's and NVINT4's gradients). The same bits
+as ``block_cpu._one_block``'s stochastic branch, which rounds x / F (F = S * T, in float64) by
+``round_float_value_sat`` (float) or ``round_fixed_value`` (fixed, saturating) with the bits
 ``random_bits(key, flat index, nbits)`` and stores float32(q * F); tests/kernels/test_block_sr.py compares
 the two bit for bit.
 
@@ -11,7 +12,20 @@ LLVM runs it in vector lanes:
   F in [2**-900, 2**900] (``sr_ok``), so 0 < |x / F| < 2**1029 is normal unless x / F overflows (to inf, as
   the reference's quotient does);
 - the powers of two 2**-qe and 2**qe (``ldexp``) are built from their bits: |qe| <= 1030 - man stays inside
-  float64's normal exponents for every normal v (for inf and 0 the value is replaced by a select).
+  float64's normal exponents for every normal v (0 gives a zero, replaced by a select; inf overflows
+  big 2**qe, qe = min(1024 - man, 1022), or inf 2**qe to inf, clamped to the limit of its sign).
+A fixed element (codes code_min..code_max times 2**-f, |f| <= 1022: NVINT4's int4 -8..7, f = 0) runs the same
+core, with arguments (``element_of``) that make it ``round_fixed_value``'s steps: the quantum exponent qe = -f
+for every v (emin = FIXED_E above any exponent of v, subnormal branch on, man = FIXED_E + f), no carry bound
+(big = inf), and the result clamped to [-neg_max, max_e] = [code_min, code_max] 2**-f (neg_max = 0 for an
+unsigned element: a zero, +0 as negzero is 0; a float element's neg_max is max_e). ``round_fixed_value`` computes
+y = v 2**f, the integer k and remainder r of |y|, the same stochastic carry, then clamps +-k to [code_min,
+code_max] and multiplies by 2**-f; here |y| is |v| 2**f, the same float64 (a product by a power of two rounds |.|
+alike; an overflow to inf saturates in both), and clamping k, or k 2**-f after the exact power of two, is the
+same value. Its only other step, a remainder set to 2**-1074 where y underflows to 0, never carries (r 2**nbits
+<= 2**-1042 rounds to F = 0, and F + rnd < 2**nbits). So one compiled loop serves both kinds, at the cost of one
+max per element (the lower limit).
+
 The block scale is computed as the nearest-rounding amax path (``block_fast._table_blocks``) computes it, from
 each block's largest |x| (``block_amaxes``'s, when ``scanned``).
 """
@@ -37,15 +51,16 @@ def _pow2(e):
 
 
 @njit(inline="always")
-def sr_element(x, full, rnd, man, emin, sub, max_e, negzero, two_n):
+def sr_element(x, full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n):
     """float32(round_float_value_sat(x / full, ..., STOCHASTIC, rnd, nbits) * full) for a float32 x that is not
-    NaN (two_n = 2.0**nbits), by the reference's steps (module doc)."""
+    NaN (two_n = 2.0**nbits, big = 2.0**(man + 3), neg_max = max_e), by the reference's steps; with a fixed
+    element's ``element_of`` arguments, round_fixed_value's (module doc)."""
     v = np.float64(x) / full
     a = abs(v)
     e = I64((np.float64(a).view(U64) >> U64(52)) & U64(0x7FF)) - 1023
     qe = e - man if e >= emin else (emin - man if sub != 0 else emin)
-    qe = min(max(qe, -1022), 1022)  # only for v = 0 or inf, whose result is a select below
-    y = a * _pow2(-qe)  # exact: a power of two times a normal v, the result normal
+    qe = min(max(qe, -1022), 1022)  # only for v = 0 or inf (module doc)
+    y = a * _pow2(-qe)  # a float element: exact (a normal v times a power of two, normal); fixed: v 2**f as ever
     k = _floor(y)
     r = y - k
     d = r * two_n
@@ -53,18 +68,16 @@ def sr_element(x, full, rnd, man, emin, sub, max_e, negzero, two_n):
     dd = d - f
     f = f + (1.0 if (dd > 0.5) | ((dd == 0.5) & _is_odd(f)) else 0.0)
     k = k + (1.0 if f + rnd >= two_n else 0.0)
-    big = float(I64(1) << (man + 3))
-    q = min(min(k, big) * _pow2(qe), max_e)
-    q = max_e if a == math.inf else q
-    q = math.copysign(q, v)
+    q = math.copysign(min(k, big) * _pow2(qe), v)  # v = +-inf: +-big 2**qe or +-inf 2**qe, +-inf
+    q = max(min(q, max_e), -neg_max)
     zero = math.copysign(0.0, v) if negzero != 0 else 0.0
     q = zero if q == 0.0 else q
     return np.float32(q * full)
 
 
 @njit(inline="always")
-def _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, tiled, man, emin, sub, max_e, negzero, s_max, s_min, t,
-               s_split, s_magic, s_min_normal, key, nbits):
+def _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, tiled, man, emin, sub, max_e, neg_max, big, negzero,
+               s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits):
     nb = scales.size
     nbc = nb // (bits.size // C)
     two_n = math.ldexp(1.0, nbits)
@@ -86,48 +99,64 @@ def _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, tiled, man, emin, 
         for k in range(size):
             i = U64(start + k)
             rnd = np.float64(random_bits(key, i, nbits))
-            dst[i] = sr_element(src[i], full, rnd, man, emin, sub, max_e, negzero, two_n)
+            dst[i] = sr_element(src[i], full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n)
 
 
 @njit(inline="always")
-def _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, negzero, s_man, s_emin, s_sub,
-             s_max, s_min, t, key, nbits):
+def _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, neg_max, big, negzero, s_man,
+             s_emin, s_sub, s_max, s_min, t, key, nbits):
     s_split = math.ldexp(1.0, 52 - s_man) + 1.0
     s_magic = 1.5 * math.ldexp(1.0, 52 + (s_emin - s_man if s_sub != 0 else s_emin))
     s_min_normal = math.ldexp(1.0, s_emin)
     if tc == 16 and C % 16 == 0:  # a constant trip count for the element loop
-        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, 16, True, man, emin, sub, max_e, negzero, s_max, s_min,
-                   t, s_split, s_magic, s_min_normal, key, nbits)
+        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, 16, True, man, emin, sub, max_e, neg_max, big, negzero,
+                   s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
     elif C % tc == 0:
-        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, True, man, emin, sub, max_e, negzero, s_max, s_min,
-                   t, s_split, s_magic, s_min_normal, key, nbits)
+        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, True, man, emin, sub, max_e, neg_max, big, negzero,
+                   s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
     else:
-        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, False, man, emin, sub, max_e, negzero, s_max, s_min,
-                   t, s_split, s_magic, s_min_normal, key, nbits)
+        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, False, man, emin, sub, max_e, neg_max, big, negzero,
+                   s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
 
 
 @njit(cache=True)
-def sr_serial(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, negzero, s_man, s_emin, s_sub,
-              s_max, s_min, t, key, nbits):
+def sr_serial(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, neg_max, big, negzero, s_man,
+              s_emin, s_sub, s_max, s_min, t, key, nbits):
     """Stochastic rounding of float32 rows of C in 1-D blocks of tc with amax scales (module doc); src, dst flat
-    float32 with uint32 views bits, dbits; scales float64, one per block (the amaxes already, if ``scanned``)."""
-    _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, negzero, s_man, s_emin, s_sub,
-             s_max, s_min, t, key, nbits)
+    float32 with uint32 views bits, dbits; scales float64, one per block (the amaxes already, if ``scanned``);
+    man .. big: ``element_of``'s."""
+    _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, neg_max, big, negzero, s_man,
+             s_emin, s_sub, s_max, s_min, t, key, nbits)
 
 
 @njit(cache=True, parallel=True)
-def sr_parallel(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, negzero, s_man, s_emin, s_sub,
-                s_max, s_min, t, key, nbits):
+def sr_parallel(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, neg_max, big, negzero, s_man,
+                s_emin, s_sub, s_max, s_min, t, key, nbits):
     """``sr_serial``, parallel over blocks."""
-    _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, negzero, s_man, s_emin, s_sub,
-             s_max, s_min, t, key, nbits)
+    _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, neg_max, big, negzero, s_man,
+             s_emin, s_sub, s_max, s_min, t, key, nbits)
+
+
+FIXED_E = 2048  # above every exponent of a float64 (<= 1024, inf's field included): a fixed element's emin
+
+
+def element_of(args: tuple) -> tuple:
+    """``sr_element``'s (man, emin, sub, max_e, neg_max, big) for ``block_args``: a float element's own (neg_max =
+    max_e, big = 2**(man + 3)), or for a fixed one (f, code_min, code_max) those that make the core
+    ``round_fixed_value`` (module doc): (FIXED_E + f, FIXED_E, 1, code_max 2**-f, -code_min 2**-f, inf)."""
+    kind, man, emin, sub, emax_e, max_e = args[:6]
+    if kind == 0:
+        return man, emin, sub, max_e, max_e, math.ldexp(1.0, man + 3)
+    return FIXED_E + man, FIXED_E, 1, max_e, math.ldexp(-emin, -man), math.inf
 
 
 def sr_ok(args: tuple) -> bool:
-    """Whether ``sr_*`` holds for ``block_args``: a float element (man >= 1), amax scales into a float scale
-    format with s_man >= 1, a float32 tensor scale t > 0, and every full scale S * T in [2**-900, 2**900]."""
+    """Whether ``sr_*`` holds for ``block_args``: a float element (man >= 1) or a fixed one (kind 1) with
+    |f| <= 1022 and code_max 2**-f > 0, amax scales into a float scale format with s_man >= 1, a float32 tensor
+    scale t > 0, and every full scale S * T in [2**-900, 2**900]."""
     kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t = args
-    return (kind == 0 and man >= 1 and rule == 1 and s_man >= 1 and 0.0 < t < math.inf
+    element = (kind == 0 and man >= 1) or (kind == 1 and -1022 <= man <= 1022 and 0.0 < max_e < math.inf)
+    return (element and rule == 1 and s_man >= 1 and 0.0 < t < math.inf
             and float(np.float32(t)) == t and 0.0 < s_min <= s_max < math.inf
             and 2.0**-900 <= s_min * t and s_max * t <= 2.0**900)
 
@@ -138,5 +167,5 @@ def quantize_sr(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tc: int, a
     kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t = args
     flat, out = src.reshape(-1), dst.reshape(-1)
     run = sr_parallel if par else sr_serial
-    run(flat, flat.view(np.uint32), out, out.view(np.uint32), scales.reshape(-1), scanned, src.shape[2], tc, man,
-        emin, sub, max_e, negzero, s_man, s_emin, s_sub, s_max, s_min, t, np.uint64(key), nbits)
+    run(flat, flat.view(np.uint32), out, out.view(np.uint32), scales.reshape(-1), scanned, src.shape[2], tc,
+        *element_of(args), negzero, s_man, s_emin, s_sub, s_max, s_min, t, np.uint64(key), nbits)

@@ -1,7 +1,9 @@
 """The stochastic-rounding fast path of the block kernel (kernels/block_sr.py) gives the bits of the general loop
 (``block_cpu.block_serial``, which ``quantize_blocks`` ran for every stochastic rounding before), scales
 included, zero tolerance, with the same random bits (key, flat index): special values, element values and
-midpoints at every scale, every sr_bits width, serial and parallel, with and without the amax pass."""
+midpoints at every scale, every sr_bits width, serial and parallel, with and without the amax pass; float
+elements (NVFP4) and fixed-point ones (NVINT4's int4 and other codes), the latter also at their saturating
+ends (-8 under subnormal or clipped scales)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,10 +12,11 @@ import torch
 
 import emunum
 from emunum.block_quantize import block_args
-from emunum.formats import BLOCK_PRESETS, BlockFormat, FloatFormat, RoundMode
+from emunum.formats import BLOCK_PRESETS, BlockFormat, FixedFormat, FloatFormat, RoundMode
 from emunum.kernels import block_cpu, block_sr
 
-from test_block_fast import neighbours, rows_of_blocks, special_rows  # noqa: E402  (tests/kernels is on sys.path)
+from test_block_fast import (blocks_led_by, both_signs, neighbours, rows_of_blocks,  # noqa: E402  (tests/kernels is
+                             special_rows)  # on sys.path)
 
 SR = int(RoundMode.STOCHASTIC)
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast")
@@ -27,6 +30,14 @@ FORMATS = {
     "e4m3_amax": BlockFormat("e4m3fn", 16, "e4m3fn", scale_rule="amax"),
     "e3m2_nosub": BlockFormat(FloatFormat(3, 2, special="fnuz", subnormals=False), 8, "e4m3fn", scale_rule="amax"),
 }
+FIXED = {  # fixed-point elements (kind 1): codes code_min..code_max times 2**-f
+    "nvint4": BLOCK_PRESETS["nvint4"],
+    "int4_f3": BlockFormat(FixedFormat(4, 3), 16, "e4m3fn", scale_rule="amax", tensor_scale=True),
+    "int4_fm2_e5m2_b32": BlockFormat(FixedFormat(4, -2), 32, "e5m2", scale_rule="amax"),  # codes * 4
+    "int8_f4": BlockFormat(FixedFormat(8, 4), 16, "e4m3fn", scale_rule="amax", tensor_scale=True),
+    "uint3": BlockFormat(FixedFormat(3, 0, signed=False), 8, "e4m3fn", scale_rule="amax"),  # x < 0: 0
+}
+FORMATS.update(FIXED)
 
 
 def reference(x: np.ndarray, fmt: BlockFormat, t: float, key: int, nbits: int):
@@ -94,19 +105,96 @@ def test_sr_path_at_every_element_value_and_midpoint_of_every_scale(name, nbits)
 def test_sr_path_is_not_taken_where_its_proof_does_not_hold(t):
     assert not block_sr.sr_ok(block_args(BLOCK_PRESETS["nvfp4"], t))
     assert not block_sr.sr_ok(block_args(BLOCK_PRESETS["mxfp4_e2m1"], 1.0))  # a power-of-two rule
-    assert not block_sr.sr_ok(block_args(BLOCK_PRESETS["mxint8"], 1.0))  # a fixed-point element
+    assert not block_sr.sr_ok(block_args(BLOCK_PRESETS["mxint8"], 1.0))  # a power-of-two rule (fixed element)
+    assert not block_sr.sr_ok(block_args(BlockFormat(FixedFormat(1, 0), 16, "e4m3fn", scale_rule="amax"), 1.0))  # max 0
     huge = list(block_args(BLOCK_PRESETS["nvfp4"], 1.0))
     huge[13] = 2.0**901  # a largest scale whose quotients could leave float64's normal range
     assert not block_sr.sr_ok(tuple(huge))
 
 
+@pytest.mark.parametrize("sr_bits", [None, 8])
+@pytest.mark.parametrize("name", ["nvfp4", "nvint4"])
 @pytest.mark.parametrize("axis", [0, 1, -1])
-def test_quantize_float32_stochastic_equals_the_float64_loop(axis):
+def test_quantize_float32_stochastic_equals_the_float64_loop(axis, name, sr_bits):
     """emunum.quantize on float32 (this path, after the amax pass) equals float64 input (the general loop),
-    rounded to float32, for the same seed: along every axis, with partial blocks and a NaN."""
-    x = torch.randn(40, 50, generator=torch.Generator().manual_seed(6)) * 7
+    rounded to float32, for the same seed and sr_bits: along every axis, with partial blocks, a NaN, and blocks
+    of magnitudes 2**-14..2**8 (subnormal block scales: nvint4's -8)."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(40, 50, generator=g) * 2.0 ** torch.randint(-14, 9, (40, 1), generator=g)
     x[3, 7] = float("nan")
     for seed in (0, 11, -5):
-        a = emunum.quantize(x, "nvfp4", "stochastic", seed=seed, axis=axis)
-        b = emunum.quantize(x.double(), "nvfp4", "stochastic", seed=seed, axis=axis).float()
+        a = emunum.quantize(x, name, "stochastic", seed=seed, axis=axis, sr_bits=sr_bits)
+        b = emunum.quantize(x.double(), name, "stochastic", seed=seed, axis=axis, sr_bits=sr_bits).float()
         assert torch.equal(a.view(torch.int32), b.view(torch.int32)), seed
+
+
+def codes_of(x: np.ndarray, fmt: BlockFormat, t: float, key: int, nbits: int):
+    """``assert_same``, then (codes, y): each element's code (q / (S T 2**-f), q a float32 rounding of the code
+    times S T 2**-f) and x / (S T 2**-f) in float64."""
+    assert_same(x, fmt, t, key=key, nbits=nbits)
+    q, sc = reference(x, fmt, t, key, nbits)
+    unit = np.repeat(sc, fmt.tile[1], axis=1)[:, :x.shape[1]] * t * fmt.element.eps
+    codes = np.rint(q / unit)
+    assert np.allclose(q / unit, codes, rtol=2.0**-20, atol=0)
+    return codes, x / unit
+
+
+@pytest.mark.parametrize("nbits", [1, 2, 8, 32])
+@pytest.mark.parametrize("name", list(FIXED))
+def test_fixed_sr_path_at_every_code_and_midpoint_of_every_scale(name, nbits):
+    """For every scale S of the scale format (times T): blocks led by amax code_max 2**-f S T (its float32
+    rounding), which sets S, holding the float32 neighbours of each code, midpoint and quarter point
+    j/4 2**-f S T up to the amax, both signs, each 8 times (other random bits). With T = 0.375 every such point
+    is a float32 (few significant bits), and at the exact midpoints both neighbouring codes occur: the random
+    bits decide; T = float32(0.0123) puts most of them between float32s."""
+    fmt = FIXED[name]
+    el, tc = fmt.element, fmt.tile[1]
+    scales = np.unique(np.abs(fmt.scale.values()))
+    scales = scales[np.isfinite(scales) & (scales >= fmt.scale.min_subnormal)][::1 if el.bits <= 4 else 7]
+    grid = np.arange(4 * el.code_max + 1) / 4 * el.eps
+    for t in ((0.375, float(np.float32(0.0123))) if fmt.tensor_scale else (1.0,)):
+        rows = []
+        for s in scales:
+            amax = np.float32(el.max * s * t)
+            rest = both_signs(grid * s * t)
+            rows.append(blocks_led_by(amax, np.tile(rest[np.abs(rest) <= amax], 8), tc))
+        x = np.concatenate(rows)
+        codes, y = codes_of(x, fmt, t, key=nbits * 7919, nbits=nbits)
+        assert np.isin(codes, np.arange(el.code_min, el.code_max + 1)).all()
+        if t not in (0.375, 1.0):  # midpoints not float32s
+            continue
+        for k in (0, 1, el.code_max // 2, el.code_max - 1):
+            up = codes[y == k + 0.5]
+            assert set(up.tolist()) == {k, k + 1}, (k, nbits)
+            down = codes[y == -k - 0.5]
+            assert set(down.tolist()) == ({-k, -k - 1} if el.signed else {0}), (k, nbits)
+
+
+@pytest.mark.parametrize("nbits", [1, 8, 32])
+@pytest.mark.parametrize("name", [n for n in FIXED if FIXED[n].element.signed])
+def test_fixed_sr_path_saturates_and_reaches_code_min_where_the_scale_rounds_down(name, nbits):
+    """Signed codes: y = x / (S T 2**-f) >= code_max gives code_max (+inf too), y <= code_min gives code_min (-inf
+    too), and code_min < y < -code_max rounds stochastically to either end, both occurring. Such y arise where
+    S lies below amax / (code_max 2**-f T): subnormal scales, a scale clipped at its max (T too small for the
+    block) and an inf in the block (S = max). The blocks hold the float32 neighbours of (code_max - 1/2 ..
+    code_max + 5) 2**-f S T, both signs, each 4 times."""
+    fmt = FIXED[name]
+    el, sc, tc = fmt.element, fmt.scale, fmt.tile[1]
+    t = float(np.float32(0.375)) if fmt.tensor_scale else 1.0
+    near = (el.code_max + np.array([-0.5, 0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0])) * el.eps
+    rows = []
+    for want in np.linspace(sc.min_subnormal * 0.5, 2.0**sc.emin, 41)[1:]:
+        amax = np.float32(want * el.max * t)
+        _, s = reference(np.full((1, tc), amax, np.float32), fmt, t, 0, 32)
+        rest = both_signs(near * float(s[0, 0]) * t)
+        rows += [blocks_led_by(a, np.tile(rest[np.abs(rest) <= amax], 4), tc) for a in (amax, -amax)]
+    full = float(sc.max) * t
+    for first in (np.inf, -np.inf, 1e6 * full * el.max):  # an inf, or an amax past S's max: S = max
+        rows.append(blocks_led_by(first, np.tile(both_signs(near * full), 4), tc))
+    x = np.concatenate(rows)
+    codes, y = codes_of(x, fmt, t, key=nbits + 3, nbits=nbits)
+    assert (codes[y >= el.code_max] == el.code_max).all() and (codes[y <= el.code_min] == el.code_min).all()
+    between = codes[(el.code_min < y) & (y < -el.code_max)]
+    assert set(between.tolist()) == {-el.code_max, el.code_min}, nbits
+    assert (codes == el.code_min).sum() > 100 and (y <= el.code_min).sum() > 100
+    assert (codes[x == np.inf] == el.code_max).all() and (codes[x == -np.inf] == el.code_min).all()

@@ -8,9 +8,10 @@ the two bit for bit.
 The element loop is that core with its two calls that do not vectorise replaced by equal expressions, so that
 LLVM runs it in vector lanes:
 - the exponent of |v| (``frexp``) is read off the float64 bits. That is frexp's exponent minus one for a normal
-  v, and v is normal or zero or infinite: |x| lies in [2**-149, 2**128] for a nonzero finite float32 x, and
-  F in [2**-900, 2**900] (``sr_ok``), so 0 < |x / F| < 2**1029 is normal unless x / F overflows (to inf, as
-  the reference's quotient does);
+  v: |x| lies in [2**-149, 2**128] for a nonzero finite float32 x, and F in [2**-900, 2**900] (``sr_ok``), so
+  2**-1049 <= |x / F| < 2**1029, normal unless x / F overflows (to inf, as the reference's quotient does) or
+  falls below 2**-1022, far below every element's emin, where the exponent read is not used (the subnormal
+  quantum exponent is);
 - the powers of two 2**-qe and 2**qe (``ldexp``) are built from their bits: |qe| <= 1030 - man stays inside
   float64's normal exponents for every normal v (0 gives a zero, replaced by a select; inf overflows
   big 2**qe, qe = min(1024 - man, 1022), or inf 2**qe to inf, clamped to the limit of its sign).

@@ -417,13 +417,19 @@ class _ConvNet(nn.Module):
 def test_a_functional_conv_with_block_formats_on_a_mad_unit_gives_the_layers_bits(fmt, unit, conv, shape):
     if "->" in unit:
         unit = emunum.MADUnit(unit.split()[0], unit.split()[-1])
+    _assert_layer_and_functional_alike(conv, shape, fmt=fmt, mad=unit)
+
+
+def _assert_layer_and_functional_alike(conv, shape, **policy):
+    """The conv as a layer and as its functional call, each patched with ``policy``: coverage 1 and the same output,
+    input gradient and weight gradient (the same stochastic gradient roundings in both)."""
     torch.manual_seed(0)
     c, x = conv(), torch.randn(shape)
     out = []
     for net in (_ConvNet(copy.deepcopy(c)), _ConvNet(_FunctionalConv(copy.deepcopy(c)))):
-        emunum.patch(net, fmt, mad=unit)
+        emunum.patch(net, **policy)
         xg = x.clone().requires_grad_(True)
-        torch.manual_seed(5)  # the same stochastic gradient roundings in both
+        torch.manual_seed(5)
         cov = emunum.coverage(net, xg)
         torch.manual_seed(5)
         y = net(xg)
@@ -440,19 +446,7 @@ def test_a_functional_conv_with_block_formats_on_a_mad_unit_gives_the_layers_bit
                                         (lambda: nn.Conv2d(4, 6, 3, padding="valid"), (2, 4, 7, 7))],
                          ids=["same1d_even", "same2d_dilated", "valid2d"])
 def test_a_functional_conv_with_string_padding_and_block_formats_gives_the_layers_bits(fmt, conv, shape):
-    torch.manual_seed(0)
-    c, x = conv(), torch.randn(shape)
-    out = []
-    for net in (_ConvNet(copy.deepcopy(c)), _ConvNet(_FunctionalConv(copy.deepcopy(c)))):
-        emunum.patch(net, fmt, strict=True)
-        xg = x.clone().requires_grad_(True)
-        torch.manual_seed(5)  # the same stochastic gradient roundings in both
-        y = net(xg)
-        y.square().sum().backward()
-        out.append((y, xg.grad, net.conv.weight.grad, emunum.coverage(net, x).fraction))
-    (y0, gx0, gw0, f0), (y1, gx1, gw1, f1) = out
-    assert f0 == f1 == 1.0
-    assert torch.equal(y0, y1) and torch.equal(gx0, gx1) and torch.equal(gw0, gw1)
+    _assert_layer_and_functional_alike(conv, shape, fmt=fmt, strict=True)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])

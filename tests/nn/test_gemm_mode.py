@@ -2,7 +2,6 @@
 checkpointing, ``torch.utils.checkpoint`` over a module, a reversible layer's own autograd Function as in
 Reformer) runs its functional GEMMs emulated again, so the gradients are the bits of the same model without
 checkpointing, and ``coverage`` counts the recomputation as emulated."""
-import copy
 import warnings
 
 import pytest

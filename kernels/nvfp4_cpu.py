@@ -110,21 +110,13 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
         flat, rest = _fos_arguments(src, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl, args)
         with _parallel.try_parallel(parallel) as par:
             if int(tile[1]) == 16 and lanes:  # the error sums vectorised across blocks
-                _lanes(par, flat, rest)
+                (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(*flat, *rest)
             else:
                 (nvfp4_fast.fos_parallel if par else nvfp4_fast.fos_serial)(*flat, int(tile[1]), *rest)
         return
     with _parallel.try_parallel(parallel) as par:
         run = nvfp4_parallel if par else nvfp4_serial
         run(src, dst, scales, int(tile[0]), int(tile[1]), *lines, *args, int(mode), np.uint64(key), int(nbits))
-
-
-def _lanes(par: bool, flat: tuple, rest: tuple) -> None:
-    """The lanes kernel (kernels/nvfp4_fos_fast.py) on arguments from ``_fos_arguments``, parallel or not."""
-    if par:
-        nvfp4_fos_fast.fos_lanes_parallel(*flat, *rest, numba.get_num_threads())
-    else:
-        nvfp4_fos_fast.fos_lanes_serial(*flat, *rest)
 
 
 def tensor_line_values(finite_bits: int, denom) -> tuple:
@@ -178,7 +170,7 @@ def quantize_fos_tensor(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, ti
         if lanes:  # quantize_nvfp4's call of the lanes kernel, without its checks made again
             flat, rest = _fos_arguments(src, dst, scales, tile, np.full(n, ges), np.full(n, gds), np.full(n, gamax),
                                         denom, metric, m, vl, args)
-            _lanes(par, flat, rest)
+            (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(*flat, *rest)
             return True
     lines = (True, None, np.full(n, ges), np.full(n, gds), np.full(n, gamax), np.float32(denom), int(metric))
     quantize_nvfp4(src, dst, scales, tile, lines, args, mode, 0, 0, parallel=parallel)

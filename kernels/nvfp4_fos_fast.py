@@ -34,7 +34,6 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, block_fast, nvfp4_fast, scalar
-from .atomic import fetch_add
 from .borrow import borrow
 from .transpose16 import transpose16
 from .wide import prefer_wide_vectors
@@ -47,13 +46,12 @@ _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
                         __file__.replace("nvfp4_fos_fast.py", "nvfp4_scalar.py"),
                         __file__.replace("nvfp4_fos_fast.py", "wide.py"),
                         __file__.replace("nvfp4_fos_fast.py", "borrow.py"),
-                        __file__.replace("nvfp4_fos_fast.py", "atomic.py"),
                         __file__.replace("nvfp4_fos_fast.py", "transpose16.py")])
 
 U32 = np.uint32
 U64 = np.uint64
 LANES = 64  # blocks side by side in the vector loops
-TASK_ELEMS = 16384  # elements per parallel task at least
+TASK_ELEMS = 16384  # elements per parallel task at least (its buffers are made once per task)
 ONE_BITS, EXP_BITS, HALF_BIT, MAGIC_SHIFT = U32(0x3F800000), U32(0x7F800000), U32(0x400000), U32(22 << 23)
 MIN_NORMAL = np.float32(2.0**-126)
 E2M1 = np.array([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -335,23 +333,20 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
 
 @njit(inline="always", error_model="numpy")
 def _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
-           s_magic, s_min_normal, workers):
-    """Every block (module doc): units of up to LANES whole blocks of a row of blocks, in tasks of TASK_ELEMS
-    elements or more that ``workers`` loops (a ``prange``; each makes its buffers once) take one at a time from a
-    shared count, so that a thread slowed by other load takes fewer (numba's workqueue layer splits a ``prange``
-    into equal parts); one worker: all units in one task. The partial last block of a row of blocks by
-    ``_fos_chunk``."""
+           s_magic, s_min_normal, one_task):
+    """Every block (module doc): units of up to LANES whole blocks of a row of blocks, TASK_ELEMS elements or
+    more per task (its buffers made once; one_task: all units in one), the partial last block of a row of blocks
+    by ``_fos_chunk``."""
     nbr, nbc = scales.shape[1], scales.shape[2]
     lines = scales.shape[0] * nbr
     sc = scales.reshape(lines, nbc)
     whole = C // 16
     per = -(-whole // LANES) if whole > 0 else 1
     units = per * lines
-    upt = max(1, units if workers <= 1 else TASK_ELEMS // (LANES * 16 * tr))
-    tasks = -(-units // upt)
-    taken = np.zeros(1, np.int64)  # tasks handed out
-    for _ in prange(max(1, min(tasks, workers))):
-        # a worker's buffers carved from one allocation (pieces of whole 64-byte lines)
+    upt = max(1, units if one_task else TASK_ELEMS // (LANES * 16 * tr))
+    for t in prange(-(-units // upt)):
+        # the task's buffers carved from one allocation (pieces of whole 64-byte lines; 21 allocations per task
+        # measured 3-5% of the serial kernel)
         L, E = LANES, 16 * tr
         buf = np.empty(46 * L + 4 * E + 32 + E * L, np.float32)
         mx, ob = buf[0:L].view(U32), buf[L:4 * L].view(U32)
@@ -365,12 +360,9 @@ def _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m
         w6[:] = 0
         w4[:] = 0
         tb = buf[o + 32:o + 32 + E * L].view(U32)
-        t = fetch_add(taken, 0, 1)
-        while t < tasks:
-            _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
-                  s_magic, s_min_normal, t * upt, min(t * upt + upt, units), per, mx, s6, s4, enc6, enc4, r6, r4, e6,
-                  e4, ob, vt6, vt4, q6, q4, t6, t4, w6, w4, tb)
-            t = fetch_add(taken, 0, 1)
+        _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
+              s_magic, s_min_normal, t * upt, min(t * upt + upt, units), per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4,
+              ob, vt6, vt4, q6, q4, t6, t4, w6, w4, tb)
 
 
 @njit(cache=True, error_model="numpy")
@@ -379,13 +371,13 @@ def fos_lanes_serial(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom,
     """4/6 selection, blocks of tr x 16 (tr 1 or 16) of (P, R, C) data; arguments as ``nvfp4_fast.fos_serial``."""
     s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
     _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
-           s_magic, s_min_normal, 1)
+           s_magic, s_min_normal, True)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def fos_lanes_parallel(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_man,
-                       s_emin, s_sub, s_max, workers):
-    """``fos_lanes_serial``, parallel: ``workers`` loops (numba's thread count) taking tasks (``_tasks``)."""
+                       s_emin, s_sub, s_max):
+    """``fos_lanes_serial``, parallel over tasks."""
     s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
     _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
-           s_magic, s_min_normal, workers)
+           s_magic, s_min_normal, False)

@@ -121,39 +121,6 @@ def test_lanes_path_without_negative_zero_clears_sign_of_zero_results_as_scalar_
     assert np.array_equal(got_s.view(np.uint64), want_s.view(np.uint64))
 
 
-def lanes_kernel(x, fmt, workers):
-    """(scales, dst) of the lanes kernel called directly: serial (workers 0) or parallel with that many workers."""
-    tile = fmt.tile if fmt.tile[0] else (1, fmt.tile[1])
-    P, R, C = x.shape
-    scales = np.full((P, -(-R // tile[0]), -(-C // tile[1])), 7.0)
-    dst = np.full_like(x, 7.0)
-    _, _, ges, gds, gamax, denom, metric = (v.numpy() if isinstance(v, torch.Tensor) else v
-                                            for v in line_arrays(torch.from_numpy(x), fmt))
-    args = block_args(fmt, 1.0)[:-1]
-    m, vl, lanes = nvfp4_cpu._fos_constants(tuple(args[:6]))
-    assert lanes
-    flat, rest = nvfp4_cpu._fos_arguments(x, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl, args)
-    if workers:
-        nvfp4_fos_fast.fos_lanes_parallel(*flat, *rest, workers)
-    else:
-        nvfp4_fos_fast.fos_lanes_serial(*flat, *rest)
-    return scales, dst
-
-
-@pytest.mark.parametrize("workers", [1, 2, 3, 16])
-@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[2]], ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("fmt", [FORMATS[0], FORMATS[2]], ids=lambda f: f.name)
-def test_parallel_lanes_kernel_bits_do_not_depend_on_worker_count(fmt, shape, workers):
-    # the parallel kernel's workers take its tasks one at a time from a shared count, so which worker runs which
-    # task varies from call to call: any count (more workers than threads or than tasks included) gives the
-    # serial kernel's bits and scales
-    x = specials(np.random.default_rng(11), shape)
-    want_s, want = lanes_kernel(x, fmt, 0)
-    got_s, got = lanes_kernel(x, fmt, workers)
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    assert np.array_equal(got_s.view(np.uint64), want_s.view(np.uint64))
-
-
 @pytest.mark.parametrize("tile_rows", [1, 16])
 def test_encode_scale_zero_and_per_row_decode_scales_equal_scalar_core(tile_rows):
     # line arrays no preset makes: gds huge, so S * gds overflows float32 in a block holding inf (encode scale

@@ -123,9 +123,12 @@ def _transparent(fn):
     """A copy of the Python function ``fn`` (same code, defaults and closure) whose own torch-function check is
     off, so that, run with the mode on torch's stack, the mode sees the torch calls of its body. torch hands a
     mode such a function whole and pops the mode while the mode handles it: its GEMMs would run unseen."""
+    code = getattr(fn, "__code__", None)
+    if code is None or "has_torch_function" not in code.co_names:  # not the shape this relies on: leave it whole
+        return None
     scope = dict(fn.__globals__)
     scope["has_torch_function"] = lambda *args: False
-    body = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    body = types.FunctionType(code, scope, fn.__name__, fn.__defaults__, fn.__closure__)
     body.__kwdefaults__ = fn.__kwdefaults__
     return body
 
@@ -133,7 +136,7 @@ def _transparent(fn):
 # Python functions of torch's API whose bodies make GEMMs through calls the mode handles (F.linear, bmm,
 # baddbmm, scaled_dot_product_attention): the mode runs their body with itself on the stack (transformers'
 # WavLM calls F.multi_head_attention_forward itself; nn.MultiheadAttention is an emulated layer instead).
-COMPOSITES: dict = {F.multi_head_attention_forward: _transparent(F.multi_head_attention_forward)}
+COMPOSITES: dict = {f: body for f in (F.multi_head_attention_forward,) if (body := _transparent(f)) is not None}
 
 # the names GEMMs run by the mode report (``GemmContext.op``)
 FUNCTIONAL_OPS = frozenset(name for name, _ in HANDLERS.values())

@@ -284,4 +284,4 @@ def test_row_scaled_sr_path_is_float32_1d_only():
     assert not nvfp4_cpu.quantize_rows(x.astype(np.float64), x.astype(np.float64), sc, (1, 16), args, SR, 1, 32)
     assert nvfp4_cpu.quantize_rows(x, np.empty_like(x), sc, (1, 16), args, SR, 1, 32)
     assert not block_sr.rows_ok(args, np.array([1.0, 0.0]))  # a T_r of 0 (never made: raised to 2**-149)
-    assert block_sr.rows_ok(args, np.array([1.0, 2.0**-149, 3.0e38]))
+    assert block_sr.rows_ok(args, np.array([1.0, 2.0**-149, float(np.float32(3.0e38))]))

@@ -30,6 +30,8 @@ max per element (the lower limit).
 The block scale is computed as the nearest-rounding amax path (``block_fast._table_blocks``) computes it, from
 each block's largest |x| (``block_amaxes``'s, when ``scanned``).
 """
+from __future__ import annotations
+
 import math
 
 import numpy as np
@@ -88,7 +90,8 @@ def _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, tiled, man, emin, 
             amax = scales[U64(b)]
         else:
             amax = np.float64(U32(_amax_bits(bits, start, min(size, bits.size - start))).view(np.float32))
-        want = min(amax / max_e / t, s_max)
+        tt = t[U64(b // nbc) if t.size > 1 else U64(0)]
+        want = min(amax / max_e / tt, s_max)
         s = max(round_nearest_value(want, s_split, s_magic, s_min_normal, s_max, s_max, 0), s_min)
         if amax != amax:
             scales[U64(b)] = math.nan
@@ -96,7 +99,7 @@ def _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, tiled, man, emin, 
                 dbits[U64(start + k)] = NAN32
             continue
         scales[U64(b)] = s
-        full = s * t
+        full = s * tt
         for k in range(size):
             i = U64(start + k)
             rnd = np.float64(random_bits(key, i, nbits))
@@ -125,7 +128,7 @@ def sr_serial(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max
               s_emin, s_sub, s_max, s_min, t, key, nbits):
     """Stochastic rounding of float32 rows of C in 1-D blocks of tc with amax scales (module doc); src, dst flat
     float32 with uint32 views bits, dbits; scales float64, one per block (the amaxes already, if ``scanned``);
-    man .. big: ``element_of``'s."""
+    man .. big: ``element_of``'s; t: float64, the tensor scale T (one value) or each row's T_r (one per row)."""
     _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, neg_max, big, negzero, s_man,
              s_emin, s_sub, s_max, s_min, t, key, nbits)
 
@@ -162,10 +165,20 @@ def sr_ok(args: tuple) -> bool:
             and 2.0**-900 <= s_min * t and s_max * t <= 2.0**900)
 
 
+def rows_ok(args: tuple, t: np.ndarray) -> bool:
+    """``sr_ok`` for ``block_args`` without its tensor scale and per-row outer scales t (float64, nonempty, each
+    a float32 value, as ``nvfp4_fast.row_scales_*`` makes them): its conditions hold for every T_r, which the
+    smallest and largest decide."""
+    return sr_ok((*args, float(t.min()))) and sr_ok((*args, float(t.max())))
+
+
 def quantize_sr(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tc: int, args: tuple, key: int, nbits: int,
-                par: bool, scanned: bool) -> None:
-    """Run ``sr_*`` on (P, R, C) C-contiguous float32 src/dst (``sr_ok(args)`` must hold)."""
-    kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t = args
+                par: bool, scanned: bool, t_rows: np.ndarray | None = None) -> None:
+    """Run ``sr_*`` on (P, R, C) C-contiguous float32 src/dst (``sr_ok(args)`` must hold); t_rows: None (the
+    tensor scale of ``args``), or each (p, r) row's T_r (float64, P * R; ``rows_ok``), the last of args then
+    not read."""
+    kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min = args[:15]
+    t = np.full(1, args[15], np.float64) if t_rows is None else t_rows
     flat, out = src.reshape(-1), dst.reshape(-1)
     run = sr_parallel if par else sr_serial
     run(flat, flat.view(np.uint32), out, out.view(np.uint32), scales.reshape(-1), scanned, src.shape[2], tc,

@@ -2,7 +2,8 @@
 kernels/nvfp4_scalar.py), parallel over blocks (``prange``) for large tensors; every block is computed with the
 same arguments on any thread count, so the bits never depend on it. Float32 data rounded to nearest with an
 e2m1-like element takes kernels/nvfp4_fast.py (4/6 in blocks of 16 columns: kernels/nvfp4_fos_fast.py), the same
-bits, where its conditions hold (``fast_ok``)."""
+bits, where its conditions hold (``fast_ok``); float32 data with per-row outer scales rounded stochastically takes
+kernels/block_sr.py with the per-row T_r (``quantize_rows``), the same bits as ``row_block``."""
 import functools
 import os
 
@@ -10,10 +11,10 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, block_fast, nvfp4_fast, nvfp4_fos_fast, scalar
+from . import _cache, block_fast, block_sr, nvfp4_fast, nvfp4_fos_fast, scalar
 from . import parallel as _parallel
 from .nvfp4_scalar import fos_block, row_block
-from .scalar.common import NEAREST
+from .scalar.common import NEAREST, STOCHASTIC
 
 _cache.guard(__file__, [*scalar.SOURCES, os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvfp4_scalar.py")])
 
@@ -74,13 +75,17 @@ def row_amax(src: np.ndarray, parallel=None) -> np.ndarray:
 
 def quantize_rows(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, args: tuple, mode: int, key: int,
                   nbits: int, parallel=None) -> bool:
-    """Per-row outer scales by kernels/nvfp4_fast.py, T_r computed there, where ``fast_ok`` holds; whether it ran (else the caller runs ``quantize_nvfp4``). Arguments as ``quantize_nvfp4``'s."""
-    if not fast_ok(src, dst, tile, False, args, mode):
+    """Per-row outer scales on float32 data, T_r computed by ``nvfp4_fast.row_scales_*``: rounded to nearest by
+    kernels/nvfp4_fast.py where ``fast_ok`` holds, stochastically by kernels/block_sr.py (the per-row T_r in
+    place of its tensor scale, the blocks' amaxes from the same pass) where ``block_sr.rows_ok`` holds; whether it
+    ran (else the caller runs ``quantize_nvfp4``, the same bits). Arguments as ``quantize_nvfp4``'s."""
+    f32_rows = src.dtype == np.float32 and dst.dtype == np.float32 and int(tile[0]) == 1
+    sr = f32_rows and mode == STOCHASTIC and block_sr.sr_ok((*args, 1.0))
+    if not (sr or fast_ok(src, dst, tile, False, args, mode)):
         return False
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min = args
-    mids, ups, vals = block_fast.element_table(tuple(args[:6]))
     t = np.empty(src.shape[0] * src.shape[1], np.float64)
     bits = src.reshape(-1).view(np.uint32)
     dbits = dst.reshape(-1).view(np.uint32)
@@ -88,6 +93,12 @@ def quantize_rows(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, ar
         (nvfp4_fast.row_scales_parallel if par else nvfp4_fast.row_scales_serial)(bits, scales.reshape(-1), t,
                                                                                   src.shape[2], int(tile[1]),
                                                                                   max_e * s_max)
+        if sr:
+            if not block_sr.rows_ok(args, t):
+                return False
+            block_sr.quantize_sr(src, dst, scales, int(tile[1]), args, key, int(nbits), par, True, t_rows=t)
+            return True
+        mids, ups, vals = block_fast.element_table(tuple(args[:6]))
         run = nvfp4_fast.row_parallel if par else nvfp4_fast.row_serial
         run(bits, dbits, scales.reshape(-1), t, src.shape[2], int(tile[1]), mids, ups, vals, max_e, negzero, s_man,
             s_emin, s_sub, s_max, s_min)

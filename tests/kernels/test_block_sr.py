@@ -3,7 +3,9 @@
 included, zero tolerance, with the same random bits (key, flat index): special values, element values and
 midpoints at every scale, every sr_bits width, serial and parallel, with and without the amax pass; float
 elements (NVFP4) and fixed-point ones (NVINT4's int4 and other codes), the latter also at their saturating
-ends (-8 under subnormal or clipped scales)."""
+ends (-8 under subnormal or clipped scales). With per-row outer scales (``outer_scale="row"``, nvfp4_row) it gives
+the bits and scales of the NVFP4-family scalar core (``nvfp4_cpu.quantize_nvfp4``'s ``row_block``), each row's
+T_r in place of the tensor scale."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +15,8 @@ import torch
 import emunum
 from emunum.block_quantize import block_args
 from emunum.formats import BLOCK_PRESETS, BlockFormat, FixedFormat, FloatFormat, RoundMode
-from emunum.kernels import block_cpu, block_sr
+from emunum.kernels import block_cpu, block_sr, nvfp4_cpu
+from emunum.nvfp4_quantize import line_arrays
 
 from test_block_fast import (blocks_led_by, both_signs, neighbours, rows_of_blocks,  # noqa: E402  (tests/kernels is
                              special_rows)  # on sys.path)
@@ -198,3 +201,87 @@ def test_fixed_sr_path_saturates_and_reaches_code_min_where_the_scale_rounds_dow
     assert set(between.tolist()) == {-el.code_max, el.code_min}, nbits
     assert (codes == el.code_min).sum() > 100 and (y <= el.code_min).sum() > 100
     assert (codes[x == np.inf] == el.code_max).all() and (codes[x == -np.inf] == el.code_min).all()
+
+
+# ---- per-row outer scales (nvfp4_row): this path with each row's T_r, against the scalar core -----------------
+
+ROW_FORMATS = {
+    "nvfp4_row": BLOCK_PRESETS["nvfp4_row"],
+    "e2m1_b32_row": BlockFormat("fp4_e2m1", 32, "e4m3fn", scale_rule="amax", outer_scale="row"),
+    "e2m1_ue5m3_row": BlockFormat("fp4_e2m1", 16, "ue5m3", scale_rule="amax", outer_scale="row"),
+    "e2m1fnuz_row": BlockFormat(_E2M1FNUZ, 16, "e4m3fn", scale_rule="amax", outer_scale="row"),
+    "int4_row": BlockFormat(FixedFormat(4, 0), 16, "e4m3fn", scale_rule="amax", outer_scale="row"),
+}
+
+
+def row_rows(rng, cols: int) -> np.ndarray:
+    """Rows of magnitudes 2**-60..2**60 (T_r far apart), ``special_rows``'s specials, and rows whose T_r would
+    round to 0 (amax 2**-149, 2**-148: raised to 2**-149) or is 1 (all zeros)."""
+    x = np.concatenate([special_rows(rng, cols),
+                        (rng.standard_normal((12, cols)) * 2.0 ** rng.integers(-60, 61, (12, 1))).astype(np.float32)])
+    x[13] = np.float32(1e-45) * (np.arange(cols) % 3)
+    x[14] = np.float32(-1e-45) * (np.arange(cols) % 2)
+    x[15, :cols // 2] = np.float32(1e-45)
+    x[16, 0] = np.nan  # a NaN block in an otherwise tiny row
+    x[16, 1:] = np.float32(3e-45)
+    x[17, ::2] = np.inf
+    return x
+
+
+def row_core(x: np.ndarray, fmt: BlockFormat, key: int, nbits: int, fast: bool, parallel: bool = False):
+    """(values, scales) of float32 x (P, R, C) by ``quantize_rows`` (fast; asserted to run) or by the scalar core
+    ``quantize_nvfp4`` with emunum/nvfp4_quantize.py's line arrays, both from 7.0-filled outputs."""
+    tc = fmt.tile[1]
+    P, R, C = x.shape
+    dst, sc = np.full_like(x, 7.0), np.full((P, R, -(-C // tc)), 7.0)
+    args = block_args(fmt, 1.0)[:-1]
+    if fast:
+        assert nvfp4_cpu.quantize_rows(x, dst, sc, (1, tc), args, SR, key, nbits, parallel=parallel)
+    else:
+        lines = tuple(v.numpy() if isinstance(v, torch.Tensor) else v for v in line_arrays(torch.from_numpy(x), fmt))
+        nvfp4_cpu.quantize_nvfp4(x, dst, sc, (1, tc), lines, args, SR, key, nbits, parallel=parallel)
+    return dst, sc
+
+
+@pytest.mark.parametrize("nbits", [32, 8, 1])
+@pytest.mark.parametrize("cols", [64, 96, 37, 5])  # tiling the rows, and partial last blocks
+@pytest.mark.parametrize("name", list(ROW_FORMATS))
+def test_row_scaled_sr_path_gives_the_scalar_cores_bits_and_scales(name, cols, nbits):
+    fmt = ROW_FORMATS[name]
+    rng = np.random.default_rng(cols * 100 + nbits)
+    x = np.stack([row_rows(rng, cols), row_rows(rng, cols)])  # P = 2: the row index runs over (p, r)
+    for key in (12345, 2**64 - 1, 7):
+        want, wsc = row_core(x, fmt, key, nbits, fast=False)
+        for parallel in (False, True):
+            got, sc = row_core(x, fmt, key, nbits, fast=True, parallel=parallel)
+            bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+            assert bad.size == 0, (key, parallel, x.flat[bad[:5]], got.flat[bad[:5]], want.flat[bad[:5]])
+            assert np.array_equal(sc.view(np.uint64), wsc.view(np.uint64)), (key, parallel)
+
+
+@pytest.mark.parametrize("sr_bits", [None, 8])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_quantize_nvfp4_row_float32_stochastic_equals_the_float64_core(axis, sr_bits):
+    """emunum.quantize on float32 (this path) equals float64 input (the scalar core), rounded to float32, for the
+    same seed and sr_bits, along every axis: rows (lines along the axis) of magnitudes 2**-40..2**40, partial
+    blocks, a NaN, an inf, a zero line and a line whose T_r would round to 0."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(40, 50, generator=g) * 2.0 ** torch.randint(-40, 41, (40, 1), generator=g)
+    x = x * 2.0 ** torch.randint(-20, 21, (1, 50), generator=g)
+    x[3, 7], x[5, 9], x[6, :], x[:, 11] = float("nan"), float("inf"), 0.0, 0.0
+    x[8, :] = 1e-45 * (torch.arange(50) % 3)
+    x[:, 12] = 1e-45 * (torch.arange(40) % 2)
+    for seed in (0, 11, -5):
+        a = emunum.quantize(x, "nvfp4_row", "stochastic", seed=seed, axis=axis, sr_bits=sr_bits)
+        b = emunum.quantize(x.double(), "nvfp4_row", "stochastic", seed=seed, axis=axis, sr_bits=sr_bits).float()
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), seed
+
+
+def test_row_scaled_sr_path_is_float32_1d_only():
+    x = row_rows(np.random.default_rng(0), 32)[None]
+    args = block_args(ROW_FORMATS["nvfp4_row"], 1.0)[:-1]
+    sc = np.empty((1, x.shape[1], 2))
+    assert not nvfp4_cpu.quantize_rows(x.astype(np.float64), x.astype(np.float64), sc, (1, 16), args, SR, 1, 32)
+    assert nvfp4_cpu.quantize_rows(x, np.empty_like(x), sc, (1, 16), args, SR, 1, 32)
+    assert not block_sr.rows_ok(args, np.array([1.0, 0.0]))  # a T_r of 0 (never made: raised to 2**-149)
+    assert block_sr.rows_ok(args, np.array([1.0, 2.0**-149, float(np.float32(3.0e38))]))

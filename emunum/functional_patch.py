@@ -36,7 +36,8 @@ class FunctionalPatch(ModelHooks):
         checkpoint (transformers' gradient checkpointing, ``torch.utils.checkpoint``) recomputes a block in
         backward, outside the model's forward, and its GEMMs must run emulated again, as in the forward (the
         recomputation must save the same tensors, and the gradients come from its values)."""
-        names = {r.module for r in records if r.emulated and r.phase == "forward" and r.module and r.op in FUNCTIONAL_OPS}
+        names = {r.module for r in records
+                 if r.emulated and r.phase == "forward" and r.module and r.op in FUNCTIONAL_OPS}
         done = set()
         for name, m in model.named_modules(remove_duplicate=False):
             if name in names and id(m) not in done:

@@ -6,13 +6,12 @@ Arrays are flat: ``bits`` (src's uint32 view) and ``dbits`` (dst's), rows of C e
 r = p * R + i; ``scales`` float64, one per block in (P, nbr, nbc) order. Blocks are visited in chunks of CHUNK
 (``prange``), every block with the same arguments on any thread count.
 
-**Per-row outer scales (``row_*``).** T_r is computed here from the row's bits as emunum/nvfp4_quantize.py
-states it: float32(amax_r / (element max * scale max)) with amax_r the row's largest finite |x| (exact in
-float64), raised to 2**-149 if it rounds to 0, 1 if amax_r is 0. A block then is ``row_block``'s with T_r: its scale is the amax rule's (the expression
-and rounding of kernels/block_fast.py's table path), and its elements are compared with the seven thresholds
-of M_i * S * T_r and replaced by the bits of float32(V_i * S * T_r), as block_fast.py proves for one tensor
-scale (its ``_threshold`` holds for any T > 0, subnormal products included). The thresholds are made per block
-(S and T_r vary).
+**Per-row outer scales (``row_*``).** T_r is computed here from the row's bits as emunum/nvfp4_quantize.py states it:
+float32(amax_r / (element max * scale max)) with amax_r the row's largest finite |x| (exact in float64), raised to
+2**-149 if it rounds to 0, 1 if amax_r is 0. A block then is ``row_block``'s with T_r: its scale is the amax rule's (the
+expression and rounding of kernels/block_fast.py's table path), and its elements are compared with the seven thresholds
+of M_i * S * T_r and replaced by the bits of float32(V_i * S * T_r), as block_fast.py proves for one tensor scale (its
+``_threshold`` holds for any T > 0, subnormal products included). The thresholds are made per block (S and T_r vary).
 
 **4/6 selection (``fos_*``).** Per candidate S the scalar core rounds v = float32(x * enc) (enc > 0) and sums
 a function of d = float32(val - x), val = float32(float32(float32(q * S) * gamax) / denom). Rounding to nearest

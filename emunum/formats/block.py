@@ -144,9 +144,10 @@ class BlockFormat(FormatSpec):
     - scale_rule "amax": S = amax / element.max (divided by the tensor scale, if any), rounded to nearest,
       ties to even, into the scale format, saturating at its max and raised to its smallest positive value
       if it would round to 0 (so an all-zero block gets that smallest scale).
-    - tensor_scale (NVFP4's second level): T = amax_tensor / (element.max * scale.max) rounded to fp32
-      (nearest-even), raised to the smallest positive fp32 (2**-149) if it would round to 0 (a tensor whose
-      largest magnitude is below about 2**-139; T is never 0); T = 1 if the tensor's amax is 0 or not finite. The full scale is S * T (exact in float64).
+    - tensor_scale (NVFP4's second level): T = amax_tensor / (element.max * scale.max) rounded to fp32 (nearest-even),
+      raised to the smallest positive fp32 (2**-149) if it would round to 0 (a tensor whose largest magnitude is below
+      about 2**-139; T is never 0); T = 1 if the tensor's amax is 0 or not finite. The full scale is S * T (exact in
+      float64).
     - Elements: x / full_scale (one float64 division, as gfloat does), rounded with the caller's mode (every
       mode, stochastic included) and always saturated to the element range (+-max; [min, max] for fixed
       point, so MXINT8 reaches -2), whatever the element format's own overflow policy; an infinite x therefore

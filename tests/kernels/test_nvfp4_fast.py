@@ -1,8 +1,8 @@
-"""The float32 fast paths of the NVFP4-family CPU kernel (kernels/nvfp4_fast.py) give the bits and scales of the
-scalar cores (kernels/nvfp4_scalar.py, ``quantize_nvfp4(fast=False)``), per-row outer scales and 4/6 selection
-alike, over random and adversarial tensors: rows spread over 2**+-40, exact and near ties of the element's
-midpoints, zeros and -0, inf and NaN, subnormal rows (whose per-row scale would round to 0 and is 2**-149), huge rows, partial
-blocks and tiles."""
+"""The float32 fast paths of the NVFP4-family CPU kernel (kernels/nvfp4_fast.py) give the bits and scales of the scalar
+cores (kernels/nvfp4_scalar.py, ``quantize_nvfp4(fast=False)``), per-row outer scales and 4/6 selection alike, over
+random and adversarial tensors: rows spread over 2**+-40, exact and near ties of the element's midpoints, zeros and
+-0, inf and NaN, subnormal rows (whose per-row scale would round to 0 and is 2**-149), huge rows, partial blocks and
+tiles."""
 from __future__ import annotations
 
 import numpy as np

@@ -11,8 +11,8 @@ outer scale, gamax = the largest finite |x| of the tensor (``tensor``) or of the
 ges = min(float32(6 * bound) / gamax, FLT_MAX), replaced by 1 if it is 0, and gds = 1 / ges (float32); the
 result is element * S * gds. Single level: ges = gds = 1 and gamax = 6 * bound (so the error's dequantised value
 is element * S). The block rule itself: kernels/nvfp4_scalar.py. On the CPU, float32 4/6 with a tensor outer
-scale in blocks of 16 columns finds the amax in the kernel path and makes the same values there
-(``nvfp4_cpu.quantize_fos_tensor``), without these torch ops.
+scale in blocks of 16 columns (rounded to nearest), or rounded stochastically, finds the amax in the kernel path and
+makes the same values there (``nvfp4_cpu.quantize_fos_tensor``), without these torch ops.
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def quantize_lines(work: torch.Tensor, dst: torch.Tensor, scales: torch.Tensor, 
     if work.device.type == "cpu" and fos is not None and fmt.outer_scale == OuterScale.TENSOR:
         from .kernels import nvfp4_cpu
         if nvfp4_cpu.quantize_fos_tensor(work.numpy(), dst.numpy(), scales.numpy(), tile, 6 * fos.bound,
-                                         _METRIC[fos.metric], args, int(mode)):
+                                         _METRIC[fos.metric], args, int(mode), key, nbits):
             return  # the float32 fast path, which finds the tensor's amax itself
     lines = line_arrays(work, fmt)
     if work.device.type == "cuda":

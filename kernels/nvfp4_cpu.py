@@ -2,16 +2,18 @@
 kernels/nvfp4_scalar.py), parallel over blocks (``prange``) for large tensors; every block is computed with the
 same arguments on any thread count, so the bits never depend on it. Float32 data rounded to nearest with an
 e2m1-like element takes kernels/nvfp4_fast.py (4/6 in blocks of 16 columns: kernels/nvfp4_fos_fast.py), the same
-bits, where its conditions hold (``fast_ok``); float32 data with per-row outer scales rounded stochastically takes
+bits, where its conditions hold (``fast_ok``); float32 4/6 with an e2m1 element rounded stochastically takes
+kernels/nvfp4_fos_sr.py (``fos_sr_ok``); float32 data with per-row outer scales rounded stochastically takes
 kernels/block_sr.py with the per-row T_r (``quantize_rows``), the same bits as ``row_block``."""
 import functools
+import math
 import os
 
 import numba
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, block_fast, block_sr, nvfp4_fast, nvfp4_fos_fast, scalar
+from . import _cache, block_fast, block_sr, nvfp4_fast, nvfp4_fos_fast, nvfp4_fos_sr, scalar
 from . import parallel as _parallel
 from .nvfp4_scalar import fos_block, row_block
 from .scalar.common import NEAREST, STOCHASTIC
@@ -60,6 +62,24 @@ def fast_ok(src: np.ndarray, dst: np.ndarray, tile, fos: bool, args: tuple, mode
     if fos:
         return int(tile[0]) in (1, 16)
     return int(tile[0]) == 1 and man + 2 + s_man + 1 + 24 <= 53 and 2.0**-1000 < s_min <= s_max < 2.0**1000
+
+
+def fos_sr_ok(src: np.ndarray, dst: np.ndarray, tile, args: tuple, mode: int, gds_max: float) -> bool:
+    """Whether kernels/nvfp4_fos_sr.py holds for 4/6: float32 src and dst, stochastic rounding, an e2m1 element
+    (man 1, emin 0, subnormals, max 6), an amax rule into a float scale format with man >= 1, blocks of 1 or 16
+    rows, and every encode scale positive: s_max * gds_max (the largest outer decode scale) at most FLT_MAX."""
+    kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min = args
+    return (src.dtype == np.float32 and dst.dtype == np.float32 and mode == STOCHASTIC and int(tile[0]) in (1, 16)
+            and (kind, man, emin, sub, max_e) == (0, 1, 0, 1, 6.0) and rule == 1 and s_man >= 1
+            and 0.0 < s_max < math.inf and float(s_max) * float(gds_max) <= _FLT_MAX)
+
+
+def _run_fos_sr(src, dst, scales, tile, ges, gds, gamax, denom, metric, args, key, nbits, par) -> None:
+    """``nvfp4_fos_sr.fos_sr_*`` on (P, R, C) src/dst with the line arrays (float32, P * R)."""
+    bits, dbits = src.reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint32)
+    (nvfp4_fos_sr.fos_sr_parallel if par else nvfp4_fos_sr.fos_sr_serial)(
+        bits, dbits, scales, src.shape[1], src.shape[2], int(tile[0]), int(tile[1]), ges, gds, gamax,
+        np.float32(denom), int(metric), args[6], *args[10:14], np.uint64(key), int(nbits))
 
 
 def row_amax(src: np.ndarray, parallel=None) -> np.ndarray:
@@ -113,6 +133,10 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     fos, _, ges, gds, gamax, denom, metric = lines
+    if fast and fos and gds.size and fos_sr_ok(src, dst, tile, args, mode, float(gds.max())):
+        with _parallel.try_parallel(parallel) as par:
+            _run_fos_sr(src, dst, scales, tile, ges, gds, gamax, denom, metric, args, key, nbits, par)
+        return
     if fast and fos and fast_ok(src, dst, tile, True, args, mode):
         m, vl, lanes = _fos_constants(tuple(args[:6]))
         flat, rest = _fos_arguments(src, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl, args)
@@ -157,12 +181,14 @@ def _fos_arguments(src, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl
 
 
 def quantize_fos_tensor(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, denom, metric: int, args: tuple,
-                        mode: int, parallel=None) -> bool:
-    """4/6 with a tensor outer scale in blocks of 16 columns by kernels/nvfp4_fos_fast.py, the tensor's amax found
-    here by ``nvfp4_fast.row_amax_*`` (one pass over the bits, parallel like the rest), where ``fast_ok`` holds;
+                        mode: int, key: int = 0, nbits: int = 32, parallel=None) -> bool:
+    """4/6 with a tensor outer scale in blocks of 16 columns by kernels/nvfp4_fos_fast.py where ``fast_ok`` holds,
+    or in blocks of 1 or 16 rows rounded stochastically by kernels/nvfp4_fos_sr.py where ``fos_sr_ok`` holds,
+    the tensor's amax found here by ``nvfp4_fast.row_amax_*`` (one pass over the bits, parallel like the rest);
     whether it ran (else the caller makes the line arrays and runs ``quantize_nvfp4``). The same bits as
     ``quantize_nvfp4`` with emunum/nvfp4_quantize.py's line arrays (``tensor_line_values``)."""
-    if int(tile[1]) != 16 or not fast_ok(src, dst, tile, True, args, mode):
+    sr = fos_sr_ok(src, dst, tile, args, mode, 0.0)  # gds checked below
+    if not sr and (int(tile[1]) != 16 or not fast_ok(src, dst, tile, True, args, mode)):
         return False
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
@@ -175,6 +201,12 @@ def quantize_fos_tensor(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, ti
         # the tensor's largest finite |x| from each row's (the kernel finds its blocks' maxima itself)
         (nvfp4_fast.row_amax_parallel if par else nvfp4_fast.row_amax_serial)(bits, rows, C)
         gamax, ges, gds = tensor_line_values(int(np.float32(rows.max()).view(np.uint32)), denom)
+        if sr:
+            if not fos_sr_ok(src, dst, tile, args, mode, float(gds)):
+                return False
+            _run_fos_sr(src, dst, scales, tile, np.full(n, ges), np.full(n, gds), np.full(n, gamax), denom, metric,
+                        args, key, nbits, par)
+            return True
         if lanes:  # quantize_nvfp4's call of the lanes kernel, without its checks made again
             flat, rest = _fos_arguments(src, dst, scales, tile, np.full(n, ges), np.full(n, gds), np.full(n, gamax),
                                         denom, metric, m, vl, args)

@@ -2,7 +2,8 @@
 ``quantize_fos_tensor``), gives the bits and scales of the same kernels run with emunum/nvfp4_quantize.py's
 line arrays (torch's float32 ops), with zero tolerance: on tensors whose amax is ordinary, 0 (no finite nonzero
 value), a float32 subnormal (denom / amax overflows: ges = FLT_MAX), or near FLT_MAX, with inf and NaN beside
-it, 1-D blocks and 16-row tiles, serial and parallel; ``quantize`` takes it for the presets."""
+it, 1-D blocks and 16-row tiles, serial and parallel, rounded to nearest and stochastically; ``quantize`` takes it
+for the presets."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,6 +17,7 @@ from emunum.kernels import nvfp4_cpu
 from emunum.nvfp4_quantize import line_arrays
 
 NEAREST = int(RoundMode.NEAREST)
+SR = int(RoundMode.STOCHASTIC)
 FORMATS = [
     BLOCK_PRESETS["nvfp4_4over6"],
     BLOCK_PRESETS["nvfp4_4over6_mse"],
@@ -52,7 +54,7 @@ def huge_amax(rng):
 MAKERS = [ordinary, zeros_and_infinities, subnormal_amax, huge_amax]
 
 
-def run(x, fmt, parallel, kernel_amax):
+def run(x, fmt, parallel, kernel_amax, mode=NEAREST):
     tile = fmt.tile if fmt.tile[0] else (1, fmt.tile[1])
     P, R, C = x.shape
     scales = np.full((P, -(-R // tile[0]), -(-C // tile[1])), 7.0)
@@ -61,21 +63,22 @@ def run(x, fmt, parallel, kernel_amax):
     if kernel_amax:
         fos = fmt.four_over_six
         assert nvfp4_cpu.quantize_fos_tensor(x, dst, scales, tile, 6 * fos.bound,
-                                             {"mae": 0, "mse": 1, "absmax": 2}[fos.metric.value], args, NEAREST,
-                                             parallel=parallel)
+                                             {"mae": 0, "mse": 1, "absmax": 2}[fos.metric.value], args, mode, 977,
+                                             8, parallel=parallel)
     else:
         lines = tuple(v.numpy() if isinstance(v, torch.Tensor) else v for v in line_arrays(torch.from_numpy(x), fmt))
-        nvfp4_cpu.quantize_nvfp4(x, dst, scales, tile, lines, args, NEAREST, 0, 32, parallel=parallel)
+        nvfp4_cpu.quantize_nvfp4(x, dst, scales, tile, lines, args, mode, 977, 8, parallel=parallel)
     return scales, dst
 
 
+@pytest.mark.parametrize("mode", [NEAREST, SR], ids=["nearest", "stochastic"])
 @pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("make", MAKERS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
-def test_kernel_amax_equals_line_arrays_bits_and_scales(fmt, make, parallel):
+def test_kernel_amax_equals_line_arrays_bits_and_scales(fmt, make, parallel, mode):
     x = make(np.random.default_rng(len(fmt.name)))
-    want_s, want = run(x, fmt, parallel, False)
-    got_s, got = run(x, fmt, parallel, True)
+    want_s, want = run(x, fmt, parallel, False, mode)
+    got_s, got = run(x, fmt, parallel, True, mode)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert np.array_equal(got_s.view(np.uint64), want_s.view(np.uint64))
 

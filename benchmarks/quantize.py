@@ -8,6 +8,7 @@
     python benchmarks/quantize.py --new-formats        # P3109, MXINT4, NVINT4, HiFloat8 beside today's path for their element
     python benchmarks/quantize.py --scale-rules        # each power-of-two scale rule beside floor (OCP), per element
     python benchmarks/quantize.py --nvfp4-family       # the NVFP4 family (docs/nvfp4.md) beside nvfp4, same run
+    python benchmarks/quantize.py --nvfp4-family --mode stochastic   # the same, rounded stochastically (seed 1)
     python benchmarks/quantize.py --mxplus             # each MX+ preset (docs/mxplus.md) beside its plain MX preset
 
 Every figure is the best of --repeats timings (after one untimed warm-up call, which also compiles), in
@@ -157,24 +158,26 @@ NVFP4_FAMILY = ("nvfp4_1l", "nvfp4_row", "nvfp4_b32", "nvfp4_ue5m3", "nvfp4_4ove
                 "nvfp4_4over6_2d")
 
 
-def nvfp4_family(n: int, device: str, repeats: int) -> None:
+def nvfp4_family(n: int, device: str, repeats: int, mode: str = "nearest") -> None:
     """Each NVFP4-family preset (out=, x of shape (n / 1024, 1024): rows for the per-row and 2-D variants) beside
-    today's nvfp4 path on the same tensor. All formats are timed in turn, round after round (``repeats`` rounds,
-    nvfp4 first and again last in each), each keeping its best: load drift on a shared machine then hits them
-    alike. "% nvfp4" is the share of nvfp4's best rate (the speed rule: each variant at >= 80%)."""
+    today's nvfp4 path on the same tensor, in rounding mode ``mode`` (seed 1). All formats are timed in turn,
+    round after round (``repeats`` rounds, nvfp4 first and again last in each), each keeping its best: load drift
+    on a shared machine then hits them alike. "% nvfp4" is the share of nvfp4's best rate in the same mode (the
+    speed rule: each variant at >= 80%)."""
     g = torch.Generator(device=device).manual_seed(0)
     x = (torch.randn(n, device=device, generator=g) * 100).reshape(-1, 1024)
     out = torch.empty_like(x)
     names = ("nvfp4",) + NVFP4_FAMILY
     for name in names:
-        emunum.quantize(x, name, out=out)  # warm-up (and compilation)
+        emunum.quantize(x, name, mode, seed=1, out=out)  # warm-up (and compilation)
     best = dict.fromkeys(names, float("inf"))
     for _ in range(repeats):
         for name in names + ("nvfp4",):
-            best[name] = min(best[name], best_seconds(lambda name=name: emunum.quantize(x, name, out=out), device, 1))
+            best[name] = min(best[name], best_seconds(lambda name=name: emunum.quantize(x, name, mode, seed=1, out=out),
+                                                      device, 1))
     base = best["nvfp4"]
-    print(f"\nNVFP4 family: quantize(x, name, out=out), x {tuple(x.shape)} float32 on {device}, best of {repeats} "
-          "interleaved rounds")
+    print(f"\nNVFP4 family: quantize(x, name, {mode!r}, seed=1, out=out), x {tuple(x.shape)} float32 on {device}, "
+          f"best of {repeats} interleaved rounds")
     print(f"{'format':<22} {'ms':>9} {'Melem/s':>10} {'% nvfp4':>8}")
     for name in names:
         print(f"{name:<22} {best[name] * 1e3:>9.3f} {x.numel() / best[name] / 1e6:>10.1f} "
@@ -369,6 +372,8 @@ def main(argv=None) -> int:
                    help="only the power-of-two scale rules (ceil, even, rceil) beside floor, per MX element type")
     p.add_argument("--nvfp4-family", action="store_true", help="only the NVFP4 family beside nvfp4 (docs/nvfp4.md)")
     p.add_argument("--mxplus", action="store_true", help="only the MX+ presets beside their plain MX presets")
+    p.add_argument("--mode", choices=("nearest", "stochastic"), default="nearest",
+                   help="with --nvfp4-family: the rounding mode (default nearest)")
     args = p.parse_args(argv)
     if args.n < 1:
         p.error(f"--n={args.n} must be >= 1")
@@ -384,7 +389,7 @@ def main(argv=None) -> int:
         scale_rules(args.n, args.device, args.repeats)
         return 0
     if args.nvfp4_family:
-        nvfp4_family(args.n, args.device, args.repeats)
+        nvfp4_family(args.n, args.device, args.repeats, args.mode)
         return 0
     if args.mxplus:
         mxplus(args.n, args.device, args.repeats)

@@ -31,7 +31,7 @@ from numba import njit, prange
 
 from . import _cache, block_fast, scalar
 from .block_fast import ABS, INF_BITS, NAN32, SIGN
-from .nvfp4_fast import CHUNK, _split_constants, _scale, _sum, _tree
+from .nvfp4_fast import CHUNK, _join, _split_constants, _scale, _tree
 from .nvfp4_scalar import F32, _encode_scale
 from .scalar.common import random_bits
 
@@ -84,6 +84,18 @@ def _terms(bits, start, size, off, enc6, enc4, s6, s4, a0, denom, metric, nbits,
         e4[U64(off + k)] = F32(d4 * d4) if metric == 1 else d4
 
 
+@njit(inline="always", error_model="numpy")
+def _sums(e6, e4, off, size, metric):
+    """Both candidates' errors of size terms from off, each added in element order (or their max): the two
+    chains in one loop, so that each one's latency hides the other's."""
+    err6 = F32(0.0)
+    err4 = F32(0.0)
+    for k in range(size):
+        err6 = _join(err6, e6[U64(off + k)], metric)
+        err4 = _join(err4, e4[U64(off + k)], metric)
+    return err6, err4
+
+
 @njit(error_model="numpy")
 def _fos_sr_chunk(bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, denom, metric, negzero, s_max,
                   s_split, s_magic, s_min_normal, key, nbits, b0, b1, rb, q6, q4, e6, e4, r6, r4):
@@ -123,12 +135,10 @@ def _fos_sr_chunk(bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, deno
             _terms(bits, start, size, i * tc, enc6, enc4, s6, s4, a0, denom, metric, nbits, mask, rb, q6, q4, e6,
                    e4)
         if tr == 1:
-            err6 = _sum(e6, 0, size, metric)
-            err4 = _sum(e4, 0, size, metric)
+            err6, err4 = _sums(e6, e4, 0, size, metric)
         else:
             for i in range(16):
-                r6[i] = _sum(e6, i * tc, size, metric) if i < rows else F32(0.0)
-                r4[i] = _sum(e4, i * tc, size, metric) if i < rows else F32(0.0)
+                r6[i], r4[i] = _sums(e6, e4, i * tc, size, metric) if i < rows else (F32(0.0), F32(0.0))
             err6 = _tree(r6, metric)
             err4 = _tree(r4, metric)
         keep4 = err4 < err6  # a tie keeps S6

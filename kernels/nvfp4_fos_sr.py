@@ -41,28 +41,31 @@ _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
 
 U32 = np.uint32
 U64 = np.uint64
-I64 = np.int64
 
 
 @njit(inline="always", error_model="numpy")
 def sr_e2m1(w, rnd, nbits, mask):
-    """Stochastic e2m1 of a float32 w >= 0 or inf with the word rnd < 2**nbits (mask = 2**nbits - 1): the scalar
-    core's ``round_float_value_sat(float64(w), 1, 0, 1, 6, ..., STOCHASTIC, rnd, nbits)`` (module doc)."""
-    u = I64(F32(w).view(U32))
-    eb = u >> 23
-    s = 22 if eb >= 127 else 149 - max(eb, 1)
-    mm = (u & 0x7FFFFF) | (0x800000 if eb > 0 else 0)
-    low = (I64(1) << min(s, 31)) - 1
-    rem = mm & low
-    qlow = (u & ~low) if s < 24 else I64(0)
-    h = ((eb - 1) << 23) if eb >= 127 else I64(0x3F000000)
-    rs = min(max(s - nbits, 1), 31)
-    qq = rem >> rs
-    rr = rem & ((I64(1) << rs) - 1)
-    hh = I64(1) << (rs - 1)
-    dn = qq + (1 if (rr > hh) | ((rr == hh) & ((qq & 1) != 0)) else 0)
-    d = (rem << max(nbits - s, 0)) if s <= nbits else dn
-    up = d > (mask ^ rnd)
+    """Stochastic e2m1 of a float32 w >= 0 or inf with the word rnd < 2**nbits (uint32; mask = 2**nbits - 1,
+    uint32): the scalar core's ``round_float_value_sat(float64(w), 1, 0, 1, 6, ..., STOCHASTIC, rnd, nbits)``
+    (module doc). Every step in uint32 (each result cut to 32 bits, which numba's uint64 arithmetic would not
+    be), so that a vector holds 8 lanes."""
+    one = U32(1)
+    nb = U32(nbits)
+    u = F32(w).view(U32)
+    eb = U32(u >> U32(23))
+    s = U32(22) if eb >= U32(127) else U32(U32(149) - U32(max(eb, one)))
+    mm = U32(U32(u & U32(0x7FFFFF)) | (U32(0x800000) if eb > U32(0) else U32(0)))
+    low = U32(U32(one << U32(min(s, U32(31)))) - one)
+    rem = U32(mm & low)
+    qlow = U32(u & U32(low ^ U32(0xFFFFFFFF))) if s < U32(24) else U32(0)
+    h = U32(U32(eb - one) << U32(23)) if eb >= U32(127) else U32(0x3F000000)
+    rs = U32(min(U32(s - nb), U32(31))) if s > nb else one
+    qq = U32(rem >> rs)
+    rr = U32(rem & U32(U32(one << rs) - one))
+    hh = U32(one << U32(rs - one))
+    dn = U32(qq + (one if (rr > hh) | ((rr == hh) & (U32(qq & one) != U32(0))) else U32(0)))
+    d = U32(rem << U32(nb - s)) if s <= nb else dn
+    up = d > U32(mask ^ rnd)
     q = F32(U32(qlow).view(np.float32) + (U32(h).view(np.float32) if up else F32(0.0)))
     return min(q, F32(6.0))
 
@@ -73,7 +76,7 @@ def _terms(bits, start, size, off, enc6, enc4, s6, s4, a0, denom, metric, nbits,
     e6/e4 the error terms (|d|, or d * d for MSE)."""
     for k in range(size):
         a = U32(bits[U64(start + k)] & ABS).view(np.float32)
-        rnd = I64(rb[U64(off + k)])
+        rnd = rb[U64(off + k)]
         v6 = sr_e2m1(F32(a * enc6), rnd, nbits, mask)
         v4 = sr_e2m1(F32(a * enc4), rnd, nbits, mask)
         d6 = abs(F32(F32(F32(F32(v6 * s6) * a0) / denom) - a))
@@ -100,7 +103,7 @@ def _sums(e6, e4, off, size, metric):
 def _fos_sr_chunk(bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, denom, metric, negzero, s_max,
                   s_split, s_magic, s_min_normal, key, nbits, b0, b1, rb, q6, q4, e6, e4, r6, r4):
     """Blocks b0..b1-1 (module doc); rb: uint32, q6, q4, e6, e4: float32 buffers of tr * tc; r6, r4 of 16."""
-    mask = I64((1 << nbits) - 1)
+    mask = U32((1 << nbits) - 1)
     for b in range(b0, b1):
         p = b // (nbr * nbc)
         bi = (b - p * nbr * nbc) // nbc
@@ -153,7 +156,7 @@ def _fos_sr_chunk(bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, deno
                 enc = _encode_scale(s, g)
                 for k in range(size):
                     a = U32(bits[U64(start + k)] & ABS).view(np.float32)
-                    qb[U64(i * tc + k)] = sr_e2m1(F32(a * enc), I64(rb[U64(i * tc + k)]), nbits, mask)
+                    qb[U64(i * tc + k)] = sr_e2m1(F32(a * enc), rb[U64(i * tc + k)], nbits, mask)
             for k in range(size):
                 u = bits[U64(start + k)]
                 q = np.float64(qb[U64(i * tc + k)])

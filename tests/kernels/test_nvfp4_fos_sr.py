@@ -177,9 +177,9 @@ def test_quantize_takes_the_sr_path_with_the_scalar_core_bits(name, monkeypatch)
 @njit
 def _sr(w, rnd, nbits):
     out = np.empty_like(w)
-    mask = np.int64((1 << nbits) - 1)
+    mask = np.uint32((1 << nbits) - 1)
     for i in range(w.size):
-        out[i] = nvfp4_fos_sr.sr_e2m1(w[i], np.int64(rnd[i]), nbits, mask)
+        out[i] = nvfp4_fos_sr.sr_e2m1(w[i], np.uint32(rnd[i]), nbits, mask)
     return out
 
 

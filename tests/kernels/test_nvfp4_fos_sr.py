@@ -21,6 +21,7 @@ from emunum.kernels import nvfp4_cpu, nvfp4_fos_sr
 from emunum.kernels.scalar.block import round_float_value_sat
 from emunum.nvfp4_quantize import line_arrays
 
+import tiers
 from test_nvfp4_fos_fast import near_ties, specials, subnormals, tiny_amax  # noqa: E402 (tests/kernels
 # is on sys.path)
 
@@ -86,12 +87,13 @@ def assert_same(x, fmt, parallel, nbits, key, lines=None, negzero=None):
     assert np.array_equal(got_s.view(np.uint64), want_s.view(np.uint64))
 
 
-@pytest.mark.parametrize("parallel", [False, True])
-@pytest.mark.parametrize("nbits,key", WORDS)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("make", MAKERS, ids=lambda f: f.__name__)
-@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
-def test_sr_path_equals_scalar_core_bits_and_scales(fmt, make, shape, nbits, key, parallel):
+# every format with every kind of data by default (shapes, words and thread modes in turn); the rest of the
+# product: the exhaustive tier
+@pytest.mark.parametrize("fmt,make,shape,words,parallel", tiers.grid(
+    [FORMATS, MAKERS, SHAPES, WORDS, [False, True]], lead=2,
+    ids=[lambda f: f.name, lambda f: f.__name__, lambda s: "x".join(map(str, s)), None, None]))
+def test_sr_path_equals_scalar_core_bits_and_scales(fmt, make, shape, words, parallel):
+    nbits, key = words
     assert_same(make(np.random.default_rng(len(fmt.name) + shape[2] + nbits), shape), fmt, parallel, nbits, key)
 
 

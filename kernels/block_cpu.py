@@ -7,8 +7,8 @@ Arrays are 3-D, (P, R, C), C-contiguous; a block is a (tr, tc) tile (1-D blocks 
 
 ``quantize_blocks`` dispatches float32 data in 1-D blocks rounded to nearest to kernels/block_fast.py (power-of-two
 scales in float32 arithmetic; NVFP4- and NVINT4-like amax scales by exact thresholds, no division) where its
-proofs hold (``fast_path_of``), float32 data in 1-D blocks with amax scales rounded stochastically to
-kernels/block_sr.py (``sr_ok``), else to the float64 loops here; all give the bits of ``block_serial``.
+proofs hold (``fast_path_of``), float32 data in 1-D blocks or 2-D tiles with amax scales rounded stochastically
+to kernels/block_sr.py (``sr_ok``), else to the float64 loops here; all give the bits of ``block_serial``.
 """
 import functools
 import math
@@ -334,11 +334,11 @@ def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     kind, man, emin, sub = args[:4]
-    f32_rows = int(tile[0]) == 1 and src.dtype == np.float32 and dst.dtype == np.float32
-    fast = f32_rows and mode == NEAREST
+    f32 = src.dtype == np.float32 and dst.dtype == np.float32
+    fast = f32 and int(tile[0]) == 1 and mode == NEAREST
     with _parallel.try_parallel(parallel) as par:  # one parallel section per process (kernels/parallel.py)
-        if f32_rows and mode == STOCHASTIC and block_sr.sr_ok(args):
-            block_sr.quantize_sr(src, dst, scales, int(tile[1]), args, key, int(nbits), par, scanned)
+        if f32 and mode == STOCHASTIC and block_sr.sr_ok(args):
+            block_sr.quantize_sr(src, dst, scales, int(tile[1]), args, key, int(nbits), par, scanned, tr=int(tile[0]))
             return
         if fast and _fast_path(src, dst, scales, int(tile[1]), args, par, scanned):
             return

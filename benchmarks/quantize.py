@@ -153,32 +153,37 @@ def scale_rules(n: int, device: str, repeats: int) -> None:
             label = name + " (floor)" if name == el else name
             print(f"{label:<22} {best[name] * 1e3:>9.2f} {x.numel() / best[name] / 1e6:>10.1f} "
                   f"{100 * b / best[name]:>7.0f}%")
-NVFP4_FAMILY = ("nvfp4_1l", "nvfp4_row", "nvfp4_b32", "nvfp4_ue5m3", "nvfp4_4over6", "nvfp4_4over6_mse",
-                "nvfp4_4over6_2d")
+
+
+NVFP4_FAMILY = ("nvfp4_2d", "nvfp4_1l", "nvfp4_row", "nvfp4_b32", "nvfp4_ue5m3", "nvfp4_4over6",
+                "nvfp4_4over6_mse", "nvfp4_4over6_2d")
 
 
 def nvfp4_family(n: int, device: str, repeats: int) -> None:
     """Each NVFP4-family preset (out=, x of shape (n / 1024, 1024): rows for the per-row and 2-D variants) beside
-    today's nvfp4 path on the same tensor. All formats are timed in turn, round after round (``repeats`` rounds,
-    nvfp4 first and again last in each), each keeping its best: load drift on a shared machine then hits them
-    alike. "% nvfp4" is the share of nvfp4's best rate (the speed rule: each variant at >= 80%)."""
+    today's nvfp4 path on the same tensor, rounded to nearest and stochastically (seed 1). All formats are timed in
+    turn, round after round (``repeats`` rounds, nvfp4 first and again last in each), each keeping its best: load
+    drift on a shared machine then hits them alike. "% nvfp4" is the share of nvfp4's best rate in the same
+    rounding mode (the speed rule: each variant at >= 80%)."""
     g = torch.Generator(device=device).manual_seed(0)
     x = (torch.randn(n, device=device, generator=g) * 100).reshape(-1, 1024)
     out = torch.empty_like(x)
     names = ("nvfp4",) + NVFP4_FAMILY
-    for name in names:
-        emunum.quantize(x, name, out=out)  # warm-up (and compilation)
-    best = dict.fromkeys(names, float("inf"))
-    for _ in range(repeats):
-        for name in names + ("nvfp4",):
-            best[name] = min(best[name], best_seconds(lambda name=name: emunum.quantize(x, name, out=out), device, 1))
-    base = best["nvfp4"]
-    print(f"\nNVFP4 family: quantize(x, name, out=out), x {tuple(x.shape)} float32 on {device}, best of {repeats} "
-          "interleaved rounds")
-    print(f"{'format':<22} {'ms':>9} {'Melem/s':>10} {'% nvfp4':>8}")
-    for name in names:
-        print(f"{name:<22} {best[name] * 1e3:>9.3f} {x.numel() / best[name] / 1e6:>10.1f} "
-              f"{100 * base / best[name]:>7.0f}%")
+    for mode in ("nearest", "stochastic"):
+        for name in names:
+            emunum.quantize(x, name, mode, seed=1, out=out)  # warm-up (and compilation)
+        best = dict.fromkeys(names, float("inf"))
+        for _ in range(repeats):
+            for name in names + ("nvfp4",):
+                best[name] = min(best[name], best_seconds(
+                    lambda name=name: emunum.quantize(x, name, mode, seed=1, out=out), device, 1))
+        base = best["nvfp4"]
+        print(f"\nNVFP4 family: quantize(x, name, {mode!r}, out=out), x {tuple(x.shape)} float32 on {device}, best of "
+              f"{repeats} interleaved rounds")
+        print(f"{'format':<22} {'ms':>9} {'Melem/s':>10} {'% nvfp4':>8}")
+        for name in names:
+            print(f"{name:<22} {best[name] * 1e3:>9.3f} {x.numel() / best[name] / 1e6:>10.1f} "
+                  f"{100 * base / best[name]:>7.0f}%")
 
 
 MXPLUS_ELEMENTS = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1")

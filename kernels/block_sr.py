@@ -1,9 +1,9 @@
 """Float32 fast path of the block kernel (kernels/block_cpu.py) for stochastic rounding: float32 data, 1-D blocks
-along the last axis, a float or fixed-point element, amax scales (NVFP4's and NVINT4's gradients). The same bits
-as ``block_cpu._one_block``'s stochastic branch, which rounds x / F (F = S * T, in float64) by
-``round_float_value_sat`` (float) or ``round_fixed_value`` (fixed, saturating) with the bits
-``random_bits(key, flat index, nbits)`` and stores float32(q * F); tests/kernels/test_block_sr.py compares
-the two bit for bit.
+along the last axis or 2-D tiles (nvfp4_2d), a float or fixed-point element, amax scales (NVFP4's and NVINT4's
+gradients). The same bits as ``block_cpu._one_block``'s stochastic branch, which rounds x / F (F = S * T, in
+float64) by ``round_float_value_sat`` (float) or ``round_fixed_value`` (fixed, saturating) with the bits
+``random_bits(key, flat index, nbits)`` and stores float32(q * F); tests/kernels/test_block_sr.py compares the two
+bit for bit.
 
 The element loop is that core with its two calls that do not vectorise replaced by equal expressions, so that
 LLVM runs it in vector lanes:
@@ -28,7 +28,9 @@ same value. Its only other step, a remainder set to 2**-1074 where y underflows 
 max per element (the lower limit).
 
 The block scale is computed as the nearest-rounding amax path (``block_fast._table_blocks``) computes it, from
-each block's largest |x| (``block_amaxes``'s, when ``scanned``).
+each block's largest |x| (``block_amaxes``'s, when ``scanned``). A block is a (tr, tc) tile of the (P, R, C) array,
+tr = 1 for 1-D blocks: its amax is the max over its rows' bits, its elements the same loop row by row, each with
+its flat index, as ``_one_block`` visits a tile.
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, block_fast, scalar
-from .block_fast import NAN32, U32, U64, _amax_bits
+from .block_fast import NAN32, U32, U64, _amax_bits, tile_range
 from .scalar.common import _floor, _is_odd, random_bits
 from .scalar.float import round_nearest_value
 
@@ -81,23 +81,6 @@ def sr_element(x, full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n
 
 
 @njit(inline="always")
-def _tile_range(b, nbr, nbc, R, C, tr, tc, full):
-    """(row, c0, rows, size) of block b of (P, R, C) data cut into (tr, tc) tiles, nbr x nbc per plane: the flat
-    row index (p R + r) of its first row, its first column, its row count and row length (the last tile of a
-    plane's rows or columns partial); ``full``: every tile is full (R % tr == 0, C % tc == 0), so tile rows run on
-    across planes."""
-    if full:
-        rb = b // nbc
-        return rb * tr, (b - rb * nbc) * tc, tr, tc
-    per = nbr * nbc
-    p = b // per
-    bi = (b - p * per) // nbc
-    r0 = bi * tr
-    c0 = (b - p * per - bi * nbc) * tc
-    return p * R + r0, c0, min(tr, R - r0), min(tc, C - c0)
-
-
-@njit(inline="always")
 def _sr_blocks(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, full, man, emin, sub, max_e, neg_max, big,
                negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits):
     nb = scales.size
@@ -105,8 +88,7 @@ def _sr_blocks(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, full, man, 
     nbc = -(-C // tc)
     two_n = math.ldexp(1.0, nbits)
     for b in prange(nb):
-        row0, c0, rows, size = _tile_range(b, nbr, nbc, R, C, tr, tc, full)
-        start = row0 * C + c0
+        start, row0, rows, size = tile_range(b, nbr, nbc, R, C, tr, tc, full)
         if scanned:
             amax = scales[U64(b)]
         else:

@@ -19,7 +19,7 @@ from emunum.kernels import block_cpu, block_sr, nvfp4_cpu
 from emunum.nvfp4_quantize import line_arrays
 
 from test_block_fast import (blocks_led_by, both_signs, neighbours, rows_of_blocks,  # noqa: E402  (tests/kernels is
-                             special_rows)  # on sys.path)
+                             special_rows, tile_amaxes, tile_data)  # on sys.path)
 
 SR = int(RoundMode.STOCHASTIC)
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast")
@@ -298,56 +298,6 @@ TILE_FORMATS = {  # elements as above; the tile itself is a parameter of the tes
 }
 TILES = [(16, 16), (8, 4), (1, 16), (32, 32), (3, 5)]
 TILE_SHAPES = [(1, 64, 64), (2, 40, 50), (3, 17, 9), (2, 33, 48)]  # full tiles, and partial ones at either edge
-
-
-def tile_data(rng, shape, tile) -> np.ndarray:
-    """(P, R, C) float32 whose tiles each have their own magnitude (2**-60..2**60) and one of: plain values, a NaN,
-    an inf of either sign, zeros of both signs, float32 subnormals, 2**-149 alone, near-overflow values, a wide
-    range 2**-126..2**127, +-float32 max (the tile's kind cycles; its amax anywhere in the tile, not only in its
-    first row)."""
-    P, R, C = shape
-    tr, tc = tile
-    x = rng.standard_normal(shape).astype(np.float32)
-    kind = 0
-    for p in range(P):
-        for r0 in range(0, R, tr):
-            for c0 in range(0, C, tc):
-                v = x[p, r0:r0 + tr, c0:c0 + tc]
-                n = v.shape
-                k = kind % 10
-                kind += 1 + (p + r0 // tr) % 3  # tiles of every kind land on every tile row and column
-                if k == 0:
-                    v *= np.float32(2.0 ** rng.integers(-60, 61))
-                    v[rng.integers(n[0]), rng.integers(n[1])] *= 64  # the amax somewhere in the tile
-                elif k == 1:
-                    v[rng.integers(n[0]), rng.integers(n[1])] = np.nan
-                elif k == 2:
-                    v[rng.integers(n[0]), rng.integers(n[1])] = rng.choice([np.inf, -np.inf])
-                elif k == 3:
-                    v[...] = rng.choice([0.0, -0.0], n)
-                elif k == 4:
-                    v[...] = (rng.standard_normal(n) * 1e-42).astype(np.float32)
-                elif k == 5:
-                    v[...] = np.where(rng.random(n) < 0.3, np.float32(2.0**-149), np.float32(0.0))
-                elif k == 6:
-                    v[...] = rng.uniform(-3.4e38, 3.4e38, n).astype(np.float32)
-                elif k == 7:
-                    v[...] = (rng.choice([-1.0, 1.0], n) * 2.0 ** rng.uniform(-126, 127, n)).astype(np.float32)
-                elif k == 8:
-                    v[...] = np.float32(3.4028235e38) * rng.choice([-1, 1], n).astype(np.float32)
-                else:
-                    v[...] = -0.0  # a tile of -0 only
-    return x
-
-
-def tile_amaxes(x: np.ndarray, tile) -> np.ndarray:
-    """Each tile's largest |v| (NaN where it holds one), as ``scanned`` takes them; float64 (P, nbr, nbc)."""
-    P, R, C = x.shape
-    tr, tc = tile
-    nbr, nbc = -(-R // tr), -(-C // tc)
-    a = np.zeros((P, nbr * tr, nbc * tc), np.float64)
-    a[:, :R, :C] = np.abs(x)
-    return a.reshape(P, nbr, tr, nbc, tc).max(axis=(2, 4))
 
 
 def tile_reference(x: np.ndarray, tile, args: tuple, key: int, nbits: int):

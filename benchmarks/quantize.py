@@ -154,8 +154,10 @@ def scale_rules(n: int, device: str, repeats: int) -> None:
             label = name + " (floor)" if name == el else name
             print(f"{label:<22} {best[name] * 1e3:>9.2f} {x.numel() / best[name] / 1e6:>10.1f} "
                   f"{100 * b / best[name]:>7.0f}%")
-NVFP4_FAMILY = ("nvfp4_1l", "nvfp4_row", "nvfp4_b32", "nvfp4_ue5m3", "nvfp4_4over6", "nvfp4_4over6_mse",
-                "nvfp4_4over6_2d")
+
+
+NVFP4_FAMILY = ("nvfp4_2d", "nvfp4_1l", "nvfp4_row", "nvfp4_b32", "nvfp4_ue5m3", "nvfp4_4over6",
+                "nvfp4_4over6_mse", "nvfp4_4over6_2d")
 
 
 def nvfp4_family(n: int, device: str, repeats: int, mode: str = "nearest") -> None:

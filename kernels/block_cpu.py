@@ -5,10 +5,11 @@ any thread count, so the bits never depend on it.
 Arrays are 3-D, (P, R, C), C-contiguous; a block is a (tr, tc) tile (1-D blocks along the last axis are
 (1, tc) tiles); edge tiles are partial. ``scales`` (P, nbr, nbc) float64 receives each block's scale.
 
-``quantize_blocks`` dispatches float32 data in 1-D blocks rounded to nearest to kernels/block_fast.py (power-of-two
-scales in float32 arithmetic; NVFP4- and NVINT4-like amax scales by exact thresholds, no division) where its
-proofs hold (``fast_path_of``), float32 data in 1-D blocks with amax scales rounded stochastically to
-kernels/block_sr.py (``sr_ok``), else to the float64 loops here; all give the bits of ``block_serial``.
+``quantize_blocks`` dispatches float32 data rounded to nearest to kernels/block_fast.py (power-of-two scales in
+float32 arithmetic, 1-D blocks; NVFP4- and NVINT4-like amax scales by exact thresholds, no division, 1-D blocks or
+2-D tiles) where its proofs hold (``fast_path_of``), float32 data in 1-D blocks or 2-D tiles with amax scales
+rounded stochastically to kernels/block_sr.py (``sr_ok``), else to the float64 loops here; all give the bits of
+``block_serial``.
 """
 import functools
 import math
@@ -305,10 +306,12 @@ def block_amaxes(src: np.ndarray, scales: np.ndarray, tc: int, parallel=None) ->
     return float(np.array(m, dtype=np.uint32).view(np.float32))
 
 
-def _fast_path(src, dst, scales, tc: int, args: tuple, par: bool, scanned: bool) -> bool:
-    """Run the ``block_fast`` kernel for these arguments, if one holds; whether one ran."""
+def _fast_path(src, dst, scales, tile, args: tuple, par: bool, scanned: bool) -> bool:
+    """Run the ``block_fast`` kernel for these arguments and (tr, tc) tile, if one holds (pow2: 1-D blocks only);
+    whether one ran."""
     path = fast_path_of(args)
-    if path is None:
+    tr, tc = int(tile[0]), int(tile[1])
+    if path is None or (path == "pow2" and tr != 1):
         return False
     kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t = args
     flat, out, C = src.reshape(-1), dst.reshape(-1), src.shape[2]
@@ -320,7 +323,7 @@ def _fast_path(src, dst, scales, tc: int, args: tuple, par: bool, scanned: bool)
     else:
         thr, val, k0 = _scale_table(args)
         run = block_fast.table_parallel if par else block_fast.table_serial
-        run(bits, dbits, scales.reshape(-1), scanned, C, tc, thr, val, k0, negzero,
+        run(bits, dbits, scales.reshape(-1), scanned, src.shape[1], C, tr, tc, thr, val, k0, negzero,
             max_e, s_man, s_emin, s_sub, s_max, s_min, t)
     return True
 
@@ -334,15 +337,15 @@ def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     kind, man, emin, sub = args[:4]
-    f32_rows = int(tile[0]) == 1 and src.dtype == np.float32 and dst.dtype == np.float32
-    fast = f32_rows and mode == NEAREST
+    f32 = src.dtype == np.float32 and dst.dtype == np.float32
+    fast = f32 and mode == NEAREST
     with _parallel.try_parallel(parallel) as par:  # one parallel section per process (kernels/parallel.py)
-        if f32_rows and mode == STOCHASTIC and block_sr.sr_ok(args):
-            block_sr.quantize_sr(src, dst, scales, int(tile[1]), args, key, int(nbits), par, scanned)
+        if f32 and mode == STOCHASTIC and block_sr.sr_ok(args):
+            block_sr.quantize_sr(src, dst, scales, int(tile[1]), args, key, int(nbits), par, scanned, tr=int(tile[0]))
             return
-        if fast and _fast_path(src, dst, scales, int(tile[1]), args, par, scanned):
+        if fast and _fast_path(src, dst, scales, tile, args, par, scanned):
             return
-        if fast and kind == 0:
+        if fast and kind == 0 and int(tile[0]) == 1:
             flat = src.reshape(-1)
             run = rows_f32_parallel if par else rows_f32_serial
             run(flat, flat.view(np.uint32), dst.reshape(-1), scales.reshape(-1), src.shape[2], int(tile[1]), man,

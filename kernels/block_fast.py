@@ -5,7 +5,8 @@ the reasons below; tests/kernels/test_block_fast.py compares them with ``block_s
 
 Arrays are flat: ``src`` float32 and its uint32 view ``bits``, rows of C elements cut into blocks of tc (the last
 of a row partial when C % tc != 0); ``scales`` float64, one per block (the same values as before). Every
-block is visited with the same arguments on any thread count.
+block is visited with the same arguments on any thread count. The amax-scaled path (``table_*``) also takes 2-D
+tiles of tr rows (nvfp4_2d; ``tile_range``): the same per-element compares, the amax over the tile's rows.
 
 **Power-of-two scales (rules floor, ceil, even, rceil), ``pow2_*``: float32 arithmetic, 16 lanes.** F = S = 2**e
 with e in [lo, hi] inside [-127, 127] (``pow2_ok``), so S and 1/S are float32 values. Every rule's unclipped
@@ -99,6 +100,23 @@ def _row_range(b, nbc, tc, C, tiled):
     r = b // nbc
     c0 = (b - r * nbc) * tc
     return r * C + c0, min(tc, C - c0)
+
+
+@njit(inline="always")
+def tile_range(b, nbr, nbc, R, C, tr, tc, full):
+    """(start, row, rows, size) of block b of (P, R, C) data cut into (tr, tc) tiles, nbr x nbc per plane: the flat
+    index of its first element, the flat row index (p R + r) of its first row, its row count and row length (the
+    last tile of a plane's rows or columns partial); ``full``: every tile is full (R % tr == 0, C % tc == 0), so
+    tile rows run on across planes and start = b tc + (b // nbc) (tr - 1) C (b tc for 1-D blocks: tr = 1)."""
+    if full:
+        rb = b // nbc
+        return b * tc + rb * (tr - 1) * C, rb * tr, tr, tc
+    per = nbr * nbc
+    p = b // per
+    bi = (b - p * per) // nbc
+    r0 = bi * tr
+    c0 = (b - p * per - bi * nbc) * tc
+    return (p * R + r0) * C + c0, p * R + r0, min(tr, R - r0), min(tc, C - c0)
 
 
 @njit(inline="always")
@@ -282,13 +300,14 @@ def _table_block(bits, dbits, start, size, thr, val, o, negzero):
 
 
 @njit(inline="always")
-def _table_blocks(bits, dbits, scales, scanned, C, tc, tiled, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
-                  s_split, s_magic, s_min_normal):
-    """In chunks of CHUNK blocks: the amaxes (into ``scales``, unless the amax pass put them there: ``scanned``),
-    then the scales and table rows in one vectorised loop (``block_scale``'s expression with Veltkamp's split, as
-    the old fast path), then the elements."""
+def _table_blocks(bits, dbits, scales, scanned, R, C, tr, tc, full, thr, val, k0, negzero, max_e, s_man, s_max, s_min,
+                  t, s_split, s_magic, s_min_normal):
+    """In chunks of CHUNK blocks ((tr, tc) tiles, ``tile_range``): the amaxes (into ``scales``, unless the amax pass
+    put them there: ``scanned``), then the scales and table rows in one vectorised loop (``block_scale``'s
+    expression with Veltkamp's split, as the old fast path), then the elements, row by row."""
     nb = scales.size
-    nbc = nb // (bits.size // C)
+    nbr = -(-R // tr)
+    nbc = -(-C // tc)
     sh = 52 - s_man
     for ch in prange(-(-nb // CHUNK)):
         b0 = ch * CHUNK
@@ -296,8 +315,11 @@ def _table_blocks(bits, dbits, scales, scanned, C, tc, tiled, thr, val, k0, negz
         rows = np.empty(CHUNK, np.uint64)
         if not scanned:
             for b in range(b0, b1):
-                start, size = _row_range(b, nbc, tc, C, tiled)
-                m = _amax_bits(bits, start, min(size, bits.size - start))  # (= size) not a constant: it vectorises
+                start, _, nr, size = tile_range(b, nbr, nbc, R, C, tr, tc, full)
+                m = U32(0)
+                for r in range(nr):
+                    at = start + r * C
+                    m = max(m, _amax_bits(bits, at, min(size, bits.size - at)))  # (= size) not a constant: vectorises
                 scales[U64(b)] = np.float64(U32(m).view(np.float32))  # NaN where the block holds one
         for b in range(b0, b1):
             amax = scales[U64(b)]
@@ -307,47 +329,52 @@ def _table_blocks(bits, dbits, scales, scanned, C, tc, tiled, thr, val, k0, negz
             scales[U64(b)] = q if ok else math.nan
             rows[U64(b - b0)] = U64(((np.float64(q).view(np.int64) >> sh) - k0) * 8) if ok else U64(0)
         for b in range(b0, b1):
-            start, size = _row_range(b, nbc, tc, C, tiled)
-            if scales[U64(b)] != scales[U64(b)]:
-                for k in range(size):
-                    dbits[U64(start + k)] = NAN32
-            else:
-                _table_block(bits, dbits, start, size, thr, val, rows[U64(b - b0)], negzero)
+            start, _, nr, size = tile_range(b, nbr, nbc, R, C, tr, tc, full)
+            for r in range(nr):
+                if scales[U64(b)] != scales[U64(b)]:
+                    for k in range(size):
+                        dbits[U64(start + r * C + k)] = NAN32
+                else:
+                    _table_block(bits, dbits, start + r * C, size, thr, val, rows[U64(b - b0)], negzero)
 
 
 @njit(inline="always")
-def _table_rows(bits, dbits, scales, scanned, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min,
-                t):
+def _table_rows(bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max,
+                s_min, t):
     s_split = math.ldexp(1.0, 52 - s_man) + 1.0
     s_magic = 1.5 * math.ldexp(1.0, 52 + (s_emin - s_man if s_sub != 0 else s_emin))
     s_min_normal = math.ldexp(1.0, s_emin)
-    if tc == 16 and C % 16 == 0:  # a constant trip count for the element loop (~12% faster, measured)
-        _table_blocks(bits, dbits, scales, scanned, C, 16, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
-                      s_split, s_magic, s_min_normal)
-    elif tc == 32 and C % 32 == 0:  # NVFP4 with blocks of 32
-        _table_blocks(bits, dbits, scales, scanned, C, 32, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
-                      s_split, s_magic, s_min_normal)
-    elif C % tc == 0:
-        _table_blocks(bits, dbits, scales, scanned, C, tc, True, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
-                      s_split, s_magic, s_min_normal)
-    else:
-        _table_blocks(bits, dbits, scales, scanned, C, tc, False, thr, val, k0, negzero, max_e, s_man, s_max, s_min, t,
-                      s_split, s_magic, s_min_normal)
+    if tr == 1 and tc == 16 and C % 16 == 0:  # a constant trip count for the element loop (~12% faster, measured)
+        _table_blocks(bits, dbits, scales, scanned, R, C, 1, 16, True, thr, val, k0, negzero, max_e, s_man, s_max,
+                      s_min, t, s_split, s_magic, s_min_normal)
+    elif tr == 1 and tc == 32 and C % 32 == 0:  # NVFP4 with blocks of 32
+        _table_blocks(bits, dbits, scales, scanned, R, C, 1, 32, True, thr, val, k0, negzero, max_e, s_man, s_max,
+                      s_min, t, s_split, s_magic, s_min_normal)
+    elif tr == 1 and C % tc == 0:
+        _table_blocks(bits, dbits, scales, scanned, R, C, 1, tc, True, thr, val, k0, negzero, max_e, s_man, s_max,
+                      s_min, t, s_split, s_magic, s_min_normal)
+    else:  # partial 1-D blocks and every 2-D tile: the general tile loop
+        _table_blocks(bits, dbits, scales, scanned, R, C, tr, tc, False, thr, val, k0, negzero, max_e, s_man, s_max,
+                      s_min, t, s_split, s_magic, s_min_normal)
 
 
 @njit(cache=True)
-def table_serial(bits, dbits, scales, scanned, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min,
-                 t):
-    """Amax scales, an element of seven positive values (module doc); bits/dbits: src/dst as uint32; thr, val,
-    k0: ``scale_table``; scanned: ``scales`` holds ``amax_*``'s per-block maxima (else the blocks are scanned here)."""
-    _table_rows(bits, dbits, scales, scanned, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t)
+def table_serial(bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub,
+                 s_max, s_min, t):
+    """Amax scales, an element of seven positive values (module doc), on (P, R, C) data in (tr, tc) tiles (1-D
+    blocks: tr = 1), scales in (P, nbr, nbc) order; bits/dbits: src/dst as flat uint32; thr, val, k0:
+    ``scale_table``; scanned: ``scales`` holds each block's amax (``amax_*``'s, 1-D) (else the blocks are scanned
+    here)."""
+    _table_rows(bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max,
+                s_min, t)
 
 
 @njit(cache=True, parallel=True)
-def table_parallel(bits, dbits, scales, scanned, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max,
-                   s_min, t):
+def table_parallel(bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub,
+                   s_max, s_min, t):
     """``table_serial``, parallel over chunks of CHUNK blocks."""
-    _table_rows(bits, dbits, scales, scanned, C, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t)
+    _table_rows(bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max,
+                s_min, t)
 
 
 @njit(inline="always")

@@ -1,9 +1,9 @@
 """Float32 fast path of the block kernel (kernels/block_cpu.py) for stochastic rounding: float32 data, 1-D blocks
-along the last axis, a float or fixed-point element, amax scales (NVFP4's and NVINT4's gradients). The same bits
-as ``block_cpu._one_block``'s stochastic branch, which rounds x / F (F = S * T, in float64) by
-``round_float_value_sat`` (float) or ``round_fixed_value`` (fixed, saturating) with the bits
-``random_bits(key, flat index, nbits)`` and stores float32(q * F); tests/kernels/test_block_sr.py compares
-the two bit for bit.
+along the last axis or 2-D tiles (nvfp4_2d), a float or fixed-point element, amax scales (NVFP4's and NVINT4's
+gradients). The same bits as ``block_cpu._one_block``'s stochastic branch, which rounds x / F (F = S * T, in
+float64) by ``round_float_value_sat`` (float) or ``round_fixed_value`` (fixed, saturating) with the bits
+``random_bits(key, flat index, nbits)`` and stores float32(q * F); tests/kernels/test_block_sr.py compares the two
+bit for bit.
 
 The element loop is that core with its two calls that do not vectorise replaced by equal expressions, so that
 LLVM runs it in vector lanes:
@@ -28,7 +28,9 @@ same value. Its only other step, a remainder set to 2**-1074 where y underflows 
 max per element (the lower limit).
 
 The block scale is computed as the nearest-rounding amax path (``block_fast._table_blocks``) computes it, from
-each block's largest |x| (``block_amaxes``'s, when ``scanned``).
+each block's largest |x| (``block_amaxes``'s, when ``scanned``). A block is a (tr, tc) tile of the (P, R, C) array,
+tr = 1 for 1-D blocks: its amax is the max over its rows' bits, its elements the same loop row by row, each with
+its flat index, as ``_one_block`` visits a tile.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, block_fast, scalar
-from .block_fast import NAN32, U32, U64, _amax_bits, _row_range
+from .block_fast import NAN32, U32, U64, _amax_bits, tile_range
 from .scalar.common import _floor, _is_odd, random_bits
 from .scalar.float import round_nearest_value
 
@@ -79,66 +81,76 @@ def sr_element(x, full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n
 
 
 @njit(inline="always")
-def _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, tiled, man, emin, sub, max_e, neg_max, big, negzero,
-               s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits):
+def _sr_blocks(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, full, man, emin, sub, max_e, neg_max, big,
+               negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits):
     nb = scales.size
-    nbc = nb // (bits.size // C)
+    nbr = -(-R // tr)
+    nbc = -(-C // tc)
     two_n = math.ldexp(1.0, nbits)
     for b in prange(nb):
-        start, size = _row_range(b, nbc, tc, C, tiled)
+        start, row0, rows, size = tile_range(b, nbr, nbc, R, C, tr, tc, full)
         if scanned:
             amax = scales[U64(b)]
         else:
-            amax = np.float64(U32(_amax_bits(bits, start, min(size, bits.size - start))).view(np.float32))
-        tt = t[U64(b // nbc) if t.size > 1 else U64(0)]
+            m = U32(0)
+            for r in range(rows):
+                row = start + r * C
+                m = max(m, _amax_bits(bits, row, min(size, bits.size - row)))  # (= size) not a constant: it vectorises
+            amax = np.float64(U32(m).view(np.float32))
+        tt = t[U64(row0) if t.size > 1 else U64(0)]  # per-row T_r: 1-D blocks only (quantize_sr)
         want = min(amax / max_e / tt, s_max)
         s = max(round_nearest_value(want, s_split, s_magic, s_min_normal, s_max, s_max, 0), s_min)
         if amax != amax:
             scales[U64(b)] = math.nan
-            for k in range(size):
-                dbits[U64(start + k)] = NAN32
+            for r in range(rows):
+                for k in range(size):
+                    dbits[U64(start + r * C + k)] = NAN32
             continue
         scales[U64(b)] = s
-        full = s * tt
-        for k in range(size):
-            i = U64(start + k)
-            rnd = np.float64(random_bits(key, i, nbits))
-            dst[i] = sr_element(src[i], full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n)
+        full_scale = s * tt
+        for r in range(rows):
+            row = start + r * C
+            for k in range(size):
+                i = U64(row + k)
+                rnd = np.float64(random_bits(key, i, nbits))
+                dst[i] = sr_element(src[i], full_scale, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n)
 
 
 @njit(inline="always")
-def _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, neg_max, big, negzero, s_man,
-             s_emin, s_sub, s_max, s_min, t, key, nbits):
+def _sr_rows(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
+             s_man, s_emin, s_sub, s_max, s_min, t, key, nbits):
     s_split = math.ldexp(1.0, 52 - s_man) + 1.0
     s_magic = 1.5 * math.ldexp(1.0, 52 + (s_emin - s_man if s_sub != 0 else s_emin))
     s_min_normal = math.ldexp(1.0, s_emin)
-    if tc == 16 and C % 16 == 0:  # a constant trip count for the element loop
-        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, 16, True, man, emin, sub, max_e, neg_max, big, negzero,
-                   s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
-    elif C % tc == 0:
-        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, True, man, emin, sub, max_e, neg_max, big, negzero,
-                   s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
+    full = R % tr == 0 and C % tc == 0
+    if tc == 16 and full:  # a constant trip count for the element loop
+        _sr_blocks(src, bits, dst, dbits, scales, scanned, R, C, tr, 16, True, man, emin, sub, max_e, neg_max, big,
+                   negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
+    elif full:
+        _sr_blocks(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, True, man, emin, sub, max_e, neg_max, big,
+                   negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
     else:
-        _sr_blocks(src, bits, dst, dbits, scales, scanned, C, tc, False, man, emin, sub, max_e, neg_max, big, negzero,
-                   s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
+        _sr_blocks(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, False, man, emin, sub, max_e, neg_max, big,
+                   negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
 
 
 @njit(cache=True)
-def sr_serial(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, neg_max, big, negzero, s_man,
-              s_emin, s_sub, s_max, s_min, t, key, nbits):
-    """Stochastic rounding of float32 rows of C in 1-D blocks of tc with amax scales (module doc); src, dst flat
-    float32 with uint32 views bits, dbits; scales float64, one per block (the amaxes already, if ``scanned``);
-    man .. big: ``element_of``'s; t: float64, the tensor scale T (one value) or each row's T_r (one per row)."""
-    _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, neg_max, big, negzero, s_man,
-             s_emin, s_sub, s_max, s_min, t, key, nbits)
+def sr_serial(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
+              s_man, s_emin, s_sub, s_max, s_min, t, key, nbits):
+    """Stochastic rounding of float32 (P, R, C) data, flat, in (tr, tc) tiles (1-D blocks along the rows: tr = 1)
+    with amax scales (module doc); src, dst flat float32 with uint32 views bits, dbits; scales float64, one per
+    block in (P, nbr, nbc) order (the amaxes already, if ``scanned``); man .. big: ``element_of``'s; t: float64,
+    the tensor scale T (one value) or, with tr = 1, each (p, r) row's T_r (one per row)."""
+    _sr_rows(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
+             s_man, s_emin, s_sub, s_max, s_min, t, key, nbits)
 
 
 @njit(cache=True, parallel=True)
-def sr_parallel(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, neg_max, big, negzero, s_man,
-                s_emin, s_sub, s_max, s_min, t, key, nbits):
+def sr_parallel(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
+                s_man, s_emin, s_sub, s_max, s_min, t, key, nbits):
     """``sr_serial``, parallel over blocks."""
-    _sr_rows(src, bits, dst, dbits, scales, scanned, C, tc, man, emin, sub, max_e, neg_max, big, negzero, s_man,
-             s_emin, s_sub, s_max, s_min, t, key, nbits)
+    _sr_rows(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
+             s_man, s_emin, s_sub, s_max, s_min, t, key, nbits)
 
 
 FIXED_E = 2048  # above every exponent of a float64 (<= 1024, inf's field included): a fixed element's emin
@@ -173,13 +185,15 @@ def rows_ok(args: tuple, t: np.ndarray) -> bool:
 
 
 def quantize_sr(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tc: int, args: tuple, key: int, nbits: int,
-                par: bool, scanned: bool, t_rows: np.ndarray | None = None) -> None:
-    """Run ``sr_*`` on (P, R, C) C-contiguous float32 src/dst (``sr_ok(args)`` must hold); t_rows: None (the
-    tensor scale of ``args``), or each (p, r) row's T_r (float64, P * R; ``rows_ok``), the last of args then
-    not read."""
+                par: bool, scanned: bool, t_rows: np.ndarray | None = None, tr: int = 1) -> None:
+    """Run ``sr_*`` on (P, R, C) C-contiguous float32 src/dst in (tr, tc) tiles (``sr_ok(args)`` must hold);
+    t_rows: None (the tensor scale of ``args``), or, for 1-D blocks (tr = 1), each (p, r) row's T_r (float64,
+    P * R; ``rows_ok``), the last of args then not read."""
+    if t_rows is not None and tr != 1:
+        raise ValueError(f"tr={tr}: per-row outer scales (t_rows) need 1-D blocks, tr=1")
     kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min = args[:15]
     t = np.full(1, args[15], np.float64) if t_rows is None else t_rows
     flat, out = src.reshape(-1), dst.reshape(-1)
     run = sr_parallel if par else sr_serial
-    run(flat, flat.view(np.uint32), out, out.view(np.uint32), scales.reshape(-1), scanned, src.shape[2], tc,
-        *element_of(args), negzero, s_man, s_emin, s_sub, s_max, s_min, t, np.uint64(key), nbits)
+    run(flat, flat.view(np.uint32), out, out.view(np.uint32), scales.reshape(-1), scanned, src.shape[1], src.shape[2],
+        tr, tc, *element_of(args), negzero, s_man, s_emin, s_sub, s_max, s_min, t, np.uint64(key), nbits)

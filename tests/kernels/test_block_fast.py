@@ -484,3 +484,109 @@ def test_nvint4_quantize_float32_equals_float64_and_the_definition(seed):
     got = emunum.quantize(x, "nvint4").numpy()
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert (codes == -8).any()
+
+
+# ---- 2-D tiles (nvfp4_2d), round to nearest: the table path with a block of tr rows x tc columns ---------------
+
+def tile_data(rng, shape, tile) -> np.ndarray:
+    """(P, R, C) float32 whose tiles each have their own magnitude (2**-60..2**60) and one of: plain values, a NaN,
+    an inf of either sign, zeros of both signs, float32 subnormals, 2**-149 alone, near-overflow values, a wide
+    range 2**-126..2**127, +-float32 max (the tile's kind cycles; its amax anywhere in the tile, not only in its
+    first row)."""
+    P, R, C = shape
+    tr, tc = tile
+    x = rng.standard_normal(shape).astype(np.float32)
+    kind = 0
+    for p in range(P):
+        for r0 in range(0, R, tr):
+            for c0 in range(0, C, tc):
+                v = x[p, r0:r0 + tr, c0:c0 + tc]
+                n = v.shape
+                k = kind % 10
+                kind += 1 + (p + r0 // tr) % 3  # tiles of every kind land on every tile row and column
+                if k == 0:
+                    v *= np.float32(2.0 ** rng.integers(-60, 61))
+                    v[rng.integers(n[0]), rng.integers(n[1])] *= 64  # the amax somewhere in the tile
+                elif k == 1:
+                    v[rng.integers(n[0]), rng.integers(n[1])] = np.nan
+                elif k == 2:
+                    v[rng.integers(n[0]), rng.integers(n[1])] = rng.choice([np.inf, -np.inf])
+                elif k == 3:
+                    v[...] = rng.choice([0.0, -0.0], n)
+                elif k == 4:
+                    v[...] = (rng.standard_normal(n) * 1e-42).astype(np.float32)
+                elif k == 5:
+                    v[...] = np.where(rng.random(n) < 0.3, np.float32(2.0**-149), np.float32(0.0))
+                elif k == 6:
+                    v[...] = rng.uniform(-3.4e38, 3.4e38, n).astype(np.float32)
+                elif k == 7:
+                    v[...] = (rng.choice([-1.0, 1.0], n) * 2.0 ** rng.uniform(-126, 127, n)).astype(np.float32)
+                elif k == 8:
+                    v[...] = np.float32(3.4028235e38) * rng.choice([-1, 1], n).astype(np.float32)
+                else:
+                    v[...] = -0.0  # a tile of -0 only
+    return x
+
+
+def tile_amaxes(x: np.ndarray, tile) -> np.ndarray:
+    """Each tile's largest |v| (NaN where it holds one), as ``scanned`` takes them; float64 (P, nbr, nbc)."""
+    P, R, C = x.shape
+    tr, tc = tile
+    nbr, nbc = -(-R // tr), -(-C // tc)
+    a = np.zeros((P, nbr * tr, nbc * tc), np.float64)
+    a[:, :R, :C] = np.abs(x)
+    return a.reshape(P, nbr, tr, nbc, tc).max(axis=(2, 4))
+
+
+TILE_FORMATS = {  # the table path's elements: e2m1 (nvfp4_2d), a signed int4 (NVINT4's), e2m1 without -0
+    "nvfp4_2d": BLOCK_PRESETS["nvfp4_2d"],
+    "int4_2d": BlockFormat(FixedFormat(4, 0), (16, 16), _E4M3, scale_rule="amax", tensor_scale=True),
+    "e2m1fnuz_2d": BlockFormat(FloatFormat(2, 1, special="fnuz"), (16, 16), _E4M3, scale_rule="amax",
+                               tensor_scale=True),
+}
+TILES = [(16, 16), (8, 4), (1, 16), (32, 32), (3, 5)]
+
+
+@pytest.mark.parametrize("tile", TILES, ids=[f"{r}x{c}" for r, c in TILES])
+@pytest.mark.parametrize("name", list(TILE_FORMATS))
+def test_table_path_on_tiles_gives_the_general_loops_bits_and_scales(name, tile):
+    """``quantize_blocks`` rounding float32 tiles to nearest (the table path, serial and parallel; and from the
+    tiles' amaxes, ``scanned``) against ``block_serial``: tiles of every special kind (``tile_data``) on shapes with
+    full and partial edge tiles and 1..3 planes, five tensor scales."""
+    fmt = TILE_FORMATS[name]
+    rng = np.random.default_rng(tile[0] * 100 + tile[1])
+    for shape in [(1, 64, 64), (2, 40, 50), (3, 17, 9), (2, 33, 48)]:
+        x = tile_data(rng, shape, tile)
+        P, R, C = shape
+        nb = (P, -(-R // tile[0]), -(-C // tile[1]))
+        for t in [0.0123, 2.0**-140, 1.0, 3.0e35, 1 / 3]:
+            args = block_args(fmt, float(np.float32(t)))
+            assert block_cpu.fast_path_of(args) == "table"
+            want, wsc = np.full_like(x, 7.0), np.full(nb, 7.0)
+            block_cpu.block_serial(x, want, wsc, tile[0], tile[1], *args, NEAREST, np.uint64(0), 32)
+            for parallel in (False, True):
+                for scanned in (False, True):
+                    got = np.full_like(x, 7.0)
+                    sc = tile_amaxes(x, tile) if scanned else np.full(nb, 7.0)
+                    assert block_cpu._fast_path(x, got, sc, tile, args, parallel, scanned)
+                    bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+                    assert bad.size == 0, (shape, t, parallel, scanned, x.flat[bad[:5]], got.flat[bad[:5]],
+                                           want.flat[bad[:5]])
+                    assert np.array_equal(sc.view(np.uint64), wsc.view(np.uint64)), (shape, t, parallel, scanned)
+
+
+@pytest.mark.parametrize("name", ["nvfp4_2d", "int4_2d"])
+def test_quantize_float32_tiles_nearest_equal_the_float64_loop(name):
+    """emunum.quantize of float32 tiles (the table path, via ``quantize_blocks``) equals float64 input (the general
+    loop), rounded to float32, on a (2, 3, 40, 50) tensor (batch dims, partial edge tiles) of tile magnitudes
+    2**-40..2**40 with a NaN, an inf and a zero tile; the pow2 path stays 1-D (mxfp4 in 16x16 tiles: the loop)."""
+    g = torch.Generator().manual_seed(9)
+    e = torch.randint(-40, 41, (2, 3, 3, 4), generator=g).repeat_interleave(16, 2).repeat_interleave(16, 3)
+    x = torch.randn(2, 3, 40, 50, generator=g) * 2.0 ** e[..., :40, :50]
+    x[0, 1, 3, 7], x[1, 2, 20, 33], x[1, 0, :16, :16] = float("nan"), float("inf"), 0.0
+    for fmt in (TILE_FORMATS[name], BLOCK_PRESETS["mxfp4_e2m1"].with_block_size((16, 16))):
+        a = emunum.quantize(x, fmt)
+        b = emunum.quantize(x.double(), fmt).float()
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), fmt
+    assert not block_cpu._fast_path(x.numpy()[0], np.empty((3, 40, 50), np.float32), np.empty((3, 3, 4)), (16, 16),
+                                    block_args(BLOCK_PRESETS["mxfp4_e2m1"], 1.0), False, False)

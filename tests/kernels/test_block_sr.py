@@ -19,7 +19,7 @@ from emunum.kernels import block_cpu, block_sr, nvfp4_cpu
 from emunum.nvfp4_quantize import line_arrays
 
 from test_block_fast import (blocks_led_by, both_signs, neighbours, rows_of_blocks,  # noqa: E402  (tests/kernels is
-                             special_rows)  # on sys.path)
+                             special_rows, tile_amaxes, tile_data)  # on sys.path)
 
 SR = int(RoundMode.STOCHASTIC)
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast")
@@ -285,3 +285,130 @@ def test_row_scaled_sr_path_is_float32_1d_only():
     assert nvfp4_cpu.quantize_rows(x, np.empty_like(x), sc, (1, 16), args, SR, 1, 32)
     assert not block_sr.rows_ok(args, np.array([1.0, 0.0]))  # a T_r of 0 (never made: raised to 2**-149)
     assert block_sr.rows_ok(args, np.array([1.0, 2.0**-149, float(np.float32(3.0e38))]))
+
+
+# ---- 2-D tiles (nvfp4_2d): a block is tr rows x tc columns of the (P, R, C) array ------------------------------
+
+TILE_FORMATS = {  # elements as above; the tile itself is a parameter of the tests
+    "nvfp4_2d": BLOCK_PRESETS["nvfp4_2d"],
+    "e2m1fnuz_t": FORMATS["e2m1fnuz_t"],
+    "e3m2_nosub": FORMATS["e3m2_nosub"],
+    "nvint4": FIXED["nvint4"],
+    "uint3": FIXED["uint3"],
+}
+TILES = [(16, 16), (8, 4), (1, 16), (32, 32), (3, 5)]
+TILE_SHAPES = [(1, 64, 64), (2, 40, 50), (3, 17, 9), (2, 33, 48)]  # full tiles, and partial ones at either edge
+
+
+def tile_reference(x: np.ndarray, tile, args: tuple, key: int, nbits: int):
+    """(values, scales) of float32 x (P, R, C) in tiles by the general loop (``block_serial``), from 7.0-filled
+    outputs."""
+    P, R, C = x.shape
+    dst, sc = np.full_like(x, 7.0), np.full((P, -(-R // tile[0]), -(-C // tile[1])), 7.0)
+    block_cpu.block_serial(x, dst, sc, tile[0], tile[1], *args, SR, np.uint64(key), nbits)
+    return dst, sc
+
+
+def assert_same_tiles(x: np.ndarray, tile, args: tuple, key: int, nbits: int):
+    """``quantize_blocks`` (serial, parallel, and in place) and ``quantize_sr`` from the tiles' amaxes
+    (``scanned``) give ``tile_reference``'s bits and scales."""
+    assert block_sr.sr_ok(args)
+    want, wsc = tile_reference(x, tile, args, key, nbits)
+    runs = []
+    for parallel in (False, True):
+        dst, sc = np.full_like(x, 7.0), np.full_like(wsc, 7.0)
+        block_cpu.quantize_blocks(x, dst, sc, tile, args, SR, key, nbits, parallel=parallel)
+        runs.append((("quantize_blocks", parallel), dst, sc))
+        dst, sc = np.full_like(x, 7.0), tile_amaxes(x, tile)
+        block_sr.quantize_sr(x, dst, sc, tile[1], args, key, nbits, parallel, True, tr=tile[0])
+        runs.append((("scanned", parallel), dst, sc))
+    inplace, sc = x.copy(), np.full_like(wsc, 7.0)
+    block_cpu.quantize_blocks(inplace, inplace, sc, tile, args, SR, key, nbits, parallel=False)
+    runs.append((("in place", False), inplace, sc))
+    for how, got, sc in runs:
+        bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+        assert bad.size == 0, (how, x.flat[bad[:5]], got.flat[bad[:5]], want.flat[bad[:5]])
+        assert np.array_equal(sc.view(np.uint64), wsc.view(np.uint64)), how
+
+
+@pytest.mark.parametrize("nbits", [32, 8, 1])
+@pytest.mark.parametrize("tile", TILES, ids=[f"{r}x{c}" for r, c in TILES])
+@pytest.mark.parametrize("name", list(TILE_FORMATS))
+def test_sr_path_on_tiles_gives_the_general_loops_bits_and_scales(name, tile, nbits):
+    """Tiles of every special kind (``tile_data``) on shapes with full and partial edge tiles and 1..3 planes,
+    several tensor scales (tiny, huge, not a power of two) and keys."""
+    fmt = TILE_FORMATS[name]
+    rng = np.random.default_rng(tile[0] * 1000 + tile[1] * 10 + nbits)
+    for shape in TILE_SHAPES:
+        x = tile_data(rng, shape, tile)
+        for t in ([0.0123, 2.0**-140, 1.0, 3.0e35, 1 / 3] if fmt.tensor_scale else [1.0]):
+            for key in (12345, 2**64 - 1):
+                assert_same_tiles(x, tile, block_args(fmt, float(np.float32(t))), key, nbits)
+
+
+@pytest.mark.parametrize("name", ["nvfp4_2d", "nvint4"])
+def test_sr_path_on_tiles_at_every_element_value_and_midpoint(name):
+    """16x16 tiles whose amax (at a different row and column of each tile) fixes each scale S (times T), the rest
+    of the tile the float32 neighbours of every element value, midpoint and quarter point times S * T, both
+    signs."""
+    fmt = TILE_FORMATS[name]
+    el = fmt.element
+    t = float(np.float32(0.0123))
+    vals = np.unique(np.abs(el.values()))
+    vals = vals[np.isfinite(vals)]
+    pts = np.concatenate([(vals[:-1] + vals[1:]) / 2, vals, (3 * vals[:-1] + vals[1:]) / 4])
+    scales = np.unique(np.abs(fmt.scale.values()))
+    scales = scales[np.isfinite(scales) & (scales >= fmt.scale.min_subnormal)]
+    tiles = []
+    for i, s in enumerate(scales):
+        v = np.resize(neighbours(pts * s * t), 256)
+        v[np.abs(v) > np.float32(el.max * s * t)] = 0.0
+        v[(i * 37) % 256] = np.float32(el.max * s * t) * (1 if i % 2 else -1)
+        tiles.append(v.reshape(16, 16))
+    x = np.concatenate(tiles, axis=1)[None]  # one row of tiles
+    x = np.concatenate([x, x[:, :, ::-1]], axis=1)  # and again, each tile mirrored
+    for nbits in (2, 32):
+        assert_same_tiles(np.ascontiguousarray(x), (16, 16), block_args(fmt, t), 77 + nbits, nbits)
+
+
+def test_float32_tiles_take_the_sr_path(monkeypatch):
+    """``quantize_blocks`` hands float32 tiles with amax scales to block_sr (not the general loop); float64 data and
+    power-of-two scales (mxfp4's rule) stay on the general loop."""
+    calls = []
+    real = block_sr.quantize_sr
+    monkeypatch.setattr(block_sr, "quantize_sr", lambda *a, **k: calls.append(k.get("tr")) or real(*a, **k))
+    x = tile_data(np.random.default_rng(1), (1, 32, 32), (16, 16))
+    nvfp4_2d = BLOCK_PRESETS["nvfp4_2d"]
+    for fmt, data, taken in [(nvfp4_2d, x, [16]), (nvfp4_2d, x.astype(np.float64), []),
+                             (BLOCK_PRESETS["mxfp4_e2m1"], x, [])]:
+        calls.clear()
+        block_cpu.quantize_blocks(data, np.empty_like(data), np.empty((1, 2, 2)), (16, 16), block_args(fmt, 0.375),
+                                  SR, 1, 32)
+        assert calls == taken, fmt.name
+
+
+@pytest.mark.parametrize("sr_bits", [None, 8])
+@pytest.mark.parametrize("name,block_size", [("nvfp4_2d", None), ("nvint4", (16, 16)), ("nvfp4", (8, 4)),
+                                             ("nvfp4", (1, 16))])
+def test_quantize_float32_tiles_stochastic_equal_the_float64_loop(name, block_size, sr_bits):
+    """emunum.quantize of float32 (this path) equals float64 input (the general loop), rounded to float32, values
+    and scales, for the same seed and sr_bits: a (2, 3, 40, 50) tensor (batch dims, partial edge tiles), tiles of
+    magnitudes 2**-40..2**40, a NaN, an inf, a zero tile."""
+    from emunum.block_quantize import quantize_block_checked
+    from emunum.rng import seed_key
+    fmt = emunum.get_format(name)
+    if block_size is not None:
+        fmt = BlockFormat(fmt.element, block_size, fmt.scale, scale_rule=fmt.scale_rule, tensor_scale=fmt.tensor_scale)
+    g = torch.Generator().manual_seed(9)
+    e = torch.randint(-40, 41, (2, 3, 3, 4), generator=g).repeat_interleave(16, 2).repeat_interleave(16, 3)
+    x = torch.randn(2, 3, 40, 50, generator=g) * 2.0 ** e[..., :40, :50]
+    x[0, 1, 3, 7], x[1, 2, 20, 33], x[1, 0, :16, :16] = float("nan"), float("inf"), 0.0
+    nbits = 32 if sr_bits is None else sr_bits
+    for seed in (0, 11, -5):
+        a = emunum.quantize(x, fmt, "stochastic", seed=seed, sr_bits=sr_bits)
+        b = emunum.quantize(x.double(), fmt, "stochastic", seed=seed, sr_bits=sr_bits).float()
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), seed
+        _, sa = quantize_block_checked(x, fmt, RoundMode.STOCHASTIC, seed_key(seed), nbits, return_scales=True)
+        _, sb = quantize_block_checked(x.double(), fmt, RoundMode.STOCHASTIC, seed_key(seed), nbits,
+                                       return_scales=True)
+        assert torch.equal(sa.view(torch.int64), sb.view(torch.int64)), seed

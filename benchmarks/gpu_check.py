@@ -235,14 +235,17 @@ def sec_recipe(device: str, smoke: bool, put) -> dict:
 
 
 def sec_tests(device: str, smoke: bool, limit: float, workdir: str) -> dict:
-    """pytest on CUDA_TESTS in a child (the simulator off on a GPU; on and only the ``gpu`` marker in smoke)."""
+    """pytest on CUDA_TESTS in a child (the simulator off on a GPU, both test tiers; in smoke the simulator on and
+    only the ``gpu`` marker)."""
     xml = os.path.join(workdir, "junit.xml")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1" if smoke else "0", "PYTHONUNBUFFERED": "1"}
     files = [f for f in CUDA_TESTS if os.path.exists(os.path.join(ROOT, f))]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *files]
     if smoke:
         cmd += ["-m", "gpu"]
-    elif _has_xdist():
+    else:  # both tiers: on a GPU the grids that the CPU suite samples (tests/tiers.py) are cheap
+        cmd += ["-m", "exhaustive or not exhaustive"]
+    if not smoke and _has_xdist():
         cmd += ["-n", str(min(8, os.cpu_count() or 1))]  # the GPU machine has 16 cores; kernels compile per worker
     t = time.perf_counter()
     try:

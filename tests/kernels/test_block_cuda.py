@@ -12,17 +12,22 @@ from emunum.block_quantize import block_args
 from emunum.formats import RoundMode, get_format
 from emunum.rng import seed_key
 
+import tiers
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba_cuda") is None, reason="needs numba-cuda")
 
 MODES = [m for m in RoundMode]
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # max * 2**127 (an inf's block) in float32
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("tile,shape", [((1, 32), (1, 3, 70)), ((1, 16), (1, 2, 40)), ((4, 8), (2, 9, 13))])
-@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp6_e2m3", "mxint8", "nvfp4", "mxfp8_e5m2_rceil", "mxint8_even",
-                                  "mxfp4_e2m1_ceil", "mxfp6_e3m2_even", "mxint8_rceil"])
-def test_cuda_block_kernel_matches_cpu_bits_in_every_mode(name, tile, shape, dtype):
+# every preset with every tile by default, float32 and float64 in turn; the rest: the exhaustive tier
+@pytest.mark.parametrize("name,tile_shape,dtype", tiers.grid(
+    [["mxfp8_e4m3", "mxfp6_e2m3", "mxint8", "nvfp4", "mxfp8_e5m2_rceil", "mxint8_even", "mxfp4_e2m1_ceil",
+      "mxfp6_e3m2_even", "mxint8_rceil"],
+     [((1, 32), (1, 3, 70)), ((1, 16), (1, 2, 40)), ((4, 8), (2, 9, 13))], [np.float32, np.float64]], lead=2,
+    ids=[None, lambda ts: "x".join(map(str, ts[0])), lambda d: d.__name__]))
+def test_cuda_block_kernel_matches_cpu_bits_in_every_mode(name, tile_shape, dtype):
+    tile, shape = tile_shape
     from emunum.kernels import block_cpu, block_cuda
 
     fmt = get_format(name)

@@ -25,6 +25,8 @@ from emunum.rng import seed_key
 from emunum.reference import quantize_torch, round_fixed_reference, round_fixed_torch
 from emunum.formats import FixedFormat, FloatFormat, RoundMode
 
+import tiers
+
 qmod = importlib.import_module("emunum.quantize")  # the module (emunum.quantize is also the function)
 
 HAVE_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
@@ -245,10 +247,16 @@ MODE_PARAMS = {"argvalues": MODES, "ids": [m.name.lower() for m in MODES]}
 
 # ---- kernel == CPU == torch path ---------------------------------------------------------------------------
 
+def tiered(formats: dict) -> list:
+    """Every format in every mode by default, the dtypes in turn (each mode meets each dtype); the rest of the
+    product in the exhaustive tier (a GPU run, benchmarks/gpu_check.py, runs both)."""
+    return tiers.grid([list(formats.values()), MODES, list(DTYPES.values())], lead=2,
+                      ids=[lambda f: {id(v): k for k, v in formats.items()}[id(f)], lambda m: m.name.lower(),
+                           lambda d: str(d).removeprefix("torch.")])
+
+
 @needs_kernels
-@pytest.mark.parametrize("dtype", **DTYPE_PARAMS)
-@pytest.mark.parametrize("mode", **MODE_PARAMS)
-@pytest.mark.parametrize("fmt", **params(FLOAT_FORMATS))
+@pytest.mark.parametrize("fmt,mode,dtype", tiered(FLOAT_FORMATS))
 def test_float_kernel_bits_equal_cpu_and_torch_path(fmt, mode, dtype):
     x = probes(fmt, dtype)
     got = run_kernel(x, fmt, mode)
@@ -258,9 +266,7 @@ def test_float_kernel_bits_equal_cpu_and_torch_path(fmt, mode, dtype):
 
 
 @needs_kernels
-@pytest.mark.parametrize("dtype", **DTYPE_PARAMS)
-@pytest.mark.parametrize("mode", **MODE_PARAMS)
-@pytest.mark.parametrize("fmt", **params(FIXED_FORMATS))
+@pytest.mark.parametrize("fmt,mode,dtype", tiered(FIXED_FORMATS))
 def test_fixed_kernel_bits_equal_cpu_and_torch_path(fmt, mode, dtype):
     x = probes(fmt, dtype)
     got = run_kernel(x, fmt, mode)

@@ -18,6 +18,7 @@ import emunum
 from emunum import backends, kernel_backends
 from emunum.formats import RoundMode
 from emunum.rng import seed_key
+import tiers
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba_cuda") is None, reason="needs numba-cuda")
 MODES = ["nearest", "nearest_away", "toward_zero", "up", "down", "odd", "stochastic"]
@@ -46,9 +47,9 @@ def bits(t):
     return t.view(torch.int32 if t.dtype == torch.float32 else torch.int64)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", FORMATS)
+# every format in every mode by default, float32 and float64 in turn; the rest: the exhaustive tier
+@pytest.mark.parametrize("name,mode,dtype", tiers.grid([FORMATS, MODES, [torch.float32, torch.float64]], lead=2,
+                                                       ids=[None, None, str]))
 def test_cuda_launcher_gives_the_cpu_kernels_bits(name, mode, dtype, monkeypatch):
     monkeypatch.setattr(kernel_backends, "cuda_module", host_backend)
     fmt, m, key = emunum.get_format(name), RoundMode.parse(mode), seed_key(9)

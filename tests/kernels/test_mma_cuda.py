@@ -14,6 +14,8 @@ import torch
 
 from emunum.mad.mma import MMA_PRESETS
 
+import tiers
+
 HAVE_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
 SIM = False
 if HAVE_NUMBA_CUDA:
@@ -27,8 +29,7 @@ LIMIT = 24
 
 
 @needs_kernels
-@pytest.mark.parametrize("steps", [1, 3])
-@pytest.mark.parametrize("name", list(MMA_PRESETS))
+@pytest.mark.parametrize("name,steps", tiers.grid([list(MMA_PRESETS), [1, 3]]))  # each unit; steps in turn
 def test_cuda_kernel_reproduces_mmasim(name, steps):
     from emunum.kernels import mma_cuda
 

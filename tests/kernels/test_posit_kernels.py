@@ -16,6 +16,7 @@ import emunum
 from emunum import PositFormat
 from emunum.rng import seed_key
 from emunum.kernels import posit_cpu
+import tiers
 from posit_oracle import (SOFTPOSIT_CASES, around, brute_round, midpoints, needs_softposit, positive_codes,
                           sp_codes, sp_values)
 
@@ -239,10 +240,10 @@ def _cuda_inputs(fmt: PositFormat, dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
-@needs_cuda_kernels
-@pytest.mark.parametrize("dtype", list(BITS))
-@pytest.mark.parametrize("n,es", [(16, 2), (8, 0), (32, 5)])
-def test_cuda_kernel_gives_the_cpu_bits_in_every_mode(n, es, dtype):
+@needs_cuda_kernels  # each dtype by default, the posit sizes in turn; the rest: the exhaustive tier
+@pytest.mark.parametrize("dtype,n_es", tiers.grid([list(BITS), [(16, 2), (8, 0), (32, 5)]], ids=[str, None]))
+def test_cuda_kernel_gives_the_cpu_bits_in_every_mode(dtype, n_es):
+    n, es = n_es
     from emunum.kernels import posit_cuda
 
     fmt = PositFormat(n, es)

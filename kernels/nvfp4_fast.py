@@ -258,35 +258,49 @@ def _tree(rows, metric):
     return total
 
 
+@njit(inline="always", error_model="numpy")
+def block_candidates(b, bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, s_max, s_split, s_magic,
+                     s_min_normal):
+    """4/6 block b of a (P, nbr, nbc) grid of tr x tc blocks over float32 bits of (P, R, C): (row0, rows, c0, size,
+    nan, s6, s4, g0, a0), its first flat row, its rows and columns clipped to the tensor, whether it holds a NaN
+    (then stored here: NaN scale and elements), the candidates' scales (the scalar core's S6, S4) and its first
+    row's gds and gamax."""
+    p = b // (nbr * nbc)
+    bi = (b - p * nbr * nbc) // nbc
+    bj = b - (b // nbc) * nbc
+    row0 = p * R + bi * tr  # the flat row of the block's first row
+    rows = min(tr, R - bi * tr)
+    c0 = bj * tc
+    size = min(tc, C - c0)
+    mx = U32(0)
+    for i in range(rows):
+        start = (row0 + i) * C + c0
+        for k in range(size):
+            mx = max(mx, U32(bits[U64(start + k)] & ABS))
+    g0, a0 = gds[U64(row0)], gamax[U64(row0)]
+    if mx > INF_BITS:  # a NaN
+        sc[U64(b)] = math.nan
+        for i in range(rows):
+            start = (row0 + i) * C + c0
+            for k in range(size):
+                dbits[U64(start + k)] = NAN32
+        return row0, rows, c0, size, True, F32(0.0), F32(0.0), g0, a0
+    vmax = U32(mx).view(np.float32)
+    base = F32(F32(vmax / F32(6.0)) * ges[U64(row0)])
+    s6 = _scale(base, s_split, s_magic, s_min_normal, s_max)
+    s4 = _scale(F32(base * F32(1.5)), s_split, s_magic, s_min_normal, s_max)
+    return row0, rows, c0, size, False, s6, s4, g0, a0
+
+
 @njit(error_model="numpy")
 def _fos_chunk(src, bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, denom, metric, m, vl, negzero, s_max,
                s_split, s_magic, s_min_normal, b0, b1, q6, q4, e6, e4, r6, r4):
     """Blocks b0..b1-1 (module doc); q6, q4, e6, e4: float32 buffers of tr * tc, r6, r4 of 16."""
     for b in range(b0, b1):
-        p = b // (nbr * nbc)
-        bi = (b - p * nbr * nbc) // nbc
-        bj = b - (b // nbc) * nbc
-        row0 = p * R + bi * tr  # the flat row of the block's first row
-        rows = min(tr, R - bi * tr)
-        c0 = bj * tc
-        size = min(tc, C - c0)
-        mx = U32(0)
-        for i in range(rows):
-            start = (row0 + i) * C + c0
-            for k in range(size):
-                mx = max(mx, U32(bits[U64(start + k)] & ABS))
-        if mx > INF_BITS:  # a NaN
-            sc[U64(b)] = math.nan
-            for i in range(rows):
-                start = (row0 + i) * C + c0
-                for k in range(size):
-                    dbits[U64(start + k)] = NAN32
+        row0, rows, c0, size, nan, s6, s4, g0, a0 = block_candidates(b, bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges,
+                                                                     gds, gamax, s_max, s_split, s_magic, s_min_normal)
+        if nan:
             continue
-        vmax = U32(mx).view(np.float32)
-        g0, a0 = gds[U64(row0)], gamax[U64(row0)]
-        base = F32(F32(vmax / F32(6.0)) * ges[U64(row0)])
-        s6 = _scale(base, s_split, s_magic, s_min_normal, s_max)
-        s4 = _scale(F32(base * F32(1.5)), s_split, s_magic, s_min_normal, s_max)
         for i in range(rows):
             start = (row0 + i) * C + c0
             _terms(src, start, size, i * tc, s6, g0, a0, denom, metric, m, vl, q6, e6)

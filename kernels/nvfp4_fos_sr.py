@@ -24,14 +24,13 @@ functions of |x| and the word alone, and the stored value takes x's sign where q
 The encode scales must be positive (every F32(S * gds) finite: ``nvfp4_cpu.fos_sr_ok``), so that |x| * enc is
 never NaN. The dequantised values and error terms are the scalar core's float32 expressions.
 """
-import math
 
 import numpy as np
 from numba import njit, prange
 
 from . import _cache, block_fast, scalar
-from .block_fast import ABS, INF_BITS, NAN32, SIGN
-from .nvfp4_fast import CHUNK, _join, _split_constants, _scale, _tree
+from .block_fast import ABS, SIGN
+from .nvfp4_fast import CHUNK, _join, _split_constants, _tree, block_candidates
 from .nvfp4_scalar import F32, _encode_scale
 from .scalar.common import random_bits
 
@@ -105,30 +104,10 @@ def _fos_sr_chunk(bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, deno
     """Blocks b0..b1-1 (module doc); rb: uint32, q6, q4, e6, e4: float32 buffers of tr * tc; r6, r4 of 16."""
     mask = U32((1 << nbits) - 1)
     for b in range(b0, b1):
-        p = b // (nbr * nbc)
-        bi = (b - p * nbr * nbc) // nbc
-        bj = b - (b // nbc) * nbc
-        row0 = p * R + bi * tr  # the flat row of the block's first row
-        rows = min(tr, R - bi * tr)
-        c0 = bj * tc
-        size = min(tc, C - c0)
-        mx = U32(0)
-        for i in range(rows):
-            start = (row0 + i) * C + c0
-            for k in range(size):
-                mx = max(mx, U32(bits[U64(start + k)] & ABS))
-        if mx > INF_BITS:  # a NaN
-            sc[U64(b)] = math.nan
-            for i in range(rows):
-                start = (row0 + i) * C + c0
-                for k in range(size):
-                    dbits[U64(start + k)] = NAN32
+        row0, rows, c0, size, nan, s6, s4, g0, a0 = block_candidates(b, bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges,
+                                                                     gds, gamax, s_max, s_split, s_magic, s_min_normal)
+        if nan:
             continue
-        vmax = U32(mx).view(np.float32)
-        g0, a0 = gds[U64(row0)], gamax[U64(row0)]
-        base = F32(F32(vmax / F32(6.0)) * ges[U64(row0)])
-        s6 = _scale(base, s_split, s_magic, s_min_normal, s_max)
-        s4 = _scale(F32(base * F32(1.5)), s_split, s_magic, s_min_normal, s_max)
         enc6 = _encode_scale(s6, g0)
         enc4 = _encode_scale(s4, g0)
         for i in range(rows):

@@ -146,9 +146,18 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
             else:
                 (nvfp4_fast.fos_parallel if par else nvfp4_fast.fos_serial)(*flat, int(tile[1]), *rest)
         return
+    out = dst
+    if src.dtype == np.float32 and dst.dtype == np.float32:
+        # The scalar cores read x as float64 (exact for a float32 x) and store float64 values, which a float32 dst
+        # rounds once to nearest-even: on float64 copies, rounded to float32 once at the end, the bits are the
+        # same, and the scalar-core kernel (~30 CPU-s to compile) needs only its float64 signature.
+        src, dst = src.astype(np.float64), np.empty(src.shape, np.float64)
     with _parallel.try_parallel(parallel) as par:
         run = nvfp4_parallel if par else nvfp4_serial
         run(src, dst, scales, int(tile[0]), int(tile[1]), *lines, *args, int(mode), np.uint64(key), int(nbits))
+    if out is not dst:
+        with np.errstate(over="ignore"):  # a value past FLT_MAX is inf, as the float32 store makes it
+            out[...] = dst
 
 
 def tensor_line_values(finite_bits: int, denom) -> tuple:

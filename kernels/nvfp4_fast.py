@@ -259,6 +259,17 @@ def _tree(rows, metric):
 
 
 @njit(inline="always", error_model="numpy")
+def store_row(bits, dbits, qb, q0, start, size, full, negzero):
+    """Store one row of a 4/6 block: float32(+-q * full) of the kept candidate's elements qb[q0:q0 + size] at
+    dbits[start:start + size], with x's sign where q != 0 or the element has -0 (the scalar core's stores)."""
+    for k in range(size):
+        u = bits[U64(start + k)]
+        q = np.float64(qb[U64(q0 + k)])
+        r = np.float32(q * full).view(U32)
+        dbits[U64(start + k)] = r | (u & SIGN if (q != 0.0) | (negzero != 0) else U32(0))
+
+
+@njit(inline="always", error_model="numpy")
 def block_candidates(b, bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, s_max, s_split, s_magic,
                      s_min_normal):
     """4/6 block b of a (P, nbr, nbc) grid of tr x tc blocks over float32 bits of (P, R, C): (row0, rows, c0, size,
@@ -324,11 +335,7 @@ def _fos_chunk(src, bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, de
             start = (row0 + i) * C + c0
             if g != g0:  # the row's own encode scale, as the scalar core's (no preset makes gds vary in a tile)
                 _terms(src, start, size, i * tc, s, g, a0, denom, metric, m, vl, qb, e6)
-            for k in range(size):
-                u = bits[U64(start + k)]
-                q = np.float64(qb[U64(i * tc + k)])
-                r = np.float32(q * full).view(U32)
-                dbits[U64(start + k)] = r | (u & SIGN if (q != 0.0) | (negzero != 0) else U32(0))
+            store_row(bits, dbits, qb, i * tc, start, size, full, negzero)
 
 
 @njit(cache=True, error_model="numpy")

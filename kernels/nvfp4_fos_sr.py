@@ -29,8 +29,8 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, block_fast, scalar
-from .block_fast import ABS, SIGN
-from .nvfp4_fast import CHUNK, _join, _split_constants, _tree, block_candidates
+from .block_fast import ABS
+from .nvfp4_fast import CHUNK, _join, _split_constants, _tree, block_candidates, store_row
 from .nvfp4_scalar import F32, _encode_scale
 from .scalar.common import random_bits
 
@@ -136,11 +136,7 @@ def _fos_sr_chunk(bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, deno
                 for k in range(size):
                     a = U32(bits[U64(start + k)] & ABS).view(np.float32)
                     qb[U64(i * tc + k)] = sr_e2m1(F32(a * enc), rb[U64(i * tc + k)], nbits, mask)
-            for k in range(size):
-                u = bits[U64(start + k)]
-                q = np.float64(qb[U64(i * tc + k)])
-                r = np.float32(q * full).view(U32)
-                dbits[U64(start + k)] = r | (u & SIGN if (q != 0.0) | (negzero != 0) else U32(0))
+            store_row(bits, dbits, qb, i * tc, start, size, full, negzero)
 
 
 @njit(cache=True, error_model="numpy")

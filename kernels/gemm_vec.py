@@ -36,9 +36,9 @@ import functools
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from . import _cache, gemm_scalar, scalar
+from . import _cache, gemm_scalar, scalar, threads
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
@@ -236,27 +236,29 @@ def kernel(FUSED: bool, MMODE: int, AMODE: int, AFIX: int, CHK: bool, EXACT: boo
     fused; AMODE -1 for a deterministic fixed-point accumulator, whose mode is a runtime weight), the
     accumulator's kind (AFIX: 0 float, 1 saturating fixed point, 2 wrapping), overflow/non-finite checks (CHK),
     exact sums (EXACT, ``exact_sums``). They are closure constants, so each inner loop compiles branch-free;
-    numba caches each closure on disk under its own key (the closure's values are part of it)."""
+    numba caches each closure on disk under its own key (the closure's values are part of it). The kernel is
+    serial over the output tiles t0..t1-1 and releases the GIL: ``run`` spreads the tiles over threads
+    (``threads.launch``), so each variant compiles once, with no parfor body."""
 
-    @njit(cache=True, parallel=True)
-    def gemm_vec(A, B, bias, has_bias, out, mulp, accp, mi, mf, mw, ai, af, aw, lanes, chunk, keys, nbits):
-        """A (bA, M, K), B (bB, K, N) float64 arrays of float32 values; mi/mf/mw, ai/af/aw: ``consts`` of the
-        product and accumulator formats; mulp/accp: their parameter tuples (for the scalar cores).
+    @njit(cache=True, nogil=True)
+    def gemm_vec(t0, t1, A, B, bias, has_bias, out, mulp, accp, mi, mf, mw, ai, af, aw, lanes, chunk, keys, nbits):
+        """Output tiles t0..t1-1 (``tile_of``); A (bA, M, K), B (bB, K, N) float64 arrays of float32 values;
+        mi/mf/mw, ai/af/aw: ``consts`` of the product and accumulator formats; mulp/accp: their parameter tuples
+        (for the scalar cores).
         """
         nb, M, N = out.shape
         K = A.shape[2]
         bA, bB = A.shape[0], B.shape[0]
-        ti, tj = (M + TM - 1) // TM, (N + TN - 1) // TN
         span = chunk * lanes if chunk > 0 else max(K, 1)
         k_mul, k_acc, k_chunk, k_red, k_bias = keys[S_MUL], keys[S_ACC], keys[S_CHUNK], keys[S_REDUCE], keys[S_BIAS]
         colz = np.empty(TN, np.uint64)
         for jj in range(TN):
             colz[jj] = np.uint64(jj) * np.uint64(K) * GOLDEN
-        for t in prange(nb * ti * tj):
+        inner = np.zeros((lanes, TN))
+        outer = np.zeros((lanes, TN))
+        v = np.empty(lanes)
+        for t in range(t0, t1):
             b, i0, i1, j0, nj, ab, bbi = tile_of(t, M, N, bA, bB, TM, TN)
-            inner = np.zeros((lanes, TN))
-            outer = np.zeros((lanes, TN))
-            v = np.empty(lanes)
             for i in range(i0, i1):
                 inner[:, :] = 0.0
                 outer[:, :] = 0.0
@@ -285,7 +287,7 @@ def kernel(FUSED: bool, MMODE: int, AMODE: int, AFIX: int, CHK: bool, EXACT: boo
 
 
 def run(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, checks=None, exact=None):
-    """``gemm_cpu._gemm``'s call into ``gemm_vec`` (caller holds the parallel lock); checks / exact: None plans
+    """``gemm_cpu._gemm``'s call into ``gemm_vec``, its tiles spread over threads (``threads.launch``); checks / exact: None plans
     (``needs_checks``, ``exact_sums``), a bool forces (tests: checks on, or exact off, only add work)."""
     mi, mf, mw = consts(mulp, nbits)
     ai, af, aw = consts(accp, nbits)
@@ -295,6 +297,8 @@ def run(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits,
     amode = int(accp[P_MODE])
     k = kernel(bool(fused), -1 if fused else int(mulp[P_MODE]),
                amode if not afix or amode == STOCHASTIC else -1, afix, chk, ex)
-    k(np.ascontiguousarray(A, dtype=np.float64), np.ascontiguousarray(B, dtype=np.float64), bias, has_bias, out,
-      tuple(int(v) for v in mulp), tuple(int(v) for v in accp), mi, mf, mw, ai, af, aw, lanes, chunk,
-      tuple(np.uint64(k) for k in keys), nbits)
+    nb, M, N = out.shape
+    threads.launch(k, nb * ((M + TM - 1) // TM) * ((N + TN - 1) // TN), np.ascontiguousarray(A, dtype=np.float64),
+                   np.ascontiguousarray(B, dtype=np.float64), bias, has_bias, out, tuple(int(v) for v in mulp),
+                   tuple(int(v) for v in accp), mi, mf, mw, ai, af, aw, lanes, chunk, tuple(np.uint64(k) for k in keys),
+                   nbits)

@@ -1,0 +1,45 @@
+"""kernels/threads.py: the shares cover [0, n) exactly once, in order; a launch runs every item once on any
+thread count and raises a share's exception in the caller."""
+import numpy as np
+import pytest
+from numba import njit
+
+from emunum.kernels import threads
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 64, 1001])
+@pytest.mark.parametrize("parts", [1, 2, 3, 8])
+def test_shares_partition_the_range_in_order(n, parts):
+    s = threads.shares(n, parts)
+    assert s[0][0] == 0 and s[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(s, s[1:]))
+    sizes = [hi - lo for lo, hi in s]
+    assert max(sizes) - min(sizes) <= 1
+    assert len(s) == max(1, min(parts, n))
+
+
+@njit(nogil=True)
+def _mark(lo, hi, out):
+    for i in range(lo, hi):
+        out[i] += i + 1
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 5])
+@pytest.mark.parametrize("n", [1, 4, 1000])
+def test_launch_runs_every_item_once(t, n):
+    out = np.zeros(n, np.int64)
+    threads.launch(_mark, n, out, threads=t)
+    np.testing.assert_array_equal(out, np.arange(1, n + 1))
+
+
+def _fail_in_second_share(lo, hi, seen):
+    seen.append((lo, hi))
+    if lo > 0:
+        raise ValueError(f"share {lo}")
+
+
+def test_launch_raises_a_share_error_after_all_shares_end():
+    seen = []
+    with pytest.raises(ValueError, match="share"):
+        threads.launch(_fail_in_second_share, 10, seen, threads=3)
+    assert sorted(seen) == [(0, 4), (4, 7), (7, 10)]

@@ -286,9 +286,16 @@ def kernel(FUSED: bool, MMODE: int, AMODE: int, AFIX: int, CHK: bool, EXACT: boo
     return gemm_vec
 
 
-def run(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, checks=None, exact=None):
-    """``gemm_cpu._gemm``'s call into ``gemm_vec``, its tiles spread over threads (``threads.launch``); checks / exact: None plans
-    (``needs_checks``, ``exact_sums``), a bool forces (tests: checks on, or exact off, only add work)."""
+# A launch on threads costs ~20 us more than numba's prange did (kernels/threads.py): GEMMs below this many
+# products (~40 us on one thread) run on the calling thread alone.
+PAR_MIN_MACS = 1 << 20
+
+
+def run(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, checks=None, exact=None,
+        n_threads=None):
+    """``gemm_cpu._gemm``'s call into ``gemm_vec``, its output tiles spread over threads (``threads.launch``:
+    n_threads, default numba's thread count from ``PAR_MIN_MACS`` products on, else 1); checks / exact: None
+    plans (``needs_checks``, ``exact_sums``), a bool forces (tests: checks on, or exact off, only add work)."""
     mi, mf, mw = consts(mulp, nbits)
     ai, af, aw = consts(accp, nbits)
     chk = needs_checks(A, B, fused, mulp, accp) if checks is None else bool(checks)
@@ -298,7 +305,9 @@ def run(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits,
     k = kernel(bool(fused), -1 if fused else int(mulp[P_MODE]),
                amode if not afix or amode == STOCHASTIC else -1, afix, chk, ex)
     nb, M, N = out.shape
+    if n_threads is None and nb * M * N * A.shape[2] < PAR_MIN_MACS:
+        n_threads = 1
     threads.launch(k, nb * ((M + TM - 1) // TM) * ((N + TN - 1) // TN), np.ascontiguousarray(A, dtype=np.float64),
                    np.ascontiguousarray(B, dtype=np.float64), bias, has_bias, out, tuple(int(v) for v in mulp),
                    tuple(int(v) for v in accp), mi, mf, mw, ai, af, aw, lanes, chunk, tuple(np.uint64(k) for k in keys),
-                   nbits)
+                   nbits, threads=n_threads)

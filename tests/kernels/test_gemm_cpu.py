@@ -645,6 +645,24 @@ def test_vec_results_do_not_depend_on_thread_count():
     np.testing.assert_array_equal(one, _run(A, B, None, unit, fast="vec", seed=3))
 
 
+@pytest.mark.parametrize("n_threads", [2, 3, 7])
+def test_vec_tiles_on_threads_equal_one_thread(n_threads):
+    """Invariant: gemm_vec's output tiles shared over threads (kernels/threads.py) give the one-thread bits, with
+    more tiles than threads and more threads than some shares hold."""
+    rng = np.random.default_rng(9)
+    A, B = _operands(rng, (2, 17, 70), "fp8_152"), _operands(rng, (1, 70, 130), "fp8_152")
+    unit = VEC_UNITS["e5m2-e6m9_sr_chunk64"]
+    mulp, accp = unit.kernel_params()
+    outs = []
+    for t in (1, n_threads):
+        out = np.full((2, 17, 130), np.nan)
+        gemm_vec.run(A, B, np.zeros((1, 1, 1)), False, out, 0, mulp, accp, unit.lanes, unit.chunk or 0,
+                     stream_keys(5), unit.sr_bits, n_threads=t)
+        outs.append(out)
+    _same_bits(outs[1], outs[0], f"{n_threads} threads")
+    _same_bits(outs[0], _run(A, B, None, unit, fast=False, seed=5), "general")
+
+
 def _vec_operands(name, operands):
     """The grid's operands for one unit (test_vec_kernel_equals_general_kernel_bit_for_bit)."""
     unit = VEC_UNITS[name]

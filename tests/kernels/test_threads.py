@@ -43,3 +43,23 @@ def test_launch_raises_a_share_error_after_all_shares_end():
     with pytest.raises(ValueError, match="share"):
         threads.launch(_fail_in_second_share, 10, seen, threads=3)
     assert sorted(seen) == [(0, 4), (4, 7), (7, 10)]
+
+
+def _nested(lo, hi, out):
+    threads.launch(_mark, out.shape[1], out[lo], threads=2)  # the workers are busy: runs serially
+    for i in range(lo + 1, hi):
+        threads.launch(_mark, out.shape[1], out[i], threads=2)
+
+
+def test_launch_inside_a_share_and_from_other_threads_gives_the_same_items():
+    """Invariant: a launch while the workers are held (from a share, or from another Python thread) still runs
+    every item once."""
+    out = np.zeros((6, 50), np.int64)
+    threads.launch(_nested, 6, out, threads=3)
+    np.testing.assert_array_equal(out, np.tile(np.arange(1, 51), (6, 1)))
+    import concurrent.futures
+    outs = [np.zeros(3000, np.int64) for _ in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        list(ex.map(lambda o: threads.launch(_mark, o.size, o, threads=2), outs))
+    for o in outs:
+        np.testing.assert_array_equal(o, np.arange(1, 3001))

@@ -39,6 +39,7 @@ import numpy as np
 from numba import njit
 
 from . import _cache, gemm_scalar, scalar, threads
+from .llvm_inline import inline_in_llvm
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
@@ -191,10 +192,12 @@ def _round_fixed(x, rnd, c, f, w, STO, WRAP, CHK):
     return v * inv
 
 
-@njit(inline="always")
+@njit
 def _round(x, rnd, ci, cf, w, MODE, FIX, CHK):
     """Round x to the format of (ci, cf, w) in MODE (a constant; for fixed point only STOCHASTIC matters).
-    FIX: 0 float, 1 saturating fixed point, 2 wrapping fixed point."""
+    FIX: 0 float, 1 saturating fixed point, 2 wrapping fixed point. Compiled once per literal flag combination
+    and inlined by LLVM (``llvm_inline``), not by numba: the variants share it."""
+    inline_in_llvm()
     if FIX:
         return _round_fixed(x, rnd, ci, cf, w, MODE == STOCHASTIC, FIX == 2, CHK)
     if MODE == NEAREST:

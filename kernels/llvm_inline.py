@@ -1,0 +1,23 @@
+"""``inline_in_llvm()``: called at the top of a compiled function, marks that function ``alwaysinline`` for LLVM.
+
+Why: numba's own ``inline="always"`` copies a callee's IR into every caller and types it there again, which costs
+far more compile time than the code it makes (a ``gemm_vec`` variant spent ~9 of its ~12 CPU-s in that inliner).
+A plain ``njit`` callee is typed once per signature, literal flags included (numba compiles a specialisation per
+``Literal`` argument and prunes its dead branches), shared by every caller, and linked into each caller's module;
+with this mark LLVM's always-inliner then puts its body into each call site before the loop vectoriser runs, so
+the loops are what numba's inlining gave: the same operations, hence the same bits.
+"""
+from numba import types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def inline_in_llvm(typingctx):
+    """Marks the calling function ``alwaysinline`` (once)."""
+    def codegen(context, builder, signature, args):
+        attrs = builder.function.attributes
+        if "alwaysinline" not in attrs:
+            attrs.add("alwaysinline")
+        return context.get_dummy_value()
+
+    return types.void(), codegen

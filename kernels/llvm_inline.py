@@ -8,15 +8,17 @@ with this mark LLVM's always-inliner then puts its body into each call site befo
 the loops are what numba's inlining gave: the same operations, hence the same bits.
 """
 from numba import types
+from numba.core.cpu import CPUContext
 from numba.extending import intrinsic
 
 
 @intrinsic
 def inline_in_llvm(typingctx):
-    """Marks the calling function ``alwaysinline`` (once)."""
+    """Marks the calling function ``alwaysinline`` (once) where it is compiled for the CPU; elsewhere (a CUDA
+    device function) it does nothing."""
     def codegen(context, builder, signature, args):
         attrs = builder.function.attributes
-        if "alwaysinline" not in attrs:
+        if isinstance(context, CPUContext) and "alwaysinline" not in attrs:
             attrs.add("alwaysinline")
         return context.get_dummy_value()
 

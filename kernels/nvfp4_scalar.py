@@ -24,6 +24,7 @@ from numba import njit
 
 from .scalar.block import block_scale, element_mbits, round_element, round_float_value_sat
 from .scalar.common import NEAREST, STOCHASTIC, random_bits
+from .llvm_inline import inline_in_llvm
 from .scalar.float import round_nearest_value
 
 F32 = np.float32
@@ -33,6 +34,12 @@ FLT_MAX64 = 3.4028234663852886e38
 # numba's CUDA simulator cannot hand its fake device arrays to compiled @njit cores: kernels/nvfp4_cuda.py then
 # loads a second copy of this module with PLAIN_PYTHON set, whose cores stay Python functions.
 _core = (lambda f: f) if globals().get("PLAIN_PYTHON") else njit(inline="always", error_model="numpy")
+# The block-level cores and the element rounding are compiled once each, not copied into every caller by numba's
+# IR inliner (that copying made the CPU loop's compile ~30 CPU-s), and inlined by LLVM (kernels/llvm_inline.py).
+_called = (lambda f: f) if globals().get("PLAIN_PYTHON") else njit(error_model="numpy")
+if globals().get("PLAIN_PYTHON"):
+    def inline_in_llvm():
+        pass
 
 
 @_core
@@ -52,10 +59,11 @@ def _scale_of(v, s_man, s_emin, s_sub, s_max):
     return F32(round_float_value_sat(w, s_man, s_emin, s_sub, s_max, 0, NEAREST, 0, 32))
 
 
-@_core
+@_called
 def _round(v, kind, p0, p1, p2, max_e, negzero, mode, rnd, nbits):
     """``round_element``; round-to-nearest of a float element by Veltkamp's split (``round_nearest_value``, the
     same bits: kernels/block_cpu.py's nearest branch), about 4x faster."""
+    inline_in_llvm()
     if kind == 0 and mode == NEAREST:
         split = math.ldexp(1.0, 52 - p0) + 1.0
         magic = 1.5 * math.ldexp(1.0, 52 + (p1 - p0 if p2 != 0 else p1))
@@ -63,10 +71,11 @@ def _round(v, kind, p0, p1, p2, max_e, negzero, mode, rnd, nbits):
     return round_element(v, kind, p0, p1, p2, max_e, negzero, mode, rnd, nbits)
 
 
-@_core
+@_called
 def _row_error(src, p, i, c0, c1, R, C, S, gds, gamax, denom, metric, p0, p1, p2, max_e, negzero, mode, key,
                nbits):
     """The float32 error of row i's part [c0, c1) of a block under candidate scale S (see the module doc)."""
+    inline_in_llvm()
     enc = _encode_scale(S, gds)
     err = F32(0.0)
     for j in range(c0, c1):
@@ -89,10 +98,11 @@ def _join(a, b, metric):
     return max(a, b) if metric == 2 else F32(a + b)
 
 
-@_core
+@_called
 def _tile_error(src, p, r0, r1, c0, c1, R, C, S, gds, gamax, denom, metric, p0, p1, p2, max_e, negzero, mode, key,
                 nbits, tr):
     """A block's error: its one row's (1-D), or a tile's 16 row errors added as TransformerEngine's tree."""
+    inline_in_llvm()
     if tr == 1:
         return _row_error(src, p, r0, c0, c1, R, C, S, gds[p * R + r0], gamax[p * R + r0], denom, metric, p0, p1,
                           p2, max_e, negzero, mode, key, nbits)
@@ -132,10 +142,11 @@ def block_at(b, nbr, nbc, tr, tc, R, C):
     return p, bi, bj, r0, min(r0 + tr, R), c0, min(c0 + tc, C)
 
 
-@_core
+@_called
 def fos_block(src, dst, scales, b, tr, tc, ges, gds, gamax, denom, metric, p0, p1, p2, max_e, negzero, s_man, s_emin,
               s_sub, s_max, mode, key, nbits):
     """Block b (flat index over scales) by 4/6 selection."""
+    inline_in_llvm()
     P, R, C = src.shape
     p, bi, bj, r0, r1, c0, c1 = block_at(b, scales.shape[1], scales.shape[2], tr, tc, R, C)
     vmax = F32(0.0)
@@ -174,11 +185,12 @@ def fos_block(src, dst, scales, b, tr, tc, ges, gds, gamax, denom, metric, p0, p
             dst[p, i, j] = q * full
 
 
-@_core
+@_called
 def row_block(src, dst, scales, b, tr, tc, t, kind, p0, p1, p2, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin,
               s_sub, s_max, s_min, mode, key, nbits):
     """Block b of 1-D blocks with the plain amax rule and the outer scale t[p * R + row] of its row
     (``BlockFormat``'s float64 semantics, T per row instead of per tensor)."""
+    inline_in_llvm()
     P, R, C = src.shape
     p, bi, bj, i, _, c0, c1 = block_at(b, scales.shape[1], scales.shape[2], 1, tc, R, C)
     amax = 0.0

@@ -17,7 +17,9 @@ with the blocks' chains side by side in one vector instead of one after another.
 are then joined by the scalar core's tree, again lane-wise. (Sums in float64 would not do: 16 float32 terms
 need not add exactly in float64, and the reference rounds each partial sum to float32.)
 
-**Values.** Per lane: the candidates' scales S6, S4 and encode scales enc as ``nvfp4_fast._fos_chunk``. Per
+**Values.** Per lane: the candidates' scales S6, S4 and encode scales enc as ``nvfp4_fast._fos_chunk``, the scales
+rounded in float32 arithmetic (``_scale32``, the same values for the scale formats ``scale32_ok`` admits; the
+others take ``nvfp4_fast``'s block path), so that every per-block loop runs 8 lanes to an AVX2 vector. Per
 element |x| once; per candidate q = e2m1(float32(|x| * enc)) by float32 arithmetic (``e2m1_round``: exact
 round-to-nearest-even with saturation, no compares), and the scalar core's val = float32(float32(float32(q * S)
 * gamax) / denom) as w_m * 2**k for q = m * 2**k (``_dequant``), w_m made per lane (``lane_values``); the error

@@ -401,7 +401,8 @@ def _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m
 @njit(cache=True, error_model="numpy")
 def fos_lanes_serial(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_man,
                      s_emin, s_sub, s_max):
-    """4/6 selection, blocks of tr x 16 (tr 1 or 16) of (P, R, C) data; arguments as ``nvfp4_fast.fos_serial``."""
+    """4/6 selection, blocks of tr x 16 (tr 1 or 16) of (P, R, C) data; arguments as ``nvfp4_fast.fos_serial``; the
+    scale format must pass ``scale32_ok``."""
     s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
     _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
            s_magic, s_min_normal, True)

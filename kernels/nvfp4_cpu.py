@@ -141,7 +141,7 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
         m, vl, lanes = _fos_constants(tuple(args[:6]))
         flat, rest = _fos_arguments(src, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl, args)
         with _parallel.try_parallel(parallel) as par:
-            if int(tile[1]) == 16 and lanes:  # the error sums vectorised across blocks
+            if int(tile[1]) == 16 and lanes and nvfp4_fos_fast.scale32_ok(*args[10:14]):  # lanes = blocks
                 (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(*flat, *rest)
             else:
                 (nvfp4_fast.fos_parallel if par else nvfp4_fast.fos_serial)(*flat, int(tile[1]), *rest)
@@ -216,7 +216,7 @@ def quantize_fos_tensor(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, ti
             _run_fos_sr(src, dst, scales, tile, np.full(n, ges), np.full(n, gds), np.full(n, gamax), denom, metric,
                         args, key, nbits, par)
             return True
-        if lanes:  # quantize_nvfp4's call of the lanes kernel, without its checks made again
+        if lanes and nvfp4_fos_fast.scale32_ok(*args[10:14]):  # quantize_nvfp4's call of the lanes kernel
             flat, rest = _fos_arguments(src, dst, scales, tile, np.full(n, ges), np.full(n, gds), np.full(n, gamax),
                                         denom, metric, m, vl, args)
             (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(*flat, *rest)

@@ -17,7 +17,9 @@ with the blocks' chains side by side in one vector instead of one after another.
 are then joined by the scalar core's tree, again lane-wise. (Sums in float64 would not do: 16 float32 terms
 need not add exactly in float64, and the reference rounds each partial sum to float32.)
 
-**Values.** Per lane: the candidates' scales S6, S4 and encode scales enc as ``nvfp4_fast._fos_chunk``. Per
+**Values.** Per lane: the candidates' scales S6, S4 and encode scales enc as ``nvfp4_fast._fos_chunk``, the scales
+rounded in float32 arithmetic (``_scale32``, the same values for the scale formats ``scale32_ok`` admits; the
+others take ``nvfp4_fast``'s block path), so that every per-block loop runs 8 lanes to an AVX2 vector. Per
 element |x| once; per candidate q = e2m1(float32(|x| * enc)) by float32 arithmetic (``e2m1_round``: exact
 round-to-nearest-even with saturation, no compares), and the scalar core's val = float32(float32(float32(q * S)
 * gamax) / denom) as w_m * 2**k for q = m * 2**k (``_dequant``), w_m made per lane (``lane_values``); the error
@@ -78,6 +80,28 @@ def encode_scale32(s, g):
     24 + 2 bits), and a quotient past FLT_MAX is FLT_MAX in both."""
     sg = F32(s * g)
     return FLT_MAX if sg == F32(0.0) else F32(min(F32(F32(1.0) / sg), FLT_MAX))
+
+
+def scale32_ok(s_man, s_emin, s_sub, s_max) -> bool:
+    """Whether ``_scale32`` rounds into the scale format (man s_man, smallest normal 2**s_emin, subnormals if s_sub,
+    largest value s_max): its constants and every intermediate are float32 values, normal or 0."""
+    q = s_emin - s_man if s_sub else s_emin
+    return 1 <= s_man <= 20 and s_emin >= -100 and q >= -100 and 0.0 < s_max <= 2.0**100 \
+        and float(np.float32(s_max)) == s_max
+
+
+@njit(inline="always", error_model="numpy")
+def _scale32(v, split, magic, min_normal, smax):
+    """``nvfp4_fast._scale`` (v, a float32 >= 0 or inf, clamped to smax and rounded to nearest-even into the scale
+    format) in float32 arithmetic, 16 lanes to a vector where float64 takes 8: Veltkamp's split (split = 2**(23 - man)
+    + 1) at and above the smallest normal min_normal, (x + magic) - magic below it (magic = 1.5 * 2**(23 + q), q the
+    format's smallest quantum's exponent), each exact for float32 operands as for float64 ones where ``scale32_ok``
+    holds (x * split stays below 2**100 * 2**23, x + magic is a normal float32), so the same value; a zero stays +0."""
+    x = F32(min(v, smax))
+    c = F32(x * split)
+    y = F32(c - F32(c - x))
+    lo = F32(F32(x + magic) - magic)
+    return lo if x < min_normal else y
 
 
 @njit(inline="always", error_model="numpy")
@@ -176,14 +200,18 @@ def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
                                               borrow(enc6), borrow(enc4), borrow(r6), borrow(r4))
     e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4 = (borrow(e6), borrow(e4), borrow(vt6), borrow(vt4), borrow(q6),
                                                 borrow(q4), borrow(t6), borrow(t4), borrow(w6), borrow(w4))
+    scf = borrow(sc.reshape(-1))
+    # the scale rounding in float32 (``_scale32``; the dispatch checks ``scale32_ok``)
+    sk = (s_max, s_split, s_magic, s_min_normal, F32(s_max), F32((s_split - 1.0) * 2.0**-29 + 1.0),
+          F32(s_magic * 2.0**-29), F32(s_min_normal))
     whole = C // 16
     for u in range(u0, u1):
         line = u // per
         bj0 = (u - line * per) * LANES
         n = min(LANES, whole - bj0)
         if n > 0:
-            _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
-                  (s_max, s_split, s_magic, s_min_normal), line, bj0, n, mx, ob, tb, tb.view(np.float32),
+            _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
+                  sk, line, bj0, n, mx, ob, tb, tb.view(np.float32),
                   (s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4))
         if C % 16 != 0 and bj0 + LANES >= whole:  # the partial last block
             b = line * sc.shape[1] + sc.shape[1] - 1
@@ -193,11 +221,11 @@ def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
 
 
 @njit(inline="always", error_model="numpy")
-def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk, line, bj0, n, mx, ob,
+def _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk, line, bj0, n, mx, ob,
           tb, tf, fb):
     """Blocks bj0..bj0+n-1 of row of blocks ``line`` (``_task``); sk: the scale format's constants; fb: the float32
     buffers (grouped: an inlined call takes at most 30 arguments)."""
-    s_max, s_split, s_magic, s_min_normal = sk
+    s_max, s_split, s_magic, s_min_normal, f_max, f_split, f_magic, f_min_normal = sk
     s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4 = fb
     p = line // nbr
     bi = line - p * nbr
@@ -216,20 +244,24 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
         s4[U64(j)] = F32(F32(U32(mx[U64(j)]).view(np.float32) / F32(6.0)) * ge0)  # base
     for j in range(n):
         base = s4[U64(j)]
-        s6[U64(j)] = _scale(base, s_split, s_magic, s_min_normal, s_max)
-        s4[U64(j)] = _scale(F32(base * F32(1.5)), s_split, s_magic, s_min_normal, s_max)
-    nz = 0
+        s6[U64(j)] = _scale32(base, f_split, f_magic, f_min_normal, f_max)
+        s4[U64(j)] = _scale32(F32(base * F32(1.5)), f_split, f_magic, f_min_normal, f_max)
     st = U64(LANES)
     for j in range(n):
         enc6[U64(j)] = encode_scale32(s6[U64(j)], g0)
         enc4[U64(j)] = encode_scale32(s4[U64(j)], g0)
-        nz += (enc6[U64(j)] == 0) | (enc4[U64(j)] == 0)
+    # each lane's flag into ob's third row (free until ``_store_row`` makes it), then their union: a reduction in
+    # the loops above ran them 4 lanes to a vector, not 8 (measured)
     for j in range(n):
         w1, w15, ok6 = lane_values(s6[U64(j)], a0, denom)
         vt6[U64(j)], vt6[U64(j) + st] = w1, w15
         w1, w15, ok4 = lane_values(s4[U64(j)], a0, denom)
         vt4[U64(j)], vt4[U64(j) + st] = w1, w15
-        nz += ((not ok6) | (not ok4)) & (mx[U64(j)] <= INF_BITS)  # a NaN block is stored as NaN
+        zero = (enc6[U64(j)] == F32(0.0)) | (enc4[U64(j)] == F32(0.0))
+        ob[U64(j) + 2 * st] = U32(zero | (((not ok6) | (not ok4)) & (mx[U64(j)] <= INF_BITS)))  # NaN: stored NaN
+    nz = U32(0)
+    for j in range(n):
+        nz |= ob[U64(j) + 2 * st]
     if nz != 0:  # S * gds overflowed (|x| * enc may be NaN: module doc), or a dequantised value is not w_m * 2**k
         b0 = line * sc.shape[1] + bj0
         _fos_chunk(src, bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, 16, ges, gds, gamax, denom,
@@ -270,8 +302,9 @@ def _unit(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
             a4, a6, c4, c6 = s4[U64(j)], s6[U64(j)], enc4[U64(j)], enc6[U64(j)]
             s6[U64(j)] = a4 if keep4 else a6  # the kept scale, and its enc for gds[row0]
             enc6[U64(j)] = c4 if keep4 else c6
-        for j in range(n):
-            sc[line, bj0 + j] = s6[U64(j)] if mx[U64(j)] <= INF_BITS else math.nan
+        o = U64(line * sc.shape[1] + bj0)
+        for j in range(n):  # flat: sc[line, bj0 + j] (a 2-D store checks its indices and does not vectorise)
+            scf[o + U64(j)] = np.float64(s6[U64(j)]) if mx[U64(j)] <= INF_BITS else math.nan
         for i in range(rows):
             g = gds[U64(row0 + i)]
             _store_row(src, bits, dbits, row0 + i, C, c00, n, g, g != g0, (i == 0) | (g != g0), m, vl, negzero, mx,
@@ -368,7 +401,8 @@ def _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m
 @njit(cache=True, error_model="numpy")
 def fos_lanes_serial(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_man,
                      s_emin, s_sub, s_max):
-    """4/6 selection, blocks of tr x 16 (tr 1 or 16) of (P, R, C) data; arguments as ``nvfp4_fast.fos_serial``."""
+    """4/6 selection, blocks of tr x 16 (tr 1 or 16) of (P, R, C) data; arguments as ``nvfp4_fast.fos_serial``; the
+    scale format must pass ``scale32_ok``."""
     s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
     _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
            s_magic, s_min_normal, True)

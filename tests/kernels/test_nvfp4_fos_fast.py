@@ -19,6 +19,7 @@ import emunum
 from emunum.block_quantize import block_args
 from emunum.formats import BLOCK_PRESETS, BlockFormat, FourOverSix, RoundMode
 from emunum.kernels import nvfp4_cpu, nvfp4_fos_fast
+from emunum.kernels.nvfp4_scalar import _scale_of
 from emunum.nvfp4_quantize import line_arrays
 
 NEAREST = int(RoundMode.NEAREST)
@@ -271,3 +272,47 @@ def test_encode_scale32_is_the_scalar_cores_encode_scale():
                         rng.uniform(0, 448, 20000).astype(np.float32)])
     got = _encodes(s, g, nvfp4_fos_fast.encode_scale32)
     assert np.array_equal(got.view(np.uint32), _encodes(s, g, _encode_scale).view(np.uint32))
+
+
+@njit
+def _scales32(v, f_split, f_magic, f_min_normal, f_max):
+    out = np.empty_like(v)
+    for i in range(v.size):
+        out[i] = nvfp4_fos_fast._scale32(v[i], f_split, f_magic, f_min_normal, f_max)
+    return out
+
+
+@njit
+def _scales_core(v, s_man, s_emin, s_sub, s_max):
+    out = np.empty_like(v)
+    for i in range(v.size):
+        out[i] = _scale_of(v[i], s_man, s_emin, s_sub, s_max)
+    return out
+
+
+@pytest.mark.parametrize("scale", ["e4m3fn", "ue5m3", "e5m2", "fp6_e3m2", "fp16"])
+def test_scale32_is_the_scalar_cores_scale_rounding(scale):
+    # the lanes path's float32 scale rounding against the scalar core's float64 one (its constants as _task makes
+    # them), over every format value, midpoint and their float32 neighbours, dense float32 patterns from 0 (float32
+    # subnormals, the format's subnormals) to far past the format's largest value, and inf
+    fmt = BlockFormat("fp4_e2m1", 16, scale, scale_rule="amax", tensor_scale=True, four_over_six=FourOverSix("mae"))
+    s_man, s_emin, s_sub, s_max = block_args(fmt, 1.0)[10:14]
+    assert nvfp4_fos_fast.scale32_ok(s_man, s_emin, s_sub, s_max)
+    split, magic, min_normal = nvfp4_fos_fast._split_constants(s_man, s_emin, s_sub)
+    consts = (np.float32((split - 1.0) * 2.0**-29 + 1.0), np.float32(magic * 2.0**-29), np.float32(min_normal),
+              np.float32(s_max))
+    top = int(np.float32(4 * s_max).view(np.uint32))
+    dense = np.arange(0, top, max(61, top // 2_000_000 | 1), dtype=np.uint32).view(np.float32)
+    values = np.unique(_scales_core(dense, s_man, s_emin, s_sub, s_max))
+    points = np.concatenate([values, (values[1:] + values[:-1]) / 2]).astype(np.float32).view(np.int32)
+    near = (points[:, None] + np.arange(-3, 4)[None, :]).reshape(-1)
+    v = np.concatenate([dense, near[near >= 0].astype(np.uint32).view(np.float32), np.float32([np.inf, 3e38])])
+    got = _scales32(v, *consts)
+    assert np.array_equal(got.view(np.uint32), _scales_core(v, s_man, s_emin, s_sub, s_max).view(np.uint32))
+
+
+def test_scale32_ok_refuses_scale_formats_past_its_float32_range():
+    # a scale format outside _scale32's range leaves 4/6 to the block path (nvfp4_fast.fos_*), the same bits
+    assert not nvfp4_fos_fast.scale32_ok(3, -6, 1, 2.0**120)
+    assert not nvfp4_fos_fast.scale32_ok(23, -6, 1, 448.0)
+    assert not nvfp4_fos_fast.scale32_ok(3, -126, 1, 448.0)

@@ -229,11 +229,11 @@ def mxplus_serial_kernels(x, out, repeats: int) -> None:
     for el in MXPLUS_ELEMENTS:
         b = block_args(emunum.get_format(el), 1.0)
         kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, _ = b
-        runs = {"plain": lambda: block_fast.pow2_serial(flat, bits, dst, dbits, sc, 32, 32, man, emin, sub, emax_e,
-                                                        max_e, negzero, lo, hi, s_man, s_emin, s_sub, s_max, s_min,
-                                                        rule),
-                "plus": lambda: mxplus_fast.fast_serial(flat, bits, dst, sc, 32, 32,
-                                                        *mxplus_args(emunum.get_format(el + "_plus"))[:9])}
+        runs = {"plain": lambda: block_fast.pow2_range(0, sc.size, flat, bits, dst, dbits, sc, 32, 32, man, emin, sub,
+                                                       emax_e, max_e, negzero, lo, hi, s_man, s_emin, s_sub, s_max,
+                                                       s_min, rule),
+                "plus": lambda: mxplus_fast.fast_range(0, mxplus_fast.chunks(sc.size), flat, bits, dst, sc, 32, 32,
+                                                       *mxplus_args(emunum.get_format(el + "_plus"))[:9])}
         best = dict.fromkeys(runs, float("inf"))
         for fn in runs.values():
             fn()

@@ -19,7 +19,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, block_fast, block_sr, scalar
+from . import _cache, block_fast, block_sr, scalar, threads
 from . import parallel as _parallel
 from .scalar.block import AMAX, FLOOR, block_scale, element_mbits, round_element
 from .scalar.common import NEAREST, STOCHASTIC, random_bits
@@ -301,9 +301,10 @@ def block_amaxes(src: np.ndarray, scales: np.ndarray, tc: int, parallel=None) ->
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     bits = src.reshape(-1).view(np.uint32)
-    with _parallel.try_parallel(parallel) as par:
-        m = (block_fast.amax_parallel if par else block_fast.amax_serial)(bits, scales.reshape(-1), C, tc)
-    return float(np.array(m, dtype=np.uint32).view(np.float32))
+    amaxes = scales.reshape(-1)
+    part = np.zeros(block_fast.amax_tasks(amaxes.size), np.uint32)
+    threads.launch(block_fast.amax_range, part.size, bits, amaxes, part, C, tc, threads=None if parallel else 1)
+    return float(np.array(part.max(initial=0), dtype=np.uint32).view(np.float32))
 
 
 def _fast_path(src, dst, scales, tile, args: tuple, par: bool, scanned: bool) -> bool:
@@ -317,14 +318,15 @@ def _fast_path(src, dst, scales, tile, args: tuple, par: bool, scanned: bool) ->
     flat, out, C = src.reshape(-1), dst.reshape(-1), src.shape[2]
     bits, dbits = flat.view(np.uint32), out.view(np.uint32)
     if path == "pow2":
-        run = block_fast.pow2_parallel if par else block_fast.pow2_serial
-        run(flat, bits, out, dbits, scales.reshape(-1), C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
-            s_emin, s_sub, s_max, s_min, rule)
+        sc = scales.reshape(-1)
+        threads.launch(block_fast.pow2_range, sc.size, flat, bits, out, dbits, sc, C, tc, man, emin, sub, emax_e,
+                       max_e, negzero, lo, hi, s_man, s_emin, s_sub, s_max, s_min, rule, threads=None if par else 1)
     else:
         thr, val, k0 = _scale_table(args)
-        run = block_fast.table_parallel if par else block_fast.table_serial
-        run(bits, dbits, scales.reshape(-1), scanned, src.shape[1], C, tr, tc, thr, val, k0, negzero,
-            max_e, s_man, s_emin, s_sub, s_max, s_min, t)
+        sc = scales.reshape(-1)
+        threads.launch(block_fast.table_range, block_fast.table_chunks(sc.size), bits, dbits, sc, scanned,
+                       src.shape[1], C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t,
+                       threads=None if par else 1)
     return True
 
 
@@ -339,12 +341,12 @@ def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
     kind, man, emin, sub = args[:4]
     f32 = src.dtype == np.float32 and dst.dtype == np.float32
     fast = f32 and mode == NEAREST
-    with _parallel.try_parallel(parallel) as par:  # one parallel section per process (kernels/parallel.py)
-        if f32 and mode == STOCHASTIC and block_sr.sr_ok(args):
-            block_sr.quantize_sr(src, dst, scales, int(tile[1]), args, key, int(nbits), par, scanned, tr=int(tile[0]))
-            return
-        if fast and _fast_path(src, dst, scales, tile, args, par, scanned):
-            return
+    if f32 and mode == STOCHASTIC and block_sr.sr_ok(args):
+        block_sr.quantize_sr(src, dst, scales, int(tile[1]), args, key, int(nbits), parallel, scanned, tr=int(tile[0]))
+        return
+    if fast and _fast_path(src, dst, scales, tile, args, parallel, scanned):
+        return
+    with _parallel.try_parallel(parallel) as par:  # one prange section per process (kernels/parallel.py)
         if fast and kind == 0 and int(tile[0]) == 1:
             flat = src.reshape(-1)
             run = rows_f32_parallel if par else rows_f32_serial

@@ -74,7 +74,7 @@ import functools
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from . import _cache, scalar
 from .scalar.block import CEIL, EVEN, FLOOR, RCEIL, block_scale
@@ -184,10 +184,11 @@ def pow2_block(src, bits, dst, start, size, s, split, magic, min_normal, max_bit
 
 
 @njit(inline="always")
-def _pow2_blocks(src, bits, dst, dbits, scales, C, tc, tiled, split, magic, min_normal, max_bits, negzero, emax_e,
+def _pow2_blocks(b0, b1, src, bits, dst, dbits, scales, C, tc, tiled, split, magic, min_normal, max_bits, negzero,
+                 emax_e,
                  max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, rule, mbits):
     nbc = scales.size // (src.size // C)
-    for b in prange(scales.size):
+    for b in range(b0, b1):
         start, size = _row_range(b, nbc, tc, C, tiled)
         m = _amax_bits(bits, start, min(size, bits.size - start))  # (= size) not a constant: it vectorises
         s = _pow2_scale(m, rule, emax_e, max_e, mbits, lo, hi, s_man, s_emin, s_sub, s_max, s_min)
@@ -200,7 +201,8 @@ def _pow2_blocks(src, bits, dst, dbits, scales, C, tc, tiled, split, magic, min_
 
 
 @njit(inline="always")
-def _pow2_rows(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man, s_emin,
+def _pow2_rows(b0, b1, src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
+               s_emin,
                s_sub, s_max, s_min, rule):
     f32 = np.float32
     split = f32(math.ldexp(1.0, 23 - man) + 1.0)
@@ -208,30 +210,23 @@ def _pow2_rows(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max
     min_normal = f32(math.ldexp(1.0, emin))
     max_bits = f32(max_e).view(U32)
     if tc == 32 and C % 32 == 0:  # a constant trip count for the element loop: LLVM unrolls it
-        _pow2_blocks(src, bits, dst, dbits, scales, C, 32, True, split, magic, min_normal, max_bits, negzero,
+        _pow2_blocks(b0, b1, src, bits, dst, dbits, scales, C, 32, True, split, magic, min_normal, max_bits, negzero,
                      emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, rule, man)
     elif tc == 16 and C % 16 == 0:
-        _pow2_blocks(src, bits, dst, dbits, scales, C, 16, True, split, magic, min_normal, max_bits, negzero,
+        _pow2_blocks(b0, b1, src, bits, dst, dbits, scales, C, 16, True, split, magic, min_normal, max_bits, negzero,
                      emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, rule, man)
     else:
-        _pow2_blocks(src, bits, dst, dbits, scales, C, tc, False, split, magic, min_normal, max_bits, negzero,
+        _pow2_blocks(b0, b1, src, bits, dst, dbits, scales, C, tc, False, split, magic, min_normal, max_bits, negzero,
                      emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, rule, man)
 
 
-@njit(cache=True)
-def pow2_serial(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
-                s_emin, s_sub, s_max, s_min, rule):
-    """Power-of-two scales, float32 arithmetic (module doc); dbits: dst's uint32 view."""
-    _pow2_rows(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man, s_emin,
-               s_sub, s_max, s_min, rule)
-
-
-@njit(cache=True, parallel=True)
-def pow2_parallel(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
-                  s_emin, s_sub, s_max, s_min, rule):
-    """``pow2_serial``, parallel over blocks."""
-    _pow2_rows(src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man, s_emin,
-               s_sub, s_max, s_min, rule)
+@njit(cache=True, nogil=True)
+def pow2_range(b0, b1, src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
+               s_emin, s_sub, s_max, s_min, rule):
+    """Power-of-two scales, float32 arithmetic (module doc), blocks b0..b1-1 of ``scales.size``; dbits: dst's
+    uint32 view."""
+    _pow2_rows(b0, b1, src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
+               s_emin, s_sub, s_max, s_min, rule)
 
 
 def pow2_ok(args: tuple) -> bool:
@@ -300,7 +295,8 @@ def _table_block(bits, dbits, start, size, thr, val, o, negzero):
 
 
 @njit(inline="always")
-def _table_blocks(bits, dbits, scales, scanned, R, C, tr, tc, full, thr, val, k0, negzero, max_e, s_man, s_max, s_min,
+def _table_blocks(c0, c1, bits, dbits, scales, scanned, R, C, tr, tc, full, thr, val, k0, negzero, max_e, s_man,
+                  s_max, s_min,
                   t, s_split, s_magic, s_min_normal):
     """In chunks of CHUNK blocks ((tr, tc) tiles, ``tile_range``): the amaxes (into ``scales``, unless the amax pass
     put them there: ``scanned``), then the scales and table rows in one vectorised loop (``block_scale``'s
@@ -309,10 +305,10 @@ def _table_blocks(bits, dbits, scales, scanned, R, C, tr, tc, full, thr, val, k0
     nbr = -(-R // tr)
     nbc = -(-C // tc)
     sh = 52 - s_man
-    for ch in prange(-(-nb // CHUNK)):
+    rows = np.empty(CHUNK, np.uint64)
+    for ch in range(c0, c1):
         b0 = ch * CHUNK
         b1 = min(b0 + CHUNK, nb)
-        rows = np.empty(CHUNK, np.uint64)
         if not scanned:
             for b in range(b0, b1):
                 start, _, nr, size = tile_range(b, nbr, nbc, R, C, tr, tc, full)
@@ -339,50 +335,52 @@ def _table_blocks(bits, dbits, scales, scanned, R, C, tr, tc, full, thr, val, k0
 
 
 @njit(inline="always")
-def _table_rows(bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max,
+def _table_rows(c0, c1, bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin,
+                s_sub, s_max,
                 s_min, t):
     s_split = math.ldexp(1.0, 52 - s_man) + 1.0
     s_magic = 1.5 * math.ldexp(1.0, 52 + (s_emin - s_man if s_sub != 0 else s_emin))
     s_min_normal = math.ldexp(1.0, s_emin)
     if tr == 1 and tc == 16 and C % 16 == 0:  # a constant trip count for the element loop (~12% faster, measured)
-        _table_blocks(bits, dbits, scales, scanned, R, C, 1, 16, True, thr, val, k0, negzero, max_e, s_man, s_max,
+        _table_blocks(c0, c1, bits, dbits, scales, scanned, R, C, 1, 16, True, thr, val, k0, negzero, max_e, s_man,
+                      s_max,
                       s_min, t, s_split, s_magic, s_min_normal)
     elif tr == 1 and tc == 32 and C % 32 == 0:  # NVFP4 with blocks of 32
-        _table_blocks(bits, dbits, scales, scanned, R, C, 1, 32, True, thr, val, k0, negzero, max_e, s_man, s_max,
+        _table_blocks(c0, c1, bits, dbits, scales, scanned, R, C, 1, 32, True, thr, val, k0, negzero, max_e, s_man,
+                      s_max,
                       s_min, t, s_split, s_magic, s_min_normal)
     elif tr == 1 and C % tc == 0:
-        _table_blocks(bits, dbits, scales, scanned, R, C, 1, tc, True, thr, val, k0, negzero, max_e, s_man, s_max,
+        _table_blocks(c0, c1, bits, dbits, scales, scanned, R, C, 1, tc, True, thr, val, k0, negzero, max_e, s_man,
+                      s_max,
                       s_min, t, s_split, s_magic, s_min_normal)
     else:  # partial 1-D blocks and every 2-D tile: the general tile loop
-        _table_blocks(bits, dbits, scales, scanned, R, C, tr, tc, False, thr, val, k0, negzero, max_e, s_man, s_max,
+        _table_blocks(c0, c1, bits, dbits, scales, scanned, R, C, tr, tc, False, thr, val, k0, negzero, max_e, s_man,
+                      s_max,
                       s_min, t, s_split, s_magic, s_min_normal)
 
 
-@njit(cache=True)
-def table_serial(bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub,
-                 s_max, s_min, t):
+@njit(cache=True, nogil=True)
+def table_range(c0, c1, bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub,
+                s_max, s_min, t):
     """Amax scales, an element of seven positive values (module doc), on (P, R, C) data in (tr, tc) tiles (1-D
-    blocks: tr = 1), scales in (P, nbr, nbc) order; bits/dbits: src/dst as flat uint32; thr, val, k0:
-    ``scale_table``; scanned: ``scales`` holds each block's amax (``amax_*``'s, 1-D) (else the blocks are scanned
-    here)."""
-    _table_rows(bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max,
-                s_min, t)
+    blocks: tr = 1), scales in (P, nbr, nbc) order, chunks c0..c1-1 of CHUNK blocks (``table_chunks``);
+    bits/dbits: src/dst as flat uint32; thr, val, k0: ``scale_table``; scanned: ``scales`` holds each block's amax
+    (``amax_range``'s, 1-D) (else the blocks are scanned here)."""
+    _table_rows(c0, c1, bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub,
+                s_max, s_min, t)
 
 
-@njit(cache=True, parallel=True)
-def table_parallel(bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub,
-                   s_max, s_min, t):
-    """``table_serial``, parallel over chunks of CHUNK blocks."""
-    _table_rows(bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max,
-                s_min, t)
+def table_chunks(nb: int) -> int:
+    """The chunks of ``table_range`` for nb blocks."""
+    return -(-nb // CHUNK)
 
 
 @njit(inline="always")
-def _amax_blocks(bits, amaxes, part, C, tc, tiled):
+def _amax_blocks(c0, c1, bits, amaxes, part, C, tc, tiled):
     """Each block's largest |x| into ``amaxes`` (float64); each task's largest finite |x| bits into ``part``."""
     nb = amaxes.size
     nbc = nb // (bits.size // C)
-    for ch in prange(part.size):
+    for ch in range(c0, c1):
         fin = U32(0)
         for b in range(ch * AMAX_CHUNK, min(ch * AMAX_CHUNK + AMAX_CHUNK, nb)):
             start, size = _row_range(b, nbc, tc, C, tiled)
@@ -392,32 +390,25 @@ def _amax_blocks(bits, amaxes, part, C, tc, tiled):
         part[U64(ch)] = fin
 
 
-@njit(inline="always")
-def _amax_rows(bits, amaxes, C, tc):
-    part = np.zeros(-(-amaxes.size // AMAX_CHUNK), U32)
+@njit(cache=True, nogil=True)
+def amax_range(c0, c1, bits, amaxes, part, C, tc):
+    """Tasks c0..c1-1 of AMAX_CHUNK blocks (``part.size`` of them, ``amax_tasks``): fills ``amaxes`` (float64, one
+    per block of rows of C in blocks of tc: the scales array) with each block's largest |x| (NaN where the block
+    holds one) and part[c] with the bits of task c's largest finite |x| (0 if none) (module doc); the tensor's is
+    part's max."""
     if tc == 16 and C % 16 == 0:
-        _amax_blocks(bits, amaxes, part, C, 16, True)
+        _amax_blocks(c0, c1, bits, amaxes, part, C, 16, True)
     elif tc == 32 and C % 32 == 0:
-        _amax_blocks(bits, amaxes, part, C, 32, True)
+        _amax_blocks(c0, c1, bits, amaxes, part, C, 32, True)
     elif C % tc == 0:
-        _amax_blocks(bits, amaxes, part, C, tc, True)
+        _amax_blocks(c0, c1, bits, amaxes, part, C, tc, True)
     else:
-        _amax_blocks(bits, amaxes, part, C, tc, False)
-    return part.max() if part.size else U32(0)
+        _amax_blocks(c0, c1, bits, amaxes, part, C, tc, False)
 
 
-@njit(cache=True)
-def amax_serial(bits, amaxes, C, tc):
-    """Fills ``amaxes`` (float64, one per block of rows of C in blocks of tc: the scales array) with each block's
-    largest |x| (NaN where the block holds one) and returns the bits of the largest finite |x| of all (0 if none)
-    (module doc)."""
-    return _amax_rows(bits, amaxes, C, tc)
-
-
-@njit(cache=True, parallel=True)
-def amax_parallel(bits, amaxes, C, tc):
-    """``amax_serial``, parallel over tasks of AMAX_CHUNK blocks."""
-    return _amax_rows(bits, amaxes, C, tc)
+def amax_tasks(nb: int) -> int:
+    """The tasks of ``amax_range`` for nb blocks."""
+    return -(-nb // AMAX_CHUNK)
 
 
 @functools.lru_cache(maxsize=64)

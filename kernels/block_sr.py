@@ -37,9 +37,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from . import _cache, block_fast, scalar
+from . import _cache, block_fast, scalar, threads
 from .block_fast import NAN32, U32, U64, _amax_bits, tile_range
 from .scalar.common import _floor, _is_odd, random_bits
 from .scalar.float import round_nearest_value
@@ -81,13 +81,13 @@ def sr_element(x, full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n
 
 
 @njit(inline="always")
-def _sr_blocks(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, full, man, emin, sub, max_e, neg_max, big,
+def _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, full, man, emin, sub, max_e, neg_max, big,
                negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits):
     nb = scales.size
     nbr = -(-R // tr)
     nbc = -(-C // tc)
     two_n = math.ldexp(1.0, nbits)
-    for b in prange(nb):
+    for b in range(b0, b1):
         start, row0, rows, size = tile_range(b, nbr, nbc, R, C, tr, tc, full)
         if scanned:
             amax = scales[U64(b)]
@@ -117,40 +117,36 @@ def _sr_blocks(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, full, man, 
 
 
 @njit(inline="always")
-def _sr_rows(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
+def _sr_rows(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
              s_man, s_emin, s_sub, s_max, s_min, t, key, nbits):
     s_split = math.ldexp(1.0, 52 - s_man) + 1.0
     s_magic = 1.5 * math.ldexp(1.0, 52 + (s_emin - s_man if s_sub != 0 else s_emin))
     s_min_normal = math.ldexp(1.0, s_emin)
     full = R % tr == 0 and C % tc == 0
     if tc == 16 and full:  # a constant trip count for the element loop
-        _sr_blocks(src, bits, dst, dbits, scales, scanned, R, C, tr, 16, True, man, emin, sub, max_e, neg_max, big,
+        _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, 16, True, man, emin, sub, max_e, neg_max,
+                   big,
                    negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
     elif full:
-        _sr_blocks(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, True, man, emin, sub, max_e, neg_max, big,
+        _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, True, man, emin, sub, max_e, neg_max,
+                   big,
                    negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
     else:
-        _sr_blocks(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, False, man, emin, sub, max_e, neg_max, big,
+        _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, False, man, emin, sub, max_e,
+                   neg_max, big,
                    negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
 
 
-@njit(cache=True)
-def sr_serial(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
-              s_man, s_emin, s_sub, s_max, s_min, t, key, nbits):
+@njit(cache=True, nogil=True)
+def sr_range(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
+             s_man, s_emin, s_sub, s_max, s_min, t, key, nbits):
     """Stochastic rounding of float32 (P, R, C) data, flat, in (tr, tc) tiles (1-D blocks along the rows: tr = 1)
-    with amax scales (module doc); src, dst flat float32 with uint32 views bits, dbits; scales float64, one per
-    block in (P, nbr, nbc) order (the amaxes already, if ``scanned``); man .. big: ``element_of``'s; t: float64,
-    the tensor scale T (one value) or, with tr = 1, each (p, r) row's T_r (one per row)."""
-    _sr_rows(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
-             s_man, s_emin, s_sub, s_max, s_min, t, key, nbits)
-
-
-@njit(cache=True, parallel=True)
-def sr_parallel(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
-                s_man, s_emin, s_sub, s_max, s_min, t, key, nbits):
-    """``sr_serial``, parallel over blocks."""
-    _sr_rows(src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
-             s_man, s_emin, s_sub, s_max, s_min, t, key, nbits)
+    with amax scales (module doc), blocks b0..b1-1; src, dst flat float32 with uint32 views bits, dbits; scales
+    float64, one per block in (P, nbr, nbc) order (the amaxes already, if ``scanned``); man .. big:
+    ``element_of``'s; t: float64, the tensor scale T (one value) or, with tr = 1, each (p, r) row's T_r (one per
+    row)."""
+    _sr_rows(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big,
+             negzero, s_man, s_emin, s_sub, s_max, s_min, t, key, nbits)
 
 
 FIXED_E = 2048  # above every exponent of a float64 (<= 1024, inf's field included): a fixed element's emin
@@ -188,12 +184,13 @@ def quantize_sr(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tc: int, a
                 par: bool, scanned: bool, t_rows: np.ndarray | None = None, tr: int = 1) -> None:
     """Run ``sr_*`` on (P, R, C) C-contiguous float32 src/dst in (tr, tc) tiles (``sr_ok(args)`` must hold);
     t_rows: None (the tensor scale of ``args``), or, for 1-D blocks (tr = 1), each (p, r) row's T_r (float64,
-    P * R; ``rows_ok``), the last of args then not read."""
+    P * R; ``rows_ok``), the last of args then not read; par: blocks spread over threads (``threads.launch``)."""
     if t_rows is not None and tr != 1:
         raise ValueError(f"tr={tr}: per-row outer scales (t_rows) need 1-D blocks, tr=1")
     kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min = args[:15]
     t = np.full(1, args[15], np.float64) if t_rows is None else t_rows
     flat, out = src.reshape(-1), dst.reshape(-1)
-    run = sr_parallel if par else sr_serial
-    run(flat, flat.view(np.uint32), out, out.view(np.uint32), scales.reshape(-1), scanned, src.shape[1], src.shape[2],
-        tr, tc, *element_of(args), negzero, s_man, s_emin, s_sub, s_max, s_min, t, np.uint64(key), nbits)
+    sc = scales.reshape(-1)
+    threads.launch(sr_range, sc.size, flat, flat.view(np.uint32), out, out.view(np.uint32), sc, scanned, src.shape[1],
+                   src.shape[2], tr, tc, *element_of(args), negzero, s_man, s_emin, s_sub, s_max, s_min, t,
+                   np.uint64(key), nbits, threads=None if par else 1)

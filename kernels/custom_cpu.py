@@ -5,14 +5,16 @@
   dtype; such kernels cannot be cached on disk, so each new format costs one compile per process).
 - derived modes (toward_zero, up, down, stochastic; nbits <= 16): ``scalar.round_table_value`` over the
   type's finite values, finished by ``scalar.finish_derived`` (``cache=True``: no user code involved).
-Serial and ``prange`` loops visit element i with the same arguments, so the bits never depend on the thread
-count. ``custom_runner`` binds a format for ``emunum.quantize`` (raw addresses), like ``table_runner``.
+Every loop visits element i with the same arguments, so the bits never depend on the thread count: nearest's
+serial and ``prange`` loops (the latter under kernels/parallel.py's lock), the derived modes' one loop over a
+range of elements, run whole or in shares on threads (``threads.launch``). ``custom_runner`` binds a format for
+``emunum.quantize`` (raw addresses), like ``table_runner``.
 """
 import numba
 import numpy as np
 from numba import carray, njit, prange
 
-from . import _cache, parallel as _parallel, scalar
+from . import _cache, parallel as _parallel, scalar, threads
 
 _cache.guard(__file__, scalar.SOURCES)
 
@@ -98,31 +100,15 @@ def raise_for(args, x: float) -> None:
 
 
 # ---- derived modes ---------------------------------------------------------------------------------------
-@njit(cache=True)
-def derived_serial(src, dst, tab, n, snap32, ninf, pinf, negzero, mode, key, nbits):
-    for i in range(src.size):
-        rnd = random_bits(key, i, nbits) if mode == STOCHASTIC else np.uint64(0)
-        x = np.float64(src[i])
-        q = round_table_value(x, tab, n, snap32, mode, rnd, nbits)
-        dst[i] = finish_derived(x, q, tab[0], tab[n - 1], ninf, pinf, negzero, mode)
-
-
-@njit(cache=True, parallel=True)
-def derived_parallel(src, dst, tab, n, snap32, ninf, pinf, negzero, mode, key, nbits):
-    for i in prange(src.size):
-        rnd = random_bits(key, i, nbits) if mode == STOCHASTIC else np.uint64(0)
-        x = np.float64(src[i])
-        q = round_table_value(x, tab, n, snap32, mode, rnd, nbits)
-        dst[i] = finish_derived(x, q, tab[0], tab[n - 1], ninf, pinf, negzero, mode)
-
-
-@njit(cache=True)
-def derived_at(src, dst, size, w, par, tab, n, snap32, ninf, pinf, negzero, mode, key, nbits):
+@njit(cache=True, nogil=True)
+def derived_at(lo, hi, src, dst, size, w, tab, n, snap32, ninf, pinf, negzero, mode, key, nbits):
+    """Elements lo..hi-1 of the ``size`` values of w's dtype at addresses src, dst."""
     s, d = carray(_voidptr(src), size, w.dtype), carray(_voidptr(dst), size, w.dtype)
-    if par:
-        derived_parallel(s, d, tab, n, snap32, ninf, pinf, negzero, mode, key, nbits)
-    else:
-        derived_serial(s, d, tab, n, snap32, ninf, pinf, negzero, mode, key, nbits)
+    for i in range(lo, hi):
+        rnd = random_bits(key, i, nbits) if mode == STOCHASTIC else np.uint64(0)
+        x = np.float64(s[i])
+        q = round_table_value(x, tab, n, snap32, mode, rnd, nbits)
+        d[i] = finish_derived(x, q, tab[0], tab[n - 1], ninf, pinf, negzero, mode)
 
 
 def custom_runner(dtype, args):
@@ -147,9 +133,9 @@ def custom_runner(dtype, args):
                 raise_for(args, x)
             return
         (n, tab), ninf, pinf, negzero = args.derived(mode)  # abi.TableArgs and flags
-        with _parallel.try_parallel(use_parallel(size, parallel)) as par:
-            derived_at(src, dst, size, w, par, tab, np.int64(n), snap32, np.int64(ninf), np.int64(pinf),
-                       np.int64(negzero), mode, np.uint64(key), nbits)
+        threads.launch(derived_at, size, src, dst, size, w, tab, np.int64(n), snap32, np.int64(ninf), np.int64(pinf),
+                       np.int64(negzero), mode, np.uint64(key), nbits, threads=None if use_parallel(size,
+                                parallel) else 1)
 
     def _nearest(src, dst, size, parallel):
         with _parallel.try_parallel(use_parallel(size, parallel)) as par:

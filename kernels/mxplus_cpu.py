@@ -1,14 +1,13 @@
-"""Numba CPU kernel of the MX+ block formats (core: kernels/mxplus_scalar.py), parallel over blocks
-(``prange``) for large tensors; every block is computed with the same arguments on any thread count, so the bits
-never depend on it."""
+"""Numba CPU kernel of the MX+ block formats (core: kernels/mxplus_scalar.py), parallel over blocks (shares of
+them on threads, ``threads.launch``) for large tensors; every block is computed with the same arguments on any
+thread count, so the bits never depend on it."""
 import os
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from . import _cache, mxplus_fast, scalar
-from . import parallel as _parallel
+from . import _cache, mxplus_fast, scalar, threads
 from .mxplus_scalar import mxplus_block
 from .scalar.common import NEAREST
 
@@ -18,18 +17,11 @@ _cache.guard(__file__, [*scalar.SOURCES, *(os.path.join(os.path.dirname(os.path.
 PARALLEL_MIN = 1 << 18  # the plain block kernel's figure (kernels/block_cpu.py)
 
 
-@njit(cache=True)
-def mxplus_serial(src, dst, scales, tr, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits, split, magic,
-                  min_normal, mode, key, nbits):
-    for b in range(scales.size):
-        mxplus_block(src, dst, scales, b, tr, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits, split, magic,
-                     min_normal, mode, key, nbits)
-
-
-@njit(cache=True, parallel=True)
-def mxplus_parallel(src, dst, scales, tr, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits, split, magic,
-                    min_normal, mode, key, nbits):
-    for b in prange(scales.size):
+@njit(cache=True, nogil=True)
+def mxplus_range(b0, b1, src, dst, scales, tr, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits, split, magic,
+                 min_normal, mode, key, nbits):
+    """Blocks b0..b1-1 of ``scales.size``."""
+    for b in range(b0, b1):
         mxplus_block(src, dst, scales, b, tr, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits, split, magic,
                      min_normal, mode, key, nbits)
 
@@ -42,11 +34,11 @@ def quantize_mxplus(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     fast = (int(tile[0]) == 1 and src.dtype == np.float32 and dst.dtype == np.float32 and mode == NEAREST
             and mxplus_fast.fast_ok(args))
-    with _parallel.try_parallel(parallel) as par:
-        if fast:  # float32, 1-D blocks, nearest: kernels/mxplus_fast.py (the same bits)
-            flat = src.reshape(-1)
-            run = mxplus_fast.fast_parallel if par else mxplus_fast.fast_serial
-            run(flat, flat.view(np.uint32), dst.reshape(-1), scales.reshape(-1), src.shape[2], int(tile[1]), *args[:9])
-            return
-        run = mxplus_parallel if par else mxplus_serial
-        run(src, dst, scales, int(tile[0]), int(tile[1]), *args, int(mode), np.uint64(key), int(nbits))
+    share = None if parallel else 1  # threads.launch: blocks (tasks of blocks) spread over threads, or one call
+    if fast:  # float32, 1-D blocks, nearest: kernels/mxplus_fast.py (the same bits)
+        flat, sc = src.reshape(-1), scales.reshape(-1)
+        threads.launch(mxplus_fast.fast_range, mxplus_fast.chunks(sc.size), flat, flat.view(np.uint32), dst.reshape(-1),
+                       sc, src.shape[2], int(tile[1]), *args[:9], threads=share)
+        return
+    threads.launch(mxplus_range, scales.size, src, dst, scales, int(tile[0]), int(tile[1]), *args, int(mode),
+                   np.uint64(key), int(nbits), threads=share)

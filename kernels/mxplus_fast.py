@@ -22,7 +22,8 @@ round to nearest, where ``fast_ok`` holds. The same bits as ``mxplus_scalar.mxpl
 Each block's work is a chain (the key's reduction, the scale, the elements, the block max's store); run one after
 the other, the chains left the out-of-order core idle (half of plain MX's speed, measured). So the key of block
 b + AHEAD is taken in block b's step: the chains of a step are independent, and the reads run ahead of the writes
-as in plain MX's single pass. Tasks of CHUNK blocks (``prange``) each start their own look-ahead.
+as in plain MX's single pass. Tasks of CHUNK blocks (shares of them run on threads: ``threads.launch``) each
+start their own look-ahead.
 
 Arrays are flat: ``src`` float32 and its uint32 view ``bits``, rows of C elements cut into blocks of tc (the
 last of a row partial). dst may be src: a block's key is taken before the block is written.
@@ -31,7 +32,7 @@ import math
 import os
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from . import _cache, scalar
 from .block_fast import _row_range, pow2_block
@@ -77,7 +78,8 @@ def _key(bits, b, nbc, tc, C, tiled, P, top_k):
 
 
 @njit(inline="always")
-def _blocks(src, bits, dst, scales, C, tc, tiled, P, split, magic, min_normal, max_bits, negzero, emax_e, max_e, lo,
+def _blocks(c0, c1, src, bits, dst, scales, C, tc, tiled, P, split, magic, min_normal, max_bits, negzero, emax_e,
+            max_e, lo,
             hi, pbits):
     nb = scales.size
     nbc = nb // (src.size // C)
@@ -86,10 +88,10 @@ def _blocks(src, bits, dst, scales, C, tc, tiled, P, split, magic, min_normal, m
     bm_lsb = np.int64(1 << sh) if sh > 0 else np.int64(0)
     bm_hm1 = np.int64((1 << (sh - 1)) - 1) if sh > 0 else np.int64(0)
     bm_mask = np.int64(~((1 << sh) - 1))
-    for ch in prange(-(-nb // CHUNK)):
+    keys = np.empty(AHEAD, np.uint64)
+    for ch in range(c0, c1):
         b0 = ch * CHUNK
         b1 = min(b0 + CHUNK, nb)
-        keys = np.empty(AHEAD, np.uint64)
         for b in range(b0, min(b0 + AHEAD, b1)):
             keys[U64(b - b0)] = _key(bits, b, nbc, tc, C, tiled, P, top_k)
         for b in range(b0, b1):
@@ -123,31 +125,34 @@ def _blocks(src, bits, dst, scales, C, tc, tiled, P, split, magic, min_normal, m
 
 
 @njit(inline="always")
-def _rows(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits):
+def _rows(c0, c1, src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits):
     f32 = np.float32
     split = f32(math.ldexp(1.0, 23 - man) + 1.0)
     magic = f32(1.5 * math.ldexp(1.0, 23 + (emin - man if sub != 0 else emin)))
     min_normal = f32(math.ldexp(1.0, emin))
     max_bits = f32(max_e).view(U32)
     if tc == 32 and C % 32 == 0:  # constant trip counts and key layout: LLVM unrolls the element loops
-        _blocks(src, bits, dst, scales, C, 32, True, 5, split, magic, min_normal, max_bits, negzero, emax_e, max_e,
+        _blocks(c0, c1, src, bits, dst, scales, C, 32, True, 5, split, magic, min_normal, max_bits, negzero, emax_e,
+                max_e,
                 lo, hi, pbits)
     else:
         P = 1
         while (1 << P) < tc:
             P += 1
-        _blocks(src, bits, dst, scales, C, tc, C % tc == 0, P, split, magic, min_normal, max_bits, negzero, emax_e,
+        _blocks(c0, c1, src, bits, dst, scales, C, tc, C % tc == 0, P, split, magic, min_normal, max_bits, negzero,
+                emax_e,
                 max_e, lo, hi, pbits)
 
 
-@njit(cache=True)
-def fast_serial(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits):
-    _rows(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits)
+@njit(cache=True, nogil=True)
+def fast_range(c0, c1, src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits):
+    """Tasks c0..c1-1 of CHUNK blocks (``chunks``)."""
+    _rows(c0, c1, src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits)
 
 
-@njit(cache=True, parallel=True)
-def fast_parallel(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits):
-    _rows(src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits)
+def chunks(nb: int) -> int:
+    """The tasks of ``fast_range`` for nb blocks."""
+    return -(-nb // CHUNK)
 
 
 def fast_ok(args: tuple) -> bool:

@@ -1,5 +1,6 @@
-"""Numba CPU kernels for posits (``PositFormat``): serial and ``prange`` loops over flat float32/float64 arrays,
-calling the shared scalar core ``scalar.posit.round_posit_value`` (the CUDA kernel calls the same core).
+"""Numba CPU kernels for posits (``PositFormat``): one serial loop over a range of a flat float32/float64 array,
+run whole or in shares on threads (``threads.launch``), calling the shared scalar core
+``scalar.posit.round_posit_value`` (the CUDA kernel calls the same core).
 
 Element i gets the same arguments on any thread count (stochastic bits keyed on (key, i)), so the bits never
 depend on it. The value is rounded in float64 and stored with a cast to the array's dtype (to nearest even):
@@ -9,9 +10,9 @@ input; a NaN input is copied as bits with the quiet bit set (its sign and payloa
 import functools
 
 import numpy as np
-from numba import carray, njit, prange
+from numba import carray, njit
 
-from . import _cache, parallel as _parallel, scalar
+from . import _cache, scalar, threads
 from .cpu import _check_dtype, _voidptr, use_parallel
 from .scalar.common import STOCHASTIC, random_bits
 from .scalar.posit import round_posit_value
@@ -19,9 +20,10 @@ from .scalar.posit import round_posit_value
 _cache.guard(__file__, scalar.SOURCES)
 
 
-@njit(cache=True)
-def posit_serial(src, dst, sbits, dbits, quiet, nbits, es, mode, key, srbits):
-    for i in range(src.size):
+@njit(cache=True, nogil=True)
+def posit_range(lo, hi, src, dst, sbits, dbits, quiet, nbits, es, mode, key, srbits):
+    """Elements lo..hi-1 of ``src`` rounded into ``dst`` (sbits, dbits: their unsigned-int views)."""
+    for i in range(lo, hi):
         x = src[i]
         if x != x:
             dbits[i] = sbits[i] | quiet
@@ -30,25 +32,12 @@ def posit_serial(src, dst, sbits, dbits, quiet, nbits, es, mode, key, srbits):
             dst[i] = round_posit_value(np.float64(x), nbits, es, mode, rnd, srbits)
 
 
-@njit(cache=True, parallel=True)
-def posit_parallel(src, dst, sbits, dbits, quiet, nbits, es, mode, key, srbits):
-    for i in prange(src.size):
-        x = src[i]
-        if x != x:
-            dbits[i] = sbits[i] | quiet
-        else:
-            rnd = random_bits(key, i, srbits) if mode == STOCHASTIC else np.uint64(0)
-            dst[i] = round_posit_value(np.float64(x), nbits, es, mode, rnd, srbits)
-
-
-@njit(cache=True)
-def posit_at(src, dst, n, w, wb, quiet, par, nbits, es, mode, key, srbits):
+@njit(cache=True, nogil=True)
+def posit_at(lo, hi, src, dst, n, w, wb, quiet, nbits, es, mode, key, srbits):
+    """``posit_range`` over elements lo..hi-1 of the n values of w's dtype at addresses src, dst."""
     s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
     sb, db = carray(_voidptr(src), n, wb.dtype), carray(_voidptr(dst), n, wb.dtype)
-    if par:
-        posit_parallel(s, d, sb, db, quiet, nbits, es, mode, key, srbits)
-    else:
-        posit_serial(s, d, sb, db, quiet, nbits, es, mode, key, srbits)
+    posit_range(lo, hi, s, d, sb, db, quiet, nbits, es, mode, key, srbits)
 
 
 # dtype -> (value witness, bits witness, quiet bit): a NaN is copied as bits with the quiet bit set, so that it
@@ -69,8 +58,8 @@ def _posit_runner(dt, nbits, es):
     w, wb, quiet = _WITNESS[dt]
 
     def run(src: int, dst: int, n: int, mode, key, srbits, parallel=None) -> None:
-        with _parallel.try_parallel(use_parallel(n, parallel)) as par:
-            posit_at(src, dst, n, w, wb, quiet, par, nbits, es, int(mode), np.uint64(key), int(srbits))
+        threads.launch(posit_at, n, src, dst, n, w, wb, quiet, nbits, es, int(mode), np.uint64(key), int(srbits),
+                       threads=None if use_parallel(n, parallel) else 1)
 
     return run
 
@@ -83,7 +72,5 @@ def quantize_posit(src: np.ndarray, dst: np.ndarray, nbits, es, mode, key, srbit
         raise ValueError(f"dst must match src in size and dtype: src is {src.size} x {src.dtype}, "
                          f"dst is {dst.size} x {dst.dtype}")
     _, wb, quiet = _WITNESS[src.dtype]
-    with _parallel.try_parallel(use_parallel(src.size, parallel)) as par:
-        run = posit_parallel if par else posit_serial
-        run(src, dst, src.view(wb.dtype), dst.view(wb.dtype), quiet, int(nbits), int(es), int(mode), np.uint64(key),
-            int(srbits))
+    threads.launch(posit_range, src.size, src, dst, src.view(wb.dtype), dst.view(wb.dtype), quiet, int(nbits), int(es),
+                   int(mode), np.uint64(key), int(srbits), threads=None if use_parallel(src.size, parallel) else 1)

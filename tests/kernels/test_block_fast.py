@@ -590,3 +590,39 @@ def test_quantize_float32_tiles_nearest_equal_the_float64_loop(name):
         assert torch.equal(a.view(torch.int32), b.view(torch.int32)), fmt
     assert not block_cpu._fast_path(x.numpy()[0], np.empty((3, 40, 50), np.float32), np.empty((3, 3, 4)), (16, 16),
                                     block_args(BLOCK_PRESETS["mxfp4_e2m1"], 1.0), False, False)
+
+
+SR = int(RoundMode.STOCHASTIC)
+SHARE_CASES = [  # enough blocks for several shares of the table path's chunks (256 blocks) and amax tasks (2048)
+    ("mxfp8_e4m3", NEAREST, (1, 32), (2, 40, 2048)),  # pow2, blocks tiling the rows
+    ("mxfp4_e2m1", NEAREST, (1, 32), (3, 7, 1000)),  # pow2, partial blocks
+    ("nvfp4", NEAREST, (1, 16), (3, 50, 1024)),  # table: 38 chunks, 5 amax tasks
+    ("nvfp4", NEAREST, (1, 16), (2, 33, 1000)),  # table, partial blocks
+    ("nvfp4_2d", NEAREST, (16, 16), (2, 70, 1000)),  # table, tiles
+    ("nvfp4", SR, (1, 16), (2, 33, 1000)),  # block_sr
+    ("nvint4", SR, (16, 16), (1, 40, 600)),  # block_sr, tiles
+    ("mxint8", NEAREST, (1, 32), (2, 9, 1000)),  # the float64 loops
+]
+
+
+@pytest.mark.parametrize("name,mode,tile,shape", SHARE_CASES)
+def test_parallel_shares_give_the_serial_bits(name, mode, tile, shape, launch_shares):
+    """``block_amaxes`` and ``quantize_blocks`` with the blocks cut into 2, 3 or 5 shares (``threads.launch``) give
+    the serial loop's values, scales and finite amax, bit for bit."""
+    rng = np.random.default_rng(len(name) + shape[2])
+    x = (rng.standard_normal(shape) * np.exp2(rng.integers(-20, 20, shape[:2] + (1,)))).astype(np.float32)
+    x.flat[rng.integers(0, x.size, 12)] = [np.inf, -np.inf, np.nan] * 4
+    args = block_args(BLOCK_PRESETS[name], 1.0)
+    sc_shape = (shape[0], -(-shape[1] // tile[0]), -(-shape[2] // tile[1]))
+    out = {}
+    for parallel in (False, True):
+        for scanned in ((False, True) if tile[0] == 1 else (False,)):
+            dst, sc = np.full_like(x, 7.0), np.full(sc_shape, 7.0)
+            amax = block_cpu.block_amaxes(x, sc, tile[1], parallel=parallel) if scanned else None
+            scanned_sc = sc.copy()
+            block_cpu.quantize_blocks(x, dst, sc, tile, args, mode, 1234, 32, parallel=parallel, scanned=scanned)
+            out[parallel, scanned] = (dst.view(np.uint32), sc.view(np.uint64), scanned_sc.view(np.uint64), amax)
+    for (parallel, scanned), got in out.items():
+        want = out[False, scanned]
+        for g, w in zip(got, want):
+            assert np.array_equal(g, w) if isinstance(g, np.ndarray) else g == w, (parallel, scanned)

@@ -11,6 +11,11 @@ from emunum.kernels import mxplus_cpu, mxplus_fast
 from emunum.mxplus_quantize import mxplus_args
 
 
+def mxplus_serial(src, dst, scales, *args):
+    """The float64 loop over every block (``mxplus_cpu.mxplus_range``)."""
+    mxplus_cpu.mxplus_range(0, scales.size, src, dst, scales, *args)
+
+
 def _data(shape, seed):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(shape) * 2.0 ** rng.integers(-150, 128, shape[:-1] + (1,))
@@ -34,7 +39,7 @@ def test_fast_path_equals_the_float64_loop(name, shape, tc, parallel):
     src = _data(shape, tc)
     nb = (shape[0], shape[1], -(-shape[2] // tc))
     want, s_want = np.empty_like(src), np.empty(nb)
-    mxplus_cpu.mxplus_serial(src, want, s_want, 1, tc, *args, 0, np.uint64(0), 32)
+    mxplus_serial(src, want, s_want, 1, tc, *args, 0, np.uint64(0), 32)
     got, s_got = np.empty_like(src), np.empty(nb)
     mxplus_cpu.quantize_mxplus(src, got, s_got, (1, tc), args, 0, 0, 32, parallel=parallel)
     assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
@@ -43,7 +48,7 @@ def test_fast_path_equals_the_float64_loop(name, shape, tc, parallel):
     mxplus_cpu.quantize_mxplus(inplace, inplace, s_in, (1, tc), args, 0, 0, 32, parallel=parallel)
     assert np.array_equal(want.view(np.uint32), inplace.view(np.uint32))
     slow_inplace = src.copy()  # the float64 loop in place too
-    mxplus_cpu.mxplus_serial(slow_inplace, slow_inplace, np.empty(nb), 1, tc, *args, 0, np.uint64(0), 32)
+    mxplus_serial(slow_inplace, slow_inplace, np.empty(nb), 1, tc, *args, 0, np.uint64(0), 32)
     assert np.array_equal(want.view(np.uint32), slow_inplace.view(np.uint32))
 
 
@@ -94,7 +99,7 @@ def test_fast_path_equals_the_float64_loop_on_every_block_max_code_and_midpoint(
     src = np.ascontiguousarray(np.concatenate([rows, extra], axis=1))[None]
     nb = (1, src.shape[1], -(-src.shape[2] // tc))
     want, s_want = np.empty_like(src), np.empty(nb)
-    mxplus_cpu.mxplus_serial(src, want, s_want, 1, tc, *args, 0, np.uint64(0), 32)
+    mxplus_serial(src, want, s_want, 1, tc, *args, 0, np.uint64(0), 32)
     for parallel in (False, True):
         got, s_got = np.empty_like(src), np.empty(nb)
         mxplus_cpu.quantize_mxplus(src, got, s_got, (1, tc), args, 0, 0, 32, parallel=parallel)
@@ -123,8 +128,21 @@ def test_fast_path_equals_the_float64_loop_on_every_element_code_and_midpoint(na
                           for e in (-150, -135, -127, -40, 0, 40, 127 - fmt.element_emax)])[None]
     nb = (1, src.shape[1], 1)
     want, s_want = np.empty_like(src), np.empty(nb)
-    mxplus_cpu.mxplus_serial(src, want, s_want, 1, tc, *args, 0, np.uint64(0), 32)
+    mxplus_serial(src, want, s_want, 1, tc, *args, 0, np.uint64(0), 32)
     got, s_got = np.empty_like(src), np.empty(nb)
     mxplus_cpu.quantize_mxplus(src, got, s_got, (1, tc), args, 0, 0, 32, parallel=False)
     assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
     assert np.array_equal(s_want, s_got)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])  # the fast path (tasks of 128 blocks), the float64 loop
+@pytest.mark.parametrize("name", ["mxfp8_e4m3_plus", "mxfp4_e2m1_plus"])
+def test_parallel_shares_give_the_serial_bits(name, dtype, launch_shares):
+    args = mxplus_args(MXPLUS_PRESETS[name])
+    src = _data((2, 40, 1000), 3).astype(dtype)  # 2560 blocks of 32: 20 tasks
+    out = []
+    for parallel in (False, True):
+        got, sc = np.empty_like(src), np.empty((2, 40, 32))
+        mxplus_cpu.quantize_mxplus(src, got, sc, (1, 32), args, 0, 0, 32, parallel=parallel)
+        out.append((got.view(np.uint8), sc.view(np.uint64)))
+    assert all(np.array_equal(a, b) for a, b in zip(*out))

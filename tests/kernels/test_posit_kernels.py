@@ -223,13 +223,17 @@ def test_stochastic_picks_a_neighbour_and_is_unbiased_within_5_sigma(n, es, dtyp
         assert abs(r.mean() - x) <= 5 * sigma, (x, r.mean(), sigma)
 
 
-def test_serial_and_parallel_loops_give_the_same_bits():
+def test_serial_and_parallel_loops_give_the_same_bits(launch_shares):
     x = np.random.default_rng(0).standard_normal(5000) * 100
     for mode in range(7):
         a, b = np.empty_like(x), np.empty_like(x)
         posit_cpu.quantize_posit(x, a, 16, 2, mode, seed_key(4), 32, parallel=False)
         posit_cpu.quantize_posit(x, b, 16, 2, mode, seed_key(4), 32, parallel=True)
         np.testing.assert_array_equal(a.view(np.int64), b.view(np.int64))
+        c = x.copy()  # the address runner, in place
+        posit_cpu.posit_runner(x.dtype, 16, 2)(c.ctypes.data, c.ctypes.data, c.size, mode, seed_key(4), 32,
+                                                parallel=True)
+        np.testing.assert_array_equal(a.view(np.int64), c.view(np.int64))
 
 
 # ---- CPU == CUDA ------------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def test_cuda_kernel_gives_the_cpu_kernels_bits(fmt, mode, dtype):
 
 @pytest.mark.parametrize("mode", ["nearest", "stochastic"])
 @pytest.mark.parametrize("fmt", FORMATS, ids=str)
-def test_serial_and_parallel_cpu_loops_agree_bit_for_bit(fmt, mode):
+def test_serial_and_parallel_cpu_loops_agree_bit_for_bit(fmt, mode, launch_shares):
     x = inputs(np.float32, 5000)
     m, key = int(RoundMode.parse(mode)), seed_key(4)
     assert np.array_equal(bits(cpu_run(fmt, x, m, key, True)), bits(cpu_run(fmt, x, m, key, False)))

@@ -83,7 +83,6 @@ def sr_element(x, full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n
 @njit(inline="always")
 def _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, full, man, emin, sub, max_e, neg_max, big,
                negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits):
-    nb = scales.size
     nbr = -(-R // tr)
     nbc = -(-C // tc)
     two_n = math.ldexp(1.0, nbits)

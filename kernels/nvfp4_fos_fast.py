@@ -40,7 +40,7 @@ from .borrow import borrow
 from .transpose16 import transpose16
 from .wide import prefer_wide_vectors
 from .block_fast import ABS, INF_BITS, NAN32, SIGN
-from .nvfp4_fast import _fos_chunk, _join, _scale, _split_constants
+from .nvfp4_fast import _fos_chunk, _join, _split_constants
 from .nvfp4_scalar import F32
 
 _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,

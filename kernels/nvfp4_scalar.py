@@ -24,7 +24,6 @@ from numba import njit
 
 from .scalar.block import block_scale, element_mbits, round_element, round_float_value_sat
 from .scalar.common import NEAREST, STOCHASTIC, random_bits
-from .llvm_inline import inline_in_llvm
 from .scalar.float import round_nearest_value
 
 F32 = np.float32
@@ -40,6 +39,8 @@ _called = (lambda f: f) if globals().get("PLAIN_PYTHON") else njit(error_model="
 if globals().get("PLAIN_PYTHON"):
     def inline_in_llvm():
         pass
+else:
+    from .llvm_inline import inline_in_llvm
 
 
 @_core

@@ -1,4 +1,4 @@
-"""kernels/threads.py: the shares cover [0, n) exactly once, in order; a launch runs every item once on any
+"""kernels/threads.py (named apart from tests/reliability/test_threads.py): the shares cover [0, n) exactly once, in order; a launch runs every item once on any
 thread count and raises a share's exception in the caller."""
 import numpy as np
 import pytest

@@ -31,6 +31,7 @@ _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
 from .gemm_scalar import bits_f64, canonical_nan, f64_bits, tile_of, two_sum  # noqa: E402
 from .scalar import round_nearest_fast  # noqa: E402
+from .llvm_inline import inline_in_llvm  # noqa: E402
 from .wide import prefer_wide_vectors  # noqa: E402
 
 TM, TN = 8, 64  # output tile: rows x columns (``gemm_cpu`` lays GEMMs out for it)
@@ -45,11 +46,12 @@ def _signed(y, x, zero, sub):
     return (math.copysign(y, x) if sub else y) + zero
 
 
-@njit(inline="always")
+@njit
 def _mac_row(acc, brow, a, mulf, accf, mul_sub, acc_sub, checks):
     """acc[j] <- round_acc(round_mul(a * brow[j]) + acc[j]) for every j (round-to-nearest, fast rounding).
     Zero results take quantize's sign only with acc_sub: otherwise no sum rounds to zero, so the accumulators
     never hold -0 and a sum's sign of zero cannot depend on the product's (+0 + -0 = +0)."""
+    inline_in_llvm()
     ms, mm, mn, mx, mo, mz = mulf[0], mulf[1], mulf[2], mulf[3], mulf[4], mulf[5]
     as_, am, an, ax, ao, az = accf[0], accf[1], accf[2], accf[3], accf[4], accf[5]
     for jj in range(acc.size):
@@ -62,11 +64,12 @@ def _mac_row(acc, brow, a, mulf, accf, mul_sub, acc_sub, checks):
         acc[jj] = _signed(y, s, az, True) if acc_sub else y
 
 
-@njit(inline="always")
+@njit
 def _add_row(acc, brow, a, accf, mz, acc_sub):
     """acc[j] <- round_acc(a * brow[j] + acc[j]) for every j: ``_mac_row`` where every product a * brow[j] is
     exact in the work dtype and a value of the product format, so that its rounding returns it (up to the sign
     of a zero: mz, the product format's zero, as in ``_signed``)."""
+    inline_in_llvm()
     as_, am, an, ax, ao, az = accf[0], accf[1], accf[2], accf[3], accf[4], accf[5]
     for jj in range(acc.size):
         if acc_sub:
@@ -76,9 +79,10 @@ def _add_row(acc, brow, a, accf, mz, acc_sub):
             acc[jj] = round_nearest_fast(a * brow[jj] + acc[jj], as_, am, an, ax, ao, False, False)
 
 
-@njit(inline="always")
+@njit
 def _round_acc(x, accf, sub, checks):
     """The accumulator's rounding of a chunk or lane sum x, with quantize's zero where a sum may round to zero."""
+    inline_in_llvm()
     y = round_nearest_fast(x, accf[0], accf[1], accf[2], accf[3], accf[4], sub, checks)
     return _signed(y, x, accf[5], True) if sub else y
 

@@ -303,7 +303,7 @@ def block_amaxes(src: np.ndarray, scales: np.ndarray, tc: int, parallel=None) ->
     bits = src.reshape(-1).view(np.uint32)
     amaxes = scales.reshape(-1)
     part = np.zeros(block_fast.amax_tasks(amaxes.size), np.uint32)
-    threads.launch(block_fast.amax_range, part.size, bits, amaxes, part, C, tc, threads=None if parallel else 1)
+    threads.launch(block_fast.amax_range, part.size, bits, amaxes, part, C, tc, parallel=parallel)
     return float(np.array(part.max(initial=0), dtype=np.uint32).view(np.float32))
 
 
@@ -320,13 +320,13 @@ def _fast_path(src, dst, scales, tile, args: tuple, par: bool, scanned: bool) ->
     if path == "pow2":
         sc = scales.reshape(-1)
         threads.launch(block_fast.pow2_range, sc.size, flat, bits, out, dbits, sc, C, tc, man, emin, sub, emax_e,
-                       max_e, negzero, lo, hi, s_man, s_emin, s_sub, s_max, s_min, rule, threads=None if par else 1)
+                       max_e, negzero, lo, hi, s_man, s_emin, s_sub, s_max, s_min, rule, parallel=par)
     else:
         thr, val, k0 = _scale_table(args)
         sc = scales.reshape(-1)
         threads.launch(block_fast.table_range, block_fast.table_chunks(sc.size), bits, dbits, sc, scanned,
                        src.shape[1], C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub, s_max, s_min, t,
-                       threads=None if par else 1)
+                       parallel=par)
     return True
 
 

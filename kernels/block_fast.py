@@ -185,8 +185,7 @@ def pow2_block(src, bits, dst, start, size, s, split, magic, min_normal, max_bit
 
 @njit(inline="always")
 def _pow2_blocks(b0, b1, src, bits, dst, dbits, scales, C, tc, tiled, split, magic, min_normal, max_bits, negzero,
-                 emax_e,
-                 max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, rule, mbits):
+                 emax_e, max_e, lo, hi, s_man, s_emin, s_sub, s_max, s_min, rule, mbits):
     nbc = scales.size // (src.size // C)
     for b in range(b0, b1):
         start, size = _row_range(b, nbc, tc, C, tiled)
@@ -202,8 +201,7 @@ def _pow2_blocks(b0, b1, src, bits, dst, dbits, scales, C, tc, tiled, split, mag
 
 @njit(inline="always")
 def _pow2_rows(b0, b1, src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
-               s_emin,
-               s_sub, s_max, s_min, rule):
+               s_emin, s_sub, s_max, s_min, rule):
     f32 = np.float32
     split = f32(math.ldexp(1.0, 23 - man) + 1.0)
     magic = f32(1.5 * math.ldexp(1.0, 23 + (emin - man if sub != 0 else emin)))
@@ -295,9 +293,8 @@ def _table_block(bits, dbits, start, size, thr, val, o, negzero):
 
 
 @njit(inline="always")
-def _table_blocks(c0, c1, bits, dbits, scales, scanned, R, C, tr, tc, full, thr, val, k0, negzero, max_e, s_man,
-                  s_max, s_min,
-                  t, s_split, s_magic, s_min_normal):
+def _table_blocks(c0, c1, bits, dbits, scales, scanned, R, C, tr, tc, full, thr, val, k0, negzero, max_e, s_man, s_max,
+                  s_min, t, s_split, s_magic, s_min_normal):
     """In chunks of CHUNK blocks ((tr, tc) tiles, ``tile_range``): the amaxes (into ``scales``, unless the amax pass
     put them there: ``scanned``), then the scales and table rows in one vectorised loop (``block_scale``'s
     expression with Veltkamp's split, as the old fast path), then the elements, row by row."""
@@ -335,28 +332,23 @@ def _table_blocks(c0, c1, bits, dbits, scales, scanned, R, C, tr, tc, full, thr,
 
 
 @njit(inline="always")
-def _table_rows(c0, c1, bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin,
-                s_sub, s_max,
-                s_min, t):
+def _table_rows(c0, c1, bits, dbits, scales, scanned, R, C, tr, tc, thr, val, k0, negzero, max_e, s_man, s_emin, s_sub,
+                s_max, s_min, t):
     s_split = math.ldexp(1.0, 52 - s_man) + 1.0
     s_magic = 1.5 * math.ldexp(1.0, 52 + (s_emin - s_man if s_sub != 0 else s_emin))
     s_min_normal = math.ldexp(1.0, s_emin)
     if tr == 1 and tc == 16 and C % 16 == 0:  # a constant trip count for the element loop (~12% faster, measured)
         _table_blocks(c0, c1, bits, dbits, scales, scanned, R, C, 1, 16, True, thr, val, k0, negzero, max_e, s_man,
-                      s_max,
-                      s_min, t, s_split, s_magic, s_min_normal)
+                      s_max, s_min, t, s_split, s_magic, s_min_normal)
     elif tr == 1 and tc == 32 and C % 32 == 0:  # NVFP4 with blocks of 32
         _table_blocks(c0, c1, bits, dbits, scales, scanned, R, C, 1, 32, True, thr, val, k0, negzero, max_e, s_man,
-                      s_max,
-                      s_min, t, s_split, s_magic, s_min_normal)
+                      s_max, s_min, t, s_split, s_magic, s_min_normal)
     elif tr == 1 and C % tc == 0:
         _table_blocks(c0, c1, bits, dbits, scales, scanned, R, C, 1, tc, True, thr, val, k0, negzero, max_e, s_man,
-                      s_max,
-                      s_min, t, s_split, s_magic, s_min_normal)
+                      s_max, s_min, t, s_split, s_magic, s_min_normal)
     else:  # partial 1-D blocks and every 2-D tile: the general tile loop
         _table_blocks(c0, c1, bits, dbits, scales, scanned, R, C, tr, tc, False, thr, val, k0, negzero, max_e, s_man,
-                      s_max,
-                      s_min, t, s_split, s_magic, s_min_normal)
+                      s_max, s_min, t, s_split, s_magic, s_min_normal)
 
 
 @njit(cache=True, nogil=True)

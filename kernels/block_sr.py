@@ -124,16 +124,13 @@ def _sr_rows(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, 
     full = R % tr == 0 and C % tc == 0
     if tc == 16 and full:  # a constant trip count for the element loop
         _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, 16, True, man, emin, sub, max_e, neg_max,
-                   big,
-                   negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
+                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
     elif full:
         _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, True, man, emin, sub, max_e, neg_max,
-                   big,
-                   negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
+                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
     else:
-        _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, False, man, emin, sub, max_e,
-                   neg_max, big,
-                   negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
+        _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, False, man, emin, sub, max_e, neg_max,
+                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
 
 
 @njit(cache=True, nogil=True)
@@ -192,4 +189,4 @@ def quantize_sr(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tc: int, a
     sc = scales.reshape(-1)
     threads.launch(sr_range, sc.size, flat, flat.view(np.uint32), out, out.view(np.uint32), sc, scanned, src.shape[1],
                    src.shape[2], tr, tc, *element_of(args), negzero, s_man, s_emin, s_sub, s_max, s_min, t,
-                   np.uint64(key), nbits, threads=None if par else 1)
+                   np.uint64(key), nbits, parallel=par)

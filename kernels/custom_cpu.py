@@ -134,8 +134,7 @@ def custom_runner(dtype, args):
             return
         (n, tab), ninf, pinf, negzero = args.derived(mode)  # abi.TableArgs and flags
         threads.launch(derived_at, size, src, dst, size, w, tab, np.int64(n), snap32, np.int64(ninf), np.int64(pinf),
-                       np.int64(negzero), mode, np.uint64(key), nbits, threads=None if use_parallel(size,
-                                parallel) else 1)
+                       np.int64(negzero), mode, np.uint64(key), nbits, parallel=use_parallel(size, parallel))
 
     def _nearest(src, dst, size, parallel):
         with _parallel.try_parallel(use_parallel(size, parallel)) as par:

@@ -289,7 +289,7 @@ def kernel(FUSED: bool, MMODE: int, AMODE: int, AFIX: int, CHK: bool, EXACT: boo
     return gemm_vec
 
 
-# A launch on threads costs ~20 us more than numba's prange did (kernels/threads.py): GEMMs below this many
+# A launch on threads costs ~25 us more than numba's prange did (kernels/threads.py): GEMMs below this many
 # products (~40 us on one thread) run on the calling thread alone.
 PAR_MIN_MACS = 1 << 20
 

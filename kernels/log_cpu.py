@@ -1,5 +1,6 @@
 """Numba CPU kernels for logarithmic numbers (``LogFormat``): one loop over a range of a flat float32/float64
-array, run whole or in shares on threads (``threads.launch``), calling ``scalar.round_log_value`` (same bits on any thread count).
+array, run whole or in shares on threads (``threads.launch``), calling ``scalar.round_log_value`` (same bits on
+any thread count).
 ``log_runner`` binds a format for ``emunum.quantize`` (raw addresses)."""
 import numpy as np
 from numba import carray, njit
@@ -39,7 +40,7 @@ def log_runner(dtype, frac_bits, kmin, kmax, signed, tab):
 
     def run(src: int, dst: int, size: int, mode, key, nbits, parallel=None) -> None:
         threads.launch(log_at, size, src, dst, size, w, tab, *pre, mode, np.uint64(key), nbits,
-                       threads=None if use_parallel(size, parallel) else 1)
+                       parallel=use_parallel(size, parallel))
 
     return run
 
@@ -48,5 +49,5 @@ def quantize_log(src: np.ndarray, dst: np.ndarray, frac_bits, kmin, kmax, signed
                  parallel=None):
     """Round the flat float32/float64 array ``src`` into ``dst`` (same dtype and size; may be ``src``)."""
     threads.launch(log_range, src.size, src, dst, tab, *_ints(frac_bits, kmin, kmax, signed, src.dtype), mode,
-                   np.uint64(key), nbits, threads=None if use_parallel(src.size, parallel) else 1)
+                   np.uint64(key), nbits, parallel=use_parallel(src.size, parallel))
 

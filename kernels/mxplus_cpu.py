@@ -34,11 +34,10 @@ def quantize_mxplus(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     fast = (int(tile[0]) == 1 and src.dtype == np.float32 and dst.dtype == np.float32 and mode == NEAREST
             and mxplus_fast.fast_ok(args))
-    share = None if parallel else 1  # threads.launch: blocks (tasks of blocks) spread over threads, or one call
     if fast:  # float32, 1-D blocks, nearest: kernels/mxplus_fast.py (the same bits)
         flat, sc = src.reshape(-1), scales.reshape(-1)
         threads.launch(mxplus_fast.fast_range, mxplus_fast.chunks(sc.size), flat, flat.view(np.uint32), dst.reshape(-1),
-                       sc, src.shape[2], int(tile[1]), *args[:9], threads=share)
+                       sc, src.shape[2], int(tile[1]), *args[:9], parallel=parallel)
         return
     threads.launch(mxplus_range, scales.size, src, dst, scales, int(tile[0]), int(tile[1]), *args, int(mode),
-                   np.uint64(key), int(nbits), threads=share)
+                   np.uint64(key), int(nbits), parallel=parallel)

@@ -78,9 +78,8 @@ def _key(bits, b, nbc, tc, C, tiled, P, top_k):
 
 
 @njit(inline="always")
-def _blocks(c0, c1, src, bits, dst, scales, C, tc, tiled, P, split, magic, min_normal, max_bits, negzero, emax_e,
-            max_e, lo,
-            hi, pbits):
+def _blocks(c0, c1, src, bits, dst, scales, C, tc, tiled, P, split, magic, min_normal, max_bits, negzero, emax_e, max_e,
+            lo, hi, pbits):
     nb = scales.size
     nbc = nb // (src.size // C)
     top_k = U64((1 << P) - 1)
@@ -133,15 +132,13 @@ def _rows(c0, c1, src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, 
     max_bits = f32(max_e).view(U32)
     if tc == 32 and C % 32 == 0:  # constant trip counts and key layout: LLVM unrolls the element loops
         _blocks(c0, c1, src, bits, dst, scales, C, 32, True, 5, split, magic, min_normal, max_bits, negzero, emax_e,
-                max_e,
-                lo, hi, pbits)
+                max_e, lo, hi, pbits)
     else:
         P = 1
         while (1 << P) < tc:
             P += 1
         _blocks(c0, c1, src, bits, dst, scales, C, tc, C % tc == 0, P, split, magic, min_normal, max_bits, negzero,
-                emax_e,
-                max_e, lo, hi, pbits)
+                emax_e, max_e, lo, hi, pbits)
 
 
 @njit(cache=True, nogil=True)

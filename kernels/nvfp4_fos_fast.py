@@ -221,8 +221,8 @@ def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
 
 
 @njit(inline="always", error_model="numpy")
-def _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk, line, bj0, n, mx, ob,
-          tb, tf, fb):
+def _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk, line, bj0, n,
+          mx, ob, tb, tf, fb):
     """Blocks bj0..bj0+n-1 of row of blocks ``line`` (``_task``); sk: the scale format's constants; fb: the float32
     buffers (grouped: an inlined call takes at most 30 arguments)."""
     s_max, s_split, s_magic, s_min_normal, f_max, f_split, f_magic, f_min_normal = sk

@@ -59,7 +59,7 @@ def _posit_runner(dt, nbits, es):
 
     def run(src: int, dst: int, n: int, mode, key, srbits, parallel=None) -> None:
         threads.launch(posit_at, n, src, dst, n, w, wb, quiet, nbits, es, int(mode), np.uint64(key), int(srbits),
-                       threads=None if use_parallel(n, parallel) else 1)
+                       parallel=use_parallel(n, parallel))
 
     return run
 
@@ -73,4 +73,4 @@ def quantize_posit(src: np.ndarray, dst: np.ndarray, nbits, es, mode, key, srbit
                          f"dst is {dst.size} x {dst.dtype}")
     _, wb, quiet = _WITNESS[src.dtype]
     threads.launch(posit_range, src.size, src, dst, src.view(wb.dtype), dst.view(wb.dtype), quiet, int(nbits), int(es),
-                   int(mode), np.uint64(key), int(srbits), threads=None if use_parallel(src.size, parallel) else 1)
+                   int(mode), np.uint64(key), int(srbits), parallel=use_parallel(src.size, parallel))

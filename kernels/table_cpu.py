@@ -1,6 +1,7 @@
 """Numba CPU kernels for codebooks (``TableFormat``): one loop over a range of a flat float32/float64 array, run
 whole or in shares on threads (``threads.launch``), calling ``scalar.round_table_value``; element i gets the
-same arguments in every share, so the bits never depend on the thread count. ``table_runner`` binds a format for ``emunum.quantize`` (raw addresses)."""
+same arguments in every share, so the bits never depend on the thread count. ``table_runner`` binds a format for
+``emunum.quantize`` (raw addresses)."""
 
 import numpy as np
 from numba import carray, njit
@@ -37,7 +38,7 @@ def table_runner(dtype, n, tab):
 
     def run(src: int, dst: int, size: int, mode, key, nbits, parallel=None) -> None:
         threads.launch(table_at, size, src, dst, size, w, tab, n, snap32, mode, np.uint64(key), nbits,
-                       threads=None if use_parallel(size, parallel) else 1)
+                       parallel=use_parallel(size, parallel))
 
     return run
 
@@ -45,5 +46,5 @@ def table_runner(dtype, n, tab):
 def quantize_table(src: np.ndarray, dst: np.ndarray, n, tab, mode, key, nbits, parallel=None):
     """Round the flat float32/float64 array ``src`` into ``dst`` (same dtype and size; may be ``src``)."""
     threads.launch(table_range, src.size, src, dst, tab, np.int64(n), np.int64(src.dtype == np.float32), mode,
-                   np.uint64(key), nbits, threads=None if use_parallel(src.size, parallel) else 1)
+                   np.uint64(key), nbits, parallel=use_parallel(src.size, parallel))
 

@@ -2,16 +2,17 @@
 
 ``launch(fn, n, *args)`` runs ``fn(lo, hi, *args)`` over the work items [0, n) in contiguous shares, one per
 thread, on ``numba.get_num_threads()`` threads (the calling thread runs the first share), and returns when all
-are done; an exception in any share is raised in the caller once every share has ended. While another launch
-holds the workers (another Python thread, or a kernel launched from inside a share) the call runs serially. ``fn`` is a ``nogil=True`` kernel whose items are
-independent (each item's operations do not depend on the share that runs it), so the bits equal one serial
-``fn(0, n, *args)`` call whatever the thread count.
+are done; an exception in any share is raised in the caller once every share has ended. ``parallel=False`` makes
+it one call over [0, n), as does a launch while another holds the workers (another Python thread, or a kernel
+launched from inside a share). ``fn`` is a ``nogil=True`` kernel whose items are independent (each item's
+operations do not depend on the share that runs it), so the bits equal one serial ``fn(0, n, *args)`` call
+whatever the thread count.
 
 Why not ``prange``: a ``parallel=True`` kernel compiles its body twice (the function and the outlined parfor
 body), and kernels with many compile-time variants pay that per variant; a range-taking serial kernel compiles
 once and is both the serial and the parallel loop. The threads are plain Python threads, so no numba threading
 layer is entered and ``parallel.py``'s lock is not needed. The cost: a launch hands work to sleeping threads
-(~20 us on this 2-core VM, against ~2 us for numba's spinning workqueue), so callers launch only work that
+(~25-30 us on this 2-core VM, against ~2-3 us for numba's spinning workqueue), so callers launch only work that
 takes well beyond that. A forked child starts with no workers (they are made again on first use).
 """
 from __future__ import annotations
@@ -78,9 +79,10 @@ def shares(n: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def launch(fn, n: int, *args, threads: int | None = None) -> None:
-    """``fn(lo, hi, *args)`` over [0, n) on ``threads`` threads (default ``numba.get_num_threads()``)."""
-    parts = shares(n, numba.get_num_threads() if threads is None else threads)
+def launch(fn, n: int, *args, parallel: bool = True, threads: int | None = None) -> None:
+    """``fn(lo, hi, *args)`` over [0, n): one call when not ``parallel``, else on ``threads`` threads (default
+    ``numba.get_num_threads()``)."""
+    parts = shares(n, 1 if not parallel else numba.get_num_threads() if threads is None else threads)
     if len(parts) == 1 or not _busy.acquire(blocking=False):
         fn(0, n, *args)
         return

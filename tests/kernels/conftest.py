@@ -22,7 +22,7 @@ import pytest  # noqa: E402
 @pytest.fixture(params=[2, 3, 5])
 def launch_shares(request, monkeypatch):
     """``threads.launch`` cuts a parallel call into this many shares whatever numba's thread count (a serial call,
-    ``threads=1``, stays whole): the kernels' range bounds are exercised on any machine."""
+    ``parallel=False``, stays whole): the kernels' range bounds are exercised on any machine."""
     from emunum.kernels import threads
     monkeypatch.setattr(threads, "launch", functools.partial(threads.launch, threads=request.param))
     return request.param

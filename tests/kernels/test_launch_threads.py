@@ -1,5 +1,6 @@
-"""kernels/threads.py (named apart from tests/reliability/test_threads.py): the shares cover [0, n) exactly once, in order; a launch runs every item once on any
-thread count and raises a share's exception in the caller."""
+"""kernels/threads.py (named apart from tests/reliability/test_threads.py): the shares cover [0, n) exactly once,
+in order; a launch runs every item once on any thread count (one call when not parallel) and raises a share's
+exception in the caller."""
 import numpy as np
 import pytest
 from numba import njit
@@ -63,3 +64,14 @@ def test_launch_inside_a_share_and_from_other_threads_gives_the_same_items():
         list(ex.map(lambda o: threads.launch(_mark, o.size, o, threads=2), outs))
     for o in outs:
         np.testing.assert_array_equal(o, np.arange(1, 3001))
+
+
+def _record(lo, hi, seen):
+    seen.append((lo, hi))
+
+
+@pytest.mark.parametrize("threads_", [None, 3])
+def test_launch_not_parallel_is_one_call_over_the_range(threads_):
+    seen = []
+    threads.launch(_record, 10, seen, parallel=False, threads=threads_)
+    assert seen == [(0, 10)]

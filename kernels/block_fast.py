@@ -77,6 +77,7 @@ import numpy as np
 from numba import njit
 
 from . import _cache, scalar
+from .llvm_inline import inline_in_llvm
 from .scalar.block import CEIL, EVEN, FLOOR, RCEIL, block_scale
 from .scalar.float import round_nearest_value
 
@@ -292,12 +293,13 @@ def _table_block(bits, dbits, start, size, thr, val, o, negzero):
         dbits[U64(start + k)] = r | (u & SIGN if (a > t0) | (negzero != 0) else U32(0))
 
 
-@njit(inline="always")
+@njit(nogil=True)
 def _table_blocks(c0, c1, bits, dbits, scales, scanned, R, C, tr, tc, full, thr, val, k0, negzero, max_e, s_man, s_max,
                   s_min, t, s_split, s_magic, s_min_normal):
     """In chunks of CHUNK blocks ((tr, tc) tiles, ``tile_range``): the amaxes (into ``scales``, unless the amax pass
     put them there: ``scanned``), then the scales and table rows in one vectorised loop (``block_scale``'s
     expression with Veltkamp's split, as the old fast path), then the elements, row by row."""
+    inline_in_llvm()
     nb = scales.size
     nbr = -(-R // tr)
     nbc = -(-C // tc)

@@ -40,10 +40,11 @@ train: $(STAMP)
 # Test processes: pytest-xdist workers, one per core (CI has 2). --dist loadfile keeps each test file in one
 # worker, so its module fixtures and the kernel variants it compiles are built once; numba's disk cache is
 # shared between the workers (kernels/_cache.py locks it). TEST_JOBS=0: one process. The exhaustive tier:
-# docs/testing.md.
+# docs/testing.md. Bytecode is written even where PYTHONDONTWRITEBYTECODE is set: otherwise every worker and
+# every child process compiles the package again and pytest rewrites every test module again (~7 CPU-s a worker).
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=$(CUDASIM) $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
+	PYTHONDONTWRITEBYTECODE= NUMBA_ENABLE_CUDASIM=$(CUDASIM) $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 
 $(DOCS_STAMP): $(STAMP)
 	$(PY) -m pip install -q -c constraints.txt -e ".[docs]"

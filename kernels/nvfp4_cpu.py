@@ -13,7 +13,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, block_fast, block_sr, nvfp4_fast, nvfp4_fos_fast, nvfp4_fos_sr, scalar
+from . import _cache, block_fast, block_sr, nvfp4_fast, nvfp4_fos_fast, nvfp4_fos_sr, scalar, threads
 from . import parallel as _parallel
 from .nvfp4_scalar import fos_block, row_block
 from .scalar.common import NEAREST, STOCHASTIC
@@ -75,11 +75,12 @@ def fos_sr_ok(src: np.ndarray, dst: np.ndarray, tile, args: tuple, mode: int, gd
 
 
 def _run_fos_sr(src, dst, scales, tile, ges, gds, gamax, denom, metric, args, key, nbits, par) -> None:
-    """``nvfp4_fos_sr.fos_sr_*`` on (P, R, C) src/dst with the line arrays (float32, P * R)."""
+    """``nvfp4_fos_sr.fos_sr_range`` over every chunk (on threads where ``par``) of (P, R, C) src/dst with the
+    line arrays (float32, P * R)."""
     bits, dbits = src.reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint32)
-    (nvfp4_fos_sr.fos_sr_parallel if par else nvfp4_fos_sr.fos_sr_serial)(
-        bits, dbits, scales, src.shape[1], src.shape[2], int(tile[0]), int(tile[1]), ges, gds, gamax,
-        np.float32(denom), int(metric), args[6], *args[10:14], np.uint64(key), int(nbits))
+    threads.launch(nvfp4_fos_sr.fos_sr_range, nvfp4_fos_sr.chunks(scales), bits, dbits, scales, src.shape[1],
+                   src.shape[2], int(tile[0]), int(tile[1]), ges, gds, gamax, np.float32(denom), int(metric), args[6],
+                   *args[10:14], np.uint64(key), int(nbits), parallel=par)
 
 
 def row_amax(src: np.ndarray, parallel=None) -> np.ndarray:
@@ -134,8 +135,7 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     fos, _, ges, gds, gamax, denom, metric = lines
     if fast and fos and gds.size and fos_sr_ok(src, dst, tile, args, mode, float(gds.max())):
-        with _parallel.try_parallel(parallel) as par:
-            _run_fos_sr(src, dst, scales, tile, ges, gds, gamax, denom, metric, args, key, nbits, par)
+        _run_fos_sr(src, dst, scales, tile, ges, gds, gamax, denom, metric, args, key, nbits, parallel)
         return
     if fast and fos and fast_ok(src, dst, tile, True, args, mode):
         m, vl, lanes = _fos_constants(tuple(args[:6]))

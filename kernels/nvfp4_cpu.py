@@ -142,7 +142,7 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
         flat, rest = _fos_arguments(src, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl, args)
         with _parallel.try_parallel(parallel) as par:
             if int(tile[1]) == 16 and lanes and nvfp4_fos_fast.scale32_ok(*args[10:14]):  # lanes = blocks
-                (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(*flat, *rest)
+                _run_fos_lanes(flat, rest, par)
             else:
                 (nvfp4_fast.fos_parallel if par else nvfp4_fast.fos_serial)(*flat, int(tile[1]), *rest)
         return
@@ -180,8 +180,14 @@ def _fos_constants(elem_args: tuple) -> tuple:
     return m, vl, nvfp4_fos_fast.e2m1_values(vl)
 
 
+def _run_fos_lanes(flat: tuple, rest: tuple, par: bool) -> None:
+    """``nvfp4_fos_fast.fos_lanes_range`` over every unit (on threads where ``par``), ``_fos_arguments``'."""
+    threads.launch(nvfp4_fos_fast.fos_lanes_range, nvfp4_fos_fast.units(flat[3], flat[5]), *flat, *rest,
+                   parallel=par)
+
+
 def _fos_arguments(src, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl, args: tuple) -> tuple:
-    """(flat, rest): the arguments of the fast 4/6 kernels (``nvfp4_fos_fast.fos_lanes_*``: flat + rest;
+    """(flat, rest): the arguments of the fast 4/6 kernels (``nvfp4_fos_fast.fos_lanes_range``: flat + rest;
     ``nvfp4_fast.fos_*``: flat, the tile's width, rest) for (P, R, C) src/dst, the line arrays and ``block_args``."""
     flat = (src.reshape(-1), src.reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint32), scales,
             src.shape[1], src.shape[2], int(tile[0]))
@@ -219,7 +225,7 @@ def quantize_fos_tensor(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, ti
         if lanes and nvfp4_fos_fast.scale32_ok(*args[10:14]):  # quantize_nvfp4's call of the lanes kernel
             flat, rest = _fos_arguments(src, dst, scales, tile, np.full(n, ges), np.full(n, gds), np.full(n, gamax),
                                         denom, metric, m, vl, args)
-            (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(*flat, *rest)
+            _run_fos_lanes(flat, rest, par)
             return True
     lines = (True, None, np.full(n, ges), np.full(n, gds), np.full(n, gamax), np.float32(denom), int(metric))
     quantize_nvfp4(src, dst, scales, tile, lines, args, mode, 0, 0, parallel=parallel)

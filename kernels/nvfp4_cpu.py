@@ -1,5 +1,5 @@
 """Numba CPU kernels of the NVFP4 family's per-row outer scales and 4/6 selection (cores in
-kernels/nvfp4_scalar.py), parallel over blocks (``prange``) for large tensors; every block is computed with the
+kernels/nvfp4_scalar.py), parallel over blocks (``threads.launch``) for large tensors; every block is computed with the
 same arguments on any thread count, so the bits never depend on it. Float32 data rounded to nearest with an
 e2m1-like element takes kernels/nvfp4_fast.py (4/6 in blocks of 16 columns: kernels/nvfp4_fos_fast.py), the same
 bits, where its conditions hold (``fast_ok``); float32 4/6 with an e2m1 element rounded stochastically takes
@@ -11,7 +11,7 @@ import os
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from . import _cache, block_fast, block_sr, nvfp4_fast, nvfp4_fos_fast, nvfp4_fos_sr, scalar, threads
 from . import parallel as _parallel
@@ -35,18 +35,12 @@ def _loop(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind
                   s_emin, s_sub, s_max, s_min, mode, key, nbits)
 
 
-@njit(cache=True, error_model="numpy")
-def nvfp4_serial(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind, p0, p1, p2, emax_e, max_e,
-                 negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits):
-    for b in range(scales.size):
-        _loop(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind, p0, p1, p2, emax_e, max_e,
-              negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits, b)
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def nvfp4_parallel(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind, p0, p1, p2, emax_e,
-                   max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits):
-    for b in prange(scales.size):
+@njit(cache=True, nogil=True, error_model="numpy")
+def nvfp4_range(b0, b1, src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind, p0, p1, p2, emax_e,
+                max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits):
+    """Blocks b0..b1-1 by the scalar cores; one kernel for the serial call and for each thread's share
+    (``threads.launch``): every block's operations depend on its index only."""
+    for b in range(b0, b1):
         _loop(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind, p0, p1, p2, emax_e, max_e,
               negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits, b)
 
@@ -152,9 +146,8 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
         # rounds once to nearest-even: on float64 copies, rounded to float32 once at the end, the bits are the
         # same, and the scalar-core kernel (~30 CPU-s to compile) needs only its float64 signature.
         src, dst = src.astype(np.float64), np.empty(src.shape, np.float64)
-    with _parallel.try_parallel(parallel) as par:
-        run = nvfp4_parallel if par else nvfp4_serial
-        run(src, dst, scales, int(tile[0]), int(tile[1]), *lines, *args, int(mode), np.uint64(key), int(nbits))
+    threads.launch(nvfp4_range, scales.size, src, dst, scales, int(tile[0]), int(tile[1]), *lines, *args, int(mode),
+                   np.uint64(key), int(nbits), parallel=parallel)
     if out is not dst:
         with np.errstate(over="ignore"):  # a value past FLT_MAX is inf, as the float32 store makes it
             out[...] = dst

@@ -1,6 +1,6 @@
 """Numba CPU kernel for block-scaled formats: one pass per block (amax, then round while the block is in
-cache), parallel over blocks (``prange``) for large tensors. Every block is visited with the same arguments on
-any thread count, so the bits never depend on it.
+cache), parallel over blocks for large tensors (``block_range`` on ``threads.launch``; the float32 rows loop by
+``prange``). Every block is visited with the same arguments on any thread count, so the bits never depend on it.
 
 Arrays are 3-D, (P, R, C), C-contiguous; a block is a (tr, tc) tile (1-D blocks along the last axis are
 (1, tc) tiles); edge tiles are partial. ``scales`` (P, nbr, nbc) float64 receives each block's scale.
@@ -90,24 +90,22 @@ def _nearest_constants(kind, man, emin, sub):
             math.ldexp(1.0, emin))
 
 
-@njit(cache=True)
-def block_serial(src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin,
-                 s_sub, s_max, s_min, t, mode, key, nbits):
+@njit(cache=True, nogil=True)
+def block_range(b0, b1, src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, negzero, rule, lo, hi, s_man,
+                s_emin, s_sub, s_max, s_min, t, mode, key, nbits):
+    """Blocks b0..b1-1 (flat block index over ``scales``) of the general float64 loop; one kernel for the serial
+    call and for each thread's share (``threads.launch``): every block's operations depend on its index only."""
     nbr, nbc = scales.shape[1], scales.shape[2]
     split, magic, min_normal = _nearest_constants(kind, p0, p1, p2)
-    for b in range(scales.size):
+    for b in range(b0, b1):
         _one_block(src, dst, scales, b, nbr, nbc, tr, tc, split, magic, min_normal, kind, p0, p1, p2, emax_e, max_e,
                    negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits)
 
 
-@njit(cache=True, parallel=True)
-def block_parallel(src, dst, scales, tr, tc, kind, p0, p1, p2, emax_e, max_e, negzero, rule, lo, hi, s_man,
-                   s_emin, s_sub, s_max, s_min, t, mode, key, nbits):
-    nbr, nbc = scales.shape[1], scales.shape[2]
-    split, magic, min_normal = _nearest_constants(kind, p0, p1, p2)
-    for b in prange(scales.size):
-        _one_block(src, dst, scales, b, nbr, nbc, tr, tc, split, magic, min_normal, kind, p0, p1, p2, emax_e, max_e,
-                   negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t, mode, key, nbits)
+def block_serial(src, dst, scales, tr, tc, *args):
+    """Every block on the calling thread (``block_range`` over all of them): the reference the fast paths' tests
+    compare with. args: ``block_args``, then mode, key (np.uint64), nbits."""
+    block_range(0, scales.size, src, dst, scales, tr, tc, *args)
 
 
 # ---- the float64 fast path: float32 data, 1-D blocks, a float element, round to nearest, where block_fast.py
@@ -346,12 +344,12 @@ def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
         return
     if fast and _fast_path(src, dst, scales, tile, args, parallel, scanned):
         return
-    with _parallel.try_parallel(parallel) as par:  # one prange section per process (kernels/parallel.py)
-        if fast and kind == 0 and int(tile[0]) == 1:
+    if fast and kind == 0 and int(tile[0]) == 1:
+        with _parallel.try_parallel(parallel) as par:  # one prange section per process (kernels/parallel.py)
             flat = src.reshape(-1)
             run = rows_f32_parallel if par else rows_f32_serial
             run(flat, flat.view(np.uint32), dst.reshape(-1), scales.reshape(-1), src.shape[2], int(tile[1]), man,
                 emin, sub, *args[4:])
-            return
-        run = block_parallel if par else block_serial
-        run(src, dst, scales, int(tile[0]), int(tile[1]), *args, int(mode), np.uint64(key), int(nbits))
+        return
+    threads.launch(block_range, scales.size, src, dst, scales, int(tile[0]), int(tile[1]), *args, int(mode),
+                   np.uint64(key), int(nbits), parallel=parallel)

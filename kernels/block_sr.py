@@ -41,6 +41,7 @@ from numba import njit
 
 from . import _cache, block_fast, scalar, threads
 from .block_fast import NAN32, U32, U64, _amax_bits, tile_range
+from .llvm_inline import inline_in_llvm
 from .scalar.common import _floor, _is_odd, random_bits
 from .scalar.float import round_nearest_value
 
@@ -80,9 +81,12 @@ def sr_element(x, full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n
     return np.float32(q * full)
 
 
-@njit(inline="always")
+@njit(nogil=True)
 def _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, full, man, emin, sub, max_e, neg_max, big,
                negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits):
+    """Blocks b0..b1-1 (``sr_range``); tc and full are literals at ``_sr_rows``' three calls: typed once per
+    specialisation and inlined by LLVM (``llvm_inline``), not re-typed at each call by numba's inliner."""
+    inline_in_llvm()
     nbr = -(-R // tr)
     nbc = -(-C // tc)
     two_n = math.ldexp(1.0, nbits)

@@ -1,5 +1,5 @@
 """Numba CPU kernels of the NVFP4 family's per-row outer scales and 4/6 selection (cores in
-kernels/nvfp4_scalar.py), parallel over blocks (``prange``) for large tensors; every block is computed with the
+kernels/nvfp4_scalar.py), parallel over blocks (``threads.launch``) for large tensors; every block is computed with the
 same arguments on any thread count, so the bits never depend on it. Float32 data rounded to nearest with an
 e2m1-like element takes kernels/nvfp4_fast.py (4/6 in blocks of 16 columns: kernels/nvfp4_fos_fast.py), the same
 bits, where its conditions hold (``fast_ok``); float32 4/6 with an e2m1 element rounded stochastically takes
@@ -11,9 +11,9 @@ import os
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from . import _cache, block_fast, block_sr, nvfp4_fast, nvfp4_fos_fast, nvfp4_fos_sr, scalar
+from . import _cache, block_fast, block_sr, nvfp4_fast, nvfp4_fos_fast, nvfp4_fos_sr, scalar, threads
 from . import parallel as _parallel
 from .nvfp4_scalar import fos_block, row_block
 from .scalar.common import NEAREST, STOCHASTIC
@@ -35,18 +35,12 @@ def _loop(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind
                   s_emin, s_sub, s_max, s_min, mode, key, nbits)
 
 
-@njit(cache=True, error_model="numpy")
-def nvfp4_serial(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind, p0, p1, p2, emax_e, max_e,
-                 negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits):
-    for b in range(scales.size):
-        _loop(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind, p0, p1, p2, emax_e, max_e,
-              negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits, b)
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def nvfp4_parallel(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind, p0, p1, p2, emax_e,
-                   max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits):
-    for b in prange(scales.size):
+@njit(cache=True, nogil=True, error_model="numpy")
+def nvfp4_range(b0, b1, src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind, p0, p1, p2, emax_e,
+                max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits):
+    """Blocks b0..b1-1 by the scalar cores; one kernel for the serial call and for each thread's share
+    (``threads.launch``): every block's operations depend on its index only."""
+    for b in range(b0, b1):
         _loop(src, dst, scales, tr, tc, fos, t, ges, gds, gamax, denom, metric, kind, p0, p1, p2, emax_e, max_e,
               negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, mode, key, nbits, b)
 
@@ -75,11 +69,12 @@ def fos_sr_ok(src: np.ndarray, dst: np.ndarray, tile, args: tuple, mode: int, gd
 
 
 def _run_fos_sr(src, dst, scales, tile, ges, gds, gamax, denom, metric, args, key, nbits, par) -> None:
-    """``nvfp4_fos_sr.fos_sr_*`` on (P, R, C) src/dst with the line arrays (float32, P * R)."""
+    """``nvfp4_fos_sr.fos_sr_range`` over every chunk (on threads where ``par``) of (P, R, C) src/dst with the
+    line arrays (float32, P * R)."""
     bits, dbits = src.reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint32)
-    (nvfp4_fos_sr.fos_sr_parallel if par else nvfp4_fos_sr.fos_sr_serial)(
-        bits, dbits, scales, src.shape[1], src.shape[2], int(tile[0]), int(tile[1]), ges, gds, gamax,
-        np.float32(denom), int(metric), args[6], *args[10:14], np.uint64(key), int(nbits))
+    threads.launch(nvfp4_fos_sr.fos_sr_range, nvfp4_fos_sr.chunks(scales), bits, dbits, scales, src.shape[1],
+                   src.shape[2], int(tile[0]), int(tile[1]), ges, gds, gamax, np.float32(denom), int(metric), args[6],
+                   *args[10:14], np.uint64(key), int(nbits), parallel=par)
 
 
 def row_amax(src: np.ndarray, parallel=None) -> np.ndarray:
@@ -134,15 +129,14 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     fos, _, ges, gds, gamax, denom, metric = lines
     if fast and fos and gds.size and fos_sr_ok(src, dst, tile, args, mode, float(gds.max())):
-        with _parallel.try_parallel(parallel) as par:
-            _run_fos_sr(src, dst, scales, tile, ges, gds, gamax, denom, metric, args, key, nbits, par)
+        _run_fos_sr(src, dst, scales, tile, ges, gds, gamax, denom, metric, args, key, nbits, parallel)
         return
     if fast and fos and fast_ok(src, dst, tile, True, args, mode):
         m, vl, lanes = _fos_constants(tuple(args[:6]))
         flat, rest = _fos_arguments(src, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl, args)
         with _parallel.try_parallel(parallel) as par:
             if int(tile[1]) == 16 and lanes and nvfp4_fos_fast.scale32_ok(*args[10:14]):  # lanes = blocks
-                (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(*flat, *rest)
+                _run_fos_lanes(flat, rest, par)
             else:
                 (nvfp4_fast.fos_parallel if par else nvfp4_fast.fos_serial)(*flat, int(tile[1]), *rest)
         return
@@ -152,9 +146,8 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
         # rounds once to nearest-even: on float64 copies, rounded to float32 once at the end, the bits are the
         # same, and the scalar-core kernel (~30 CPU-s to compile) needs only its float64 signature.
         src, dst = src.astype(np.float64), np.empty(src.shape, np.float64)
-    with _parallel.try_parallel(parallel) as par:
-        run = nvfp4_parallel if par else nvfp4_serial
-        run(src, dst, scales, int(tile[0]), int(tile[1]), *lines, *args, int(mode), np.uint64(key), int(nbits))
+    threads.launch(nvfp4_range, scales.size, src, dst, scales, int(tile[0]), int(tile[1]), *lines, *args, int(mode),
+                   np.uint64(key), int(nbits), parallel=parallel)
     if out is not dst:
         with np.errstate(over="ignore"):  # a value past FLT_MAX is inf, as the float32 store makes it
             out[...] = dst
@@ -180,8 +173,14 @@ def _fos_constants(elem_args: tuple) -> tuple:
     return m, vl, nvfp4_fos_fast.e2m1_values(vl)
 
 
+def _run_fos_lanes(flat: tuple, rest: tuple, par: bool) -> None:
+    """``nvfp4_fos_fast.fos_lanes_range`` over every unit (on threads where ``par``), ``_fos_arguments``'."""
+    threads.launch(nvfp4_fos_fast.fos_lanes_range, nvfp4_fos_fast.units(flat[3], flat[5]), *flat, *rest,
+                   parallel=par)
+
+
 def _fos_arguments(src, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl, args: tuple) -> tuple:
-    """(flat, rest): the arguments of the fast 4/6 kernels (``nvfp4_fos_fast.fos_lanes_*``: flat + rest;
+    """(flat, rest): the arguments of the fast 4/6 kernels (``nvfp4_fos_fast.fos_lanes_range``: flat + rest;
     ``nvfp4_fast.fos_*``: flat, the tile's width, rest) for (P, R, C) src/dst, the line arrays and ``block_args``."""
     flat = (src.reshape(-1), src.reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint32), scales,
             src.shape[1], src.shape[2], int(tile[0]))
@@ -219,7 +218,7 @@ def quantize_fos_tensor(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, ti
         if lanes and nvfp4_fos_fast.scale32_ok(*args[10:14]):  # quantize_nvfp4's call of the lanes kernel
             flat, rest = _fos_arguments(src, dst, scales, tile, np.full(n, ges), np.full(n, gds), np.full(n, gamax),
                                         denom, metric, m, vl, args)
-            (nvfp4_fos_fast.fos_lanes_parallel if par else nvfp4_fos_fast.fos_lanes_serial)(*flat, *rest)
+            _run_fos_lanes(flat, rest, par)
             return True
     lines = (True, None, np.full(n, ges), np.full(n, gds), np.full(n, gamax), np.float32(denom), int(metric))
     quantize_nvfp4(src, dst, scales, tile, lines, args, mode, 0, 0, parallel=parallel)

@@ -3,8 +3,8 @@ kernels/nvfp4_fast.py (``fos_*``, whose module doc gives the element-level reaso
 the same bits (tests/kernels/test_nvfp4_fos_fast.py compares it with the scalar core, kernels/nvfp4_scalar.py).
 
 A unit is a run of up to LANES whole blocks side by side in one row of blocks (1 row for 1-D blocks, up to 16
-for 16 x 16 tiles); a parallel task takes consecutive units (TASK_ELEMS elements or more). The last block of a
-row of blocks when C % 16 != 0, and a unit where an encode scale is 0, run ``nvfp4_fast``'s block loop. Every
+for 16 x 16 tiles); a call (``fos_lanes_range``) takes consecutive units, a thread one share of them. The last
+block of a row of blocks when C % 16 != 0, and a unit where an encode scale is 0, run ``nvfp4_fast``'s block loop. Every
 block is computed with the same arguments on any thread count. Each row of a unit is first copied transposed
 (``_transpose``: element k of block j at k * LANES + j), so that the loops across blocks read consecutive
 addresses; the kernel asks for the CPU's widest vectors (kernels/wide.py).
@@ -33,7 +33,7 @@ sign where q != 0 or the element has -0: the scalar core's stores.
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from . import _cache, block_fast, nvfp4_fast, scalar
 from .borrow import borrow
@@ -53,7 +53,6 @@ _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
 U32 = np.uint32
 U64 = np.uint64
 LANES = 64  # blocks side by side in the vector loops
-TASK_ELEMS = 16384  # elements per parallel task at least (its buffers are made once per task)
 ONE_BITS, EXP_BITS, HALF_BIT, MAGIC_SHIFT = U32(0x3F800000), U32(0x7F800000), U32(0x400000), U32(22 << 23)
 MIN_NORMAL = np.float32(2.0**-126)
 E2M1 = np.array([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -364,54 +363,39 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
                 dbits[x] = res | (u & (U32(F32(q).view(U32) + ABS) | nzs) & SIGN)
 
 
-@njit(inline="always", error_model="numpy")
-def _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
-           s_magic, s_min_normal, one_task):
-    """Every block (module doc): units of up to LANES whole blocks of a row of blocks, TASK_ELEMS elements or
-    more per task (its buffers made once; one_task: all units in one), the partial last block of a row of blocks
-    by ``_fos_chunk``."""
+@njit(cache=True, nogil=True, error_model="numpy")
+def fos_lanes_range(u0, u1, src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_man,
+                    s_emin, s_sub, s_max):
+    """4/6 selection, units u0..u1-1 (``units``; module doc) of blocks of tr x 16 (tr 1 or 16) of (P, R, C) data,
+    with the partial last block of a row of blocks by ``_fos_chunk``; arguments as ``nvfp4_fast.fos_serial``;
+    the scale format must pass ``scale32_ok``. One kernel for the serial call and for each thread's share
+    (``threads.launch``; its buffers made once per call): a block's operations depend on its index only."""
+    s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
     nbr, nbc = scales.shape[1], scales.shape[2]
-    lines = scales.shape[0] * nbr
-    sc = scales.reshape(lines, nbc)
+    sc = scales.reshape(scales.shape[0] * nbr, nbc)
     whole = C // 16
     per = -(-whole // LANES) if whole > 0 else 1
-    units = per * lines
-    upt = max(1, units if one_task else TASK_ELEMS // (LANES * 16 * tr))
-    for t in prange(-(-units // upt)):
-        # the task's buffers carved from one allocation (pieces of whole 64-byte lines; 21 allocations per task
-        # measured 3-5% of the serial kernel)
-        L, E = LANES, 16 * tr
-        buf = np.empty(46 * L + 4 * E + 32 + E * L, np.float32)
-        mx, ob = buf[0:L].view(U32), buf[L:4 * L].view(U32)
-        vt6, vt4, s6, s4 = buf[4 * L:6 * L], buf[6 * L:8 * L], buf[8 * L:9 * L], buf[9 * L:10 * L]
-        enc6, enc4, e6, e4 = buf[10 * L:11 * L], buf[11 * L:12 * L], buf[12 * L:13 * L], buf[13 * L:14 * L]
-        r6, r4 = buf[14 * L:30 * L], buf[30 * L:46 * L]
-        o = 46 * L
-        q6, q4, t6, t4 = buf[o:o + E], buf[o + E:o + 2 * E], buf[o + 2 * E:o + 3 * E], buf[o + 3 * E:o + 4 * E]
-        o += 4 * E
-        w6, w4 = buf[o:o + 16], buf[o + 16:o + 32]
-        w6[:] = 0
-        w4[:] = 0
-        tb = buf[o + 32:o + 32 + E * L].view(U32)
-        _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
-              s_magic, s_min_normal, t * upt, min(t * upt + upt, units), per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4,
-              ob, vt6, vt4, q6, q4, t6, t4, w6, w4, tb)
+    # the buffers carved from one allocation (pieces of whole 64-byte lines; 21 allocations per task measured
+    # 3-5% of the serial kernel)
+    L, E = LANES, 16 * tr
+    buf = np.empty(46 * L + 4 * E + 32 + E * L, np.float32)
+    mx, ob = buf[0:L].view(U32), buf[L:4 * L].view(U32)
+    vt6, vt4, s6, s4 = buf[4 * L:6 * L], buf[6 * L:8 * L], buf[8 * L:9 * L], buf[9 * L:10 * L]
+    enc6, enc4, e6, e4 = buf[10 * L:11 * L], buf[11 * L:12 * L], buf[12 * L:13 * L], buf[13 * L:14 * L]
+    r6, r4 = buf[14 * L:30 * L], buf[30 * L:46 * L]
+    o = 46 * L
+    q6, q4, t6, t4 = buf[o:o + E], buf[o + E:o + 2 * E], buf[o + 2 * E:o + 3 * E], buf[o + 3 * E:o + 4 * E]
+    o += 4 * E
+    w6, w4 = buf[o:o + 16], buf[o + 16:o + 32]
+    w6[:] = 0
+    w4[:] = 0
+    tb = buf[o + 32:o + 32 + E * L].view(U32)
+    _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
+          s_magic, s_min_normal, u0, u1, per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob, vt6, vt4, q6, q4, t6, t4,
+          w6, w4, tb)
 
 
-@njit(cache=True, error_model="numpy")
-def fos_lanes_serial(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_man,
-                     s_emin, s_sub, s_max):
-    """4/6 selection, blocks of tr x 16 (tr 1 or 16) of (P, R, C) data; arguments as ``nvfp4_fast.fos_serial``; the
-    scale format must pass ``scale32_ok``."""
-    s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
-    _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
-           s_magic, s_min_normal, True)
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def fos_lanes_parallel(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_man,
-                       s_emin, s_sub, s_max):
-    """``fos_lanes_serial``, parallel over tasks."""
-    s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
-    _tasks(src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
-           s_magic, s_min_normal, False)
+def units(scales, C: int) -> int:
+    """The number of units (``fos_lanes_range``'s work items) of a scales array (P, nbr, nbc) over C columns."""
+    whole = C // 16
+    return (-(-whole // LANES) if whole > 0 else 1) * scales.shape[0] * scales.shape[1]

@@ -26,7 +26,7 @@ never NaN. The dequantised values and error terms are the scalar core's float32 
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from . import _cache, block_fast, scalar
 from .block_fast import ABS
@@ -139,11 +139,13 @@ def _fos_sr_chunk(bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, deno
             store_row(bits, dbits, qb, i * tc, start, size, full, negzero)
 
 
-@njit(cache=True, error_model="numpy")
-def fos_sr_serial(bits, dbits, scales, R, C, tr, tc, ges, gds, gamax, denom, metric, negzero, s_man, s_emin, s_sub,
-                  s_max, key, nbits):
-    """4/6 selection rounded stochastically, blocks of tr x tc (tr 1 or 16) of (P, R, C) float32 data (module
-    doc): bits, dbits the uint32 views of src and dst (flat); scales (P, nbr, nbc) float64; key uint64."""
+@njit(cache=True, nogil=True, error_model="numpy")
+def fos_sr_range(c0, c1, bits, dbits, scales, R, C, tr, tc, ges, gds, gamax, denom, metric, negzero, s_man, s_emin,
+                 s_sub, s_max, key, nbits):
+    """4/6 selection rounded stochastically, chunks c0..c1-1 of CHUNK blocks (``chunks``) of tr x tc (tr 1 or 16)
+    of (P, R, C) float32 data (module doc): bits, dbits the uint32 views of src and dst (flat); scales (P, nbr,
+    nbc) float64; key uint64. One kernel for the serial call and for each thread's share (``threads.launch``):
+    a block's operations depend on its index only."""
     s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
     nbr, nbc, nb = scales.shape[1], scales.shape[2], scales.size
     rb = np.empty(tr * tc, np.uint32)
@@ -151,24 +153,12 @@ def fos_sr_serial(bits, dbits, scales, R, C, tr, tc, ges, gds, gamax, denom, met
     e6, e4 = np.empty(tr * tc, np.float32), np.empty(tr * tc, np.float32)
     r6, r4 = np.zeros(16, np.float32), np.zeros(16, np.float32)
     sc = scales.reshape(-1)
-    for ch in range(-(-nb // CHUNK)):
+    for ch in range(c0, c1):
         _fos_sr_chunk(bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, denom, metric, negzero, s_max,
                       s_split, s_magic, s_min_normal, key, nbits, ch * CHUNK, min(ch * CHUNK + CHUNK, nb), rb, q6,
                       q4, e6, e4, r6, r4)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def fos_sr_parallel(bits, dbits, scales, R, C, tr, tc, ges, gds, gamax, denom, metric, negzero, s_man, s_emin,
-                    s_sub, s_max, key, nbits):
-    """``fos_sr_serial``, parallel over chunks of blocks."""
-    s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
-    nbr, nbc, nb = scales.shape[1], scales.shape[2], scales.size
-    sc = scales.reshape(-1)
-    for ch in prange(-(-nb // CHUNK)):
-        rb = np.empty(tr * tc, np.uint32)
-        q6, q4 = np.empty(tr * tc, np.float32), np.empty(tr * tc, np.float32)
-        e6, e4 = np.empty(tr * tc, np.float32), np.empty(tr * tc, np.float32)
-        r6, r4 = np.zeros(16, np.float32), np.zeros(16, np.float32)
-        _fos_sr_chunk(bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, denom, metric, negzero, s_max,
-                      s_split, s_magic, s_min_normal, key, nbits, ch * CHUNK, min(ch * CHUNK + CHUNK, nb), rb, q6,
-                      q4, e6, e4, r6, r4)
+def chunks(scales) -> int:
+    """The number of chunks of CHUNK blocks (``fos_sr_range``'s work items) of a scales array."""
+    return -(-scales.size // CHUNK)

@@ -6,9 +6,9 @@ noise power) of rounding x -> q, as ``emunum.trace`` defines them.
 One order of summation, on every path (so every path gives the same bits). The elements are cut into chunks of
 ``CHUNK`` consecutive elements; ``count_chunk`` counts one chunk; the chunk results (float64) are added up in
 chunk order, starting from zero, and that total is added to ``out``. The standalone counters
-(``counters_serial`` / ``counters_parallel``) and the fused rounding kernels (``*_counted_range``, serial or in
-shares of chunks on numba's threads) all go through ``count_chunk`` and ``_total``, so their counts and sums agree bit for bit whatever
-the thread count. The counts are exact.
+(``counters_serial`` / ``counters_parallel``) and the fused rounding kernels (``*_counted_serial`` /
+``*_counted_parallel``) all go through ``count_chunk`` and ``_total``, so their counts and sums agree bit for bit
+whatever the thread count. The counts are exact.
 
 The sums of one chunk. Where x and q are finite throughout the chunk (the common case), they are computed in
 the tensor's dtype (``_count_finite``): for float32, the sum of the float32 terms x*x and (q - x)*(q - x), each
@@ -24,18 +24,17 @@ u = 2**-53; the float64 total over chunks adds gamma_(chunks) with u = 2**-53 (`
 checks both against ``math.fsum``). The float32 lanes cost half of the float64 ones (0.15 instead of 0.31
 ns/element in the fused pass, AVX-512 host).
 
-Fused rounding + counting (``f32_counted_range``, ``float_counted_range``, ``fixed_counted_range``): per chunk, the serial
-rounding loop of ``kernels/cpu.py`` (the same function, given the chunk's first index so that a stochastic
-rounding draws the bits of element ``base + i``: the bits do not change), then ``count_chunk`` on that chunk's
+Fused rounding + counting (``f32_counted_*``, ``float_counted_*``, ``fixed_counted_*``): per chunk, the serial
+rounding kernel of ``kernels/cpu.py`` (the same function, over the chunk's range of elements, so that a
+stochastic rounding draws element i's bits: the bits do not change), then ``count_chunk`` on that chunk's
 input and output while both are still in L1 cache. The separate pass re-read both tensors from memory and paid
-a second call; the fused one reads each element once. Parallel: contiguous shares of the chunks on numba's
-threads, each chunk rounded and counted by one thread; ``dst`` must not be ``src`` (the counts need the input).
+a second call; the fused one reads each element once. Parallel: chunks are spread over threads (``prange``),
+each chunk rounded and counted by one thread; ``dst`` must not be ``src`` (the counts need the input).
 fastmath (reassociation, no-signed-zeros, contraction) applies only inside the two chunk loops, so that their
 sums vectorise; NaN and inf tests keep their IEEE meaning, and the rounding loops are compiled without it.
 """
 import functools
 
-import numba
 import numpy as np
 from numba import carray, njit, prange
 
@@ -185,119 +184,116 @@ def counters_parallel(x, q, lo, hi, sqnr, out):
 
 
 # ---- fused: round a chunk, then count it --------------------------------------------------------------------
-# Each fused kernel runs over the chunks c0..c1-1 of the n elements at addresses src, dst. With ``parts`` (the
-# address of a float64[chunks, 5]) nonzero, chunk c's results go to row c: the parallel launchers
-# (``_*_counted_parallel``) run shares of the chunks on numba's threads and add the rows up with ``_total``. With
-# parts 0 (one serial call over every chunk) each chunk's results are added to a running total in chunk order,
-# from zero, and the total to ``acc``: ``_total``'s additions in its order, so the same bits. One serial kernel per
-# family, called directly and from its launcher: no wrapper that links the serial and the parallel loop.
-@njit(inline="always")
-def _rows(parts, nch):
-    """The rows to count into: parts' first nch rows where given, else one scratch row."""
-    if parts != 0:
-        return carray(_voidptr(parts), (nch, 5), np.float64)
-    return np.empty((1, 5))
-
-
-@njit(inline="always")
-def _row_done(parts, rows, t):
-    if parts == 0:
-        for k in range(5):
-            t[k] += rows[0, k]
-
-
-@njit(inline="always")
-def _finish(parts, acc, n, t):
-    if parts == 0:
-        out = carray(_voidptr(acc), 6, np.float64)
-        out[0] += n
-        for k in range(5):
-            out[1 + k] += t[k]
+@njit(cache=True, nogil=True)
+def _f32_chunk(s, d, sf, df, c, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
+               sqnr, parts):
+    a = c * CHUNK
+    b = min(a + CHUNK, s.size)
+    f32_serial(mode, a, b, s.ctypes.data, d.ctypes.data, 0, man, emin, sub, max_bits, max_value, ovf, negzero, key,
+               nbits)
+    count_chunk(sf[a:b], df[a:b], lo, hi, sqnr, parts, c)
 
 
 @njit(cache=True, nogil=True)
-def f32_counted_range(c0, c1, parts, acc, src, dst, n, man, emin, sub, max_bits, max_value, ovf, negzero, mode,
-                      key, nbits, lo, hi, sqnr):
-    """``cpu.f32_range`` (float32 memory) and the counters, chunks c0..c1-1 (see above)."""
-    sf, df = carray(_voidptr(src), n, np.float32), carray(_voidptr(dst), n, np.float32)
-    rows, t = _rows(parts, c1), np.zeros(5)
-    for c in range(c0, c1):
-        a = c * CHUNK
-        b = min(a + CHUNK, n)
-        f32_serial(mode, a, b, src, dst, 0, man, emin, sub, max_bits, max_value, ovf, negzero, key, nbits)
-        count_chunk(sf[a:b], df[a:b], lo, hi, sqnr, rows, c if parts != 0 else 0)
-        _row_done(parts, rows, t)
-    _finish(parts, acc, n, t)
+def _float_chunk(s, d, sv, dv, c, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                 nbits, lo, hi, sqnr, parts):
+    a = c * CHUNK
+    b = min(a + CHUNK, s.size)
+    float_range(a, b, s.ctypes.data, d.ctypes.data, s, 0, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf,
+                negzero, mode, key, nbits)
+    count_chunk(sv[a:b], dv[a:b], lo, hi, sqnr, parts, c)
 
 
 @njit(cache=True, nogil=True)
-def float_counted_range(c0, c1, parts, acc, src, dst, n, w, wv, sign_pos, in_man, in_bias, man, emin, sub,
-                        max_bits, ovf, negzero, mode, key, nbits, lo, hi, sqnr):
-    """``cpu.float_range`` (w: the uint witness, wv: the float witness of the memory) and the counters."""
-    sv, dv = carray(_voidptr(src), n, wv.dtype), carray(_voidptr(dst), n, wv.dtype)
-    rows, t = _rows(parts, c1), np.zeros(5)
-    for c in range(c0, c1):
-        a = c * CHUNK
-        b = min(a + CHUNK, n)
-        float_range(a, b, src, dst, w, 0, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode,
-                    key, nbits)
-        count_chunk(sv[a:b], dv[a:b], lo, hi, sqnr, rows, c if parts != 0 else 0)
-        _row_done(parts, rows, t)
-    _finish(parts, acc, n, t)
+def _fixed_chunk(s, d, c, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts):
+    a = c * CHUNK
+    b = min(a + CHUNK, s.size)
+    fixed_serial(mode, a, b, s.ctypes.data, d.ctypes.data, s, 0, frac_bits, code_min, code_max, saturate, key,
+                 nbits)
+    count_chunk(s[a:b], d[a:b], lo, hi, sqnr, parts, c)
 
 
-@njit(cache=True, nogil=True)
-def fixed_counted_range(c0, c1, parts, acc, src, dst, n, w, frac_bits, code_min, code_max, saturate, mode, key,
-                        nbits, lo, hi, sqnr):
-    """``cpu.fixed_range`` (w: the float witness of the memory) and the counters."""
+# Each fused kernel exists as a serial and a parallel (prange over chunks) entry on raw addresses, chosen in
+# Python (``_bind``): one entry that took a flag and called both loops linked them and had LLVM optimise them
+# again (measured: as much compile time as the loops). The loops call the chunk kernels above, compiled once: a
+# chunk loop with the rounding inlined into it compiled ~1.5x slower (measured).
+@njit(inline="always")
+def _f32_chunks(src, dst, n, w, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi, sqnr,
+                acc):
     s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
-    rows, t = _rows(parts, c1), np.zeros(5)
-    for c in range(c0, c1):
-        a = c * CHUNK
-        b = min(a + CHUNK, n)
-        fixed_serial(mode, a, b, src, dst, w, 0, frac_bits, code_min, code_max, saturate, key, nbits)
-        count_chunk(s[a:b], d[a:b], lo, hi, sqnr, rows, c if parts != 0 else 0)
-        _row_done(parts, rows, t)
-    _finish(parts, acc, n, t)
+    sf, df = carray(_voidptr(src), n, np.float32), carray(_voidptr(dst), n, np.float32)
+    parts = np.empty((_nchunks(n), 5))
+    for c in prange(parts.shape[0]):
+        _f32_chunk(s, d, sf, df, c, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
+                   sqnr, parts)
+    _total(parts, n, carray(_voidptr(acc), 6, np.float64))
+
+
+@njit(cache=True)
+def f32_counted_serial(src, dst, n, w, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
+                       sqnr, acc):
+    """``cpu.f32_range`` (float32 memory, w: a uint32 witness) and ``counters`` into the float64[6] at ``acc``."""
+    _f32_chunks(src, dst, n, w, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi, sqnr,
+                acc)
+
+
+@njit(cache=True, parallel=True)
+def f32_counted_parallel(src, dst, n, w, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo,
+                         hi, sqnr, acc):
+    """``f32_counted_serial``, chunks in parallel."""
+    _f32_chunks(src, dst, n, w, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi, sqnr,
+                acc)
 
 
 @njit(inline="always")
-def _share(nch):
-    t = numba.get_num_threads()
-    return t, (nch + t - 1) // t
-
-
-@njit(cache=True, parallel=True)
-def _f32_counted_parallel(nch, acc, src, dst, n, *args):
-    parts = np.empty((nch, 5))
-    t, step = _share(nch)
-    for k in prange(t):
-        c0, c1 = k * step, min(nch, (k + 1) * step)
-        if c0 < c1:
-            f32_counted_range(c0, c1, parts.ctypes.data, 0, src, dst, n, *args)
+def _float_chunks(src, dst, n, w, wv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                  nbits, lo, hi, sqnr, acc):
+    s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
+    sv, dv = carray(_voidptr(src), n, wv.dtype), carray(_voidptr(dst), n, wv.dtype)
+    parts = np.empty((_nchunks(n), 5))
+    for c in prange(parts.shape[0]):
+        _float_chunk(s, d, sv, dv, c, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                     nbits, lo, hi, sqnr, parts)
     _total(parts, n, carray(_voidptr(acc), 6, np.float64))
 
 
-@njit(cache=True, parallel=True)
-def _float_counted_parallel(nch, acc, src, dst, n, *args):
-    parts = np.empty((nch, 5))
-    t, step = _share(nch)
-    for k in prange(t):
-        c0, c1 = k * step, min(nch, (k + 1) * step)
-        if c0 < c1:
-            float_counted_range(c0, c1, parts.ctypes.data, 0, src, dst, n, *args)
-    _total(parts, n, carray(_voidptr(acc), 6, np.float64))
+@njit(cache=True)
+def float_counted_serial(src, dst, n, w, wv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero,
+                         mode, key, nbits, lo, hi, sqnr, acc):
+    """``cpu.float_range`` (w: the uint witness, wv: the float witness of the memory) and the counters."""
+    _float_chunks(src, dst, n, w, wv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                  nbits, lo, hi, sqnr, acc)
 
 
 @njit(cache=True, parallel=True)
-def _fixed_counted_parallel(nch, acc, src, dst, n, *args):
-    parts = np.empty((nch, 5))
-    t, step = _share(nch)
-    for k in prange(t):
-        c0, c1 = k * step, min(nch, (k + 1) * step)
-        if c0 < c1:
-            fixed_counted_range(c0, c1, parts.ctypes.data, 0, src, dst, n, *args)
+def float_counted_parallel(src, dst, n, w, wv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero,
+                           mode, key, nbits, lo, hi, sqnr, acc):
+    """``float_counted_serial``, chunks in parallel."""
+    _float_chunks(src, dst, n, w, wv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                  nbits, lo, hi, sqnr, acc)
+
+
+@njit(inline="always")
+def _fixed_chunks(src, dst, n, w, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, acc):
+    s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
+    parts = np.empty((_nchunks(n), 5))
+    for c in prange(parts.shape[0]):
+        _fixed_chunk(s, d, c, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts)
     _total(parts, n, carray(_voidptr(acc), 6, np.float64))
+
+
+@njit(cache=True)
+def fixed_counted_serial(src, dst, n, w, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr,
+                         acc):
+    """``cpu.fixed_range`` (w: the float witness of the memory) and the counters."""
+    _fixed_chunks(src, dst, n, w, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, acc)
+
+
+@njit(cache=True, parallel=True)
+def fixed_counted_parallel(src, dst, n, w, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr,
+                           acc):
+    """``fixed_counted_serial``, chunks in parallel."""
+    _fixed_chunks(src, dst, n, w, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, acc)
 
 
 # ---- Python side: the fused kernels with their format arguments bound (as cpu.float_runner) -----------------
@@ -313,12 +309,12 @@ def _float_counted_runner(dt, man, emin, subnormals, max_value, overflow, negzer
     _, sign_pos, in_man, in_bias = _cpu.LAYOUT[dt]
     w, wv, mbits = _cpu._BITS_WITNESS[dt], _cpu._VALUE_WITNESS[dt], _cpu._max_bits(max_value, dt)
     if dt == np.dtype(np.float32) and emin >= -126:
-        fns = f32_counted_range, _f32_counted_parallel
+        fns, wit = (f32_counted_serial, f32_counted_parallel), (w,)
         pre = (man, emin, subnormals, np.int64(mbits), float(max_value), overflow, negzero)
     else:
-        fns = float_counted_range, _float_counted_parallel
-        pre = (w, wv, sign_pos, in_man, in_bias, man, emin, subnormals, np.uint64(mbits), overflow, negzero)
-    return _bind(*fns, pre, dt)
+        fns, wit = (float_counted_serial, float_counted_parallel), (w, wv)
+        pre = (sign_pos, in_man, in_bias, man, emin, subnormals, np.uint64(mbits), overflow, negzero)
+    return _bind(*fns, wit, pre, dt)
 
 
 def fixed_counted_runner(dtype, frac_bits, code_min, code_max, saturate):
@@ -329,31 +325,27 @@ def fixed_counted_runner(dtype, frac_bits, code_min, code_max, saturate):
 
 @functools.lru_cache(maxsize=512)
 def _fixed_counted_runner(dt, frac_bits, code_min, code_max, saturate):
-    pre = (_cpu._VALUE_WITNESS[dt], frac_bits, np.int64(code_min), np.int64(code_max), saturate)
-    return _bind(fixed_counted_range, _fixed_counted_parallel, pre, dt)
+    pre = (frac_bits, np.int64(code_min), np.int64(code_max), saturate)
+    return _bind(fixed_counted_serial, fixed_counted_parallel, (_cpu._VALUE_WITNESS[dt],), pre, dt)
 
 
 _thresholds = functools.lru_cache(maxsize=1024)(thresholds)
 
 
-def _bind(rng, par, pre, dt):
-    """``run(...)`` (see ``float_counted_runner``) calling the chunk-range kernel ``rng`` (serial: one call over
-    every chunk) or its launcher ``par`` with the format arguments ``pre``; as ``cpu._runner``, serial calls below
-    ``PARALLEL_MIN`` go through rng's compiled entry point (no lock, no thread-count check, no type dispatch)."""
-    serial = direct_caller(rng)
+def _bind(fn, par, wit, pre, dt):
+    """``run(...)`` (see ``float_counted_runner``) calling the serial kernel ``fn`` or the parallel one ``par`` with
+    the witnesses ``wit`` and format arguments ``pre``; as ``cpu._runner``, serial calls below ``PARALLEL_MIN`` go
+    through fn's compiled entry point (no lock, no thread-count check, no type dispatch)."""
+    serial = direct_caller(fn)
 
     def run(src: int, dst: int, n: int, mode, key, nbits, lo, hi, sqnr, acc: int, parallel=None) -> None:
         th = _thresholds(float(lo), float(hi), dt)
-        n = int(n)
-        args = (int(src), int(dst), n, *pre, int(mode), np.uint64(key), int(nbits), *th, bool(sqnr))
-        nch = (n + CHUNK - 1) // CHUNK
+        args = (int(src), int(dst), int(n), *wit, *pre, int(mode), np.uint64(key), int(nbits), *th, bool(sqnr),
+                int(acc))
         if parallel is None and n < _cpu.PARALLEL_MIN:  # serial: no lock, no thread-count check
-            serial(0, nch, 0, int(acc), *args)
+            serial(*args)
             return
         with _parallel.try_parallel(_cpu.use_parallel(n, parallel)) as p:
-            if p:
-                par(nch, int(acc), *args)
-            else:
-                serial(0, nch, 0, int(acc), *args)
+            (par if p else serial)(*args)
 
     return run

@@ -104,7 +104,6 @@ def f32_range(MODE: int):
     """``rng(lo, hi, src, dst, base, man, emin, sub, max_bits, max_value, ovf, negzero, key, nbits)``: float32
     memory rounded in mode MODE (elements lo..hi-1; base: see above)."""
 
-    @njit(cache=True, nogil=True)
     def rng(lo, hi, src, dst, base, man, emin, sub, max_bits, max_value, ovf, negzero, key, nbits):
         s, d = carray(_voidptr(src), hi, np.uint32), carray(_voidptr(dst), hi, np.uint32)
         if MODE == NEAREST and _ew.nearest_ok(man, emin, sub, max_value):
@@ -121,7 +120,7 @@ def f32_range(MODE: int):
                 rnd = random_bits(key, U64(base) + i, nbits) if MODE == STOCHASTIC else U64(0)
                 d[i] = round_f32_fast(s[i], man, emin, sub, max_bits, ovf, negzero, MODE, rnd, nbits)
 
-    return rng
+    return njit(cache=True, nogil=True)(_cache.variant(rng, f"mode{MODE}"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,14 +128,13 @@ def fixed_range(MODE: int):
     """``rng(lo, hi, src, dst, w, base, frac_bits, code_min, code_max, saturate, key, nbits)``: float32 or float64
     memory (w: a witness of that dtype) rounded to fixed point in mode MODE."""
 
-    @njit(cache=True, nogil=True)
     def rng(lo, hi, src, dst, w, base, frac_bits, code_min, code_max, saturate, key, nbits):
         s, d = carray(_voidptr(src), hi, w.dtype), carray(_voidptr(dst), hi, w.dtype)
         for i in range(U64(lo), U64(hi)):
             rnd = random_bits(key, U64(base) + i, nbits) if MODE == STOCHASTIC else U64(0)
             d[i] = round_fixed_value(np.float64(s[i]), frac_bits, code_min, code_max, saturate, MODE, rnd, nbits)
 
-    return rng
+    return njit(cache=True, nogil=True)(_cache.variant(rng, f"mode{MODE}"))
 
 
 @functools.lru_cache(maxsize=None)

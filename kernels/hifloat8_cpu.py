@@ -64,7 +64,6 @@ def f32_range(MODE: int):
 
 @functools.lru_cache(maxsize=None)
 def _f32_range(MODE: int):
-    @njit(cache=True, nogil=True)
     def rng(lo, hi, src, dst, ovf, key, nbits):
         s, d = carray(_voidptr(src), hi, np.uint32), carray(_voidptr(dst), hi, np.uint32)
         big = U32(HIF8_MAX_BITS32) if ovf == OVF_SAT else U32(0x7F800000)
@@ -83,7 +82,7 @@ def _f32_range(MODE: int):
                 rnd = random_bits(key, i, nbits) if MODE == STOCHASTIC else U64(0)
                 d[i] = U32(round_hif8_f32(s[i], ovf, MODE, rnd, nbits))
 
-    return rng
+    return njit(cache=True, nogil=True)(_cache.variant(rng, f"mode{MODE}"))
 
 
 def f32_loop(MODE: int, PARALLEL: bool):

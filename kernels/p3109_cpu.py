@@ -91,11 +91,17 @@ def unsigned_runner(dtype, float_run, man, emin, max_value, overflow):
         if n == 0:
             return
         src, dst, n = int(src), int(dst), int(n)
+        serial = parallel is None and n < PARALLEL_MIN
         if fast and int(mode) == NEAREST:
-            launch(nearest_range, fused, n, (src, dst, man, emin, mbits, overflow), parallel)
+            if serial:  # the training path's small tensors: no further Python call
+                fused(0, n, src, dst, man, emin, mbits, overflow)
+            else:
+                run_range(nearest_range, n, (src, dst, man, emin, mbits, overflow), parallel)
         elif fast_sr and int(mode) == STOCHASTIC:
-            launch(sr_range, fused_sr, n, (src, dst, man, emin, mbits, overflow, np.uint64(key), int(nbits)),
-                   parallel)
+            if serial:
+                fused_sr(0, n, src, dst, man, emin, mbits, overflow, np.uint64(key), int(nbits))
+            else:
+                run_range(sr_range, n, (src, dst, man, emin, mbits, overflow, np.uint64(key), int(nbits)), parallel)
         elif src == dst:
             launch(fix_range, fix, n, (src, dst, w), parallel)
             float_run(src, dst, n, mode, key, nbits, parallel)

@@ -37,7 +37,8 @@ from .scalar import (DOWN, NEAREST, NEAREST_AWAY, ODD, OVF_INF, OVF_NAN, STOCHAS
 # functions, LLVM keeps each element's rounding a call and the serial loops do not vectorise: measured
 # 7 ns/element serial against 1.4 ns inlined (float32 e5m2, one thread).
 
-# From this many elements on, and only when numba may use more than one thread, the prange loop runs.
+# From this many elements on, and only when numba may use more than one thread, the kernel runs in shares on
+# numba's threads.
 # Measured on a 2-core VM with the inlined loops (~1.6 ns/element serial): back to back, with numba's
 # workers warm, the 2-thread loop wins from 2**12 (benchmarks/quantize.py --crossover); with a torch op
 # before every call, as in training (benchmarks/call_overhead.py --parallel-sweep --threads 2), each
@@ -218,7 +219,7 @@ def max_bits(max_value: float, dtype) -> int:
 
 
 def use_parallel(n: int, parallel=None) -> bool:
-    """The loop for ``n`` elements: ``parallel`` if given, else the prange loop from ``PARALLEL_MIN`` elements
+    """The loop for ``n`` elements: ``parallel`` if given, else the parallel launch from ``PARALLEL_MIN`` elements
     on when numba may use more than one thread (with one thread the serial loop is never slower)."""
     if parallel is not None:
         return bool(parallel)

@@ -232,8 +232,8 @@ def _mix64_high(z):
 @intrinsic
 def stack_words(typingctx, tag):
     """A C-contiguous uint32 array of CHUNK elements in the calling compiled function's stack frame (allocated
-    once at its entry; no meminfo, so nothing to free). ``tag`` is unused: passing the chunk index keeps the call
-    inside a prange body, whose every thread then has its own frame and buffer."""
+    once at its entry; no meminfo, so nothing to free). ``tag`` is unused (the range kernels pass their first
+    index; called inside a prange body, the chunk index would give every thread its own frame and buffer)."""
     if not isinstance(tag, types.Integer):
         return None
     arrty = types.Array(types.uint32, 1, "C")

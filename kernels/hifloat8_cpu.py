@@ -27,25 +27,25 @@ U64 = np.uint64
 
 
 @njit(inline="always")
-def _nearest_loop(lo, hi, src, dst, big):
-    for i in range(U64(lo), U64(hi)):  # unsigned indices: signed ones turn the loads into gathers
+def _nearest_loop(src, dst, big):
+    for i in range(U64(src.size)):  # unsigned indices: signed ones turn the loads into gathers
         dst[i] = nearest_ta_f32(src[i], big)
 
 
 @njit(inline="always")
-def _sr_loop(lo, hi, src, dst, big, key, nbits):
-    """Element i's bits ``random_bits(key, i, nbits)``, made per chunk (from lo) into a stack buffer first
+def _sr_loop(src, dst, big, key, nbits, base):
+    """Element i's bits ``random_bits(key, base + i, nbits)``, made per chunk into a stack buffer first
     (``elementwise_f32.fill_words``: 32-bit lanes for the rounding that reads them)."""
     pw = U32(1 << (32 - nbits))
     pn = np.float32(2.0**nbits)
     two_n = U32((1 << nbits) & 0xFFFFFFFF)
-    end = U64(hi)
+    n = U64(src.size)
     drop = U32(32 - nbits)
-    words = _ew.stack_words(lo)
-    for c0 in range(U64(lo), end, U64(_ew.CHUNK)):
+    words = _ew.stack_words(base)
+    for c0 in range(U64(0), n, U64(_ew.CHUNK)):
         prefer_wide_vectors()
-        m = min(c0 + U64(_ew.CHUNK), end) - c0
-        _ew.fill_words(words, key, 0, c0, m)
+        m = min(c0 + U64(_ew.CHUNK), n) - c0
+        _ew.fill_words(words, key, base, c0, m)
         for j in range(m):
             dst[c0 + j] = hif8_sr_f32(src[c0 + j], _ew.word_bits(words[j], drop), pw, pn, two_n, big)
 
@@ -65,21 +65,23 @@ def f32_range(MODE: int):
 @functools.lru_cache(maxsize=None)
 def _f32_range(MODE: int):
     def rng(lo, hi, src, dst, ovf, key, nbits):
-        s, d = carray(_voidptr(src), hi, np.uint32), carray(_voidptr(dst), hi, np.uint32)
+        # arrays that start at lo, loops from 0: loops from lo ran 3-8% slower out of cache (2**22, measured)
+        s = carray(_voidptr(src + 4 * lo), hi - lo, np.uint32)
+        d = carray(_voidptr(dst + 4 * lo), hi - lo, np.uint32)
         big = U32(HIF8_MAX_BITS32) if ovf == OVF_SAT else U32(0x7F800000)
         if MODE == NEAREST:  # ties away, the loop of both nearest modes (_loop_mode)
             if src == dst:  # one array: LLVM's overlap check would take the scalar loop
-                _nearest_loop(lo, hi, d, d, big)
+                _nearest_loop(d, d, big)
             else:
-                _nearest_loop(lo, hi, s, d, big)
+                _nearest_loop(s, d, big)
         elif MODE == STOCHASTIC and nbits >= 23:
             if src == dst:
-                _sr_loop(lo, hi, d, d, big, key, nbits)
+                _sr_loop(d, d, big, key, nbits, lo)
             else:
-                _sr_loop(lo, hi, s, d, big, key, nbits)
+                _sr_loop(s, d, big, key, nbits, lo)
         else:
-            for i in range(U64(lo), U64(hi)):
-                rnd = random_bits(key, i, nbits) if MODE == STOCHASTIC else U64(0)
+            for i in range(U64(hi - lo)):
+                rnd = random_bits(key, U64(lo) + i, nbits) if MODE == STOCHASTIC else U64(0)
                 d[i] = U32(round_hif8_f32(s[i], ovf, MODE, rnd, nbits))
 
     return njit(cache=True, nogil=True)(_cache.variant(rng, f"mode{MODE}"))

@@ -158,3 +158,15 @@ def guard(module_file: str, deps: list[str]) -> None:
     """Register ``module_file``: its kernels cache under a directory keyed by its and ``deps``' digest."""
     stem = os.path.splitext(os.path.basename(module_file))[0]
     _REGISTERED[os.path.realpath(module_file)] = f"emunum-{stem}-{_digest([module_file, *deps])}"
+
+
+def variant(fn, tag):
+    """``fn`` (a closure made by a kernel factory, before ``njit``) with ``_<tag>`` added to its qualname.
+
+    numba names a compiled function's symbol after its qualname and a per-process counter, and a kernel loaded
+    from the disk cache keeps the name it was compiled under. Two variants of one closure compiled in different
+    processes can so carry one name, and a kernel compiled later in a process that loaded both calls whichever
+    the JIT resolved first (seen: a parallel launcher running another rounding mode's loop). The tag makes each
+    variant's name its own in every process."""
+    fn.__qualname__ = f"{fn.__qualname__}_{tag}"
+    return fn

@@ -6,9 +6,9 @@ noise power) of rounding x -> q, as ``emunum.trace`` defines them.
 One order of summation, on every path (so every path gives the same bits). The elements are cut into chunks of
 ``CHUNK`` consecutive elements; ``count_chunk`` counts one chunk; the chunk results (float64) are added up in
 chunk order, starting from zero, and that total is added to ``out``. The standalone counters
-(``counters_serial`` / ``counters_parallel``) and the fused rounding kernels (``*_counted_at``, serial or parallel
-over chunks) all go through ``count_chunk`` and ``_total``, so their counts and sums agree bit for bit whatever
-the thread count. The counts are exact.
+(``counters_serial`` / ``counters_parallel``) and the fused rounding kernels (``*_counted_serial`` /
+``*_counted_parallel``) all go through ``count_chunk`` and ``_total``, so their counts and sums agree bit for bit
+whatever the thread count. The counts are exact.
 
 The sums of one chunk. Where x and q are finite throughout the chunk (the common case), they are computed in
 the tensor's dtype (``_count_finite``): for float32, the sum of the float32 terms x*x and (q - x)*(q - x), each
@@ -24,9 +24,9 @@ u = 2**-53; the float64 total over chunks adds gamma_(chunks) with u = 2**-53 (`
 checks both against ``math.fsum``). The float32 lanes cost half of the float64 ones (0.15 instead of 0.31
 ns/element in the fused pass, AVX-512 host).
 
-Fused rounding + counting (``f32_counted_at``, ``float_counted_at``, ``fixed_counted_at``): per chunk, the serial
-rounding loop of ``kernels/cpu.py`` (the same function, given the chunk's first index so that a stochastic
-rounding draws the bits of element ``base + i``: the bits do not change), then ``count_chunk`` on that chunk's
+Fused rounding + counting (``f32_counted_*``, ``float_counted_*``, ``fixed_counted_*``): per chunk, the serial
+rounding kernel of ``kernels/cpu.py`` (the same function, over the chunk's range of elements, so that a
+stochastic rounding draws element i's bits: the bits do not change), then ``count_chunk`` on that chunk's
 input and output while both are still in L1 cache. The separate pass re-read both tensors from memory and paid
 a second call; the fused one reads each element once. Parallel: chunks are spread over threads (``prange``),
 each chunk rounded and counted by one thread; ``dst`` must not be ``src`` (the counts need the input).
@@ -43,11 +43,11 @@ from . import elementwise_f32 as _ew, parallel as _parallel, scalar
 
 _cache.guard(__file__, [_cpu.__file__, _ew.__file__, *scalar.SOURCES])
 
-from .cpu import _voidptr, f32_loop, fixed_loop, float_serial, mode_switch  # noqa: E402
+from .cpu import _voidptr, f32_range, fixed_range, float_range, mode_switch  # noqa: E402
 
 # The rounding loops for a mode given at run time (the counted kernels take the mode as an argument).
-f32_serial = mode_switch(f32_loop, False)
-fixed_serial = mode_switch(fixed_loop, False)
+f32_serial = mode_switch(f32_range)
+fixed_serial = mode_switch(fixed_range)
 from .direct import direct_caller  # noqa: E402
 
 fm = {"reassoc", "nsz", "contract"}
@@ -189,41 +189,9 @@ def _f32_chunk(s, d, sf, df, c, man, emin, sub, max_bits, max_value, ovf, negzer
                sqnr, parts):
     a = c * CHUNK
     b = min(a + CHUNK, s.size)
-    f32_serial(mode, s[a:b], d[a:b], sf[a:b], df[a:b], man, emin, sub, max_bits, max_value, ovf, negzero, key,
-               nbits, a)
+    f32_serial(mode, a, b, s.ctypes.data, d.ctypes.data, 0, man, emin, sub, max_bits, max_value, ovf, negzero, key,
+               nbits)
     count_chunk(sf[a:b], df[a:b], lo, hi, sqnr, parts, c)
-
-
-@njit(cache=True)
-def _f32_serial(s, d, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi, sqnr,
-                parts):
-    for c in range(parts.shape[0]):
-        _f32_chunk(s, d, sf, df, c, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
-                   sqnr, parts)
-
-
-@njit(cache=True, parallel=True)
-def _f32_parallel(s, d, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi, sqnr,
-                  parts):
-    for c in prange(parts.shape[0]):
-        _f32_chunk(s, d, sf, df, c, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
-                   sqnr, parts)
-
-
-@njit(cache=True)
-def f32_counted_at(src, dst, n, w, par, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
-                   sqnr, acc):
-    """``cpu.f32_at`` (float32 memory, w: a uint32 witness) and ``counters`` into the float64[6] at ``acc``."""
-    s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
-    sf, df = carray(_voidptr(src), n, np.float32), carray(_voidptr(dst), n, np.float32)
-    parts = np.empty((_nchunks(n), 5))
-    if par:
-        _f32_parallel(s, d, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
-                      sqnr, parts)
-    else:
-        _f32_serial(s, d, sf, df, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi, sqnr,
-                    parts)
-    _total(parts, n, carray(_voidptr(acc), 6, np.float64))
 
 
 @njit(cache=True, nogil=True)
@@ -231,74 +199,101 @@ def _float_chunk(s, d, sv, dv, c, sign_pos, in_man, in_bias, man, emin, sub, max
                  nbits, lo, hi, sqnr, parts):
     a = c * CHUNK
     b = min(a + CHUNK, s.size)
-    float_serial(s[a:b], d[a:b], sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
-                 nbits, a)
+    float_range(a, b, s.ctypes.data, d.ctypes.data, s, 0, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf,
+                negzero, mode, key, nbits)
     count_chunk(sv[a:b], dv[a:b], lo, hi, sqnr, parts, c)
-
-
-@njit(cache=True)
-def _float_serial(s, d, sv, dv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key, nbits,
-                  lo, hi, sqnr, parts):
-    for c in range(parts.shape[0]):
-        _float_chunk(s, d, sv, dv, c, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
-                     nbits, lo, hi, sqnr, parts)
-
-
-@njit(cache=True, parallel=True)
-def _float_parallel(s, d, sv, dv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
-                    nbits, lo, hi, sqnr, parts):
-    for c in prange(parts.shape[0]):
-        _float_chunk(s, d, sv, dv, c, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
-                     nbits, lo, hi, sqnr, parts)
-
-
-@njit(cache=True)
-def float_counted_at(src, dst, n, w, wv, par, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero,
-                     mode, key, nbits, lo, hi, sqnr, acc):
-    """``cpu.float_at`` (w: the uint witness, wv: the float witness of the memory) and the counters."""
-    s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
-    sv, dv = carray(_voidptr(src), n, wv.dtype), carray(_voidptr(dst), n, wv.dtype)
-    parts = np.empty((_nchunks(n), 5))
-    if par:
-        _float_parallel(s, d, sv, dv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
-                        nbits, lo, hi, sqnr, parts)
-    else:
-        _float_serial(s, d, sv, dv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
-                      nbits, lo, hi, sqnr, parts)
-    _total(parts, n, carray(_voidptr(acc), 6, np.float64))
 
 
 @njit(cache=True, nogil=True)
 def _fixed_chunk(s, d, c, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts):
     a = c * CHUNK
     b = min(a + CHUNK, s.size)
-    fixed_serial(mode, s[a:b], d[a:b], frac_bits, code_min, code_max, saturate, key, nbits, a)
+    fixed_serial(mode, a, b, s.ctypes.data, d.ctypes.data, s, 0, frac_bits, code_min, code_max, saturate, key,
+                 nbits)
     count_chunk(s[a:b], d[a:b], lo, hi, sqnr, parts, c)
 
 
+# Each fused kernel exists as a serial and a parallel (prange over chunks) entry on raw addresses, chosen in
+# Python (``_bind``): one entry that took a flag and called both loops linked them and had LLVM optimise them
+# again (measured: as much compile time as the loops). The loops call the chunk kernels above, compiled once: a
+# chunk loop with the rounding inlined into it compiled ~1.5x slower (measured).
+@njit(inline="always")
+def _f32_chunks(src, dst, n, w, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi, sqnr,
+                acc):
+    s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
+    sf, df = carray(_voidptr(src), n, np.float32), carray(_voidptr(dst), n, np.float32)
+    parts = np.empty((_nchunks(n), 5))
+    for c in prange(parts.shape[0]):
+        _f32_chunk(s, d, sf, df, c, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
+                   sqnr, parts)
+    _total(parts, n, carray(_voidptr(acc), 6, np.float64))
+
+
 @njit(cache=True)
-def _fixed_serial(s, d, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts):
-    for c in range(parts.shape[0]):
-        _fixed_chunk(s, d, c, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts)
+def f32_counted_serial(src, dst, n, w, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
+                       sqnr, acc):
+    """``cpu.f32_range`` (float32 memory, w: a uint32 witness) and ``counters`` into the float64[6] at ``acc``."""
+    _f32_chunks(src, dst, n, w, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi, sqnr,
+                acc)
 
 
 @njit(cache=True, parallel=True)
-def _fixed_parallel(s, d, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts):
+def f32_counted_parallel(src, dst, n, w, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo,
+                         hi, sqnr, acc):
+    """``f32_counted_serial``, chunks in parallel."""
+    _f32_chunks(src, dst, n, w, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi, sqnr,
+                acc)
+
+
+@njit(inline="always")
+def _float_chunks(src, dst, n, w, wv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                  nbits, lo, hi, sqnr, acc):
+    s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
+    sv, dv = carray(_voidptr(src), n, wv.dtype), carray(_voidptr(dst), n, wv.dtype)
+    parts = np.empty((_nchunks(n), 5))
     for c in prange(parts.shape[0]):
-        _fixed_chunk(s, d, c, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts)
+        _float_chunk(s, d, sv, dv, c, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                     nbits, lo, hi, sqnr, parts)
+    _total(parts, n, carray(_voidptr(acc), 6, np.float64))
 
 
 @njit(cache=True)
-def fixed_counted_at(src, dst, n, w, par, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr,
-                     acc):
-    """``cpu.fixed_at`` (w: the float witness of the memory) and the counters."""
+def float_counted_serial(src, dst, n, w, wv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero,
+                         mode, key, nbits, lo, hi, sqnr, acc):
+    """``cpu.float_range`` (w: the uint witness, wv: the float witness of the memory) and the counters."""
+    _float_chunks(src, dst, n, w, wv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                  nbits, lo, hi, sqnr, acc)
+
+
+@njit(cache=True, parallel=True)
+def float_counted_parallel(src, dst, n, w, wv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero,
+                           mode, key, nbits, lo, hi, sqnr, acc):
+    """``float_counted_serial``, chunks in parallel."""
+    _float_chunks(src, dst, n, w, wv, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
+                  nbits, lo, hi, sqnr, acc)
+
+
+@njit(inline="always")
+def _fixed_chunks(src, dst, n, w, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, acc):
     s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
     parts = np.empty((_nchunks(n), 5))
-    if par:
-        _fixed_parallel(s, d, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts)
-    else:
-        _fixed_serial(s, d, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts)
+    for c in prange(parts.shape[0]):
+        _fixed_chunk(s, d, c, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts)
     _total(parts, n, carray(_voidptr(acc), 6, np.float64))
+
+
+@njit(cache=True)
+def fixed_counted_serial(src, dst, n, w, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr,
+                         acc):
+    """``cpu.fixed_range`` (w: the float witness of the memory) and the counters."""
+    _fixed_chunks(src, dst, n, w, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, acc)
+
+
+@njit(cache=True, parallel=True)
+def fixed_counted_parallel(src, dst, n, w, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr,
+                           acc):
+    """``fixed_counted_serial``, chunks in parallel."""
+    _fixed_chunks(src, dst, n, w, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, acc)
 
 
 # ---- Python side: the fused kernels with their format arguments bound (as cpu.float_runner) -----------------
@@ -314,12 +309,12 @@ def _float_counted_runner(dt, man, emin, subnormals, max_value, overflow, negzer
     _, sign_pos, in_man, in_bias = _cpu.LAYOUT[dt]
     w, wv, mbits = _cpu._BITS_WITNESS[dt], _cpu._VALUE_WITNESS[dt], _cpu._max_bits(max_value, dt)
     if dt == np.dtype(np.float32) and emin >= -126:
-        fn, wit = f32_counted_at, (w,)
+        fns, wit = (f32_counted_serial, f32_counted_parallel), (w,)
         pre = (man, emin, subnormals, np.int64(mbits), float(max_value), overflow, negzero)
     else:
-        fn, wit = float_counted_at, (w, wv)
+        fns, wit = (float_counted_serial, float_counted_parallel), (w, wv)
         pre = (sign_pos, in_man, in_bias, man, emin, subnormals, np.uint64(mbits), overflow, negzero)
-    return _bind(fn, wit, pre, dt)
+    return _bind(*fns, wit, pre, dt)
 
 
 def fixed_counted_runner(dtype, frac_bits, code_min, code_max, saturate):
@@ -331,25 +326,26 @@ def fixed_counted_runner(dtype, frac_bits, code_min, code_max, saturate):
 @functools.lru_cache(maxsize=512)
 def _fixed_counted_runner(dt, frac_bits, code_min, code_max, saturate):
     pre = (frac_bits, np.int64(code_min), np.int64(code_max), saturate)
-    return _bind(fixed_counted_at, (_cpu._VALUE_WITNESS[dt],), pre, dt)
+    return _bind(fixed_counted_serial, fixed_counted_parallel, (_cpu._VALUE_WITNESS[dt],), pre, dt)
 
 
 _thresholds = functools.lru_cache(maxsize=1024)(thresholds)
 
 
-def _bind(fn, wit, pre, dt):
-    """``run(...)`` (see ``float_counted_runner``) calling ``fn`` with the witnesses ``wit`` and format arguments
-    ``pre``; as ``cpu._runner``, serial calls below ``PARALLEL_MIN`` go through fn's compiled entry point (no
-    lock, no thread-count check, no type dispatch)."""
+def _bind(fn, par, wit, pre, dt):
+    """``run(...)`` (see ``float_counted_runner``) calling the serial kernel ``fn`` or the parallel one ``par`` with
+    the witnesses ``wit`` and format arguments ``pre``; as ``cpu._runner``, serial calls below ``PARALLEL_MIN`` go
+    through fn's compiled entry point (no lock, no thread-count check, no type dispatch)."""
     serial = direct_caller(fn)
 
     def run(src: int, dst: int, n: int, mode, key, nbits, lo, hi, sqnr, acc: int, parallel=None) -> None:
         th = _thresholds(float(lo), float(hi), dt)
+        args = (int(src), int(dst), int(n), *wit, *pre, int(mode), np.uint64(key), int(nbits), *th, bool(sqnr),
+                int(acc))
         if parallel is None and n < _cpu.PARALLEL_MIN:  # serial: no lock, no thread-count check
-            serial(int(src), int(dst), int(n), *wit, False, *pre, int(mode), np.uint64(key), int(nbits), *th,
-                   bool(sqnr), int(acc))
+            serial(*args)
             return
-        with _parallel.try_parallel(_cpu.use_parallel(n, parallel)) as par:
-            fn(src, dst, n, *wit, par, *pre, mode, np.uint64(key), nbits, *th, bool(sqnr), acc)
+        with _parallel.try_parallel(_cpu.use_parallel(n, parallel)) as p:
+            (par if p else serial)(*args)
 
     return run

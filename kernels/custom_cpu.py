@@ -28,32 +28,38 @@ from .scalar import NEAREST, STOCHASTIC, finish_derived, random_bits, round_tabl
 # propagates out of the serial loop; numba's parallel loop drops it (the worker's remaining iterations are
 # abandoned), so each parallel run records that it finished, and the runner reruns the first unfinished run
 # serially, which raises the user's exception. The checks cost one compare per element and one store per run.
+# One compiled function per loop and format (each compile of a user type's loop is paid per process): the loops
+# take the raw addresses themselves, so no wrapper links them and has LLVM optimise them again. They return
+# (index of the first bad code or -1, the value there, and for the parallel loop the restart index): a failing
+# element's dst is never written, so its value is read back even in place.
 @njit
-def nearest_serial(to_code, from_code, src, dst, limit):
-    """Index of the first element whose code is outside 0 .. limit-1 (dst written up to it), or -1."""
-    for i in range(src.size):
-        c = np.int64(to_code(np.float64(src[i])))
+def nearest_serial_at(to_code, from_code, src, dst, size, w, limit):
+    """(index of the first element whose code is outside 0 .. limit-1 (dst written up to it) or -1, its value)."""
+    s, d = carray(_voidptr(src), size, w.dtype), carray(_voidptr(dst), size, w.dtype)
+    for i in range(size):
+        c = np.int64(to_code(np.float64(s[i])))
         if np.uint64(c) >= limit:  # a negative code wraps to a large unsigned one
-            return i
-        dst[i] = from_code(c)
-    return -1
+            return i, np.float64(s[i])
+        d[i] = from_code(c)
+    return -1, 0.0
 
 
 @njit(parallel=True)
-def nearest_parallel(to_code, from_code, src, dst, limit, chunks):
-    """(first bad index or -1, start of the first run that did not finish or -1) over ``chunks`` contiguous
-    runs in parallel, each as nearest_serial."""
-    n = src.size
+def nearest_parallel_at(to_code, from_code, src, dst, size, w, limit, chunks):
+    """(first bad index or -1, its value, start of the first run that did not finish or -1) over ``chunks``
+    contiguous runs in parallel, each as nearest_serial_at."""
+    s, d = carray(_voidptr(src), size, w.dtype), carray(_voidptr(dst), size, w.dtype)
+    n = size
     per = (n + chunks - 1) // chunks
     first = np.full(chunks, n + 1, np.int64)  # n + 1 stays where a user function raised
     for c in prange(chunks):
         j = n
         for i in range(c * per, min(n, (c + 1) * per)):
-            k = np.int64(to_code(np.float64(src[i])))
+            k = np.int64(to_code(np.float64(s[i])))
             if np.uint64(k) >= limit:
                 j = i
                 break
-            dst[i] = from_code(k)
+            d[i] = from_code(k)
         first[c] = j
     bad, restart = -1, -1
     for c in range(chunks):
@@ -63,24 +69,7 @@ def nearest_parallel(to_code, from_code, src, dst, limit, chunks):
         if first[c] < n:
             bad = first[c]
             break
-    return bad, restart
-
-
-# one entry per loop, so that a format compiles only the loop it runs; they return (index of the first bad
-# code or -1, the value there, and for the parallel loop the restart index): a failing element's dst is
-# never written, so its value is read back even in place
-@njit
-def nearest_serial_at(to_code, from_code, src, dst, size, w, limit):
-    s = carray(_voidptr(src), size, w.dtype)
-    i = nearest_serial(to_code, from_code, s, carray(_voidptr(dst), size, w.dtype), limit)
-    return i, np.float64(s[i]) if i >= 0 else 0.0
-
-
-@njit
-def nearest_parallel_at(to_code, from_code, src, dst, size, w, limit, chunks):
-    s = carray(_voidptr(src), size, w.dtype)
-    i, restart = nearest_parallel(to_code, from_code, s, carray(_voidptr(dst), size, w.dtype), limit, chunks)
-    return i, np.float64(s[i]) if i >= 0 else 0.0, restart
+    return bad, np.float64(s[bad]) if bad >= 0 else 0.0, restart
 
 
 def check_code(args, code: int, what: str) -> int:

@@ -39,12 +39,13 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import _cache, scalar
 from .scalar import GOLDEN, ONE, OVF_INF, OVF_NAN
+from .shares import launcher
 from .wide import prefer_wide_vectors
 
 _cache.guard(__file__, scalar.SOURCES)
@@ -207,15 +208,16 @@ def _hint(src, c0, n):
 
 
 @njit(inline="always")
-def _nearest_loop(src, dst, man, emin, sub, max_bits, ovf, negzero):
+def _nearest_loop(lo, hi, src, dst, man, emin, sub, max_bits, ovf, negzero):
+    """dst[i] = ``nearest_f32``(src[i]) for i in lo..hi-1, in chunks of CHUNK from lo."""
     s, hm1, mask, magic, mn_bits, big, ovf_nan = nearest_params(man, emin, sub, max_bits, ovf)
     mb = U32(max_bits)
     n = U64(src.size)
-    for c in prange((src.size + CHUNK - 1) // CHUNK):
+    end = U64(hi)
+    for c0 in range(U64(lo), end, U64(CHUNK)):
         prefer_wide_vectors()
-        c0 = U64(c) * U64(CHUNK)
         _hint(src, c0, n)
-        for i in range(c0, min(c0 + U64(CHUNK), n)):
+        for i in range(c0, min(c0 + U64(CHUNK), end)):
             dst[i] = nearest_f32(src[i], s, hm1, mask, magic, mn_bits, mb, big, ovf_nan, negzero)
 
 
@@ -230,8 +232,8 @@ def _mix64_high(z):
 @intrinsic
 def stack_words(typingctx, tag):
     """A C-contiguous uint32 array of CHUNK elements in the calling compiled function's stack frame (allocated
-    once at its entry; no meminfo, so nothing to free). ``tag`` is unused: passing the chunk index keeps the call
-    inside a prange body, whose every thread then has its own frame and buffer."""
+    once at its entry; no meminfo, so nothing to free). ``tag`` is unused (the range kernels pass their first
+    index; called inside a prange body, the chunk index would give every thread its own frame and buffer)."""
     if not isinstance(tag, types.Integer):
         return None
     arrty = types.Array(types.uint32, 1, "C")
@@ -264,24 +266,24 @@ def word_bits(h, drop):
 
 
 @njit(inline="always")
-def _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base, neg_nan):
-    """Element i gets ``scalar.random_bits(key, base + i, nbits)``: the generator's counter key + (base + i + 1)
-    * golden is computed once per chunk and then advanced by one add (the same uint64 value, wrapping alike):
-    one 64-bit vector multiply fewer per 8 elements, which LLVM does not strength-reduce (measured 1.57 -> 1.33
-    ns/element, 2**14 float32, one thread). The chunk's random words are written to a stack buffer first, then
-    read by the rounding loop: in one loop LLVM ran every shift of the words on 64-bit lanes and truncated them
-    twice."""
+def _sr_loop(lo, hi, src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base, neg_nan):
+    """dst[i] = ``sr_f32``(src[i]) for i in lo..hi-1, in chunks of CHUNK from lo; element i gets
+    ``scalar.random_bits(key, base + i, nbits)``: the generator's counter key + (base + i + 1) * golden is computed
+    once per chunk and then advanced by one add (the same uint64 value, wrapping alike): one 64-bit vector
+    multiply fewer per 8 elements, which LLVM does not strength-reduce (measured 1.57 -> 1.33 ns/element, 2**14
+    float32, one thread). The chunk's random words are written to a stack buffer first, then read by the rounding
+    loop: in one loop LLVM ran every shift of the words on 64-bit lanes and truncated them twice."""
     d, hm1, lsb, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, two_n, big, ovf_nan = sr_params(man, emin, sub,
                                                                                            max_bits, ovf, nbits)
     mb = U32(max_bits)
     n = U64(src.size)
+    end = U64(hi)
     drop = U32(32 - nbits)
-    for c in prange((src.size + CHUNK - 1) // CHUNK):
+    words = stack_words(lo)
+    for c0 in range(U64(lo), end, U64(CHUNK)):
         prefer_wide_vectors()
-        c0 = U64(c) * U64(CHUNK)
         _hint(src, c0, n)
-        m = min(c0 + U64(CHUNK), n) - c0
-        words = stack_words(c)
+        m = min(c0 + U64(CHUNK), end) - c0
         fill_words(words, key, base, c0, m)
         for j in range(m):
             rnd = word_bits(words[j], drop)  # scalar.random_bits(key, base + c0 + j, nbits)
@@ -293,41 +295,43 @@ def _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base,
             dst[c0 + j] = r
 
 
-@njit(inline="always")
-def _nearest(src, dst, man, emin, sub, max_bits, ovf, negzero):
+# One serial kernel per rounding over a range of elements (lo..hi-1, a multiple of CHUNK for lo where the range is
+# a share of a parallel run); ``shares.launcher`` runs it over numba's threads. src and dst: uint32 arrays (float32
+# bits; dst may be src, then the loop runs on one array: LLVM's overlap check between two arrays fails there and
+# runs the scalar loop, 8x slower, measured).
+@njit(cache=True, nogil=True)
+def nearest_range(lo, hi, src, dst, man, emin, sub, max_bits, ovf, negzero):
+    """dst[i] = ``nearest_f32``(src[i]) for i in lo..hi-1."""
     if src.ctypes.data == dst.ctypes.data:
-        _nearest_loop(dst, dst, man, emin, sub, max_bits, ovf, negzero)
+        _nearest_loop(lo, hi, dst, dst, man, emin, sub, max_bits, ovf, negzero)
     else:
-        _nearest_loop(src, dst, man, emin, sub, max_bits, ovf, negzero)
-
-
-@njit(inline="always")
-def _sr(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
-    if src.ctypes.data == dst.ctypes.data:
-        _sr_loop(dst, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base, False)
-    else:
-        _sr_loop(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base, False)
+        _nearest_loop(lo, hi, src, dst, man, emin, sub, max_bits, ovf, negzero)
 
 
 @njit(cache=True, nogil=True)
+def sr_range(lo, hi, src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
+    """dst[i] = ``sr_f32``(src[i]) with element base + i's random bits (``scalar.random_bits``), i in lo..hi-1."""
+    if src.ctypes.data == dst.ctypes.data:
+        _sr_loop(lo, hi, dst, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base, False)
+    else:
+        _sr_loop(lo, hi, src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base, False)
+
+
 def nearest_serial(src, dst, man, emin, sub, max_bits, ovf, negzero):
-    """dst[i] = ``nearest_f32``(src[i]): src, dst uint32 (float32 bits; dst may be src)."""
-    _nearest(src, dst, man, emin, sub, max_bits, ovf, negzero)
+    """``nearest_range`` over all of src."""
+    nearest_range(0, src.size, src, dst, man, emin, sub, max_bits, ovf, negzero)
 
 
-@njit(cache=True, parallel=True)
 def nearest_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero):
-    """``nearest_serial``, parallel."""
-    _nearest(src, dst, man, emin, sub, max_bits, ovf, negzero)
+    """``nearest_serial`` in shares on numba's threads (``shares.launcher``; the caller holds parallel.py's lock)."""
+    launcher(nearest_range)(src.size, src, dst, man, emin, sub, max_bits, ovf, negzero)
 
 
-@njit(cache=True, nogil=True)
 def sr_serial(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base):
-    """dst[i] = ``sr_f32``(src[i]) with element base + i's random bits (``scalar.random_bits``)."""
-    _sr(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
+    """``sr_range`` over all of src."""
+    sr_range(0, src.size, src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, base)
 
 
-@njit(cache=True, parallel=True)
 def sr_parallel(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits):
-    """``sr_serial`` with base 0, parallel."""
-    _sr(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, 0)
+    """``sr_serial`` with base 0 in shares on numba's threads (see ``nearest_parallel``)."""
+    launcher(sr_range)(src.size, src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, 0)

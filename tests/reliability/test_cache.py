@@ -103,22 +103,27 @@ def test_checkouts_with_the_same_sources_share_cache_entries_whatever_their_mtim
 
 
 def test_a_kernel_that_calls_captured_kernels_runs_in_the_next_process_after_one_that_loaded_them(tmp_path):
-    """A ``*_at`` kernel compiled in a process whose loop kernels came from the disk cache holds references into
-    that process, so it must not be served from the cache to another: here the loops are cached alone (their
-    ``at`` entries removed), a second process compiles ``at`` on the loaded loops, and a third must round,
-    not crash (numba's per-process key on the captured dispatchers guarantees it; a key that let the third
-    process load the second's ``at`` segfaulted)."""
+    """A kernel that calls captured kernels (here ``cpu.f32_many_at``, which calls the mode's ``f32_range``),
+    compiled in a process whose callee came from the disk cache, holds references into that process, so it must
+    not be served from the cache to another: here the range kernel is cached alone (the ``many`` entries
+    removed), a second process compiles ``many`` on the loaded kernel, and a third must round, not crash
+    (numba's per-process key on the captured dispatchers guarantees it; a key that let the third process load the
+    second's ``many`` segfaulted)."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    code = ("import torch, emunum\n"
-            "x = torch.randn(1 << 20, generator=torch.Generator().manual_seed(0))\n"
-            "z = emunum.quantize(x[:64], 'e4m3fn')\n"  # the serial loop first
-            "y = emunum.quantize(x, 'e4m3fn')\n"  # the parallel loop
-            "print(torch.equal(y[:64], z))\n")
+    code = ("import numpy as np, torch, emunum\n"
+            "from emunum.kernels import cpu\n"
+            "from emunum.formats import get_format\n"
+            "x = torch.randn(1 << 12, generator=torch.Generator().manual_seed(0))\n"
+            "run = cpu.float_runner(np.float32, *get_format('e4m3fn').to_kernel_args())\n"
+            "z = emunum.quantize(x, 'e4m3fn')\n"  # the range kernel first
+            "y = x.clone()\n"
+            "run.many(np.array([y.data_ptr()], np.int64), np.array([y.numel()], np.int64), 0, 0, 32)\n"
+            "print(torch.equal(y, z))\n")
     first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0 and first.stdout.strip() == "True", first.stderr[-2000:]
-    ats = [f for f in tmp_path.rglob("*") if f.is_file() and ".f32_at." in f.name]
-    assert ats and any(".f32_loop." in f.name for f in tmp_path.rglob("*"))
-    for f in ats:
+    manys = [f for f in tmp_path.rglob("*") if f.is_file() and ".f32_many_at." in f.name]
+    assert manys and any(".f32_range." in f.name for f in tmp_path.rglob("*"))
+    for f in manys:
         f.unlink()
     for _ in range(2):
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)

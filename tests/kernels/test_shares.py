@@ -1,0 +1,89 @@
+"""The element-wise range kernels give the bits of one serial call however the elements are split: at any
+boundary (element i's random bits depend on i alone, not on the chunk it falls in) and in ``shares.launcher``'s
+shares on numba's threads."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+numba = pytest.importorskip("numba")
+from emunum.formats import get_format  # noqa: E402
+from emunum.kernels import cpu, elementwise_f32 as ew, hifloat8_cpu, p3109_cpu, shares  # noqa: E402
+from emunum.kernels.scalar import NEAREST, STOCHASTIC, UP  # noqa: E402
+
+N = 3 * ew.CHUNK + 77
+KEY = np.uint64(0x1234_5678_9ABC_DEF0)
+
+
+def _args(name, mode):
+    """(range kernel, float32 memory?, the arguments after (lo, hi, src, dst))."""
+    if name == "f32":
+        man, emin, sub, mx, ovf, negzero = get_format("e5m2").to_kernel_args()
+        mb = np.int64(cpu.max_bits(mx, np.float32))
+        return cpu.f32_range(mode), (0, man, emin, sub, mb, float(mx), ovf, negzero, KEY, 32)
+    if name == "fixed":
+        frac, cmin, cmax, sat = get_format("int8").to_kernel_args()
+        return cpu.fixed_range(mode), (cpu._VALUE_WITNESS[np.dtype(np.float32)], 0, frac, np.int64(cmin),
+                                       np.int64(cmax), sat, KEY, 32)
+    if name == "float":
+        man, emin, sub, mx, ovf, negzero = get_format("e5m2").to_kernel_args()
+        return cpu.float_range, (cpu._BITS_WITNESS[np.dtype(np.float32)], 0, 31, 23, 127, man, emin, sub,
+                                 np.uint64(cpu.max_bits(mx, np.float32)), ovf, negzero, mode, KEY, 32)
+    if name == "hifloat8":
+        return hifloat8_cpu.f32_range(mode), (0, KEY, 32)
+    if name == "p3109":
+        return (p3109_cpu.sr_range, (3, -14, np.int64(0x47600000), 0, KEY, 32)) if mode == STOCHASTIC else \
+            (p3109_cpu.nearest_range, (3, -14, np.int64(0x47600000), 0))
+    raise AssertionError(name)
+
+
+CASES = [(name, mode) for name in ("f32", "fixed", "float", "hifloat8", "p3109") for mode in (NEAREST, STOCHASTIC)]
+CASES.append(("f32", UP))
+
+
+def _data():
+    x = np.random.default_rng(7).standard_normal(N).astype(np.float32) * np.float32(100.0)
+    x[::97] = -x[::97]
+    return x
+
+
+@pytest.mark.parametrize("name,mode", CASES)
+@pytest.mark.parametrize("cut", [1, ew.CHUNK - 3, ew.CHUNK, 2 * ew.CHUNK + 5])
+def test_a_range_kernel_split_anywhere_gives_the_bits_of_one_call(name, mode, cut):
+    rng, args = _args(name, mode)
+    x = _data()
+    whole, parts = np.empty_like(x), np.empty_like(x)
+    rng(0, N, x.ctypes.data, whole.ctypes.data, *args)
+    rng(cut, N, x.ctypes.data, parts.ctypes.data, *args)  # the later part first: no element depends on another
+    rng(0, cut, x.ctypes.data, parts.ctypes.data, *args)
+    assert np.array_equal(whole.view(np.uint32), parts.view(np.uint32))
+    inplace = x.copy()
+    rng(0, cut, inplace.ctypes.data, inplace.ctypes.data, *args)
+    rng(cut, N, inplace.ctypes.data, inplace.ctypes.data, *args)
+    assert np.array_equal(whole.view(np.uint32), inplace.view(np.uint32))
+
+
+@pytest.mark.parametrize("name,mode", CASES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_launcher_gives_the_bits_of_one_call(name, mode, threads):
+    rng, args = _args(name, mode)
+    x = _data()
+    whole, par = np.empty_like(x), np.empty_like(x)
+    rng(0, N, x.ctypes.data, whole.ctypes.data, *args)
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        shares.launcher(rng)(N, x.ctypes.data, par.ctypes.data, *args)
+    finally:
+        numba.set_num_threads(old)
+    assert np.array_equal(whole.view(np.uint32), par.view(np.uint32))
+
+
+@pytest.mark.parametrize("n", [0, 1, 255, 256, 257, 5000, 1 << 18])
+@pytest.mark.parametrize("t", [1, 2, 3, 16])
+def test_shares_cover_every_element_once_from_multiples_of_the_chunk(n, t):
+    assert shares.ALIGN == ew.CHUNK
+    step = shares.share.py_func(n, t)
+    bounds = [(k * step, min(n, k * step + step)) for k in range(t) if k * step < n]
+    assert all(hi == lo2 for (_, hi), (lo2, _) in zip(bounds, bounds[1:]))
+    assert sum(hi - lo for lo, hi in bounds) == n and all(lo % ew.CHUNK == 0 for lo, _ in bounds)

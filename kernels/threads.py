@@ -12,8 +12,9 @@ Why not ``prange``: a ``parallel=True`` kernel compiles its body twice (the func
 body), and kernels with many compile-time variants pay that per variant; a range-taking serial kernel compiles
 once and is both the serial and the parallel loop. The threads are plain Python threads, so no numba threading
 layer is entered and ``parallel.py``'s lock is not needed. The cost: a launch hands work to sleeping threads
-(~25-30 us on this 2-core VM, against ~2-3 us for numba's spinning workqueue), so callers launch only work that
-takes well beyond that. A forked child starts with no workers (they are made again on first use).
+(~25-30 us on this 2-core VM when quiet, 50-100 us when other processes keep both cores busy, against ~2-3 us
+for numba's spinning workqueue), so callers launch only work that takes well beyond that. A forked
+child starts with no workers (they are made again on first use).
 """
 from __future__ import annotations
 

@@ -46,7 +46,8 @@ class Policy:
 
     Role fields (``weight`` ... ``grad_output``) accept a ``RoleSpec``, a format or name (rounded to nearest
     in the forward roles, stochastically in the gradient roles, unscaled), a ``(format, rounding)`` pair, a
-    ``(format, rounding, scaling)`` triple, or None.
+    ``(format, rounding, scaling)`` triple, or None. An unsigned format (``signed=False``) in ``weight`` or a
+    gradient role warns (UserWarning): negative values there become NaN (P3109) or 0 (fixed point, log).
     ste: the straight-through estimator of the forward roundings ("identity" or "clipped", see
     ``emunum.quantize_ste``). sr_bits: random bits per stochastic rounding (None: 32).
     mad / mad_backward: an ``emunum.mad.MADUnit`` (``mad`` also a preset name, e.g. "h100_fp8_e4m3") for the GEMMs of Linear, Conv1d/2d and attention layers,

@@ -1,13 +1,18 @@
 """emunum.Policy: the keyword form's defaults and overrides, parsing once at the edge, and clear errors."""
 import dataclasses
+import re
+import warnings
 
+import numpy as np
 import pytest
+import torch
 from torch import nn
 
 import emunum
 from emunum.autograd import STE
 from emunum.policy import FORWARD_ROLES, GRADIENT_ROLES, ApproxSpec, Policy, Role, RoleSpec, Scaling, make_policy
 from emunum.formats import RoundMode
+from emunum.formats.log import LogFormat
 
 E5M2, E4M3FN, INT8 = (emunum.get_format(n) for n in ("e5m2", "e4m3fn", "int8"))
 
@@ -242,3 +247,31 @@ def test_a_matrix_instruction_as_the_backward_unit_of_element_gemms_is_refused_w
     from emunum.mad import MMA_PRESETS
     with pytest.raises(ValueError, match="mad_backward='a100_mma_bf16' is a matrix instruction"):
         Policy.make("e5m2", mad="h100_fp8_e4m3", mad_backward=MMA_PRESETS["a100_mma_bf16"])
+
+
+UNSIGNED = ["p3109_k8p4uf", "p3109_k8p3u", "ufixed8_4", LogFormat(4, 3, signed=False)]
+
+
+@pytest.mark.parametrize("fmt", UNSIGNED, ids=str)
+@pytest.mark.parametrize("role", ["weight", "grad_weight", "grad_input", "grad_output"])
+def test_an_unsigned_format_in_a_signed_role_warns_naming_the_role_the_format_and_what_negatives_become(fmt, role):
+    f = emunum.get_format(fmt) if isinstance(fmt, str) else fmt
+    neg = float(f.decode(f.encode(np.array([-1.0])))[0])
+    with pytest.warns(UserWarning, match=rf"{role}={re.escape(f.name)} \(a negative value rounds to {neg:g}\)") as w:
+        Policy.make("e4m3fn", **{role: fmt})
+    assert len(w) == 1 and w[0].filename == __file__  # one warning, at the caller's line
+
+
+def test_unsigned_formats_in_every_role_give_one_warning_naming_the_four_signed_roles():
+    with pytest.warns(UserWarning) as w:
+        emunum.patch(torch.nn.Linear(4, 4), fmt="p3109_k8p4uf")
+    assert len(w) == 1 and w[0].filename == __file__
+    assert "give weight/grad_weight/grad_input/grad_output a signed format" in str(w[0].message)
+
+
+@pytest.mark.parametrize("kwargs", [dict(input="ufixed8_4", output="p3109_k8p4uf"), dict(fmt="p3109_k8p4"),
+                                    dict(fmt="e4m3fn", grad="fixed16_12"), dict(fmt="nvfp4")], ids=str)
+def test_signed_formats_and_unsigned_activations_do_not_warn(kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Policy.make(**kwargs)

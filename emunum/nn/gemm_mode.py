@@ -27,6 +27,7 @@ from .. import gemm_listener
 from . import products
 from .functional import GemmEmulator, Unsupported, no_out
 from .gemm_context import UNROUNDED, GemmContext, stack as ctx_stack
+from .gemm_recompute import follow
 from .gemm_suspend import active
 from .recurrent import RECURRENT_KINDS, cell_handler, recurrent_handler
 
@@ -182,6 +183,7 @@ class GemmMode(TorchFunctionMode):
         name, handler = entry
         if not self.emu.operands_rounded:
             return self._passed(func, name, UNROUNDED, args, kwargs, chosen=True)
+        follow(self)
         stack = ctx_stack()
         stack.append(GemmContext(True, name))
         try:
@@ -215,6 +217,17 @@ class GemmMode(TorchFunctionMode):
     def __exit__(self, *exc):
         active().remove(self)
         return super().__exit__(*exc)
+
+    def push(self) -> None:
+        """Enter the mode unless it is entered already (``depth`` counts the nested pushes)."""
+        if self.depth == 0:
+            self.__enter__()
+        self.depth += 1
+
+    def pop(self) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            self.__exit__(None, None, None)
 
 
 class ModelHooks:
@@ -256,16 +269,10 @@ class ModelHooks:
         self._pop()
 
     def _push(self) -> None:
-        m = self.mode
-        if m.depth == 0:
-            m.__enter__()
-        m.depth += 1
+        self.mode.push()
 
     def _pop(self) -> None:
-        m = self.mode
-        m.depth -= 1
-        if m.depth == 0:
-            m.__exit__(None, None, None)
+        self.mode.pop()
 
     def remove(self) -> None:
         for h in self.handles:

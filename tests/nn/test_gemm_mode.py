@@ -115,3 +115,41 @@ def test_a_checkpointed_block_recomputes_its_functional_gemms_emulated(model, re
         assert all(torch.equal(a, b) for a, b in zip(step_got, step_want))
     cov = emunum.coverage(patched, *args, loss_fn=loss_of, **kw)
     assert cov.fraction == 1.0, str(cov)
+
+
+class BodyCheckpointed(nn.Module):
+    """Attention whose products are functional GEMMs in the body of the function that the checkpoint runs (a
+    method of the model itself, outside any submodule's call), then a head."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.reentrant, self.qkv, self.head = reentrant, nn.Linear(16, 48), nn.Linear(16, 4)
+        self.mix = nn.Parameter(torch.randn(16, 16) / 4)
+
+    def _attend(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        p = torch.softmax(q @ k.transpose(-2, -1) / 4, dim=-1)
+        return x + F.linear(torch.matmul(p, v), self.mix)
+
+    def forward(self, x):
+        for _ in range(2):  # the function checkpointed twice, so each recomputation has its own frame
+            x = self._attend(x) if self.reentrant is None else checkpoint(self._attend, x,
+                                                                          use_reentrant=self.reentrant)
+        return self.head(F.gelu(x))
+
+
+def _body(reentrant):
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    return BodyCheckpointed(reentrant), (x,), {}
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_functional_gemms_in_a_checkpointed_functions_own_body_are_recomputed_emulated(reentrant, policy):
+    want, *_ = _grads(_body, None, POLICIES[policy])
+    got, patched, args, kw = _grads(_body, reentrant, POLICIES[policy])
+    for step_got, step_want in zip(got, want):
+        assert all(torch.equal(a, b) for a, b in zip(step_got, step_want))
+    cov = emunum.coverage(patched, *args, loss_fn=loss_of, **kw)
+    assert cov.fraction == 1.0, str(cov)

@@ -1,0 +1,68 @@
+"""Activation checkpoints whose function runs functional GEMMs in its own body: ``follow(mode)`` makes torch's
+recomputation of that function in backward run with ``mode`` entered, as its forward did.
+
+``patch`` enters the mode around the model's forward and around each module that ran emulated functional GEMMs
+(``functional_patch``), so a checkpointed submodule recomputes emulated. A function checkpointed in a forward's
+body (``checkpoint(self._attend, x)``) is not a module: torch calls it again in backward, outside the model's
+forward, and without this its GEMMs would run unemulated (the non-reentrant checkpoint then raises
+``CheckpointError``, the reentrant one gives other gradients). ``GemmMode`` calls ``follow`` when it emulates a
+GEMM under grad mode or inside a reentrant checkpoint's forward; it wraps the recomputation that torch keeps:
+- non-reentrant (``use_reentrant=False``): the ``recompute_fn`` of the checkpoint frame whose saved-tensor hooks
+  are innermost;
+- reentrant: ``ctx.run_function`` of the innermost ``CheckpointFunction.forward`` on the Python stack (it runs
+  the function under ``no_grad``).
+
+Both are torch internals (torch 2.13); where their shape differs, ``follow`` does nothing and the recomputation
+runs as before (``emunum.coverage`` then reports its GEMMs as unemulated backward GEMMs).
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+try:
+    from torch.utils.checkpoint import CheckpointFunction, _checkpoint_hook
+    _REENTRANT_FORWARD = CheckpointFunction.forward.__code__
+    _PACK = next(c for c in _checkpoint_hook.__init__.__code__.co_consts
+                 if getattr(c, "co_name", None) == "pack_hook" and "frame" in c.co_freevars)
+except (ImportError, AttributeError, StopIteration):  # another torch: nothing to follow
+    _REENTRANT_FORWARD = _PACK = None
+
+_top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+_MAX_DEPTH = 64  # Python frames searched for a reentrant checkpoint's forward
+
+
+def follow(mode) -> None:
+    """If the innermost activation checkpoint (above) has not been wrapped for ``mode``, make its
+    recomputation enter ``mode`` (``mode.push()`` / ``mode.pop()``)."""
+    if _PACK is None or torch.compiler.is_compiling():
+        return
+    if torch.is_grad_enabled():
+        hooks = _top_hooks(False)
+        if hooks is not None and getattr(hooks[0], "__code__", None) is _PACK:
+            frame = hooks[0].__closure__[_PACK.co_freevars.index("frame")].cell_contents
+            _wrap(frame, "recompute_fn", mode)
+        return
+    f, depth = sys._getframe(2), 0
+    while f is not None and depth < _MAX_DEPTH:
+        if f.f_code is _REENTRANT_FORWARD:
+            _wrap(f.f_locals["ctx"], "run_function", mode)
+            return
+        f, depth = f.f_back, depth + 1
+
+
+def _wrap(owner, attr: str, mode) -> None:
+    fn = getattr(owner, attr)
+    if getattr(fn, "_emunum_mode", None) is mode:
+        return
+
+    def recompute(*args, **kwargs):
+        mode.push()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            mode.pop()
+
+    recompute._emunum_mode = mode
+    setattr(owner, attr, recompute)

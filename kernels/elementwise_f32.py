@@ -122,7 +122,7 @@ def _shift32(name):
     return shift
 
 
-_shr32, _shl32 = _shift32("lshr"), _shift32("shl")
+shr32, shl32 = _shift32("lshr"), _shift32("shl")
 
 
 @njit(inline="always")
@@ -155,7 +155,7 @@ def sr_f32(u, rnd, d, hm1_d, lsb_d, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, 
     uint32): the result's bits (module doc)."""
     a = U32(u & ABS)
     a1 = U32(U32(U32(a + hm1_d) + U32(U32(a >> (d & U32(31))) & lsb_d)) & mask_d)  # each step on uint32
-    rn = U32(U32(a1 + _shl32(_shr32(U32(rnd), U32(k)), U32(d))) & mask_s)
+    rn = U32(U32(a1 + shl32(shr32(U32(rnd), U32(k)), U32(d))) & mask_s)
     t = (a.view(F32) * p1) * p2
     kf = F32(U32(t))
     dr = U32(np.rint((t - kf) * pn))
@@ -262,7 +262,7 @@ def fill_words(words, key, base, c0, m):
 @njit(inline="always")
 def word_bits(h, drop):
     """``scalar.random_bits``'s value from a word of ``fill_words`` (drop = 32 - nbits, uint32)."""
-    return _shr32(U32(h ^ _shr32(h, U32(31))), drop)
+    return shr32(U32(h ^ shr32(h, U32(31))), drop)
 
 
 @njit(inline="always")

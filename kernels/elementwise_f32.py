@@ -198,7 +198,7 @@ LINE = 16  # float32 values per 64-byte line
 
 
 @njit(inline="always")
-def _hint(src, c0, n):
+def hint(src, c0, n):
     """Prefetch the lines of src[c0 + AHEAD : c0 + AHEAD + CHUNK] that lie inside src's n elements."""
     p = c0 + U64(AHEAD)
     end = min(p + U64(CHUNK), n)
@@ -216,7 +216,7 @@ def _nearest_loop(lo, hi, src, dst, man, emin, sub, max_bits, ovf, negzero):
     end = U64(hi)
     for c0 in range(U64(lo), end, U64(CHUNK)):
         prefer_wide_vectors()
-        _hint(src, c0, n)
+        hint(src, c0, n)
         for i in range(c0, min(c0 + U64(CHUNK), end)):
             dst[i] = nearest_f32(src[i], s, hm1, mask, magic, mn_bits, mb, big, ovf_nan, negzero)
 
@@ -282,7 +282,7 @@ def _sr_loop(lo, hi, src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbit
     words = stack_words(lo)
     for c0 in range(U64(lo), end, U64(CHUNK)):
         prefer_wide_vectors()
-        _hint(src, c0, n)
+        hint(src, c0, n)
         m = min(c0 + U64(CHUNK), end) - c0
         fill_words(words, key, base, c0, m)
         for j in range(m):

@@ -69,7 +69,7 @@ def one_pass(src, dst, man, emin, sub, max_bits, ovf, negzero, key, nbits, part)
     for c in range((src.size + CHUNK - 1) // CHUNK):
         ew.prefer_wide_vectors()
         c0 = U64(c) * U64(CHUNK)
-        ew._hint(src, c0, n)
+        ew.hint(src, c0, n)
         ctr = U64(key) + (c0 + ONE) * GOLDEN
         end = min(c0 + U64(CHUNK), n)
         if part == 0:

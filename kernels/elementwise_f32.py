@@ -125,6 +125,21 @@ def _shift32(name):
 shr32, shl32 = _shift32("lshr"), _shift32("shl")
 
 
+@intrinsic
+def opaque(typingctx, x):
+    """x unchanged, its value hidden from LLVM (an empty inline asm). For a loop invariant that LLVM would
+    otherwise know to be one of a few constants and fold into the loop's vector code, at a cost
+    (kernels/hifloat8_cpu.py: the overflow bits of the stochastic loop)."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ty = args[0].type
+        return builder.asm(ir.FunctionType(ty, [ty]), "", "=r,0", [args[0]], side_effect=False)
+
+    return x(x), codegen
+
+
 @njit(inline="always")
 def sr_ok(man, emin, sub, max_value):
     """Whether ``sr_f32`` holds for this FloatFormat (float32 input, emin >= -126)."""

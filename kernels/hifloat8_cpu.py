@@ -37,8 +37,8 @@ def _sr_loop(src, dst, big, key, nbits, base):
     """Element i's bits ``random_bits(key, base + i, nbits)``, made per chunk into a stack buffer first
     (``elementwise_f32.fill_words``: 32-bit lanes for the rounding that reads them). The core's ``rnd * 2**(32 -
     nbits)`` is a shift on uint32 lanes: as a product with 1 << (32 - nbits), LLVM turned it into a 64-bit shift
-    (the vector widened, shifted and narrowed again), 5-7% of the loop's time (measured). Each chunk hints the
-    source lines ahead (``elementwise_f32.hint``): out of cache 4-5% of the time (measured, 2**22 elements)."""
+    (the vector widened, shifted and narrowed again), 4-6% of the loop's time (measured). Each chunk hints the
+    source lines ahead (``elementwise_f32.hint``): 6% faster out of cache (2**22 elements), 1-2% slower in cache."""
     pn = np.float32(2.0**nbits)
     two_n = U32((1 << nbits) & 0xFFFFFFFF)
     n = U64(src.size)

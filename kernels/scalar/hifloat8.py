@@ -101,10 +101,10 @@ def sr_f32(u, rnd, w, pn, two_n, big):
     23 <= nbits <= 32 (w = rnd * 2**(32 - nbits), rnd in the top bits of a uint32; pn = 2**nbits as float32,
     two_n = 2**nbits mod 2**32): ``round_float_bits``'s rule, up iff rem / 2**s, to nbits bits, plus
     rnd / 2**nbits reaches 1, s = 23 - man. From 2**-22 on rem / 2**s has s <= nbits bits, so up iff
-    rem + (rnd >> (nbits - s)) >= 2**s: adding that (as w >> (32 - s)) and clearing below 2**s is the rounding. Below 2**-22 the quantum is 2**-22:
-    t = |x| * 2**22 < 1 and t * 2**nbits are exact float32 products, rounded to an integer d (ties to even; exact
-    from 2**23 on), and up iff rnd >= 2**nbits - d (d > 0) gives 2**-22. ``big``, NaN and signs as
-    ``nearest_ta_f32``."""
+    rem + (rnd >> (nbits - s)) >= 2**s: adding that (as w >> (32 - s)) and clearing below 2**s is the rounding.
+    Below 2**-22 the quantum is 2**-22: t = |x| * 2**22 < 1 and t * 2**nbits are exact float32 products, rounded
+    to an integer d (ties to even; exact from 2**23 on), and up iff rnd >= 2**nbits - d (d > 0) gives 2**-22.
+    ``big``, NaN and signs as ``nearest_ta_f32``."""
     a = U32(u & U32(0x7FFFFFFF))
     c3, c7, c15 = _classes(a)
     add = U32(w >> 12) if c3 else (U32(w >> 11) if c7 else (U32(w >> 10) if c15 else U32(w >> 9)))

@@ -1,4 +1,4 @@
-"""Every GEMM of 150 more transformers architectures runs on the format (exhaustive tier: ``pytest -m exhaustive``):
+"""Every GEMM of 148 more transformers architectures runs on the format (exhaustive tier: ``pytest -m exhaustive``):
 decoders with GQA, MLA, MoE routing, rotary and ALiBi attention, hybrid state-space and recurrent blocks, encoders
 (approximate attention, a custom autograd Function's own backward), encoder-decoders, speech (1-D convolutions),
 vision and video (depthwise, grouped and strided convolutions, windowed attention) and state-space models. The

@@ -239,11 +239,6 @@ ZOO.update({
     "minimax": _text("MiniMaxConfig", "MiniMaxForCausalLM", num_key_value_heads=2, num_local_experts=4,
                      num_experts_per_tok=2, head_dim=8, block_size=4,
                      layer_types=["linear_attention", "full_attention"]),
-    "qwen3_next": _text("Qwen3NextConfig", "Qwen3NextForCausalLM", num_key_value_heads=2, head_dim=8,
-                        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                        shared_expert_intermediate_size=32, linear_num_value_heads=4, linear_num_key_heads=2,
-                        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4,
-                        layer_types=["linear_attention", "full_attention"]),
     "jamba": _text("JambaConfig", "JambaForCausalLM", num_key_value_heads=2, num_experts=2, num_experts_per_tok=1,
                    attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
                    mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4, use_mamba_kernels=False),
@@ -370,7 +365,7 @@ ZOO.update({
                        embed_dim=16, depths=[1, 1], num_labels=10),
     "hiera": _built("HieraConfig", "HieraForImageClassification", _image, image_size=[32, 32], patch_size=[3, 3],
                     patch_stride=[2, 2], patch_padding=[1, 1], embed_dim=16, num_heads=[1, 2], depths=[1, 1],
-                    query_stride=[2, 2], masked_unit_size=[4, 4], num_labels=10, embed_dim_multiplier=2.0),
+                    query_stride=[2, 2], masked_unit_size=[4, 4], num_labels=10, embed_dim_multiplier=2.0, num_query_pool=1),
     "pvt": _built("PvtConfig", "PvtForImageClassification", _image, image_size=32, num_encoder_blocks=2,
                   depths=[1, 1], sequence_reduction_ratios=[2, 1], hidden_sizes=[16, 32], patch_sizes=[4, 2],
                   strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], num_labels=10),
@@ -393,7 +388,6 @@ ZOO.update({
                            depth_multiplier=0.25, num_labels=10, classifier_dropout_prob=0.0),
     "mobilenet_v2": _built("MobileNetV2Config", "MobileNetV2ForImageClassification", _image, image_size=32,
                            depth_multiplier=0.25, num_labels=10),
-    "hgnet_v2": _built("HGNetV2Config", "HGNetV2ForImageClassification", _image, num_labels=10),
 })
 
 # (name, policy) pairs whose loss is not finite, and why: the model's own arithmetic leaves its domain on the format

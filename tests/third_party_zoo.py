@@ -193,7 +193,7 @@ def _rwkv():
 # embeddings are scaled up: at their defaults the logits or gradients underflow e4m3fn/e5m2 (a format's range, not
 # a gap), so a step would change few weights; MobileNet V1's classifier dropout (0.999 by default) is off (its
 # 1000x scale overflows e4m3fn). DBRX needs clip_qkv set (its None default fails in torch.clamp).
-ZOO.update({
+ZOO48 = {
     # decoders: GQA, MLA (DeepSeek), MoE routing, hybrid attention / state-space / recurrent blocks
     "gpt_bigcode": _built("GPTBigCodeConfig", "GPTBigCodeForCausalLM", _ids, n_embd=32, n_layer=2, n_head=4,
                           vocab_size=VOCAB, n_positions=64, **_TOKENS),
@@ -398,7 +398,8 @@ ZOO.update({
                            depth_multiplier=0.25, num_labels=10, classifier_dropout_prob=0.0),
     "mobilenet_v2": _built("MobileNetV2Config", "MobileNetV2ForImageClassification", _image, image_size=32,
                            depth_multiplier=0.25, num_labels=10),
-})
+}
+ZOO.update(ZOO48)
 
 # (name, policy) pairs whose loss is not finite, and why: the model's own arithmetic leaves its domain on the format
 NONFINITE = {

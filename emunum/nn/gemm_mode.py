@@ -11,8 +11,8 @@ while they run (their GEMMs are their own), and so do modules that the policy's 
 ``keep_first_last`` excludes; a functional GEMM belongs to the innermost module that runs it.
 
 What it cannot see: GEMMs that torch runs below its Python API for a single call (those in ``UNSUPPORTED`` are
-named: ``linalg.vecdot`` and the backward GEMMs of linear solves), a C++/CUDA extension, or ``torch.ops.aten`` calls made from a compiled kernel. ``emunum.coverage``
-counts those from the executed aten ops and names them.
+named: ``linalg.vecdot`` and the backward GEMMs of linear solves), a C++/CUDA extension, or ``torch.ops.aten``
+calls made from a compiled kernel. ``emunum.coverage`` counts those from the executed aten ops and names them.
 """
 from __future__ import annotations
 

@@ -42,12 +42,12 @@ except ImportError:  # another torch: custom Functions are not followed
     BackwardCFunction = None
 
 _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
-_MAX_DEPTH = 64  # Python frames searched for a reentrant checkpoint's forward
+_MAX_DEPTH = 64  # Python frames searched for a reentrant checkpoint's or a custom Function's forward
 
 
 def follow(mode) -> None:
-    """If the innermost activation checkpoint (above) has not been wrapped for ``mode``, make its
-    recomputation enter ``mode`` (``mode.push()`` / ``mode.pop()``)."""
+    """If the innermost activation checkpoint or custom Function (above) has not been wrapped for ``mode``, make
+    its recomputation or backward enter ``mode`` (``mode.push()`` / ``mode.pop()``)."""
     if _PACK is None or torch.compiler.is_compiling():
         return
     if torch.is_grad_enabled():
@@ -62,7 +62,8 @@ def follow(mode) -> None:
         if code is _REENTRANT_FORWARD:
             _wrap(f.f_locals["ctx"], "run_function", mode)
             return
-        if code.co_name == "forward" and code.co_argcount and BackwardCFunction is not None:
+        if (code.co_name == "forward" and code.co_argcount and code.co_varnames[0] != "self"  # not a Module's
+                and BackwardCFunction is not None):
             ctx = f.f_locals.get(code.co_varnames[0])
             if isinstance(ctx, BackwardCFunction):
                 _wrap_backward(ctx, mode)

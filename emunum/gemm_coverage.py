@@ -14,7 +14,10 @@ the autograd node running it (backward), and classified by what emunum was doing
   formats), or a functional GEMM that ``gemm_mode`` emulated; its backward GEMMs run on gradients rounded to
   the gradient roles;
 - not emulated, with the reason: a module the filter or ``keep_first_last`` excludes, an op or dtype that
-  emunum does not emulate, a GEMM below torch's Python API (nothing to intercept), or no patched model around.
+  emunum does not emulate, a GEMM below torch's Python API (nothing to intercept), no patched model around, or
+  the hand-written ``backward`` of a custom autograd Function that ran without the mode (``nn.gemm_recompute``
+  enters it where the Function's forward ran emulated GEMMs; the module that consumed the Function's output
+  does not vouch for it).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import BackwardCFunction
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -211,7 +215,11 @@ class GemmCounter:
             self.add(op, flops, module, ctx, "backward")
             return
         tag = node.metadata.get("emunum_cov")
-        if tag is None:
+        if _hand_written(node) and (tag is None or tag[1] is None or tag[1].emulated):
+            # the Function's own backward code, run without the mode: the tag only says where its output went
+            why = f"the backward of autograd Function {node._forward_cls.__qualname__}, run without emunum's mode"
+            self.add(op, flops, "?" if tag is None else tag[0], gemm_context.GemmContext(False, op, why), "backward")
+        elif tag is None:
             self.add(op, flops, "?", gemm_context.GemmContext(False, op, _UNTAGGED), "backward")
         else:
             self.add(op, flops, tag[0], tag[1], "backward")
@@ -291,6 +299,11 @@ class _Dispatch(TorchDispatchMode):
         if fl is not None and not self.counter.native_depth:
             self.counter.count(str(func.overloadpacket.__name__), int(fl(args, out)))
         return out
+
+
+def _hand_written(node) -> bool:
+    """Whether ``node`` runs the Python ``backward`` of a custom autograd Function other than emunum's own."""
+    return isinstance(node, BackwardCFunction) and not node._forward_cls.__module__.startswith("emunum.")
 
 
 def _loss(out) -> Tensor:

@@ -233,3 +233,29 @@ def test_in_place_products_are_counted(op, flops):
             return op() + x
 
     assert emunum.coverage(M(), torch.zeros(1), backward=False).total_flops == flops
+
+
+class Solve(nn.Module):
+    """A Linear, then a triangular solve against a matrix built from its output: no GEMM forward, but the solve's
+    backward runs GEMMs in torch's autograd formula (the gated delta rule of transformers' Qwen3-Next)."""
+
+    def __init__(self, solve):
+        super().__init__()
+        self.proj, self.solve = nn.Linear(8, 8), solve
+
+    def forward(self, x):
+        a = torch.eye(8) + 0.1 * torch.tril(self.proj(x), -1)
+        return self.solve(a, x)
+
+
+SOLVES = {"solve_triangular": lambda a, b: torch.linalg.solve_triangular(a, b, upper=False, unitriangular=True),
+          "solve": torch.linalg.solve, "inv": lambda a, b: torch.linalg.inv(a) + b}
+
+
+@pytest.mark.parametrize("solve", sorted(SOLVES))
+def test_the_backward_gemms_of_a_linear_solve_are_named_for_the_solve(solve):
+    x = torch.randn(3, 8, 8, generator=torch.Generator().manual_seed(0))
+    cov = emunum.coverage(emunum.patch(Solve(SOLVES[solve]), fmt="e4m3fn", grad="e5m2"), x, loss_fn=loss_of)
+    off = cov.unemulated()
+    assert off and all(r.phase == "backward" and "linear solve" in r.reason and r.module == "" for r in off), str(cov)
+    assert cov.total_flops == emunum.coverage(Solve(SOLVES[solve]), x, loss_fn=loss_of).total_flops

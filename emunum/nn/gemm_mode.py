@@ -11,8 +11,8 @@ while they run (their GEMMs are their own), and so do modules that the policy's 
 ``keep_first_last`` excludes; a functional GEMM belongs to the innermost module that runs it.
 
 What it cannot see: GEMMs that torch runs below its Python API for a single call (those in ``UNSUPPORTED`` are
-named), a C++/CUDA extension, or ``torch.ops.aten`` calls made from a compiled kernel. ``emunum.coverage``
-counts those from the executed aten ops and names them.
+named: ``linalg.vecdot`` and the backward GEMMs of linear solves), a C++/CUDA extension, or ``torch.ops.aten``
+calls made from a compiled kernel. ``emunum.coverage`` counts those from the executed aten ops and names them.
 """
 from __future__ import annotations
 
@@ -142,10 +142,16 @@ COMPOSITES: dict = {f: body for f in (F.multi_head_attention_forward,) if (body 
 # the names GEMMs run by the mode report (``GemmContext.op``)
 FUNCTIONAL_OPS = frozenset(name for name, _ in HANDLERS.values())
 
-# GEMMs that the mode sees but does not emulate: they run as they are, and coverage names them
-UNSUPPORTED: dict = {}
-for _f in (torch.linalg.vecdot,):
-    UNSUPPORTED[_f] = _f.__name__
+# GEMMs that the mode sees but does not emulate: they run as they are, and coverage names them (name, reason).
+# Linear solves are no GEMMs to coverage, but their backward runs GEMMs inside torch's autograd formula (a
+# triangular solve's grad_A = -tril(grad_B X^T)), where no torch function call is left to intercept: their
+# outputs carry this context, so that coverage names those backward GEMMs for the solve (Qwen3-Next's gated
+# delta rule) rather than as GEMMs outside a patched model.
+_SOLVE = "a linear solve: the GEMMs of its backward run in torch's autograd formula, not emulated by emunum"
+UNSUPPORTED: dict = {torch.linalg.vecdot: ("vecdot", "not emulated by emunum")}
+for _f in (torch.linalg.solve_triangular, torch.triangular_solve, torch.linalg.solve, torch.linalg.inv,
+           torch.cholesky_solve):
+    UNSUPPORTED[_f] = (_f.__name__, _SOLVE)
 del _name, _fns, _h, _f
 
 
@@ -176,7 +182,7 @@ class GemmMode(TorchFunctionMode):
                 finally:
                     _pop_mode()
             if func in UNSUPPORTED and not self.off:
-                return self._passed(func, UNSUPPORTED[func], "not emulated by emunum", args, kwargs)
+                return self._passed(func, *UNSUPPORTED[func], args, kwargs)
             return func(*args, **kwargs)
         if self.off:
             return func(*args, **kwargs)

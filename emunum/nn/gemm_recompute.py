@@ -1,5 +1,9 @@
-"""Activation checkpoints whose function runs functional GEMMs in its own body: ``follow(mode)`` makes torch's
-recomputation of that function in backward run with ``mode`` entered, as its forward did.
+"""Code that torch runs again, or for the first time, in backward, outside the model's forward: ``follow(mode)``
+makes it run with ``mode`` entered, as the forward did. Two kinds: the recomputation of an activation checkpoint
+whose function runs functional GEMMs in its own body, and the hand-written ``backward`` of a custom
+``torch.autograd.Function`` whose ``forward`` runs them (YOSO's attention computes its gradients with
+``torch.matmul``): its GEMMs are emulated as the mode emulates any functional GEMM (same roles: the incoming
+gradient is an ``input`` operand, the product an ``output``).
 
 ``patch`` enters the mode around the model's forward and around each module that ran emulated functional GEMMs
 (``functional_patch``), so a checkpointed submodule recomputes emulated. A function checkpointed in a forward's
@@ -10,7 +14,10 @@ GEMM under grad mode or inside a reentrant checkpoint's forward; it wraps the re
 - non-reentrant (``use_reentrant=False``): the ``recompute_fn`` of the checkpoint frame whose saved-tensor hooks
   are innermost;
 - reentrant: ``ctx.run_function`` of the innermost ``CheckpointFunction.forward`` on the Python stack (it runs
-  the function under ``no_grad``).
+  the function under ``no_grad``);
+- a custom Function (``forward(ctx, ...)`` runs under ``no_grad`` too): the innermost such ``forward`` on the
+  Python stack, if no checkpoint's is inside it, gets an ``apply`` of its own on its ``ctx`` (torch's autograd
+  engine calls ``ctx.apply(*grads)`` to run the node's backward), which enters the mode around the class's.
 
 Both are torch internals (torch 2.13); where their shape differs, ``follow`` does nothing and the recomputation
 runs as before (``emunum.coverage`` then reports its GEMMs as unemulated backward GEMMs).
@@ -18,6 +25,7 @@ runs as before (``emunum.coverage`` then reports its GEMMs as unemulated backwar
 from __future__ import annotations
 
 import sys
+import weakref
 
 import torch
 
@@ -28,14 +36,18 @@ try:
                  if getattr(c, "co_name", None) == "pack_hook" and "frame" in c.co_freevars)
 except (ImportError, AttributeError, StopIteration):  # another torch: nothing to follow
     _REENTRANT_FORWARD = _PACK = None
+try:
+    from torch.autograd.function import BackwardCFunction
+except ImportError:  # another torch: custom Functions are not followed
+    BackwardCFunction = None
 
 _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
-_MAX_DEPTH = 64  # Python frames searched for a reentrant checkpoint's forward
+_MAX_DEPTH = 64  # Python frames searched for a reentrant checkpoint's or a custom Function's forward
 
 
 def follow(mode) -> None:
-    """If the innermost activation checkpoint (above) has not been wrapped for ``mode``, make its
-    recomputation enter ``mode`` (``mode.push()`` / ``mode.pop()``)."""
+    """If the innermost activation checkpoint or custom Function (above) has not been wrapped for ``mode``, make
+    its recomputation or backward enter ``mode`` (``mode.push()`` / ``mode.pop()``)."""
     if _PACK is None or torch.compiler.is_compiling():
         return
     if torch.is_grad_enabled():
@@ -46,10 +58,36 @@ def follow(mode) -> None:
         return
     f, depth = sys._getframe(2), 0
     while f is not None and depth < _MAX_DEPTH:
-        if f.f_code is _REENTRANT_FORWARD:
+        code = f.f_code
+        if code is _REENTRANT_FORWARD:
             _wrap(f.f_locals["ctx"], "run_function", mode)
             return
+        if (code.co_name == "forward" and code.co_argcount and code.co_varnames[0] != "self"  # not a Module's
+                and BackwardCFunction is not None):
+            ctx = f.f_locals.get(code.co_varnames[0])
+            if isinstance(ctx, BackwardCFunction):
+                _wrap_backward(ctx, mode)
+                return
         f, depth = f.f_back, depth + 1
+
+
+def _wrap_backward(ctx, mode) -> None:
+    """Make the autograd engine run ``ctx``'s backward with ``mode`` entered (once per node)."""
+    if getattr(ctx.__dict__.get("apply"), "_emunum_mode", None) is mode:
+        return
+    if type(ctx)._forward_cls.__module__.startswith("emunum."):  # emunum's own: their GEMMs are their own
+        return
+    cls_apply, ref = type(ctx).apply, weakref.ref(ctx)  # a weak reference: no cycle through the node's dict
+
+    def apply(*grads):
+        mode.push()
+        try:
+            return cls_apply(ref(), *grads)
+        finally:
+            mode.pop()
+
+    apply._emunum_mode = mode
+    ctx.apply = apply
 
 
 def _wrap(owner, attr: str, mode) -> None:

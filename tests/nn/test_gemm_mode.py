@@ -153,3 +153,53 @@ def test_functional_gemms_in_a_checkpointed_functions_own_body_are_recomputed_em
         assert all(torch.equal(a, b) for a, b in zip(step_got, step_want))
     cov = emunum.coverage(patched, *args, loss_fn=loss_of, **kw)
     assert cov.fraction == 1.0, str(cov)
+
+
+class HandWritten(torch.autograd.Function):
+    """y = (q k^T) v with a backward of its own that computes the gradients with ``torch.matmul`` (the way
+    transformers' YOSO attention does): the autograd engine runs it after the model's forward has returned."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        s = torch.matmul(q, k.transpose(-1, -2))
+        ctx.save_for_backward(q, k, v, s)
+        return torch.matmul(s, v)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, s = ctx.saved_tensors
+        gs = torch.matmul(grad, v.transpose(-1, -2))
+        return torch.matmul(gs, k), torch.matmul(gs.transpose(-1, -2), q), torch.matmul(s.transpose(-1, -2), grad)
+
+
+class HandWrittenAttention(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.qkv, self.head = nn.Linear(d, 3 * d), nn.Linear(d, 4)
+
+    def forward(self, x):
+        return self.head(HandWritten.apply(*self.qkv(x).chunk(3, dim=-1)))
+
+
+def _hand_written():
+    torch.manual_seed(0)
+    return HandWrittenAttention(), torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_custom_functions_own_backward_runs_its_gemms_emulated(policy):
+    model, x = _hand_written()
+    emunum.patch(model, **POLICIES[policy])
+    cov = emunum.coverage(model, x, loss_fn=loss_of)
+    assert cov.fraction == 1.0, str(cov)
+    assert cov.total_flops == emunum.coverage(_hand_written()[0], x, loss_fn=loss_of).total_flops
+
+
+def test_a_custom_functions_own_backward_rounds_its_products_as_outputs():
+    model, x = _hand_written()
+    emunum.patch(model, fmt="e4m3fn", grad_rounding="nearest")
+    grads = []
+    model.qkv.register_full_backward_hook(lambda m, gi, go: grads.append(go[0]) and None)
+    loss_of(model(x)).backward()
+    g = grads[0]  # dq, dk, dv: each the product of the Function's backward, rounded as its output
+    assert torch.equal(g, emunum.quantize(g, "e4m3fn")) and g.abs().sum() > 0

@@ -19,8 +19,10 @@ GEMM under grad mode or inside a reentrant checkpoint's forward; it wraps the re
   Python stack, if no checkpoint's is inside it, gets an ``apply`` of its own on its ``ctx`` (torch's autograd
   engine calls ``ctx.apply(*grads)`` to run the node's backward), which enters the mode around the class's.
 
-Both are torch internals (torch 2.13); where their shape differs, ``follow`` does nothing and the recomputation
-runs as before (``emunum.coverage`` then reports its GEMMs as unemulated backward GEMMs).
+All three are torch internals (torch 2.13); where their shape differs, ``follow`` does nothing and the code runs
+as before (``emunum.coverage`` then reports its GEMMs as unemulated backward GEMMs). Cost per emulated GEMM: one
+look at the saved-tensor hooks under grad mode (~0.3 us), a walk of the Python stack under ``no_grad`` (~3 us
+for 30 frames).
 """
 from __future__ import annotations
 

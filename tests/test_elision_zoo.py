@@ -6,18 +6,16 @@ import torch
 
 from test_elision import POLICIES, _check_same, _elide_every_size, _train  # noqa: F401  (autouse)
 from third_party_models import loss_of
-from third_party_zoo import ZOO, ZOO48
+from third_party_zoo import ZOO
 
 pytestmark = pytest.mark.exhaustive
 
 # models whose training step is not reproducible run to run, so two runs cannot be compared bit for bit
 UNREPRODUCIBLE = {"reformer": "each layer's training forward reseeds torch's generator from the OS (torch.seed())"}
-# the architectures the zoo48 sweep added (coverage zoo only): not yet checked here
-NOT_YET = set(ZOO48)
 
 
 @pytest.mark.parametrize("policy", ["e4m3fn_e5m2", "directed_sr_forward"])
-@pytest.mark.parametrize("name", sorted(set(ZOO) - set(UNREPRODUCIBLE) - NOT_YET))
+@pytest.mark.parametrize("name", sorted(set(ZOO) - set(UNREPRODUCIBLE)))
 def test_the_model_gives_the_same_bits_with_elision_on_and_off(name, policy):
     _, args, kwargs = ZOO[name]()
 

@@ -27,13 +27,16 @@ def warn_unsigned(specs: dict) -> None:
            and not getattr(s.fmt, "signed", True)]
     if not bad:
         return
-    said = "; ".join(f"{r.value}={f.name} (a negative value rounds to {float(f.decode(f.encode(np.array([-1.0])))[0]):g})"
-                     for r, f in bad)
+    said = "; ".join(f"{r.value}={f.name} (a negative value rounds to {_of_minus_one(f):g})" for r, f in bad)
     warnings.warn(
         f"unsigned format in a role whose tensors take both signs: {said}; give "
         f"{'/'.join(r.value for r, _ in bad)} a signed format (or None: unrounded). Unsigned formats suit tensors "
         "that are never negative, such as a ReLU's output (the input and output roles)", UserWarning,
         stacklevel=_outside_emunum())
+
+
+def _of_minus_one(fmt) -> float:
+    return float(fmt.decode(fmt.encode(np.array([-1.0])))[0])
 
 
 def _outside_emunum() -> int:

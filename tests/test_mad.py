@@ -700,3 +700,18 @@ def test_emunum_mad_is_a_plain_package_and_elementwise_is_the_function():
     assert type(mad) is types.ModuleType and not callable(mad)
     assert mad.linear is emunum.linear and mad.conv2d is emunum.conv2d
     assert mad.elementwise is mad.mad is functional.mad
+
+
+@pytest.mark.parametrize("layer", [torch.nn.Conv3d(2, 4, 3), torch.nn.ConvTranspose1d(4, 4, 2),
+                                   torch.nn.ConvTranspose2d(4, 4, 2), torch.nn.ConvTranspose3d(4, 4, 2)], ids=repr)
+def test_a_layer_without_a_mad_gemm_is_refused_naming_the_unit_the_layer_the_allowed_ones_and_the_filter(layer):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), layer)
+    kind = type(layer).__name__
+    with pytest.raises(ValueError, match=rf"Policy.mad='MAD\[.*\]': a {kind} layer has no GEMM emulated on MAD units "
+                                         r"\(emunum.mad runs Linear, Conv1d, Conv2d and attention layers\).*"
+                                         rf"filter=lambda m, name: not isinstance\(m, {kind}\)"):
+        emunum.patch(model, fmt="e4m3fn", mad="h100_fp8_e4m3")
+    assert type(model[1]) is type(layer)  # nothing swapped
+    keep = type(layer)
+    patched = emunum.patch(model, fmt="e4m3fn", mad="h100_fp8_e4m3", filter=lambda m, name: not isinstance(m, keep))
+    assert type(patched[1]) is type(layer) and type(patched[0]).__name__ == "EmuLinear"

@@ -37,6 +37,15 @@ class LinearMixin(EmuLayer):
 
 
 # ---- Conv -----------------------------------------------------------------------------------------------
+def no_mad_gemm(module, policy) -> ValueError:
+    """The error for a layer whose GEMM has no MAD-unit emulation (Conv3d, ConvTranspose*) under ``policy.mad``."""
+    kind = type(module).__name__
+    return ValueError(
+        f"Policy.mad={getattr(policy.mad, 'name', policy.mad)!r}: a {kind} layer has no GEMM emulated on MAD units "
+        "(emunum.mad runs Linear, Conv1d, Conv2d and attention layers); leave these layers out (unemulated) with "
+        f"filter=lambda m, name: not isinstance(m, {kind}), or patch without mad=")
+
+
 class ConvMixin(EmuLayer):
     _MAD_FUNCTIONS = {1: "conv1d", 2: "conv2d"}
     BLOCK_GEMM = True
@@ -46,8 +55,7 @@ class ConvMixin(EmuLayer):
         if policy.mad is not None:
             nd = len(module.kernel_size)
             if nd not in cls._MAD_FUNCTIONS or not hasattr(_mad(), cls._MAD_FUNCTIONS[nd]):
-                raise ValueError(f"Policy.mad: emunum.mad has no emulated {type(module).__name__} GEMM; "
-                                 "exclude these layers with filter=")
+                raise no_mad_gemm(module, policy)
 
     def forward(self, input: Tensor) -> Tensor:
         self._emu_begin()
@@ -83,8 +91,7 @@ class ConvTransposeMixin(EmuLayer):
     @classmethod
     def _emunum_check(cls, module, policy):
         if policy.mad is not None:
-            raise ValueError(f"Policy.mad: emunum.mad has no emulated {type(module).__name__} GEMM; "
-                             "exclude these layers with filter=")
+            raise no_mad_gemm(module, policy)
 
     def forward(self, input: Tensor, output_size: Optional[list] = None) -> Tensor:
         self._emu_begin()

@@ -29,12 +29,12 @@ from typing import Optional
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import BackwardCFunction
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import gemm_listener
 from .nn import gemm_context
+from .nn.gemm_recompute import hand_written
 from .nn.gemm_suspend import active as active_modes
 
 _OUTSIDE = "no patched model around it (emunum.patch the model)"
@@ -215,7 +215,7 @@ class GemmCounter:
             self.add(op, flops, module, ctx, "backward")
             return
         tag = node.metadata.get("emunum_cov")
-        if _hand_written(node) and (tag is None or tag[1] is None or tag[1].emulated):
+        if hand_written(node) and (tag is None or tag[1] is None or tag[1].emulated):
             # the Function's own backward code, run without the mode: the tag only says where its output went
             why = f"the backward of autograd Function {node._forward_cls.__qualname__}, run without emunum's mode"
             self.add(op, flops, "?" if tag is None else tag[0], gemm_context.GemmContext(False, op, why), "backward")
@@ -299,11 +299,6 @@ class _Dispatch(TorchDispatchMode):
         if fl is not None and not self.counter.native_depth:
             self.counter.count(str(func.overloadpacket.__name__), int(fl(args, out)))
         return out
-
-
-def _hand_written(node) -> bool:
-    """Whether ``node`` runs the Python ``backward`` of a custom autograd Function other than emunum's own."""
-    return isinstance(node, BackwardCFunction) and not node._forward_cls.__module__.startswith("emunum.")
 
 
 def _loss(out) -> Tensor:

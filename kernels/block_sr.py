@@ -175,7 +175,7 @@ def sr_ok(args: tuple) -> bool:
 
 def rows_ok(args: tuple, t: np.ndarray) -> bool:
     """``sr_ok`` for ``block_args`` without its tensor scale and per-row outer scales t (float64, nonempty, each
-    a float32 value, as ``nvfp4_fast.row_scales_*`` makes them): its conditions hold for every T_r, which the
+    a float32 value, as ``nvfp4_fast.row_scales_range`` makes them): its conditions hold for every T_r, which the
     smallest and largest decide."""
     return sr_ok((*args, float(t.min()))) and sr_ok((*args, float(t.max())))
 

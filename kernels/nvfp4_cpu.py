@@ -14,7 +14,6 @@ import numpy as np
 from numba import njit
 
 from . import _cache, block_fast, block_sr, nvfp4_fast, nvfp4_fos_fast, nvfp4_fos_sr, scalar, threads
-from . import parallel as _parallel
 from .nvfp4_scalar import fos_block, row_block
 from .scalar.common import NEAREST, STOCHASTIC
 
@@ -82,15 +81,14 @@ def row_amax(src: np.ndarray, parallel=None) -> np.ndarray:
     if parallel is None:
         parallel = src.size >= PARALLEL_MIN and numba.get_num_threads() > 1
     out = np.empty(src.shape[0] * src.shape[1], np.float64)
-    with _parallel.try_parallel(parallel) as par:
-        (nvfp4_fast.row_amax_parallel if par else nvfp4_fast.row_amax_serial)(src.reshape(-1).view(np.uint32), out,
-                                                                              src.shape[2])
+    threads.launch(nvfp4_fast.row_amax_range, out.size, src.reshape(-1).view(np.uint32), out, src.shape[2],
+                   parallel=parallel)
     return out
 
 
 def quantize_rows(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, args: tuple, mode: int, key: int,
                   nbits: int, parallel=None) -> bool:
-    """Per-row outer scales on float32 data, T_r computed by ``nvfp4_fast.row_scales_*``: rounded to nearest by
+    """Per-row outer scales on float32 data, T_r computed by ``nvfp4_fast.row_scales_range``: rounded to nearest by
     kernels/nvfp4_fast.py where ``fast_ok`` holds, stochastically by kernels/block_sr.py (the per-row T_r in
     place of its tensor scale, the blocks' amaxes from the same pass) where ``block_sr.rows_ok`` holds; whether it
     ran (else the caller runs ``quantize_nvfp4``, the same bits). Arguments as ``quantize_nvfp4``'s."""
@@ -104,19 +102,17 @@ def quantize_rows(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, ar
     t = np.empty(src.shape[0] * src.shape[1], np.float64)
     bits = src.reshape(-1).view(np.uint32)
     dbits = dst.reshape(-1).view(np.uint32)
-    with _parallel.try_parallel(parallel) as par:
-        (nvfp4_fast.row_scales_parallel if par else nvfp4_fast.row_scales_serial)(bits, scales.reshape(-1), t,
-                                                                                  src.shape[2], int(tile[1]),
-                                                                                  max_e * s_max)
-        if sr:
-            if not block_sr.rows_ok(args, t):
-                return False
-            block_sr.quantize_sr(src, dst, scales, int(tile[1]), args, key, int(nbits), par, True, t_rows=t)
-            return True
-        mids, ups, vals = block_fast.element_table(tuple(args[:6]))
-        run = nvfp4_fast.row_parallel if par else nvfp4_fast.row_serial
-        run(bits, dbits, scales.reshape(-1), t, src.shape[2], int(tile[1]), mids, ups, vals, max_e, negzero, s_man,
-            s_emin, s_sub, s_max, s_min)
+    threads.launch(nvfp4_fast.row_scales_range, t.size, bits, scales.reshape(-1), t, src.shape[2], int(tile[1]),
+                   max_e * s_max, parallel=parallel)
+    if sr:
+        if not block_sr.rows_ok(args, t):
+            return False
+        block_sr.quantize_sr(src, dst, scales, int(tile[1]), args, key, int(nbits), parallel, True, t_rows=t)
+        return True
+    mids, ups, vals = block_fast.element_table(tuple(args[:6]))
+    threads.launch(nvfp4_fast.row_range, nvfp4_fast.chunks(scales.size), bits, dbits, scales.reshape(-1), t,
+                   src.shape[2], int(tile[1]), mids, ups, vals, max_e, negzero, s_man, s_emin, s_sub, s_max, s_min,
+                   parallel=parallel)
     return True
 
 
@@ -134,11 +130,11 @@ def quantize_nvfp4(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, l
     if fast and fos and fast_ok(src, dst, tile, True, args, mode):
         m, vl, lanes = _fos_constants(tuple(args[:6]))
         flat, rest = _fos_arguments(src, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl, args)
-        with _parallel.try_parallel(parallel) as par:
-            if int(tile[1]) == 16 and lanes and nvfp4_fos_fast.scale32_ok(*args[10:14]):  # lanes = blocks
-                _run_fos_lanes(flat, rest, par)
-            else:
-                (nvfp4_fast.fos_parallel if par else nvfp4_fast.fos_serial)(*flat, int(tile[1]), *rest)
+        if int(tile[1]) == 16 and lanes and nvfp4_fos_fast.scale32_ok(*args[10:14]):  # lanes = blocks
+            _run_fos_lanes(flat, rest, parallel)
+        else:
+            threads.launch(nvfp4_fast.fos_range, nvfp4_fast.chunks(scales.size), *flat, int(tile[1]), *rest,
+                           parallel=parallel)
         return
     out = dst
     if src.dtype == np.float32 and dst.dtype == np.float32:
@@ -181,7 +177,8 @@ def _run_fos_lanes(flat: tuple, rest: tuple, par: bool) -> None:
 
 def _fos_arguments(src, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl, args: tuple) -> tuple:
     """(flat, rest): the arguments of the fast 4/6 kernels (``nvfp4_fos_fast.fos_lanes_range``: flat + rest;
-    ``nvfp4_fast.fos_*``: flat, the tile's width, rest) for (P, R, C) src/dst, the line arrays and ``block_args``."""
+    ``nvfp4_fast.fos_range``: flat, the tile's width, rest) for (P, R, C) src/dst, the line arrays and
+    ``block_args``."""
     flat = (src.reshape(-1), src.reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint32), scales,
             src.shape[1], src.shape[2], int(tile[0]))
     rest = (ges, gds, gamax, np.float32(denom), int(metric), m, vl, args[6], *args[10:14])
@@ -192,7 +189,7 @@ def quantize_fos_tensor(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, ti
                         mode: int, key: int = 0, nbits: int = 32, parallel=None) -> bool:
     """4/6 with a tensor outer scale in blocks of 16 columns by kernels/nvfp4_fos_fast.py where ``fast_ok`` holds,
     or in blocks of 1 or 16 rows rounded stochastically by kernels/nvfp4_fos_sr.py where ``fos_sr_ok`` holds,
-    the tensor's amax found here by ``nvfp4_fast.row_amax_*`` (one pass over the bits, parallel like the rest);
+    the tensor's amax found here by ``nvfp4_fast.row_amax_range`` (one pass over the bits, parallel like the rest);
     whether it ran (else the caller makes the line arrays and runs ``quantize_nvfp4``). The same bits as
     ``quantize_nvfp4`` with emunum/nvfp4_quantize.py's line arrays (``tensor_line_values``)."""
     sr = fos_sr_ok(src, dst, tile, args, mode, 0.0)  # gds checked below
@@ -205,21 +202,20 @@ def quantize_fos_tensor(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, ti
     m, vl, lanes = _fos_constants(tuple(args[:6]))
     n = P * R
     rows = np.empty(n, np.float64)
-    with _parallel.try_parallel(parallel) as par:
-        # the tensor's largest finite |x| from each row's (the kernel finds its blocks' maxima itself)
-        (nvfp4_fast.row_amax_parallel if par else nvfp4_fast.row_amax_serial)(bits, rows, C)
-        gamax, ges, gds = tensor_line_values(int(np.float32(rows.max()).view(np.uint32)), denom)
-        if sr:
-            if not fos_sr_ok(src, dst, tile, args, mode, float(gds)):
-                return False
-            _run_fos_sr(src, dst, scales, tile, np.full(n, ges), np.full(n, gds), np.full(n, gamax), denom, metric,
-                        args, key, nbits, par)
-            return True
-        if lanes and nvfp4_fos_fast.scale32_ok(*args[10:14]):  # quantize_nvfp4's call of the lanes kernel
-            flat, rest = _fos_arguments(src, dst, scales, tile, np.full(n, ges), np.full(n, gds), np.full(n, gamax),
-                                        denom, metric, m, vl, args)
-            _run_fos_lanes(flat, rest, par)
-            return True
+    # the tensor's largest finite |x| from each row's (the kernel finds its blocks' maxima itself)
+    threads.launch(nvfp4_fast.row_amax_range, n, bits, rows, C, parallel=parallel)
+    gamax, ges, gds = tensor_line_values(int(np.float32(rows.max()).view(np.uint32)), denom)
+    if sr:
+        if not fos_sr_ok(src, dst, tile, args, mode, float(gds)):
+            return False
+        _run_fos_sr(src, dst, scales, tile, np.full(n, ges), np.full(n, gds), np.full(n, gamax), denom, metric,
+                    args, key, nbits, parallel)
+        return True
+    if lanes and nvfp4_fos_fast.scale32_ok(*args[10:14]):  # quantize_nvfp4's call of the lanes kernel
+        flat, rest = _fos_arguments(src, dst, scales, tile, np.full(n, ges), np.full(n, gds), np.full(n, gamax),
+                                    denom, metric, m, vl, args)
+        _run_fos_lanes(flat, rest, parallel)
+        return True
     lines = (True, None, np.full(n, ges), np.full(n, gds), np.full(n, gamax), np.float32(denom), int(metric))
     quantize_nvfp4(src, dst, scales, tile, lines, args, mode, 0, 0, parallel=parallel)
     return True

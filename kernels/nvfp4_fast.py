@@ -3,8 +3,9 @@ element of seven positive values (e2m1). The same bits as the scalar cores of ke
 (tests/kernels/test_nvfp4_fast.py compares them over random and adversarial tensors), for the reasons below.
 
 Arrays are flat: ``bits`` (src's uint32 view) and ``dbits`` (dst's), rows of C elements, the row of flat index
-r = p * R + i; ``scales`` float64, one per block in (P, nbr, nbc) order. Blocks are visited in chunks of CHUNK
-(``prange``), every block with the same arguments on any thread count.
+r = p * R + i; ``scales`` float64, one per block in (P, nbr, nbc) order. Blocks are visited in chunks of CHUNK,
+in contiguous shares of chunks on threads (``threads.launch``), every block with the same arguments on any thread
+count.
 
 **Per-row outer scales (``row_*``).** T_r is computed here from the row's bits as emunum/nvfp4_quantize.py states it:
 float32(amax_r / (element max * scale max)) with amax_r the row's largest finite |x| (exact in float64), raised to
@@ -13,7 +14,7 @@ expression and rounding of kernels/block_fast.py's table path), and its elements
 of M_i * S * T_r and replaced by the bits of float32(V_i * S * T_r), as block_fast.py proves for one tensor scale (its
 ``_threshold`` holds for any T > 0, subnormal products included). The thresholds are made per block (S and T_r vary).
 
-**4/6 selection (``fos_*``).** Per candidate S the scalar core rounds v = float32(x * enc) (enc > 0) and sums
+**4/6 selection (``fos_range``).** Per candidate S the scalar core rounds v = float32(x * enc) (enc > 0) and sums
 a function of d = float32(val - x), val = float32(float32(float32(q * S) * gamax) / denom). Rounding to nearest
 is symmetric in sign, so with a = |x|: |v| = float32(a * enc), q = +-e2m1(|v|) with x's sign (or +0 where the
 element has no -0), val = +-float32(...(|q|)...), and |d| = |float32(|val| - a)| (also where q is a zero: d =
@@ -28,7 +29,7 @@ scalar core stores it. kernels/nvfp4_fos_fast.py runs the same steps with blocks
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from . import _cache, block_fast, scalar
 from .block_fast import ABS, INF_BITS, NAN32, SIGN, _threshold, finite_max_bits
@@ -41,7 +42,6 @@ _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
 U32 = np.uint32
 U64 = np.uint64
 CHUNK = 256  # blocks per step
-TASK_CHUNKS = 8  # steps per parallel task
 
 
 @njit(inline="always", error_model="numpy")
@@ -70,39 +70,28 @@ def _row_scale(bits, sc, r, C, nbc, tc, prod):
     return max(np.float64(np.float32(amax / prod)), 2.0**-149) if amax != 0.0 else 1.0  # never 0 (BlockFormat)
 
 
-@njit(cache=True, error_model="numpy")
-def row_scales_serial(bits, sc, t, C, tc, prod):
-    """t[r] = T_r of every row r of C elements in blocks of tc (float64; module doc), and each block's largest
-    |x| into the flat scales sc; prod: element max * scale max."""
-    for r in range(t.size):
-        t[U64(r)] = _row_scale(bits, sc, r, C, sc.size // t.size, tc, prod)
+@njit(cache=True, nogil=True, error_model="numpy")
+def row_scales_range(r0, r1, bits, sc, t, C, tc, prod):
+    """t[r] = T_r of rows r0..r1-1 of C elements in blocks of tc (float64; module doc), and each of their blocks'
+    largest |x| into the flat scales sc; prod: element max * scale max. One kernel for the serial call and for
+    each thread's share (``threads.launch``)."""
+    nbc = sc.size // t.size
+    for r in range(r0, r1):
+        t[U64(r)] = _row_scale(bits, sc, r, C, nbc, tc, prod)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def row_scales_parallel(bits, sc, t, C, tc, prod):
-    """``row_scales_serial``, parallel over rows."""
-    for r in prange(t.size):
-        t[U64(r)] = _row_scale(bits, sc, r, C, sc.size // t.size, tc, prod)
-
-
-@njit(cache=True, error_model="numpy")
-def row_amax_serial(bits, out, C):
-    """out[r] = the largest finite |x| of row r of C float32 elements (bits: their uint32 view), as float64."""
-    for r in range(out.size):
-        out[U64(r)] = np.float64(U32(finite_max_bits(bits, r * C, C)).view(np.float32))
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def row_amax_parallel(bits, out, C):
-    """``row_amax_serial``, parallel over rows."""
-    for r in prange(out.size):
+@njit(cache=True, nogil=True, error_model="numpy")
+def row_amax_range(r0, r1, bits, out, C):
+    """out[r] = the largest finite |x| of row r of C float32 elements (bits: their uint32 view), as float64, for
+    rows r0..r1-1 (one kernel for the serial call and each thread's share)."""
+    for r in range(r0, r1):
         out[U64(r)] = np.float64(U32(finite_max_bits(bits, r * C, C)).view(np.float32))
 
 
 @njit(error_model="numpy")
 def _row_chunk(bits, dbits, sc, t, C, nbc, tc, mids, ups, vals, max_e, negzero, s_max, s_min, s_split, s_magic,
                s_min_normal, b0, b1, tb, full, thr, val):
-    """Blocks b0..b1-1 (module doc; every T_r > 0; sc holds their amaxes, ``row_scales_*``): their T_r, then their
+    """Blocks b0..b1-1 (module doc; every T_r > 0; sc holds their amaxes, ``row_scales_range``): their T_r, then their
     scales and thresholds in vector loops across the blocks (tb, full: float64 buffers of CHUNK; thr, val: uint32
     buffers of 7 * CHUNK, threshold i of block b0 + j at i * CHUNK + j), then the elements."""
     n = b1 - b0
@@ -164,31 +153,23 @@ def _table_block_strided(bits, dbits, start, size, thr, val, o, negzero):
         dbits[U64(start + k)] = r | (u & SIGN if (a > t0) | (negzero != 0) else U32(0))
 
 
-@njit(cache=True, error_model="numpy")
-def row_serial(bits, dbits, sc, t, C, tc, mids, ups, vals, max_e, negzero, s_man, s_emin, s_sub, s_max, s_min):
-    """Per-row outer scales t (``row_scales_*``, all > 0), 1-D blocks of tc along rows of C (module doc); sc: the
-    flat float64 scales, one per block."""
+@njit(cache=True, nogil=True, error_model="numpy")
+def row_range(c0, c1, bits, dbits, sc, t, C, tc, mids, ups, vals, max_e, negzero, s_man, s_emin, s_sub, s_max, s_min):
+    """Per-row outer scales t (``row_scales_range``, all > 0), 1-D blocks of tc along rows of C (module doc), chunks
+    c0..c1-1 of CHUNK blocks (``chunks``); sc: the flat float64 scales, one per block. One kernel for the serial
+    call and for each thread's share (``threads.launch``), its buffers made once per call."""
     s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
     nbc = sc.size // t.size
     tb, full = np.empty(CHUNK), np.empty(CHUNK)
     thr, val = np.empty(7 * CHUNK, np.uint32), np.empty(7 * CHUNK, np.uint32)
-    for ch in range(-(-sc.size // CHUNK)):
+    for ch in range(c0, c1):
         _row_chunk(bits, dbits, sc, t, C, nbc, tc, mids, ups, vals, max_e, negzero, s_max, s_min, s_split, s_magic,
                    s_min_normal, ch * CHUNK, min(ch * CHUNK + CHUNK, sc.size), tb, full, thr, val)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def row_parallel(bits, dbits, sc, t, C, tc, mids, ups, vals, max_e, negzero, s_man, s_emin, s_sub, s_max, s_min):
-    """``row_serial``, parallel over chunks of blocks."""
-    s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
-    nbc = sc.size // t.size
-    nch = -(-sc.size // CHUNK)
-    for task in prange(-(-nch // TASK_CHUNKS)):
-        tb, full = np.empty(CHUNK), np.empty(CHUNK)  # once per task: allocations in parallel threads are costly
-        thr, val = np.empty(7 * CHUNK, np.uint32), np.empty(7 * CHUNK, np.uint32)
-        for ch in range(task * TASK_CHUNKS, min(task * TASK_CHUNKS + TASK_CHUNKS, nch)):
-            _row_chunk(bits, dbits, sc, t, C, nbc, tc, mids, ups, vals, max_e, negzero, s_max, s_min, s_split,
-                       s_magic, s_min_normal, ch * CHUNK, min(ch * CHUNK + CHUNK, sc.size), tb, full, thr, val)
+def chunks(nb: int) -> int:
+    """The chunks of CHUNK blocks of ``row_range`` and ``fos_range`` for nb blocks."""
+    return -(-nb // CHUNK)
 
 
 # ---- 4/6 selection --------------------------------------------------------------------------------------------
@@ -338,11 +319,13 @@ def _fos_chunk(src, bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, de
             store_row(bits, dbits, qb, i * tc, start, size, full, negzero)
 
 
-@njit(cache=True, error_model="numpy")
-def fos_serial(src, bits, dbits, scales, R, C, tr, tc, ges, gds, gamax, denom, metric, m, vl, negzero, s_man, s_emin,
-               s_sub, s_max):
-    """4/6 selection, blocks of tr x tc (tr 1 or 16) of (P, R, C) data (module doc): src flat float32, bits and
-    dbits the uint32 views of src and dst; scales (P, nbr, nbc) float64; m, vl: ``e2m1_constants``."""
+@njit(cache=True, nogil=True, error_model="numpy")
+def fos_range(c0, c1, src, bits, dbits, scales, R, C, tr, tc, ges, gds, gamax, denom, metric, m, vl, negzero, s_man,
+              s_emin, s_sub, s_max):
+    """4/6 selection, blocks of tr x tc (tr 1 or 16) of (P, R, C) data (module doc), chunks c0..c1-1 of CHUNK
+    blocks (``chunks``): src flat float32, bits and dbits the uint32 views of src and dst; scales (P, nbr, nbc)
+    float64; m, vl: ``e2m1_constants``. One kernel for the serial call and for each thread's share
+    (``threads.launch``), its buffers made once per call."""
     s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
     nbr, nbc, nb = scales.shape[1], scales.shape[2], scales.size
     q6 = np.empty(tr * tc, np.float32)
@@ -352,33 +335,14 @@ def fos_serial(src, bits, dbits, scales, R, C, tr, tc, ges, gds, gamax, denom, m
     r6 = np.zeros(16, np.float32)
     r4 = np.zeros(16, np.float32)
     sc = scales.reshape(-1)
-    for ch in range(-(-nb // CHUNK)):
-        _fos_chunk(src, bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, denom, metric, m, vl, negzero,
-                   s_max, s_split, s_magic, s_min_normal, ch * CHUNK, min(ch * CHUNK + CHUNK, nb), q6, q4, e6, e4, r6,
-                   r4)
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def fos_parallel(src, bits, dbits, scales, R, C, tr, tc, ges, gds, gamax, denom, metric, m, vl, negzero, s_man, s_emin,
-                 s_sub, s_max):
-    """``fos_serial``, parallel over chunks of blocks."""
-    s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
-    nbr, nbc, nb = scales.shape[1], scales.shape[2], scales.size
-    sc = scales.reshape(-1)
-    for ch in prange(-(-nb // CHUNK)):
-        q6 = np.empty(tr * tc, np.float32)
-        q4 = np.empty(tr * tc, np.float32)
-        e6 = np.empty(tr * tc, np.float32)
-        e4 = np.empty(tr * tc, np.float32)
-        r6 = np.zeros(16, np.float32)
-        r4 = np.zeros(16, np.float32)
+    for ch in range(c0, c1):
         _fos_chunk(src, bits, dbits, sc, nbr, nbc, R, C, tr, tc, ges, gds, gamax, denom, metric, m, vl, negzero,
                    s_max, s_split, s_magic, s_min_normal, ch * CHUNK, min(ch * CHUNK + CHUNK, nb), q6, q4, e6, e4, r6,
                    r4)
 
 
 def e2m1_constants(mids, ups, vals):
-    """(m, vl) for ``fos_*`` from ``block_fast.element_table``: float32 midpoints, each that a tie passes upward
+    """(m, vl) for ``fos_range`` from ``block_fast.element_table``: float32 midpoints, each that a tie passes upward
     moved to the next float32 below it (so that ``v > m`` is ``v >= M`` there), and the float32 values."""
     m = mids.astype(np.float32)
     m = np.where(ups, np.nextafter(m, np.float32(0)), m).astype(np.float32)

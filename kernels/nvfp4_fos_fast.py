@@ -1,5 +1,5 @@
 """4/6 selection with the error sums vectorised across blocks (lanes = blocks): the float32 fast path of
-kernels/nvfp4_fast.py (``fos_*``, whose module doc gives the element-level reasoning) for blocks of 16 columns,
+kernels/nvfp4_fast.py (``fos_range``, whose module doc gives the element-level reasoning) for blocks of 16 columns,
 the same bits (tests/kernels/test_nvfp4_fos_fast.py compares it with the scalar core, kernels/nvfp4_scalar.py).
 
 A unit is a run of up to LANES whole blocks side by side in one row of blocks (1 row for 1-D blocks, up to 16
@@ -367,7 +367,7 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
 def fos_lanes_range(u0, u1, src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_man,
                     s_emin, s_sub, s_max):
     """4/6 selection, units u0..u1-1 (``units``; module doc) of blocks of tr x 16 (tr 1 or 16) of (P, R, C) data,
-    with the partial last block of a row of blocks by ``_fos_chunk``; arguments as ``nvfp4_fast.fos_serial``;
+    with the partial last block of a row of blocks by ``_fos_chunk``; arguments as ``nvfp4_fast.fos_range``;
     the scale format must pass ``scale32_ok``. One kernel for the serial call and for each thread's share
     (``threads.launch``; its buffers made once per call): a block's operations depend on its index only."""
     s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)

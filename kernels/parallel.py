@@ -4,9 +4,10 @@ numba's workqueue threading layer (chosen beside torch's OpenMP, see ``cpu.py``)
 when two Python threads enter parallel code at once ("Concurrent access has been detected"). Every
 ``parallel=True`` (``prange``) kernel launch in this package goes through this lock: the float, fixed and
 hifloat8 kernels (cpu.py, elementwise_f32.py, p3109_cpu.py), the counters, CustomFormat's nearest loop and
-code GEMM, block_cpu.py's float64 loops, the NVFP4 kernels and the GEMMs. Kernels that run a range-taking serial
-kernel on Python threads instead (``threads.launch``: posit, log, codebook and CustomFormat's derived modes, the
-block fast paths of block_fast.py, block_sr.py and MX+) enter no numba threading layer and take no lock:
+code GEMM, block_cpu.py's float64 loops and the GEMMs. Kernels that run a range-taking serial kernel on Python
+threads instead (``threads.launch``: posit, log, codebook and CustomFormat's derived modes, the block fast paths
+of block_fast.py, block_sr.py and MX+, the NVFP4 family's kernels) enter no numba threading layer and take no
+lock:
 
 - ``try_parallel()``: a caller that wants the parallel loop gets it if the lock is free; if another thread
   holds it, the caller runs its serial twin instead. Both loops visit every element with the same arguments,

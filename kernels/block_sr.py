@@ -1,7 +1,8 @@
 """Float32 fast path of the block kernel (kernels/block_cpu.py) for stochastic rounding: float32 data, 1-D blocks
 along the last axis or 2-D tiles (nvfp4_2d), a float or fixed-point element, amax scales (NVFP4's and NVINT4's
-gradients). The same bits as ``block_cpu._one_block``'s stochastic branch, which rounds x / F (F = S * T, in
-float64) by ``round_float_value_sat`` (float) or ``round_fixed_value`` (fixed, saturating) with the bits
+gradients) or power-of-two ones (every OCP MX rule: MXFP8/6/4 and MXINT8/4 gradients; MX+, below). The same bits
+as ``block_cpu._one_block``'s stochastic branch, which rounds x / F (F = S * T, in float64) by
+``round_float_value_sat`` (float) or ``round_fixed_value`` (fixed, saturating) with the bits
 ``random_bits(key, flat index, nbits)`` and stores float32(q * F); tests/kernels/test_block_sr.py compares the two
 bit for bit.
 
@@ -28,24 +29,37 @@ same value. Its only other step, a remainder set to 2**-1074 where y underflows 
 max per element (the lower limit).
 
 The block scale is computed as the nearest-rounding amax path (``block_fast._table_blocks``) computes it, from
-each block's largest |x| (``block_amaxes``'s, when ``scanned``). A block is a (tr, tc) tile of the (P, R, C) array,
+each block's largest |x| (``block_amaxes``'s, when ``scanned``); a power-of-two rule's as the nearest-rounding
+power-of-two path does (``block_fast._pow2_scale``, ``block_scale``'s exponent read off the float32 bits of amax),
+and then F = S * T as for amax scales (T = 1 for MX). A block is a (tr, tc) tile of the (P, R, C) array,
 tr = 1 for 1-D blocks: its amax is the max over its rows' bits, its elements the same loop row by row, each with
 its flat index, as ``_one_block`` visits a tile.
+
+**MX+** (``pbits`` >= 0; the plain MX format's arguments, ``mxplus_block_args``): ``mxplus_scalar.mxplus_block``
+rounds every element as the plain MX block's stochastic branch does (v = x * (1/S) there: the same value as x / S,
+S a power of two), then the block max (the first element of largest |x|, found here on the bits before any
+element is written: |x|'s bits order as |x| in a NaN-free block) again by ``round_block_max`` with that element's
+own random bits, where amax > 0. This loop does the same, the block max re-rounded by the same core after the
+elements.
 """
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 from numba import njit
 
 from . import _cache, block_fast, scalar, threads
-from .block_fast import NAN32, U32, U64, _amax_bits, tile_range
+from .block_fast import ABS, NAN32, U32, U64, _amax_bits, _pow2_scale, tile_range
 from .llvm_inline import inline_in_llvm
-from .scalar.common import _floor, _is_odd, random_bits
+from .scalar.block import AMAX, CEIL, EVEN, FLOOR, RCEIL
+from .mxplus_scalar import round_block_max
+from .scalar.common import STOCHASTIC, _floor, _is_odd, random_bits
 from .scalar.float import round_nearest_value
 
-_cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__])
+_cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                            "mxplus_scalar.py")])
 
 I64 = np.int64
 
@@ -83,10 +97,11 @@ def sr_element(x, full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n
 
 @njit(nogil=True)
 def _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, full, man, emin, sub, max_e, neg_max, big,
-               negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits):
+               negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits):
     """Blocks b0..b1-1 (``sr_range``); tc and full are literals at ``_sr_rows``' three calls: typed once per
     specialisation and inlined by LLVM (``llvm_inline``), not re-typed at each call by numba's inliner."""
     inline_in_llvm()
+    rule, emax_e, lo, hi, mbits, s_man, s_emin, s_sub, pbits = pw
     nbr = -(-R // tr)
     nbc = -(-C // tc)
     two_n = math.ldexp(1.0, nbits)
@@ -101,8 +116,12 @@ def _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, ful
                 m = max(m, _amax_bits(bits, row, min(size, bits.size - row)))  # (= size) not a constant: it vectorises
             amax = np.float64(U32(m).view(np.float32))
         tt = t[U64(row0) if t.size > 1 else U64(0)]  # per-row T_r: 1-D blocks only (quantize_sr)
-        want = min(amax / max_e / tt, s_max)
-        s = max(round_nearest_value(want, s_split, s_magic, s_min_normal, s_max, s_max, 0), s_min)
+        if rule == AMAX:
+            want = min(amax / max_e / tt, s_max)
+            s = max(round_nearest_value(want, s_split, s_magic, s_min_normal, s_max, s_max, 0), s_min)
+        else:  # a power of two; amax is a float32 value (NaN: the block's NaN, caught below)
+            s = _pow2_scale(np.float32(amax).view(U32), rule, emax_e, max_e, mbits, lo, hi, s_man, s_emin, s_sub,
+                            s_max, s_min)
         if amax != amax:
             scales[U64(b)] = math.nan
             for r in range(rows):
@@ -111,42 +130,55 @@ def _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, ful
             continue
         scales[U64(b)] = s
         full_scale = s * tt
+        if pbits >= 0:  # MX+: the block max (the first largest |x|), read before dst (which may be src) is written
+            bm, top = U64(start), U32(0)
+            for r in range(rows):
+                for k in range(size):
+                    a = bits[U64(start + r * C + k)] & ABS
+                    if a > top:
+                        bm, top = U64(start + r * C + k), a
+            x_bm = np.float64(src[bm])
         for r in range(rows):
             row = start + r * C
             for k in range(size):
                 i = U64(row + k)
                 rnd = np.float64(random_bits(key, i, nbits))
                 dst[i] = sr_element(src[i], full_scale, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n)
+        if pbits >= 0 and amax > 0.0:
+            q = round_block_max(x_bm * (1.0 / full_scale), emax_e, pbits, STOCHASTIC, random_bits(key, bm, nbits),
+                                nbits)
+            dst[bm] = np.float32(q * full_scale)
 
 
 @njit(inline="always")
 def _sr_rows(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
-             s_man, s_emin, s_sub, s_max, s_min, t, key, nbits):
+             s_man, s_emin, s_sub, s_max, s_min, t, pw, key, nbits):
     s_split = math.ldexp(1.0, 52 - s_man) + 1.0
     s_magic = 1.5 * math.ldexp(1.0, 52 + (s_emin - s_man if s_sub != 0 else s_emin))
     s_min_normal = math.ldexp(1.0, s_emin)
     full = R % tr == 0 and C % tc == 0
     if tc == 16 and full:  # a constant trip count for the element loop
         _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, 16, True, man, emin, sub, max_e, neg_max,
-                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
+                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits)
     elif full:
         _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, True, man, emin, sub, max_e, neg_max,
-                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
+                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits)
     else:
         _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, False, man, emin, sub, max_e, neg_max,
-                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, key, nbits)
+                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits)
 
 
 @njit(cache=True, nogil=True)
 def sr_range(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
-             s_man, s_emin, s_sub, s_max, s_min, t, key, nbits):
+             s_man, s_emin, s_sub, s_max, s_min, t, pw, key, nbits):
     """Stochastic rounding of float32 (P, R, C) data, flat, in (tr, tc) tiles (1-D blocks along the rows: tr = 1)
     with amax scales (module doc), blocks b0..b1-1; src, dst flat float32 with uint32 views bits, dbits; scales
     float64, one per block in (P, nbr, nbc) order (the amaxes already, if ``scanned``); man .. big:
     ``element_of``'s; t: float64, the tensor scale T (one value) or, with tr = 1, each (p, r) row's T_r (one per
-    row)."""
+    row); pw: ``pow2_of``'s (the scale rule and what a power-of-two rule reads; a tuple, as calls of more than 30
+    arguments compile to ``*args`` calls, which numba cannot inline)."""
     _sr_rows(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big,
-             negzero, s_man, s_emin, s_sub, s_max, s_min, t, key, nbits)
+             negzero, s_man, s_emin, s_sub, s_max, s_min, t, pw, key, nbits)
 
 
 FIXED_E = 2048  # above every exponent of a float64 (<= 1024, inf's field included): a fixed element's emin
@@ -162,15 +194,35 @@ def element_of(args: tuple) -> tuple:
     return FIXED_E + man, FIXED_E, 1, max_e, math.ldexp(-emin, -man), math.inf
 
 
+def element_mbits(args: tuple) -> int:
+    """``scalar.block.element_mbits`` of ``block_args``: the element's mantissa bits (float), floor(log2 code_max)
+    (fixed), which the ``even`` rule rounds amax to."""
+    kind, man, _, code_max = args[:4]
+    return man if kind == 0 else max(math.frexp(float(code_max))[1] - 1, 0)
+
+
+def pow2_of(args: tuple, pbits: int = -1) -> tuple:
+    """``sr_range``'s pw for ``block_args``: (rule, emax_e, lo, hi, ``element_mbits``, s_man, s_emin, s_sub,
+    pbits), ints; pbits: MX+'s block-max mantissa bits (``mxplus_args``), -1 for a plain block format."""
+    kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub = args[:13]
+    return tuple(int(v) for v in (rule, emax_e, lo, hi, element_mbits(args), s_man, s_emin, s_sub, pbits))
+
+
 def sr_ok(args: tuple) -> bool:
     """Whether ``sr_*`` holds for ``block_args``: a float element (man >= 1) or a fixed one (kind 1) with
-    |f| <= 1022 and code_max 2**-f > 0, amax scales into a float scale format with s_man >= 1, a float32 tensor
-    scale t > 0, and every full scale S * T in [2**-900, 2**900]."""
+    |f| <= 1022 and code_max 2**-f > 0, a float32 tensor scale t > 0, and either amax scales into a float scale
+    format with s_man >= 1 or a power-of-two rule (floor, ceil, even, rceil) with a float32 element max and at
+    most 22 element bits for ``even`` (``block_fast._pow2_scale``'s exponent reading); every full scale S * T in
+    [2**-900, 2**900]."""
     kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min, t = args
     element = (kind == 0 and man >= 1) or (kind == 1 and -1022 <= man <= 1022 and 0.0 < max_e < math.inf)
-    return (element and rule == 1 and s_man >= 1 and 0.0 < t < math.inf
-            and float(np.float32(t)) == t and 0.0 < s_min <= s_max < math.inf
-            and 2.0**-900 <= s_min * t and s_max * t <= 2.0**900)
+    if not (element and 0.0 < t < math.inf and float(np.float32(t)) == t):
+        return False
+    if rule == AMAX:
+        return s_man >= 1 and 0.0 < s_min <= s_max < math.inf and 2.0**-900 <= s_min * t and s_max * t <= 2.0**900
+    return (rule in (FLOOR, CEIL, EVEN, RCEIL) and float(np.float32(max_e)) == max_e
+            and (rule != EVEN or element_mbits(args) <= 22)
+            and -900 <= lo <= hi <= 900 and 2.0**-900 <= math.ldexp(t, lo) and math.ldexp(t, hi) <= 2.0**900)
 
 
 def rows_ok(args: tuple, t: np.ndarray) -> bool:
@@ -181,10 +233,12 @@ def rows_ok(args: tuple, t: np.ndarray) -> bool:
 
 
 def quantize_sr(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tc: int, args: tuple, key: int, nbits: int,
-                par: bool, scanned: bool, t_rows: np.ndarray | None = None, tr: int = 1) -> None:
+                par: bool, scanned: bool, t_rows: np.ndarray | None = None, tr: int = 1, pbits: int = -1) -> None:
     """Run ``sr_*`` on (P, R, C) C-contiguous float32 src/dst in (tr, tc) tiles (``sr_ok(args)`` must hold);
     t_rows: None (the tensor scale of ``args``), or, for 1-D blocks (tr = 1), each (p, r) row's T_r (float64,
-    P * R; ``rows_ok``), the last of args then not read; par: blocks spread over threads (``threads.launch``)."""
+    P * R; ``rows_ok``), the last of args then not read; par: blocks spread over threads (``threads.launch``);
+    pbits >= 0: MX+ (``mxplus_scalar.mxplus_block``: args a floor-rule format's, ``mxplus_block_args``), each
+    block's max then rounded stochastically to its pbits mantissa bits as that core does."""
     if t_rows is not None and tr != 1:
         raise ValueError(f"tr={tr}: per-row outer scales (t_rows) need 1-D blocks, tr=1")
     kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min = args[:15]
@@ -193,4 +247,13 @@ def quantize_sr(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tc: int, a
     sc = scales.reshape(-1)
     threads.launch(sr_range, sc.size, flat, flat.view(np.uint32), out, out.view(np.uint32), sc, scanned, src.shape[1],
                    src.shape[2], tr, tc, *element_of(args), negzero, s_man, s_emin, s_sub, s_max, s_min, t,
-                   np.uint64(key), nbits, parallel=par)
+                   pow2_of(args, pbits), np.uint64(key), nbits, parallel=par)
+
+
+def mxplus_block_args(args: tuple) -> tuple:
+    """``block_args`` of the plain MX format under an MX+ one (``mxplus_args``: its float element, the floor rule
+    into 2**lo..2**hi, no tensor scale), for ``sr_ok`` and ``quantize_sr(pbits=...)``; the scale format's own
+    fields are not read by a power-of-two rule."""
+    man, emin, sub, emax_e, max_e, negzero, lo, hi = args[:8]
+    return (0, man, emin, sub, emax_e, max_e, negzero, FLOOR, lo, hi, 0, lo, 0, math.ldexp(1.0, hi),
+            math.ldexp(1.0, lo), 1.0)

@@ -7,9 +7,9 @@ import numba
 import numpy as np
 from numba import njit
 
-from . import _cache, mxplus_fast, scalar, threads
+from . import _cache, block_sr, mxplus_fast, scalar, threads
 from .mxplus_scalar import mxplus_block
-from .scalar.common import NEAREST
+from .scalar.common import NEAREST, STOCHASTIC
 
 _cache.guard(__file__, [*scalar.SOURCES, *(os.path.join(os.path.dirname(os.path.abspath(__file__)), f)
                                             for f in ("mxplus_scalar.py", "mxplus_fast.py", "nvfp4_scalar.py"))])
@@ -38,6 +38,11 @@ def quantize_mxplus(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
         flat, sc = src.reshape(-1), scales.reshape(-1)
         threads.launch(mxplus_fast.fast_range, mxplus_fast.chunks(sc.size), flat, flat.view(np.uint32), dst.reshape(-1),
                        sc, src.shape[2], int(tile[1]), *args[:9], parallel=parallel)
+        return
+    plain = block_sr.mxplus_block_args(args)
+    if src.dtype == np.float32 and dst.dtype == np.float32 and mode == STOCHASTIC and block_sr.sr_ok(plain):
+        block_sr.quantize_sr(src, dst, scales, int(tile[1]), plain, key, int(nbits), parallel, False, tr=int(tile[0]),
+                             pbits=int(args[8]))  # kernels/block_sr.py, the same bits
         return
     threads.launch(mxplus_range, scales.size, src, dst, scales, int(tile[0]), int(tile[1]), *args, int(mode),
                    np.uint64(key), int(nbits), parallel=parallel)

@@ -32,6 +32,12 @@ FORMATS = {
     "e1m2_e5m2": BlockFormat(FloatFormat(1, 2, special="none"), 16, "e5m2", scale_rule="amax"),
     "e4m3_amax": BlockFormat("e4m3fn", 16, "e4m3fn", scale_rule="amax"),
     "e3m2_nosub": BlockFormat(FloatFormat(3, 2, special="fnuz", subnormals=False), 8, "e4m3fn", scale_rule="amax"),
+    # power-of-two (E8M0) scales, every rule
+    "mxfp8_e4m3": BLOCK_PRESETS["mxfp8_e4m3"],
+    "mxfp8_e5m2_rceil": BlockFormat("e5m2", 32, "e8m0", scale_rule="rceil"),
+    "mxfp6_e2m3_ceil": BlockFormat("fp6_e2m3", 32, "e8m0", scale_rule="ceil"),
+    "mxfp4_e2m1_even": BlockFormat("fp4_e2m1", 32, "e8m0", scale_rule="even"),
+    "mxfp6_e3m2_b16_rceil": BlockFormat("fp6_e3m2", 16, "e8m0", scale_rule="rceil"),
 }
 FIXED = {  # fixed-point elements (kind 1): codes code_min..code_max times 2**-f
     "nvint4": BLOCK_PRESETS["nvint4"],
@@ -39,6 +45,9 @@ FIXED = {  # fixed-point elements (kind 1): codes code_min..code_max times 2**-f
     "int4_fm2_e5m2_b32": BlockFormat(FixedFormat(4, -2), 32, "e5m2", scale_rule="amax"),  # codes * 4
     "int8_f4": BlockFormat(FixedFormat(8, 4), 16, "e4m3fn", scale_rule="amax", tensor_scale=True),
     "uint3": BlockFormat(FixedFormat(3, 0, signed=False), 8, "e4m3fn", scale_rule="amax"),  # x < 0: 0
+    "mxint8": BLOCK_PRESETS["mxint8"],
+    "mxint8_even": BlockFormat(BLOCK_PRESETS["mxint8"].element, 32, "e8m0", scale_rule="even"),
+    "mxint4_rceil": BlockFormat(BLOCK_PRESETS["mxint4"].element, 32, "e8m0", scale_rule="rceil"),
 }
 FORMATS.update(FIXED)
 
@@ -87,7 +96,8 @@ def test_sr_path_matches_the_general_loop_on_special_values(name, cols, nbits):
 
 
 @pytest.mark.parametrize("nbits", [2, 32])
-@pytest.mark.parametrize("name", ["nvfp4", "e2m1fnuz_t", "e4m3_amax", "e3m2_nosub"])
+@pytest.mark.parametrize("name", ["nvfp4", "e2m1fnuz_t", "e4m3_amax", "e3m2_nosub", "mxfp8_e4m3", "mxfp8_e5m2_rceil",
+                                  "mxfp4_e2m1_even"])
 def test_sr_path_at_every_element_value_and_midpoint_of_every_scale(name, nbits):
     """Blocks whose amax fixes each scale S of the scale format (times T), holding the float32 neighbours of
     every element value and midpoint times S * T (values on the grid, exact halves at sr_bits ties, and
@@ -107,8 +117,7 @@ def test_sr_path_at_every_element_value_and_midpoint_of_every_scale(name, nbits)
 @pytest.mark.parametrize("t", [0.0, float("inf"), 0.1])  # zero, infinite, not a float32 (0.1)
 def test_sr_path_is_not_taken_where_its_proof_does_not_hold(t):
     assert not block_sr.sr_ok(block_args(BLOCK_PRESETS["nvfp4"], t))
-    assert not block_sr.sr_ok(block_args(BLOCK_PRESETS["mxfp4_e2m1"], 1.0))  # a power-of-two rule
-    assert not block_sr.sr_ok(block_args(BLOCK_PRESETS["mxint8"], 1.0))  # a power-of-two rule (fixed element)
+    assert not block_sr.sr_ok(block_args(BlockFormat("fp32", 32, "e8m0", scale_rule="even"), 1.0))  # 23 bits: even
     assert not block_sr.sr_ok(block_args(BlockFormat(FixedFormat(1, 0), 16, "e4m3fn", scale_rule="amax"), 1.0))  # max 0
     huge = list(block_args(BLOCK_PRESETS["nvfp4"], 1.0))
     huge[13] = 2.0**901  # a largest scale whose quotients could leave float64's normal range
@@ -174,13 +183,15 @@ def test_fixed_sr_path_at_every_code_and_midpoint_of_every_scale(name, nbits):
 
 
 @pytest.mark.parametrize("nbits", [1, 8, 32])
-@pytest.mark.parametrize("name", [n for n in FIXED if FIXED[n].element.signed])
+@pytest.mark.parametrize("name", [n for n in FIXED if FIXED[n].element.signed and FIXED[n].scale_rule.value == "amax"])
 def test_fixed_sr_path_saturates_and_reaches_code_min_where_the_scale_rounds_down(name, nbits):
     """Signed codes: y = x / (S T 2**-f) >= code_max gives code_max (+inf too), y <= code_min gives code_min (-inf
     too), and code_min < y < -code_max rounds stochastically to either end, both occurring. Such y arise where
     S lies below amax / (code_max 2**-f T): subnormal scales, a scale clipped at its max (T too small for the
     block) and an inf in the block (S = max). The blocks hold the float32 neighbours of (code_max - 1/2 ..
-    code_max + 5) 2**-f S T, both signs, each 4 times."""
+    code_max + 5) 2**-f S T, both signs, each 4 times. (Amax scales: a power-of-two scale's block maxima land
+    elsewhere, and its largest scale times code_min overflows float32; the special-value and every-code tests
+    cover those formats.)"""
     fmt = FIXED[name]
     el, sc, tc = fmt.element, fmt.scale, fmt.tile[1]
     t = float(np.float32(0.375)) if fmt.tensor_scale else 1.0
@@ -295,6 +306,8 @@ TILE_FORMATS = {  # elements as above; the tile itself is a parameter of the tes
     "e3m2_nosub": FORMATS["e3m2_nosub"],
     "nvint4": FIXED["nvint4"],
     "uint3": FIXED["uint3"],
+    "mxfp8_e4m3": FORMATS["mxfp8_e4m3"],
+    "mxint8_even": FIXED["mxint8_even"],
 }
 TILES = [(16, 16), (8, 4), (1, 16), (32, 32), (3, 5)]
 TILE_SHAPES = [(1, 64, 64), (2, 40, 50), (3, 17, 9), (2, 33, 48)]  # full tiles, and partial ones at either edge
@@ -372,15 +385,15 @@ def test_sr_path_on_tiles_at_every_element_value_and_midpoint(name):
 
 
 def test_float32_tiles_take_the_sr_path(monkeypatch):
-    """``quantize_blocks`` hands float32 tiles with amax scales to block_sr (not the general loop); float64 data and
-    power-of-two scales (mxfp4's rule) stay on the general loop."""
+    """``quantize_blocks`` hands float32 tiles with amax or power-of-two scales (mxfp4's rule) to block_sr (not the
+    general loop); float64 data stays on the general loop."""
     calls = []
     real = block_sr.quantize_sr
     monkeypatch.setattr(block_sr, "quantize_sr", lambda *a, **k: calls.append(k.get("tr")) or real(*a, **k))
     x = tile_data(np.random.default_rng(1), (1, 32, 32), (16, 16))
     nvfp4_2d = BLOCK_PRESETS["nvfp4_2d"]
     for fmt, data, taken in [(nvfp4_2d, x, [16]), (nvfp4_2d, x.astype(np.float64), []),
-                             (BLOCK_PRESETS["mxfp4_e2m1"], x, [])]:
+                             (BLOCK_PRESETS["mxfp4_e2m1"], x, [16])]:
         calls.clear()
         block_cpu.quantize_blocks(data, np.empty_like(data), np.empty((1, 2, 2)), (16, 16), block_args(fmt, 0.375),
                                   SR, 1, 32)

@@ -1,14 +1,26 @@
-"""The float32 fast path of the MX+ kernel (kernels/mxplus_fast.py) gives the float64 loop's bits and scales
-(``mxplus_serial``), serial and parallel, for every MX+ preset's element, blocks that tile the rows or not,
-partial blocks, zero/NaN/inf blocks, float32 subnormals, equal maxima, and in place (dst = src)."""
+"""The float32 fast paths of the MX+ kernel give the float64 loop's bits and scales (``mxplus_serial``), serial
+and parallel, for every MX+ preset's element, blocks that tile the rows or not, partial blocks, zero/NaN/inf
+blocks, float32 subnormals, equal maxima, and in place (dst = src): round to nearest by kernels/mxplus_fast.py,
+stochastic rounding (every sr_bits width, the same random bits) by kernels/block_sr.py."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from emunum.formats import MXPLUS_PRESETS
-from emunum.kernels import mxplus_cpu, mxplus_fast
+from emunum.formats import MXPLUS_PRESETS, RoundMode
+from emunum.kernels import block_sr, mxplus_cpu, mxplus_fast
 from emunum.mxplus_quantize import mxplus_args
+
+# (mode, key, sr_bits): nearest, and stochastic with 32, 8 and 1 random bits
+MODES = {"nearest": (int(RoundMode.NEAREST), 0, 32), "sr32": (int(RoundMode.STOCHASTIC), 4242, 32),
+         "sr8": (int(RoundMode.STOCHASTIC), 77, 8), "sr1": (int(RoundMode.STOCHASTIC), 5, 1)}
+
+
+def fast_path_holds(args, mode: int) -> bool:
+    """The float32 path that ``quantize_mxplus`` takes for this mode holds."""
+    if mode == int(RoundMode.STOCHASTIC):
+        return block_sr.sr_ok(block_sr.mxplus_block_args(args))
+    return mxplus_fast.fast_ok(args)
 
 
 def mxplus_serial(src, dst, scales, *args):
@@ -30,25 +42,29 @@ def _data(shape, seed):
     return x.reshape(shape)
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("parallel", [False, True])
-@pytest.mark.parametrize("shape,tc", [((2, 8, 64), 32), ((1, 12, 70), 32), ((3, 5, 48), 16), ((1, 9, 31), 7)])
+@pytest.mark.parametrize("shape,tile", [((2, 8, 64), (1, 32)), ((1, 12, 70), (1, 32)), ((3, 5, 48), (1, 16)),
+                                        ((1, 9, 31), (1, 7)), ((2, 12, 40), (4, 8)), ((1, 7, 45), (3, 16))])
 @pytest.mark.parametrize("name", sorted(MXPLUS_PRESETS))
-def test_fast_path_equals_the_float64_loop(name, shape, tc, parallel):
+def test_fast_path_equals_the_float64_loop(name, shape, tile, parallel, mode):
+    """(2-D tiles: stochastic rounding only; round to nearest takes the float64 loop there.)"""
+    m, key, nbits = MODES[mode]
     args = mxplus_args(MXPLUS_PRESETS[name])
-    assert mxplus_fast.fast_ok(args)
-    src = _data(shape, tc)
-    nb = (shape[0], shape[1], -(-shape[2] // tc))
+    assert fast_path_holds(args, m)
+    src = _data(shape, tile[1])
+    nb = (shape[0], -(-shape[1] // tile[0]), -(-shape[2] // tile[1]))
     want, s_want = np.empty_like(src), np.empty(nb)
-    mxplus_serial(src, want, s_want, 1, tc, *args, 0, np.uint64(0), 32)
+    mxplus_serial(src, want, s_want, *tile, *args, m, np.uint64(key), nbits)
     got, s_got = np.empty_like(src), np.empty(nb)
-    mxplus_cpu.quantize_mxplus(src, got, s_got, (1, tc), args, 0, 0, 32, parallel=parallel)
+    mxplus_cpu.quantize_mxplus(src, got, s_got, tile, args, m, key, nbits, parallel=parallel)
     assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
     assert np.array_equal(s_want, s_got, equal_nan=True)
     inplace, s_in = src.copy(), np.empty(nb)
-    mxplus_cpu.quantize_mxplus(inplace, inplace, s_in, (1, tc), args, 0, 0, 32, parallel=parallel)
+    mxplus_cpu.quantize_mxplus(inplace, inplace, s_in, tile, args, m, key, nbits, parallel=parallel)
     assert np.array_equal(want.view(np.uint32), inplace.view(np.uint32))
     slow_inplace = src.copy()  # the float64 loop in place too
-    mxplus_serial(slow_inplace, slow_inplace, np.empty(nb), 1, tc, *args, 0, np.uint64(0), 32)
+    mxplus_serial(slow_inplace, slow_inplace, np.empty(nb), *tile, *args, m, np.uint64(key), nbits)
     assert np.array_equal(want.view(np.uint32), slow_inplace.view(np.uint32))
 
 
@@ -87,28 +103,33 @@ def _bm_blocks(fmt, tc, seed):
     return blocks
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("tail", [0, 3], ids=["rows_of_whole_blocks", "rows_ending_in_a_partial_block"])
 @pytest.mark.parametrize("tc", [32, 16, 7, 64])
 @pytest.mark.parametrize("name", sorted(MXPLUS_PRESETS))
-def test_fast_path_equals_the_float64_loop_on_every_block_max_code_and_midpoint(name, tc, tail):
+def test_fast_path_equals_the_float64_loop_on_every_block_max_code_and_midpoint(name, tc, tail, mode):
+    m, key, nbits = MODES[mode]
     fmt = MXPLUS_PRESETS[name]
     args = mxplus_args(fmt)
     blocks = _bm_blocks(fmt, tc, tc)
     rows = blocks[: blocks.shape[0] // 2 * 2].reshape(-1, 2 * tc)  # two blocks a row
     extra = np.random.default_rng(tc).standard_normal((rows.shape[0], tail)).astype(np.float32)
     src = np.ascontiguousarray(np.concatenate([rows, extra], axis=1))[None]
+    if m == int(RoundMode.STOCHASTIC):
+        src = np.concatenate([src] * 4, axis=1)  # more random draws per value
     nb = (1, src.shape[1], -(-src.shape[2] // tc))
     want, s_want = np.empty_like(src), np.empty(nb)
-    mxplus_serial(src, want, s_want, 1, tc, *args, 0, np.uint64(0), 32)
+    mxplus_serial(src, want, s_want, 1, tc, *args, m, np.uint64(key), nbits)
     for parallel in (False, True):
         got, s_got = np.empty_like(src), np.empty(nb)
-        mxplus_cpu.quantize_mxplus(src, got, s_got, (1, tc), args, 0, 0, 32, parallel=parallel)
+        mxplus_cpu.quantize_mxplus(src, got, s_got, (1, tc), args, m, key, nbits, parallel=parallel)
         assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
         assert np.array_equal(s_want, s_got)
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("name", sorted(MXPLUS_PRESETS))
-def test_fast_path_equals_the_float64_loop_on_every_element_code_and_midpoint(name):
+def test_fast_path_equals_the_float64_loop_on_every_element_code_and_midpoint(name, mode):
     """The elements beside the block max: every float32 value of the element grid times S, the midpoints between
     neighbours and their float32 neighbours, under one block max of 2**emax * S per block (S over float32's
     range, clipped at 2**-127 included)."""
@@ -126,11 +147,14 @@ def test_fast_path_equals_the_float64_loop_on_every_element_code_and_midpoint(na
     blocks[1::2] = -blocks[1::2, ::-1]
     src = np.concatenate([np.ldexp(blocks.astype(np.float64), e).astype(np.float32)
                           for e in (-150, -135, -127, -40, 0, 40, 127 - fmt.element_emax)])[None]
+    m, key, nbits = MODES[mode]
+    if m == int(RoundMode.STOCHASTIC):
+        src = np.concatenate([src] * 4, axis=1)  # more random draws per value
     nb = (1, src.shape[1], 1)
     want, s_want = np.empty_like(src), np.empty(nb)
-    mxplus_serial(src, want, s_want, 1, tc, *args, 0, np.uint64(0), 32)
+    mxplus_serial(src, want, s_want, 1, tc, *args, m, np.uint64(key), nbits)
     got, s_got = np.empty_like(src), np.empty(nb)
-    mxplus_cpu.quantize_mxplus(src, got, s_got, (1, tc), args, 0, 0, 32, parallel=False)
+    mxplus_cpu.quantize_mxplus(src, got, s_got, (1, tc), args, m, key, nbits, parallel=False)
     assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
     assert np.array_equal(s_want, s_got)
 

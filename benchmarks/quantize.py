@@ -7,6 +7,7 @@
     python benchmarks/quantize.py --blocks-only        # copy_ and the MXFP8 / NVFP4 rows alone
     python benchmarks/quantize.py --new-formats        # P3109, MXINT4, NVINT4, HiFloat8 beside today's path for their element
     python benchmarks/quantize.py --scale-rules        # each power-of-two scale rule beside floor (OCP), per element
+    python benchmarks/quantize.py --scale-rules --mode stochastic   # the same, rounded stochastically (seed 1)
     python benchmarks/quantize.py --nvfp4-family       # the NVFP4 family (docs/nvfp4.md) beside nvfp4, same run
     python benchmarks/quantize.py --nvfp4-family --mode stochastic   # the same, rounded stochastically (seed 1)
     python benchmarks/quantize.py --mxplus             # each MX+ preset (docs/mxplus.md) beside its plain MX preset
@@ -129,26 +130,26 @@ def throughput(n: int, device: str, repeats: int, fmt: str, blocks_only: bool = 
 SCALE_RULE_ELEMENTS = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1", "mxint8")
 
 
-def scale_rules(n: int, device: str, repeats: int) -> None:
-    """quantize(x, "<preset>_<rule>", out=out) for ceil, even and rceil beside the preset itself (floor: the OCP
-    rule, today's path and the baseline), same x, same run. The four formats of an element type are timed in
-    turn, round after round (``repeats`` rounds), each keeping its best: load drift on a shared machine then hits
-    them alike. "% floor" is the rule's rate as a share of floor's."""
+def scale_rules(n: int, device: str, repeats: int, mode: str = "nearest") -> None:
+    """quantize(x, "<preset>_<rule>", mode, seed=1, out=out) for ceil, even and rceil beside the preset itself
+    (floor: the OCP rule, today's path and the baseline), same x, same run. The four formats of an element type
+    are timed in turn, round after round (``repeats`` rounds), each keeping its best: load drift on a shared
+    machine then hits them alike. "% floor" is the rule's rate as a share of floor's."""
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(n // 32, 32, device=device, generator=g) * torch.logspace(-8, 8, n // 32, device=device)[:, None]
     out = torch.empty_like(x)
     print(f"\nscale rules: n = {x.numel()} float32 elements on {device} (rows of one block, amax over 2**+-27), "
-          f"best of {repeats} interleaved rounds, out=out")
+          f"{mode}, best of {repeats} interleaved rounds, out=out")
     print(f"{'format':<22} {'ms':>9} {'Melem/s':>10} {'% floor':>8}")
     for el in SCALE_RULE_ELEMENTS:
         names = [el] + [f"{el}_{rule}" for rule in ("ceil", "even", "rceil")]
         best = dict.fromkeys(names, float("inf"))
         for name in names:
-            emunum.quantize(x, name, out=out)  # warm-up (and compilation)
+            emunum.quantize(x, name, mode, seed=1, out=out)  # warm-up (and compilation)
         for _ in range(repeats):
             for name in names:
-                best[name] = min(best[name], best_seconds(lambda name=name: emunum.quantize(x, name, out=out),
-                                                          device, 1))
+                best[name] = min(best[name], best_seconds(
+                    lambda name=name: emunum.quantize(x, name, mode, seed=1, out=out), device, 1))
         b = best[el]
         for name in names:
             label = name + " (floor)" if name == el else name
@@ -375,7 +376,7 @@ def main(argv=None) -> int:
     p.add_argument("--nvfp4-family", action="store_true", help="only the NVFP4 family beside nvfp4 (docs/nvfp4.md)")
     p.add_argument("--mxplus", action="store_true", help="only the MX+ presets beside their plain MX presets")
     p.add_argument("--mode", choices=("nearest", "stochastic"), default="nearest",
-                   help="with --nvfp4-family: the rounding mode (default nearest)")
+                   help="with --nvfp4-family or --scale-rules: the rounding mode (default nearest)")
     args = p.parse_args(argv)
     if args.n < 1:
         p.error(f"--n={args.n} must be >= 1")
@@ -388,7 +389,7 @@ def main(argv=None) -> int:
         new_formats(args.n, args.device, args.repeats, args.only)
         return 0
     if args.scale_rules:
-        scale_rules(args.n, args.device, args.repeats)
+        scale_rules(args.n, args.device, args.repeats, args.mode)
         return 0
     if args.nvfp4_family:
         nvfp4_family(args.n, args.device, args.repeats, args.mode)

@@ -6,8 +6,12 @@ as ``block_cpu._one_block``'s stochastic branch, which rounds x / F (F = S * T, 
 ``random_bits(key, flat index, nbits)`` and stores float32(q * F); tests/kernels/test_block_sr.py compares the two
 bit for bit.
 
-The element loop is that core with its two calls that do not vectorise replaced by equal expressions, so that
-LLVM runs it in vector lanes:
+The element loop is that core with the steps that do not vectorise (on AVX2) replaced by equal expressions, so
+that LLVM runs it in vector lanes:
+- ``_floor`` (a truncation through int64, which AVX2 cannot convert in vector lanes) is np.floor: the two differ
+  only in floor(-0.0)'s sign, and every value floored here is >= +0 (|v| scaled, its remainder, their halves), inf,
+  or NaN past an inf, where both agree; the random bits become a float64 through the bits of 2**52 + z
+  (``_as_float``) instead of a uint64 conversion;
 - the exponent of |v| (``frexp``) is read off the float64 bits. That is frexp's exponent minus one for a normal
   v: |x| lies in [2**-149, 2**128] for a nonzero finite float32 x, and F in [2**-900, 2**900] (``sr_ok``), so
   2**-1049 <= |x / F| < 2**1029, normal unless x / F overflows (to inf, as the reference's quotient does) or
@@ -39,13 +43,13 @@ its flat index, as ``_one_block`` visits a tile.
 rounds every element as the plain MX block's stochastic branch does (v = x * (1/S) there: the same value as x / S,
 S a power of two), then the block max (the first element of largest |x|, found here on the bits before any
 element is written: |x|'s bits order as |x| in a NaN-free block) again by ``round_block_max`` with that element's
-own random bits, where amax > 0. This loop does the same, the block max re-rounded by the same core after the
-elements.
+own random bits, where amax > 0. This loop does the same. ``round_block_max`` is ``round_fixed_value`` (f = p -
+emax fraction bits, codes +-(2**(p+1) - 1), saturating) followed by a clamp up to 2**emax in magnitude, so the
+block max takes the element core with a fixed element's arguments (``element_of``'s reasoning) and that clamp.
 """
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 from numba import njit
@@ -54,12 +58,10 @@ from . import _cache, block_fast, scalar, threads
 from .block_fast import ABS, NAN32, U32, U64, _amax_bits, _pow2_scale, tile_range
 from .llvm_inline import inline_in_llvm
 from .scalar.block import AMAX, CEIL, EVEN, FLOOR, RCEIL
-from .mxplus_scalar import round_block_max
-from .scalar.common import STOCHASTIC, _floor, _is_odd, random_bits
+from .scalar.common import random_bits
 from .scalar.float import round_nearest_value
 
-_cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                                            "mxplus_scalar.py")])
+_cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__])
 
 I64 = np.int64
 
@@ -71,28 +73,39 @@ def _pow2(e):
 
 
 @njit(inline="always")
+def _as_float(z):
+    """float64(z) for a uint64 z < 2**52, from the bits of 2**52 + z: exact, and it vectorises (AVX2 has no
+    vector uint64 -> float64 conversion, so np.float64(z) runs one element at a time)."""
+    return U64(U64(0x4330000000000000) | z).view(np.float64) - 4503599627370496.0
+
+
+@njit(inline="always")
 def sr_element(x, full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n):
     """float32(round_float_value_sat(x / full, ..., STOCHASTIC, rnd, nbits) * full) for a float32 x that is not
     NaN (two_n = 2.0**nbits, big = 2.0**(man + 3), neg_max = max_e), by the reference's steps; with a fixed
     element's ``element_of`` arguments, round_fixed_value's (module doc)."""
-    v = np.float64(x) / full
+    return np.float32(sr_value(np.float64(x) / full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n) * full)
+
+
+@njit(inline="always")
+def sr_value(v, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n):
+    """``sr_element``'s rounded value of v = x / full (float64, not NaN), before the product with full."""
     a = abs(v)
     e = I64((np.float64(a).view(U64) >> U64(52)) & U64(0x7FF)) - 1023
     qe = e - man if e >= emin else (emin - man if sub != 0 else emin)
     qe = min(max(qe, -1022), 1022)  # only for v = 0 or inf (module doc)
     y = a * _pow2(-qe)  # a float element: exact (a normal v times a power of two, normal); fixed: v 2**f as ever
-    k = _floor(y)
+    k = np.floor(y)  # y, d, f >= +0 (or inf, NaN past an inf): np.floor is _floor there, and vectorises
     r = y - k
     d = r * two_n
-    f = _floor(d)
+    f = np.floor(d)
     dd = d - f
-    f = f + (1.0 if (dd > 0.5) | ((dd == 0.5) & _is_odd(f)) else 0.0)
+    f = f + (1.0 if (dd > 0.5) | ((dd == 0.5) & (f - 2.0 * np.floor(f * 0.5) == 1.0)) else 0.0)
     k = k + (1.0 if f + rnd >= two_n else 0.0)
     q = math.copysign(min(k, big) * _pow2(qe), v)  # v = +-inf: +-big 2**qe or +-inf 2**qe, +-inf
     q = max(min(q, max_e), -neg_max)
     zero = math.copysign(0.0, v) if negzero != 0 else 0.0
-    q = zero if q == 0.0 else q
-    return np.float32(q * full)
+    return zero if q == 0.0 else q
 
 
 @njit(nogil=True)
@@ -102,6 +115,9 @@ def _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, ful
     specialisation and inlined by LLVM (``llvm_inline``), not re-typed at each call by numba's inliner."""
     inline_in_llvm()
     rule, emax_e, lo, hi, mbits, s_man, s_emin, s_sub, pbits = pw
+    bm_f = pbits - emax_e  # MX+'s block max: a fixed-point value with bm_f fraction bits (round_block_max)
+    bm_max = math.ldexp(float((1 << (pbits + 1)) - 1), -bm_f) if pbits >= 0 else 0.0
+    bm_low = math.ldexp(1.0, emax_e)
     nbr = -(-R // tr)
     nbc = -(-C // tc)
     two_n = math.ldexp(1.0, nbits)
@@ -142,12 +158,12 @@ def _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, ful
             row = start + r * C
             for k in range(size):
                 i = U64(row + k)
-                rnd = np.float64(random_bits(key, i, nbits))
+                rnd = _as_float(random_bits(key, i, nbits))
                 dst[i] = sr_element(src[i], full_scale, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n)
-        if pbits >= 0 and amax > 0.0:
-            q = round_block_max(x_bm * (1.0 / full_scale), emax_e, pbits, STOCHASTIC, random_bits(key, bm, nbits),
-                                nbits)
-            dst[bm] = np.float32(q * full_scale)
+        if pbits >= 0 and amax > 0.0:  # round_block_max: codes +-cmax times 2**-f, at least 2**emax_e in magnitude
+            q = sr_value(x_bm / full_scale, _as_float(random_bits(key, bm, nbits)), FIXED_E + bm_f, FIXED_E, 1,
+                         bm_max, bm_max, math.inf, 1, two_n)
+            dst[bm] = np.float32((math.copysign(bm_low, q) if abs(q) < bm_low else q) * full_scale)
 
 
 @njit(inline="always")

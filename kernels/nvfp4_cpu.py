@@ -69,7 +69,13 @@ def fos_sr_ok(src: np.ndarray, dst: np.ndarray, tile, args: tuple, mode: int, gd
 
 def _run_fos_sr(src, dst, scales, tile, ges, gds, gamax, denom, metric, args, key, nbits, par) -> None:
     """``nvfp4_fos_sr.fos_sr_range`` over every chunk (on threads where ``par``) of (P, R, C) src/dst with the
-    line arrays (float32, P * R)."""
+    line arrays (float32, P * R); blocks of 16 columns whose scale format passes ``scale32_ok`` take the lanes
+    kernel (``nvfp4_fos_fast.fos_lanes_range`` rounding stochastically: the same bits)."""
+    m, vl, lanes = _fos_constants(tuple(args[:6]))
+    if int(tile[1]) == 16 and lanes and nvfp4_fos_fast.scale32_ok(*args[10:14]):
+        flat, rest = _fos_arguments(src, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl, args)
+        _run_fos_lanes(flat, rest, par, key, nbits)
+        return
     bits, dbits = src.reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint32)
     threads.launch(nvfp4_fos_sr.fos_sr_range, nvfp4_fos_sr.chunks(scales), bits, dbits, scales, src.shape[1],
                    src.shape[2], int(tile[0]), int(tile[1]), ges, gds, gamax, np.float32(denom), int(metric), args[6],
@@ -169,10 +175,11 @@ def _fos_constants(elem_args: tuple) -> tuple:
     return m, vl, nvfp4_fos_fast.e2m1_values(vl)
 
 
-def _run_fos_lanes(flat: tuple, rest: tuple, par: bool) -> None:
-    """``nvfp4_fos_fast.fos_lanes_range`` over every unit (on threads where ``par``), ``_fos_arguments``'."""
+def _run_fos_lanes(flat: tuple, rest: tuple, par: bool, key: int = 0, nbits: int | None = None) -> None:
+    """``nvfp4_fos_fast.fos_lanes_range`` over every unit (on threads where ``par``), ``_fos_arguments``';
+    rounded stochastically with ``nbits`` random bits under ``key`` where nbits is given, else to nearest."""
     threads.launch(nvfp4_fos_fast.fos_lanes_range, nvfp4_fos_fast.units(flat[3], flat[5]), *flat, *rest,
-                   parallel=par)
+                   np.uint64(key), 32 if nbits is None else int(nbits), nbits is not None, parallel=par)
 
 
 def _fos_arguments(src, dst, scales, tile, ges, gds, gamax, denom, metric, m, vl, args: tuple) -> tuple:

@@ -29,6 +29,12 @@ would leave float32's normal range (tiny amaxes) runs the block loop. The kept c
 again in element order the same way, the result float32(+-q * (float64(S) * float64(gds_row))) taken as
 float32(m * full) * 2**k (``out_values``; a block where that is not exact rounds element by element), with x's
 sign where q != 0 or the element has -0: the scalar core's stores.
+
+**Stochastic rounding** (``sr``; ``nvfp4_cpu.fos_sr_ok``'s conditions). The same loops with q =
+``nvfp4_fos_sr.sr_e2m1(float32(|x| * enc), word)`` for both candidates and the store, the word of element k of
+block j being ``random_bits(key, its flat index, nbits)``, laid out as the magnitudes (``_words``). A stochastic q
+is an e2m1 value too, so ``_dequant`` and ``out_values`` hold as above; the units that fall back take
+``nvfp4_fos_sr``'s block loop. The flag is a constant in each of the task's two copies of the unit.
 """
 import math
 
@@ -41,6 +47,8 @@ from .transpose16 import transpose16
 from .wide import prefer_wide_vectors
 from .block_fast import ABS, INF_BITS, NAN32, SIGN
 from .nvfp4_fast import _fos_chunk, _join, _split_constants
+from .nvfp4_fos_sr import _fos_sr_chunk, sr_e2m1
+from .scalar.common import random_bits
 from .nvfp4_scalar import F32
 
 _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
@@ -48,7 +56,8 @@ _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
                         __file__.replace("nvfp4_fos_fast.py", "nvfp4_scalar.py"),
                         __file__.replace("nvfp4_fos_fast.py", "wide.py"),
                         __file__.replace("nvfp4_fos_fast.py", "borrow.py"),
-                        __file__.replace("nvfp4_fos_fast.py", "transpose16.py")])
+                        __file__.replace("nvfp4_fos_fast.py", "transpose16.py"),
+                        __file__.replace("nvfp4_fos_fast.py", "nvfp4_fos_sr.py")])
 
 U32 = np.uint32
 U64 = np.uint64
@@ -151,22 +160,23 @@ def _transpose(bits, rb, n, tb, o):
 
 
 @njit(inline="always", error_model="numpy")
-def _errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4):
+def _errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, mask):
     """``_row_errors`` with the metric a constant in each copy of its loop (a selection by the metric per element
     cost as much as the error terms)."""
     if metric == 0:
-        _row_errors(tf, o, n, 0, enc6, enc4, vt6, vt4, e6, e4)
+        _row_errors(tf, o, n, 0, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, mask)
     elif metric == 1:
-        _row_errors(tf, o, n, 1, enc6, enc4, vt6, vt4, e6, e4)
+        _row_errors(tf, o, n, 1, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, mask)
     else:
-        _row_errors(tf, o, n, 2, enc6, enc4, vt6, vt4, e6, e4)
+        _row_errors(tf, o, n, 2, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, mask)
 
 
 @njit(inline="always", error_model="numpy")
-def _row_errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4):
+def _row_errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, mask):
     """e6[j], e4[j]: the error of the 16 elements of block j (j < n) of a row under each candidate, each a chain
     in element order (module doc), from their magnitudes tf[o + k * LANES + j] (``_transpose``); vt6, vt4: each
-    lane's w1 at j and w15 at LANES + j (``lane_values``)."""
+    lane's w1 at j and w15 at LANES + j (``lane_values``); sr (a constant): rounded stochastically with the
+    random words rw[o + k * LANES + j] (``_words``)."""
     st = U64(LANES)
     for j in range(n):
         e6[U64(j)] = F32(0.0)
@@ -174,8 +184,10 @@ def _row_errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4):
     for k in range(16):
         for j in range(n):
             a = tf[U64(o + k * LANES + j)]
-            v6 = _dequant(e2m1_round(F32(a * enc6[U64(j)])), vt6[U64(j)], vt6[U64(j) + st])
-            v4 = _dequant(e2m1_round(F32(a * enc4[U64(j)])), vt4[U64(j)], vt4[U64(j) + st])
+            v6 = _dequant(_e2m1_of(F32(a * enc6[U64(j)]), sr, rw, o + k * LANES + j, nbits, mask), vt6[U64(j)],
+                          vt6[U64(j) + st])
+            v4 = _dequant(_e2m1_of(F32(a * enc4[U64(j)]), sr, rw, o + k * LANES + j, nbits, mask), vt4[U64(j)],
+                          vt4[U64(j) + st])
             d6 = abs(F32(v6 - a))
             d4 = abs(F32(v4 - a))
             t6 = F32(d6 * d6) if metric == 1 else d6
@@ -184,9 +196,43 @@ def _row_errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4):
             e4[U64(j)] = max(e4[U64(j)], t4) if metric == 2 else F32(e4[U64(j)] + t4)
 
 
+@njit(inline="always", error_model="numpy")
+def _e2m1_of(w, sr, rw, i, nbits, mask):
+    """e2m1 of a float32 w >= 0 or inf: ``sr_e2m1`` with the word rw[i] where sr (a constant), else
+    ``e2m1_round``."""
+    if sr:
+        return sr_e2m1(w, rw[U64(i)], nbits, mask)
+    return e2m1_round(w)
+
+
+@njit(inline="always", error_model="numpy")
+def _words(rw, o, rb, n, key, nbits):
+    """rw[o + k * LANES + j] = the random word (``random_bits``) of element k of block j (j < n) of the row from
+    flat index rb: laid out as ``_transpose`` lays out the magnitudes."""
+    for k in range(16):
+        for j in range(n):
+            rw[U64(o + k * LANES + j)] = U32(random_bits(key, U64(rb + 16 * j + k), nbits))
+
+
+@njit(inline="always", error_model="numpy")
+def _blocks_one_by_one(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk, b0, b1,
+                       fb, sr, srk):
+    """Blocks b0..b1-1 (flat) by ``nvfp4_fast``'s block loop, or where sr by ``nvfp4_fos_sr``'s."""
+    s_max, s_split, s_magic, s_min_normal = sk[:4]
+    q6, q4, t6, t4, w6, w4 = fb[10:]
+    key, nbits, mask, rw, rb = srk
+    if sr:
+        _fos_sr_chunk(bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, 16, ges, gds, gamax, denom, metric,
+                      negzero, s_max, s_split, s_magic, s_min_normal, key, nbits, b0, b1, rb, q6, q4, t6, t4, w6, w4)
+    else:
+        _fos_chunk(src, bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, 16, ges, gds, gamax, denom, metric,
+                   m, vl, negzero, s_max, s_split, s_magic, s_min_normal, b0, b1, q6, q4, t6, t4, w6, w4)
+
+
 @njit(error_model="numpy")
 def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split, s_magic,
-          s_min_normal, u0, u1, per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob, vt6, vt4, q6, q4, t6, t4, w6, w4, tb):
+          s_min_normal, u0, u1, per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob, vt6, vt4, q6, q4, t6, t4, w6, w4, tb,
+          rw, rb, key, nbits, sr):
     """Units u0..u1-1: unit u holds the whole blocks (16 columns) bj0..bj0+n-1, bj0 = (u % per) * LANES, of row
     of blocks ``line`` = u // per (= p * nbr + bi); sc: the scales as (P * nbr, nbc); buffers of LANES (r6, r4,
     ob, vt6, vt4: 16, 3 or 2 rows of LANES), and for ``_fos_chunk``."""
@@ -200,6 +246,8 @@ def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
     e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4 = (borrow(e6), borrow(e4), borrow(vt6), borrow(vt4), borrow(q6),
                                                 borrow(q4), borrow(t6), borrow(t4), borrow(w6), borrow(w4))
     scf = borrow(sc.reshape(-1))
+    rw, rb = borrow(rw), borrow(rb)
+    srk = (key, nbits, U32((1 << nbits) - 1), rw, rb)
     # the scale rounding in float32 (``_scale32``; the dispatch checks ``scale32_ok``)
     sk = (s_max, s_split, s_magic, s_min_normal, F32(s_max), F32((s_split - 1.0) * 2.0**-29 + 1.0),
           F32(s_magic * 2.0**-29), F32(s_min_normal))
@@ -208,24 +256,28 @@ def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m
         line = u // per
         bj0 = (u - line * per) * LANES
         n = min(LANES, whole - bj0)
-        if n > 0:
+        fb = (s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4)
+        if n > 0 and sr:  # two copies of the unit, sr a constant in each
             _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
-                  sk, line, bj0, n, mx, ob, tb, tb.view(np.float32),
-                  (s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4))
+                  sk, line, bj0, n, mx, ob, tb, tb.view(np.float32), fb, True, srk)
+        elif n > 0:
+            _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
+                  sk, line, bj0, n, mx, ob, tb, tb.view(np.float32), fb, False, srk)
         if C % 16 != 0 and bj0 + LANES >= whole:  # the partial last block
             b = line * sc.shape[1] + sc.shape[1] - 1
-            _fos_chunk(src, bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, 16, ges, gds, gamax, denom,
-                       metric, m, vl, negzero, s_max, s_split, s_magic, s_min_normal, b, b + 1, q6, q4, t6, t4, w6,
-                       w4)
+            _blocks_one_by_one(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
+                               sk, b, b + 1, fb, sr, srk)
 
 
 @njit(inline="always", error_model="numpy")
 def _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk, line, bj0, n,
-          mx, ob, tb, tf, fb):
+          mx, ob, tb, tf, fb, sr, srk):
     """Blocks bj0..bj0+n-1 of row of blocks ``line`` (``_task``); sk: the scale format's constants; fb: the float32
-    buffers (grouped: an inlined call takes at most 30 arguments)."""
+    buffers (grouped: an inlined call takes at most 30 arguments); sr (a constant): stochastic rounding with
+    srk = (key, nbits, mask, rw, rb) (``_words``)."""
     s_max, s_split, s_magic, s_min_normal, f_max, f_split, f_magic, f_min_normal = sk
     s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4 = fb
+    key, nbits, mask, rw, rb = srk
     p = line // nbr
     bi = line - p * nbr
     row0 = p * R + bi * tr  # the flat row of the blocks' first row
@@ -233,6 +285,8 @@ def _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metr
     c00 = bj0 * 16
     for i in range(rows):
         _transpose(bits, (row0 + i) * C + c00, n, tb, i * 16 * LANES)
+        if sr:
+            _words(rw, i * 16 * LANES, (row0 + i) * C + c00, n, key, nbits)
     for j in range(n):
         mx[U64(j)] = U32(0)
     for k in range(16 * rows):  # lane-wise: no reduction across a vector
@@ -263,15 +317,16 @@ def _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metr
         nz |= ob[U64(j) + 2 * st]
     if nz != 0:  # S * gds overflowed (|x| * enc may be NaN: module doc), or a dequantised value is not w_m * 2**k
         b0 = line * sc.shape[1] + bj0
-        _fos_chunk(src, bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, 16, ges, gds, gamax, denom,
-                   metric, m, vl, negzero, s_max, s_split, s_magic, s_min_normal, b0, b0 + n, q6, q4, t6, t4, w6, w4)
+        _blocks_one_by_one(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk,
+                           b0, b0 + n, fb, sr, srk)
     else:
         if tr == 1:
-            _errors(tf, 0, n, metric, enc6, enc4, vt6, vt4, e6, e4)
+            _errors(tf, 0, n, metric, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, mask)
         else:
             for i in range(16):
                 if i < rows:
-                    _errors(tf, i * 16 * LANES, n, metric, enc6, enc4, vt6, vt4, r6[i * LANES:], r4[i * LANES:])
+                    _errors(tf, i * 16 * LANES, n, metric, enc6, enc4, vt6, vt4, r6[i * LANES:], r4[i * LANES:], sr,
+                            rw, nbits, mask)
                 else:
                     for j in range(n):
                         r6[U64(i * LANES + j)] = F32(0.0)
@@ -307,7 +362,7 @@ def _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metr
         for i in range(rows):
             g = gds[U64(row0 + i)]
             _store_row(src, bits, dbits, row0 + i, C, c00, n, g, g != g0, (i == 0) | (g != g0), m, vl, negzero, mx,
-                       s6, enc6, ob)
+                       s6, enc6, ob, sr, rw, i * 16 * LANES, nbits, mask)
             g0 = g  # enc6 and ob now hold this row's
 
 
@@ -321,13 +376,15 @@ def out_values(full):
 
 
 @njit(inline="always", error_model="numpy")
-def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negzero, mx, s, enc, ob):
+def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negzero, mx, s, enc, ob, sr, rw, orw, nbits,
+               mask):
     """Row r of the blocks: each element float32(+-q * (float64(S) * float64(g))), q = e2m1(|x| * enc) with S
     the kept scale (``e2m1_round``), as float32(m * full) * 2**k for q = m * 2**k (``_dequant``; ob: per block j
     those of m = 1 and 1.5 at j and LANES + j, and at 2 * LANES + j whether that is exact: full = 0, or 0.5 * full
     and 6 * full within float32's normal range); new_enc, new_tab: whether enc and ob must be made for this g, or
     hold it from the previous row. A block whose enc is 0 (S * g overflowed float32: |x| * enc is NaN for an
-    infinite x), or whose products are not exact so, is rounded element by element as ``nvfp4_fast``."""
+    infinite x), or whose products are not exact so, is rounded element by element as ``nvfp4_fast``. sr (a
+    constant): q rounded stochastically with the words rw[orw + k * LANES + j] (``_words``), as the errors were."""
     st = U64(LANES)
     if new_enc:
         for j in range(n):
@@ -350,7 +407,10 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
             full = np.float64(s[o]) * np.float64(g)
             for k in range(16):
                 x = U64(rb + 16 * j + k)
-                q = nvfp4_fast._e2m1(F32(abs(src[x]) * e), m, vl)
+                if sr:
+                    q = sr_e2m1(F32(abs(src[x]) * e), rw[U64(orw + k * LANES + j)], nbits, mask)
+                else:
+                    q = nvfp4_fast._e2m1(F32(abs(src[x]) * e), m, vl)
                 res = np.float32(np.float64(q) * full).view(U32)
                 dbits[x] = res | (bits[x] & SIGN if (q != 0.0) | (negzero != 0) else U32(0))
         else:
@@ -358,14 +418,14 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
             for k in range(16):  # x's sign where q != 0 (then q's bits + ABS have the sign bit) or nzs has it
                 x = U64(rb + 16 * j + k)
                 u = bits[x]
-                q = e2m1_round(F32(U32(u & ABS).view(np.float32) * e))
+                q = _e2m1_of(F32(U32(u & ABS).view(np.float32) * e), sr, rw, orw + k * LANES + j, nbits, mask)
                 res = F32(_dequant(q, o1, o15)).view(U32)
                 dbits[x] = res | (u & (U32(F32(q).view(U32) + ABS) | nzs) & SIGN)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def fos_lanes_range(u0, u1, src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_man,
-                    s_emin, s_sub, s_max):
+                    s_emin, s_sub, s_max, key, nbits, sr):
     """4/6 selection, units u0..u1-1 (``units``; module doc) of blocks of tr x 16 (tr 1 or 16) of (P, R, C) data,
     with the partial last block of a row of blocks by ``_fos_chunk``; arguments as ``nvfp4_fast.fos_range``;
     the scale format must pass ``scale32_ok``. One kernel for the serial call and for each thread's share
@@ -378,7 +438,7 @@ def fos_lanes_range(u0, u1, src, bits, dbits, scales, R, C, tr, ges, gds, gamax,
     # the buffers carved from one allocation (pieces of whole 64-byte lines; 21 allocations per task measured
     # 3-5% of the serial kernel)
     L, E = LANES, 16 * tr
-    buf = np.empty(46 * L + 4 * E + 32 + E * L, np.float32)
+    buf = np.empty(46 * L + 4 * E + 32 + E * L + (E * L + E if sr else 0), np.float32)
     mx, ob = buf[0:L].view(U32), buf[L:4 * L].view(U32)
     vt6, vt4, s6, s4 = buf[4 * L:6 * L], buf[6 * L:8 * L], buf[8 * L:9 * L], buf[9 * L:10 * L]
     enc6, enc4, e6, e4 = buf[10 * L:11 * L], buf[11 * L:12 * L], buf[12 * L:13 * L], buf[13 * L:14 * L]
@@ -390,9 +450,11 @@ def fos_lanes_range(u0, u1, src, bits, dbits, scales, R, C, tr, ges, gds, gamax,
     w6[:] = 0
     w4[:] = 0
     tb = buf[o + 32:o + 32 + E * L].view(U32)
+    o += 32 + E * L
+    rw, rb = buf[o:o + E * L].view(U32), buf[o + E * L:o + E * L + E].view(U32)  # empty unless sr
     _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
           s_magic, s_min_normal, u0, u1, per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob, vt6, vt4, q6, q4, t6, t4,
-          w6, w4, tb)
+          w6, w4, tb, rw, rb, U64(key), nbits, sr)
 
 
 def units(scales, C: int) -> int:

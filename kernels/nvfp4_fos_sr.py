@@ -1,6 +1,8 @@
 """4/6 selection rounded stochastically: the float32 fast path of the NVFP4-family CPU kernel (kernels/nvfp4_cpu.py)
 for float32 data with an e2m1 element, the same bits as the scalar core (kernels/nvfp4_scalar.py's ``fos_block``,
 tests/kernels/test_nvfp4_fos_sr.py compares them). Arrays and block order as kernels/nvfp4_fast.py's ``fos_range``.
+Blocks of 16 columns whose scale format passes ``nvfp4_fos_fast.scale32_ok`` take that module's lanes kernel
+instead (the same bits, blocks side by side); this block loop serves the rest and its fallbacks.
 
 **One random word per element.** The scalar core draws ``random_bits(key, flat index, nbits)`` for an element
 three times (each candidate's error term, and the store), the same word each time; here it is drawn once into a

@@ -1,4 +1,5 @@
-"""4/6 selection rounded stochastically on the float32 fast path (kernels/nvfp4_fos_sr.py) gives the bits and
+"""4/6 selection rounded stochastically on the float32 fast paths (blocks of 16 columns: the lanes kernel of
+kernels/nvfp4_fos_fast.py; other scale formats and the fallbacks: kernels/nvfp4_fos_sr.py) gives the bits and
 scales of the scalar core (kernels/nvfp4_scalar.py's ``fos_block``, ``quantize_nvfp4(fast=False)``), with zero
 tolerance, with the same random words (key, flat index): MAE, MSE and absmax, bounds 448 and 256, 1-D blocks and
 16 x 16 tiles (partial in rows and columns), tensor, per-row (1-D) and no outer scales, several parallel chunks; over
@@ -17,7 +18,7 @@ from numba import njit
 import emunum
 from emunum.block_quantize import block_args
 from emunum.formats import BLOCK_PRESETS, BlockFormat, FourOverSix, RoundMode
-from emunum.kernels import nvfp4_cpu, nvfp4_fos_sr
+from emunum.kernels import nvfp4_cpu, nvfp4_fos_fast, nvfp4_fos_sr
 from emunum.kernels.scalar.block import round_float_value_sat
 from emunum.nvfp4_quantize import line_arrays
 
@@ -95,6 +96,16 @@ def assert_same(x, fmt, parallel, nbits, key, lines=None, negzero=None):
 def test_sr_path_equals_scalar_core_bits_and_scales(fmt, make, shape, words, parallel):
     nbits, key = words
     assert_same(make(np.random.default_rng(len(fmt.name) + shape[2] + nbits), shape), fmt, parallel, nbits, key)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_block_by_block_sr_kernel_equals_scalar_core(fmt, parallel, monkeypatch):
+    """Blocks of 16 columns take the lanes kernel where the scale format passes ``scale32_ok`` (every format
+    here); the block-by-block kernel (``nvfp4_fos_sr.fos_sr_range``) that the other scale formats take, forced."""
+    monkeypatch.setattr(nvfp4_fos_fast, "scale32_ok", lambda *a: False)
+    for make in MAKERS:
+        assert_same(make(np.random.default_rng(3), SHAPES[0]), fmt, parallel, 8, 99)
 
 
 @pytest.mark.parametrize("parallel", [False, True])

@@ -15,6 +15,7 @@ from numba import njit
 
 from . import _cache, block_fast, block_sr, nvfp4_fast, nvfp4_fos_fast, nvfp4_fos_sr, scalar, threads
 from .nvfp4_scalar import fos_block, row_block
+from .scalar.block import AMAX
 from .scalar.common import NEAREST, STOCHASTIC
 
 _cache.guard(__file__, [*scalar.SOURCES, os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvfp4_scalar.py")])
@@ -95,11 +96,11 @@ def row_amax(src: np.ndarray, parallel=None) -> np.ndarray:
 def quantize_rows(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, args: tuple, mode: int, key: int,
                   nbits: int, parallel=None) -> bool:
     """Per-row outer scales on float32 data, T_r computed by ``nvfp4_fast.row_scales_range``: rounded to nearest by
-    kernels/nvfp4_fast.py where ``fast_ok`` holds, stochastically by kernels/block_sr.py (the per-row T_r in
-    place of its tensor scale, the blocks' amaxes from the same pass) where ``block_sr.rows_ok`` holds; whether it
-    ran (else the caller runs ``quantize_nvfp4``, the same bits). Arguments as ``quantize_nvfp4``'s."""
+    kernels/nvfp4_fast.py where ``fast_ok`` holds, stochastically by kernels/block_sr.py (amax scales; the per-row
+    T_r in place of its tensor scale, the blocks' amaxes from the same pass) where ``block_sr.rows_ok`` holds;
+    whether it ran (else the caller runs ``quantize_nvfp4``, the same bits). Arguments as ``quantize_nvfp4``'s."""
     f32_rows = src.dtype == np.float32 and dst.dtype == np.float32 and int(tile[0]) == 1
-    sr = f32_rows and mode == STOCHASTIC and block_sr.sr_ok((*args, 1.0))
+    sr = f32_rows and mode == STOCHASTIC and args[7] == AMAX and block_sr.sr_ok((*args, 1.0))
     if not (sr or fast_ok(src, dst, tile, False, args, mode)):
         return False
     if parallel is None:

@@ -344,6 +344,10 @@ def quantize_blocks(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
         return
     if fast and _fast_path(src, dst, scales, tile, args, parallel, scanned):
         return
+    if fast and kind == 1 and block_sr.sr_ok(args):  # fixed elements under power-of-two scales (MXINT8, MXINT4)
+        block_sr.quantize_sr(src, dst, scales, int(tile[1]), args, key, int(nbits), parallel, scanned,
+                             tr=int(tile[0]), nearest=True)
+        return
     if fast and kind == 0 and int(tile[0]) == 1:
         with _parallel.try_parallel(parallel) as par:  # one prange section per process (kernels/parallel.py)
             flat = src.reshape(-1)

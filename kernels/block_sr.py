@@ -80,16 +80,19 @@ def _as_float(z):
 
 
 @njit(inline="always")
-def sr_element(x, full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n):
+def sr_element(x, full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n, near):
     """float32(round_float_value_sat(x / full, ..., STOCHASTIC, rnd, nbits) * full) for a float32 x that is not
     NaN (two_n = 2.0**nbits, big = 2.0**(man + 3), neg_max = max_e), by the reference's steps; with a fixed
-    element's ``element_of`` arguments, round_fixed_value's (module doc)."""
-    return np.float32(sr_value(np.float64(x) / full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n) * full)
+    element's ``element_of`` arguments, round_fixed_value's (module doc); near (a constant): the NEAREST branch
+    instead (rnd unused)."""
+    return np.float32(sr_value(np.float64(x) / full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n,
+                               near) * full)
 
 
 @njit(inline="always")
-def sr_value(v, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n):
-    """``sr_element``'s rounded value of v = x / full (float64, not NaN), before the product with full."""
+def sr_value(v, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n, near):
+    """``sr_element``'s rounded value of v = x / full (float64, not NaN), before the product with full; near (a
+    constant): rounded to nearest, ties to even, instead (rnd, two_n unused)."""
     a = abs(v)
     e = I64((np.float64(a).view(U64) >> U64(52)) & U64(0x7FF)) - 1023
     qe = e - man if e >= emin else (emin - man if sub != 0 else emin)
@@ -101,7 +104,8 @@ def sr_value(v, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n):
     f = np.floor(d)
     dd = d - f
     f = f + (1.0 if (dd > 0.5) | ((dd == 0.5) & (f - 2.0 * np.floor(f * 0.5) == 1.0)) else 0.0)
-    k = k + (1.0 if f + rnd >= two_n else 0.0)
+    up = (r > 0.5) | ((r == 0.5) & (k - 2.0 * np.floor(k * 0.5) == 1.0)) if near else f + rnd >= two_n
+    k = k + (1.0 if up else 0.0)
     q = math.copysign(min(k, big) * _pow2(qe), v)  # v = +-inf: +-big 2**qe or +-inf 2**qe, +-inf
     q = max(min(q, max_e), -neg_max)
     zero = math.copysign(0.0, v) if negzero != 0 else 0.0
@@ -110,9 +114,10 @@ def sr_value(v, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n):
 
 @njit(nogil=True)
 def _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, full, man, emin, sub, max_e, neg_max, big,
-               negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits):
+               negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits, near):
     """Blocks b0..b1-1 (``sr_range``); tc and full are literals at ``_sr_rows``' three calls: typed once per
-    specialisation and inlined by LLVM (``llvm_inline``), not re-typed at each call by numba's inliner."""
+    specialisation and inlined by LLVM (``llvm_inline``), not re-typed at each call by numba's inliner; so is
+    near (rounding to nearest, ``nearest_range``), a constant in each entry point once inlined."""
     inline_in_llvm()
     rule, emax_e, lo, hi, mbits, s_man, s_emin, s_sub, pbits = pw
     bm_f = pbits - emax_e  # MX+'s block max: a fixed-point value with bm_f fraction bits (round_block_max)
@@ -158,30 +163,31 @@ def _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, ful
             row = start + r * C
             for k in range(size):
                 i = U64(row + k)
-                rnd = _as_float(random_bits(key, i, nbits))
-                dst[i] = sr_element(src[i], full_scale, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n)
+                rnd = 0.0 if near else _as_float(random_bits(key, i, nbits))
+                dst[i] = sr_element(src[i], full_scale, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n,
+                                    near)
         if pbits >= 0 and amax > 0.0:  # round_block_max: codes +-cmax times 2**-f, at least 2**emax_e in magnitude
             q = sr_value(x_bm / full_scale, _as_float(random_bits(key, bm, nbits)), FIXED_E + bm_f, FIXED_E, 1,
-                         bm_max, bm_max, math.inf, 1, two_n)
+                         bm_max, bm_max, math.inf, 1, two_n, near)
             dst[bm] = np.float32((math.copysign(bm_low, q) if abs(q) < bm_low else q) * full_scale)
 
 
 @njit(inline="always")
 def _sr_rows(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
-             s_man, s_emin, s_sub, s_max, s_min, t, pw, key, nbits):
+             s_man, s_emin, s_sub, s_max, s_min, t, pw, key, nbits, near):
     s_split = math.ldexp(1.0, 52 - s_man) + 1.0
     s_magic = 1.5 * math.ldexp(1.0, 52 + (s_emin - s_man if s_sub != 0 else s_emin))
     s_min_normal = math.ldexp(1.0, s_emin)
     full = R % tr == 0 and C % tc == 0
     if tc == 16 and full:  # a constant trip count for the element loop
         _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, 16, True, man, emin, sub, max_e, neg_max,
-                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits)
+                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits, near)
     elif full:
         _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, True, man, emin, sub, max_e, neg_max,
-                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits)
+                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits, near)
     else:
         _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, False, man, emin, sub, max_e, neg_max,
-                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits)
+                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits, near)
 
 
 @njit(cache=True, nogil=True)
@@ -194,7 +200,17 @@ def sr_range(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, 
     row); pw: ``pow2_of``'s (the scale rule and what a power-of-two rule reads; a tuple, as calls of more than 30
     arguments compile to ``*args`` calls, which numba cannot inline)."""
     _sr_rows(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big,
-             negzero, s_man, s_emin, s_sub, s_max, s_min, t, pw, key, nbits)
+             negzero, s_man, s_emin, s_sub, s_max, s_min, t, pw, key, nbits, False)
+
+
+@njit(cache=True, nogil=True)
+def nearest_range(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big,
+                  negzero, s_man, s_emin, s_sub, s_max, s_min, t, pw, key, nbits):
+    """``sr_range`` rounding to nearest, ties to even (the reference's NEAREST branch of ``round_fixed_value`` for
+    a fixed element, module doc), for the fixed elements under power-of-two scales that no other float32 path
+    takes (MXINT8, MXINT4); key and nbits are not read."""
+    _sr_rows(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big,
+             negzero, s_man, s_emin, s_sub, s_max, s_min, t, pw, key, nbits, True)
 
 
 FIXED_E = 2048  # above every exponent of a float64 (<= 1024, inf's field included): a fixed element's emin
@@ -249,21 +265,23 @@ def rows_ok(args: tuple, t: np.ndarray) -> bool:
 
 
 def quantize_sr(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tc: int, args: tuple, key: int, nbits: int,
-                par: bool, scanned: bool, t_rows: np.ndarray | None = None, tr: int = 1, pbits: int = -1) -> None:
+                par: bool, scanned: bool, t_rows: np.ndarray | None = None, tr: int = 1, pbits: int = -1,
+                nearest: bool = False) -> None:
     """Run ``sr_*`` on (P, R, C) C-contiguous float32 src/dst in (tr, tc) tiles (``sr_ok(args)`` must hold);
     t_rows: None (the tensor scale of ``args``), or, for 1-D blocks (tr = 1), each (p, r) row's T_r (float64,
     P * R; ``rows_ok``), the last of args then not read; par: blocks spread over threads (``threads.launch``);
     pbits >= 0: MX+ (``mxplus_scalar.mxplus_block``: args a floor-rule format's, ``mxplus_block_args``), each
-    block's max then rounded stochastically to its pbits mantissa bits as that core does."""
+    block's max then rounded stochastically to its pbits mantissa bits as that core does; nearest: round to
+    nearest, ties to even (``nearest_range``)."""
     if t_rows is not None and tr != 1:
         raise ValueError(f"tr={tr}: per-row outer scales (t_rows) need 1-D blocks, tr=1")
     kind, man, emin, sub, emax_e, max_e, negzero, rule, lo, hi, s_man, s_emin, s_sub, s_max, s_min = args[:15]
     t = np.full(1, args[15], np.float64) if t_rows is None else t_rows
     flat, out = src.reshape(-1), dst.reshape(-1)
     sc = scales.reshape(-1)
-    threads.launch(sr_range, sc.size, flat, flat.view(np.uint32), out, out.view(np.uint32), sc, scanned, src.shape[1],
-                   src.shape[2], tr, tc, *element_of(args), negzero, s_man, s_emin, s_sub, s_max, s_min, t,
-                   pow2_of(args, pbits), np.uint64(key), nbits, parallel=par)
+    threads.launch(nearest_range if nearest else sr_range, sc.size, flat, flat.view(np.uint32), out,
+                   out.view(np.uint32), sc, scanned, src.shape[1], src.shape[2], tr, tc, *element_of(args), negzero,
+                   s_man, s_emin, s_sub, s_max, s_min, t, pow2_of(args, pbits), np.uint64(key), nbits, parallel=par)
 
 
 def mxplus_block_args(args: tuple) -> tuple:

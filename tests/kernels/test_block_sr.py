@@ -214,6 +214,68 @@ def test_fixed_sr_path_saturates_and_reaches_code_min_where_the_scale_rounds_dow
     assert (codes[x == np.inf] == el.code_max).all() and (codes[x == -np.inf] == el.code_min).all()
 
 
+# ---- round to nearest: fixed elements that no other float32 path takes (MXINT8/4, amax-scaled int8) -------------
+
+NEAREST = int(RoundMode.NEAREST)
+NEAREST_FIXED = [n for n in FIXED if block_cpu.fast_path_of(block_args(FIXED[n], 1.0)) is None]
+
+
+def assert_same_nearest(x: np.ndarray, fmt: BlockFormat, t: float):
+    """``quantize_blocks`` rounding float32 x to nearest (block_sr's ``nearest_range``) gives the general loop's
+    bits and scales, serial and parallel, scanned or not, and in place."""
+    args = block_args(fmt, t)
+    R, C = x.shape
+    tc = fmt.tile[1]
+    src = np.ascontiguousarray(x).reshape(1, R, C)
+    want, wsc = np.empty_like(src), np.empty((1, R, -(-C // tc)))
+    block_cpu.block_serial(src, want, wsc, 1, tc, *args, NEAREST, np.uint64(0), 32)
+    calls = []
+    real = block_sr.quantize_sr
+    for parallel, scanned, inplace in [(False, False, False), (True, False, False), (True, True, False),
+                                       (False, False, True)]:
+        dst, sc = (src.copy() if inplace else np.empty_like(src)), np.empty((1, R, -(-C // tc)))
+        if scanned:
+            block_cpu.block_amaxes(src, sc, tc, parallel=parallel)
+        block_sr.quantize_sr = lambda *a, **k: calls.append(k.get("nearest")) or real(*a, **k)
+        try:
+            block_cpu.quantize_blocks(dst if inplace else src, dst, sc, (1, tc), args, NEAREST, 0, 32,
+                                      parallel=parallel, scanned=scanned)
+        finally:
+            block_sr.quantize_sr = real
+        bad = np.flatnonzero(dst.view(np.uint32) != want.view(np.uint32))
+        assert bad.size == 0, (fmt.name, parallel, scanned, inplace, x.flat[bad[:5]], dst.flat[bad[:5]],
+                               want.flat[bad[:5]])
+        assert np.array_equal(sc.view(np.uint64), wsc.view(np.uint64)), (parallel, scanned, inplace)
+    assert calls == [True] * 4  # the path was taken
+
+
+@pytest.mark.parametrize("cols", [64, 96, 37, 5])
+@pytest.mark.parametrize("name", NEAREST_FIXED)
+def test_nearest_fixed_path_matches_the_general_loop_on_special_values(name, cols):
+    fmt = FIXED[name]
+    x = special_rows(np.random.default_rng(cols), cols)
+    for t in ([0.0123, 1.0, 3.0e35] if fmt.tensor_scale else [1.0]):
+        assert_same_nearest(x, fmt, float(np.float32(t)))
+
+
+@pytest.mark.parametrize("name", NEAREST_FIXED)
+def test_nearest_fixed_path_at_every_code_and_midpoint_of_every_scale(name):
+    """Blocks led by amax code_max 2**-f S T for every scale S (of the power-of-two range: every 7th), holding
+    the float32 neighbours of each code, midpoint (ties to the even code) and quarter point, both signs."""
+    fmt = FIXED[name]
+    el, tc = fmt.element, fmt.tile[1]
+    scales = np.unique(np.abs(fmt.scale.values()))
+    scales = scales[np.isfinite(scales) & (scales >= fmt.scale.min_subnormal)][::1 if el.bits <= 4 else 7]
+    grid = np.arange(4 * el.code_max + 1) / 4 * el.eps
+    t = 0.375 if fmt.tensor_scale else 1.0
+    rows = []
+    for s in scales:
+        amax = np.float32(el.max * s * t)
+        rest = both_signs(grid * s * t)
+        rows.append(blocks_led_by(amax, neighbours(rest[np.abs(rest) <= amax]), tc))
+    assert_same_nearest(np.concatenate(rows), fmt, t)
+
+
 # ---- per-row outer scales (nvfp4_row): this path with each row's T_r, against the scalar core -----------------
 
 ROW_FORMATS = {

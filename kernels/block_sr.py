@@ -46,6 +46,10 @@ element is written: |x|'s bits order as |x| in a NaN-free block) again by ``roun
 own random bits, where amax > 0. This loop does the same. ``round_block_max`` is ``round_fixed_value`` (f = p -
 emax fraction bits, codes +-(2**(p+1) - 1), saturating) followed by a clamp up to 2**emax in magnitude, so the
 block max takes the element core with a fixed element's arguments (``element_of``'s reasoning) and that clamp.
+
+**Round to nearest** (``nearest_range``, for the fixed elements no other float32 path takes: MXINT8/4). The same
+core with ``round_fixed_value``'s NEAREST decision in place of the stochastic one: k + 1 where the remainder r
+of |y| is above 1/2, or exactly 1/2 with k odd (ties to the even code); every other step is as above.
 """
 from __future__ import annotations
 
@@ -194,7 +198,7 @@ def _sr_rows(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, 
 def sr_range(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
              s_man, s_emin, s_sub, s_max, s_min, t, pw, key, nbits):
     """Stochastic rounding of float32 (P, R, C) data, flat, in (tr, tc) tiles (1-D blocks along the rows: tr = 1)
-    with amax scales (module doc), blocks b0..b1-1; src, dst flat float32 with uint32 views bits, dbits; scales
+    with amax or power-of-two scales (module doc), blocks b0..b1-1; src, dst flat float32 with uint32 views bits, dbits; scales
     float64, one per block in (P, nbr, nbc) order (the amaxes already, if ``scanned``); man .. big:
     ``element_of``'s; t: float64, the tensor scale T (one value) or, with tr = 1, each (p, r) row's T_r (one per
     row); pw: ``pow2_of``'s (the scale rule and what a power-of-two rule reads; a tuple, as calls of more than 30

@@ -198,8 +198,8 @@ def _sr_rows(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, 
 def sr_range(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, emin, sub, max_e, neg_max, big, negzero,
              s_man, s_emin, s_sub, s_max, s_min, t, pw, key, nbits):
     """Stochastic rounding of float32 (P, R, C) data, flat, in (tr, tc) tiles (1-D blocks along the rows: tr = 1)
-    with amax or power-of-two scales (module doc), blocks b0..b1-1; src, dst flat float32 with uint32 views bits, dbits; scales
-    float64, one per block in (P, nbr, nbc) order (the amaxes already, if ``scanned``); man .. big:
+    with amax or power-of-two scales (module doc), blocks b0..b1-1; src, dst flat float32 with uint32 views bits,
+    dbits; scales float64, one per block in (P, nbr, nbc) order (the amaxes already, if ``scanned``); man .. big:
     ``element_of``'s; t: float64, the tensor scale T (one value) or, with tr = 1, each (p, r) row's T_r (one per
     row); pw: ``pow2_of``'s (the scale rule and what a power-of-two rule reads; a tuple, as calls of more than 30
     arguments compile to ``*args`` calls, which numba cannot inline)."""

@@ -427,8 +427,9 @@ def _store_row(src, bits, dbits, r, C, c00, n, g, new_enc, new_tab, m, vl, negze
 def fos_lanes_range(u0, u1, src, bits, dbits, scales, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_man,
                     s_emin, s_sub, s_max, key, nbits, sr):
     """4/6 selection, units u0..u1-1 (``units``; module doc) of blocks of tr x 16 (tr 1 or 16) of (P, R, C) data,
-    with the partial last block of a row of blocks by ``_fos_chunk``; arguments as ``nvfp4_fast.fos_range``;
-    the scale format must pass ``scale32_ok``. One kernel for the serial call and for each thread's share
+    with the partial last block of a row of blocks by ``_fos_chunk``; arguments as ``nvfp4_fast.fos_range``, then
+    key, nbits and sr (rounded stochastically with nbits random bits under key where sr, module doc; else to
+    nearest); the scale format must pass ``scale32_ok``. One kernel for the serial call and for each thread's share
     (``threads.launch``; its buffers made once per call): a block's operations depend on its index only."""
     s_split, s_magic, s_min_normal = _split_constants(s_man, s_emin, s_sub)
     nbr, nbc = scales.shape[1], scales.shape[2]

@@ -61,6 +61,7 @@ from numba import njit
 from . import _cache, block_fast, scalar, threads
 from .block_fast import ABS, NAN32, U32, U64, _amax_bits, _pow2_scale, tile_range
 from .llvm_inline import inline_in_llvm
+from .scalar import block as scalar_block
 from .scalar.block import AMAX, CEIL, EVEN, FLOOR, RCEIL
 from .scalar.common import random_bits
 from .scalar.float import round_nearest_value
@@ -231,10 +232,10 @@ def element_of(args: tuple) -> tuple:
 
 
 def element_mbits(args: tuple) -> int:
-    """``scalar.block.element_mbits`` of ``block_args``: the element's mantissa bits (float), floor(log2 code_max)
-    (fixed), which the ``even`` rule rounds amax to."""
-    kind, man, _, code_max = args[:4]
-    return man if kind == 0 else max(math.frexp(float(code_max))[1] - 1, 0)
+    """``scalar.block.element_mbits`` of ``block_args`` (its Python body, on the host): the element's mantissa bits
+    (float), floor(log2 code_max) (fixed), which the ``even`` rule rounds amax to."""
+    kind, p0, _, p2 = args[:4]
+    return int(scalar_block.element_mbits.py_func(kind, p0, p2))
 
 
 def pow2_of(args: tuple, pbits: int = -1) -> tuple:

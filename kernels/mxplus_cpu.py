@@ -39,10 +39,11 @@ def quantize_mxplus(src: np.ndarray, dst: np.ndarray, scales: np.ndarray, tile, 
         threads.launch(mxplus_fast.fast_range, mxplus_fast.chunks(sc.size), flat, flat.view(np.uint32), dst.reshape(-1),
                        sc, src.shape[2], int(tile[1]), *args[:9], parallel=parallel)
         return
-    plain = block_sr.mxplus_block_args(args)
-    if src.dtype == np.float32 and dst.dtype == np.float32 and mode == STOCHASTIC and block_sr.sr_ok(plain):
-        block_sr.quantize_sr(src, dst, scales, int(tile[1]), plain, key, int(nbits), parallel, False, tr=int(tile[0]),
-                             pbits=int(args[8]))  # kernels/block_sr.py, the same bits
-        return
+    if src.dtype == np.float32 and dst.dtype == np.float32 and mode == STOCHASTIC:
+        plain = block_sr.mxplus_block_args(args)
+        if block_sr.sr_ok(plain):  # kernels/block_sr.py, the same bits
+            block_sr.quantize_sr(src, dst, scales, int(tile[1]), plain, key, int(nbits), parallel, False,
+                                 tr=int(tile[0]), pbits=int(args[8]))
+            return
     threads.launch(mxplus_range, scales.size, src, dst, scales, int(tile[0]), int(tile[1]), *args, int(mode),
                    np.uint64(key), int(nbits), parallel=parallel)

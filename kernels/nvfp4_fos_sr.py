@@ -30,7 +30,7 @@ never NaN. The dequantised values and error terms are the scalar core's float32 
 import numpy as np
 from numba import njit
 
-from . import _cache, block_fast, scalar
+from . import _cache, block_fast, nvfp4_fast, scalar
 from .block_fast import ABS
 from .nvfp4_fast import CHUNK, _join, _split_constants, _tree, block_candidates, store_row
 from .nvfp4_scalar import F32, _encode_scale
@@ -163,4 +163,4 @@ def fos_sr_range(c0, c1, bits, dbits, scales, R, C, tr, tc, ges, gds, gamax, den
 
 def chunks(scales) -> int:
     """The number of chunks of CHUNK blocks (``fos_sr_range``'s work items) of a scales array."""
-    return -(-scales.size // CHUNK)
+    return nvfp4_fast.chunks(scales.size)

@@ -104,8 +104,12 @@ def test_block_by_block_sr_kernel_equals_scalar_core(fmt, parallel, monkeypatch)
     """Blocks of 16 columns take the lanes kernel where the scale format passes ``scale32_ok`` (every format
     here); the block-by-block kernel (``nvfp4_fos_sr.fos_sr_range``) that the other scale formats take, forced."""
     monkeypatch.setattr(nvfp4_fos_fast, "scale32_ok", lambda *a: False)
+    calls = []
+    real = nvfp4_fos_sr.fos_sr_range
+    monkeypatch.setattr(nvfp4_fos_sr, "fos_sr_range", lambda *a: calls.append(1) or real(*a))
     for make in MAKERS:
         assert_same(make(np.random.default_rng(3), SHAPES[0]), fmt, parallel, 8, 99)
+    assert calls  # the block loop ran
 
 
 @pytest.mark.parametrize("parallel", [False, True])

@@ -229,46 +229,6 @@ def _blocks_one_by_one(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, den
                    m, vl, negzero, s_max, s_split, s_magic, s_min_normal, b0, b1, q6, q4, t6, t4, w6, w4)
 
 
-@njit(error_model="numpy")
-def _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split, s_magic,
-          s_min_normal, u0, u1, per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob, vt6, vt4, q6, q4, t6, t4, w6, w4, tb,
-          rw, rb, key, nbits, sr):
-    """Units u0..u1-1: unit u holds the whole blocks (16 columns) bj0..bj0+n-1, bj0 = (u % per) * LANES, of row
-    of blocks ``line`` = u // per (= p * nbr + bi); sc: the scales as (P * nbr, nbc); buffers of LANES (r6, r4,
-    ob, vt6, vt4: 16, 3 or 2 rows of LANES), and for ``_fos_chunk``."""
-    prefer_wide_vectors()  # the loops below are across blocks or along one, 16 float32 lanes fit either
-    # every array borrowed (kernels/borrow.py) once per task: each unit binds them all again as the arguments of
-    # its inlined calls, which with owned arrays cost more than the unit's error loops (measured)
-    src, bits, dbits, sc, ges, gds, gamax, vl = (borrow(src), borrow(bits), borrow(dbits), borrow(sc), borrow(ges),
-                                                 borrow(gds), borrow(gamax), borrow(vl))
-    mx, ob, tb, s6, s4, enc6, enc4, r6, r4 = (borrow(mx), borrow(ob), borrow(tb), borrow(s6), borrow(s4),
-                                              borrow(enc6), borrow(enc4), borrow(r6), borrow(r4))
-    e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4 = (borrow(e6), borrow(e4), borrow(vt6), borrow(vt4), borrow(q6),
-                                                borrow(q4), borrow(t6), borrow(t4), borrow(w6), borrow(w4))
-    scf = borrow(sc.reshape(-1))
-    rw, rb = borrow(rw), borrow(rb)
-    srk = (key, nbits, U32((1 << nbits) - 1), rw, rb)
-    # the scale rounding in float32 (``_scale32``; the dispatch checks ``scale32_ok``)
-    sk = (s_max, s_split, s_magic, s_min_normal, F32(s_max), F32((s_split - 1.0) * 2.0**-29 + 1.0),
-          F32(s_magic * 2.0**-29), F32(s_min_normal))
-    whole = C // 16
-    for u in range(u0, u1):
-        line = u // per
-        bj0 = (u - line * per) * LANES
-        n = min(LANES, whole - bj0)
-        fb = (s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4)
-        if n > 0 and sr:  # two copies of the unit, sr a constant in each
-            _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
-                  sk, line, bj0, n, mx, ob, tb, tb.view(np.float32), fb, True, srk)
-        elif n > 0:
-            _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
-                  sk, line, bj0, n, mx, ob, tb, tb.view(np.float32), fb, False, srk)
-        if C % 16 != 0 and bj0 + LANES >= whole:  # the partial last block
-            b = line * sc.shape[1] + sc.shape[1] - 1
-            _blocks_one_by_one(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
-                               sk, b, b + 1, fb, sr, srk)
-
-
 @njit(inline="always", error_model="numpy")
 def _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk, line, bj0, n,
           mx, ob, tb, tf, fb, sr, srk):
@@ -453,9 +413,37 @@ def fos_lanes_range(u0, u1, src, bits, dbits, scales, R, C, tr, ges, gds, gamax,
     tb = buf[o + 32:o + 32 + E * L].view(U32)
     o += 32 + E * L
     rw, rb = buf[o:o + E * L].view(U32), buf[o + E * L:o + E * L + E].view(U32)  # empty unless sr
-    _task(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, s_max, s_split,
-          s_magic, s_min_normal, u0, u1, per, mx, s6, s4, enc6, enc4, r6, r4, e6, e4, ob, vt6, vt4, q6, q4, t6, t4,
-          w6, w4, tb, rw, rb, U64(key), nbits, sr)
+    prefer_wide_vectors()  # the loops below are across blocks or along one, 16 float32 lanes fit either
+    # every array borrowed (kernels/borrow.py) once per task: each unit binds them all again as the arguments of
+    # its inlined calls, which with owned arrays cost more than the unit's error loops (measured)
+    src, bits, dbits, sc, ges, gds, gamax, vl = (borrow(src), borrow(bits), borrow(dbits), borrow(sc), borrow(ges),
+                                                 borrow(gds), borrow(gamax), borrow(vl))
+    mx, ob, tb, s6, s4, enc6, enc4, r6, r4 = (borrow(mx), borrow(ob), borrow(tb), borrow(s6), borrow(s4),
+                                              borrow(enc6), borrow(enc4), borrow(r6), borrow(r4))
+    e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4 = (borrow(e6), borrow(e4), borrow(vt6), borrow(vt4), borrow(q6),
+                                                borrow(q4), borrow(t6), borrow(t4), borrow(w6), borrow(w4))
+    scf = borrow(sc.reshape(-1))
+    rw, rb = borrow(rw), borrow(rb)
+    srk = (U64(key), nbits, U32((1 << nbits) - 1), rw, rb)
+    # the scale rounding in float32 (``_scale32``; the dispatch checks ``scale32_ok``)
+    sk = (s_max, s_split, s_magic, s_min_normal, F32(s_max), F32((s_split - 1.0) * 2.0**-29 + 1.0),
+          F32(s_magic * 2.0**-29), F32(s_min_normal))
+    whole = C // 16
+    for u in range(u0, u1):
+        line = u // per
+        bj0 = (u - line * per) * LANES
+        n = min(LANES, whole - bj0)
+        fb = (s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4)
+        if n > 0 and sr:  # two copies of the unit, sr a constant in each
+            _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
+                  sk, line, bj0, n, mx, ob, tb, tb.view(np.float32), fb, True, srk)
+        elif n > 0:
+            _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
+                  sk, line, bj0, n, mx, ob, tb, tb.view(np.float32), fb, False, srk)
+        if C % 16 != 0 and bj0 + LANES >= whole:  # the partial last block
+            b = line * sc.shape[1] + sc.shape[1] - 1
+            _blocks_one_by_one(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
+                               sk, b, b + 1, fb, sr, srk)
 
 
 def units(scales, C: int) -> int:

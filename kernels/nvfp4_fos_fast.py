@@ -43,6 +43,7 @@ from numba import njit
 
 from . import _cache, block_fast, nvfp4_fast, scalar
 from .borrow import borrow
+from .llvm_inline import inline_in_llvm
 from .transpose16 import transpose16
 from .wide import prefer_wide_vectors
 from .block_fast import ABS, INF_BITS, NAN32, SIGN
@@ -171,12 +172,13 @@ def _errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, mask)
         _row_errors(tf, o, n, 2, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, mask)
 
 
-@njit(inline="always", error_model="numpy")
+@njit(nogil=True, error_model="numpy")
 def _row_errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, mask):
     """e6[j], e4[j]: the error of the 16 elements of block j (j < n) of a row under each candidate, each a chain
     in element order (module doc), from their magnitudes tf[o + k * LANES + j] (``_transpose``); vt6, vt4: each
     lane's w1 at j and w15 at LANES + j (``lane_values``); sr (a constant): rounded stochastically with the
     random words rw[o + k * LANES + j] (``_words``)."""
+    inline_in_llvm()
     st = U64(LANES)
     for j in range(n):
         e6[U64(j)] = F32(0.0)

@@ -11,14 +11,30 @@ Why: a ``prange`` twin of a loop compiles its body twice (the function and the o
 this launcher is a few lines around one call of the serial kernel, which is also the serial entry point. It
 keeps numba's workqueue launch (~2-3 us on this VM), where ``threads.launch``'s Python threads take ~25-30 us.
 
-The launcher captures the dispatcher ``rng``, whose pickled form (numba's cache key of a closure) differs per
-process, so it could never be loaded from numba's disk cache: it is compiled per process (``cache=False``; it is
-small, and saving it would only grow the cache index).
+Cached on disk like the kernels (~0.7 CPU-s a compile otherwise, in every process: numba links ``rng``'s
+module into the launcher's and LLVM optimises it again). numba keys a cached closure on the pickle of what it
+captures, and a dispatcher's pickle differs per process, so the launcher does not capture ``rng``: it finds it
+among its globals (a copy of this module's, one per launcher), under a name of its own (``_launcher_name``, from
+``rng``'s module and qualified name), and captures ``rng``'s identity instead (``_identity``: that name, the
+cache directory of ``rng``'s module, which names the digest of its sources, and the pickle of what ``rng``
+captures, as numba keys ``rng`` itself). The launchers' cache directory is keyed on every kernel source. An
+``rng`` that numba does not cache, or whose captures do not pickle, gets a launcher compiled per process.
 """
 import functools
+import glob
+import hashlib
+import os
+import pickle
+import re
+import types
 
 import numba
 from numba import njit, prange
+from numba.core.caching import NullCache
+
+from . import _cache
+
+_cache.guard(__file__, sorted(glob.glob(os.path.join(os.path.dirname(__file__), "**", "*.py"), recursive=True)))
 
 ALIGN = 256  # = elementwise_f32.CHUNK (a test checks it)
 
@@ -29,18 +45,45 @@ def share(n, t):
     return ((n + t - 1) // t + ALIGN - 1) // ALIGN * ALIGN
 
 
-@functools.lru_cache(maxsize=None)
-def launcher(rng):
-    """``par(n, *args)``: ``rng(lo, hi, *args)`` over [0, n) in shares on numba's threads (module doc)."""
+def _template(identity):
+    """The launcher's Python function; ``rng`` is the name of a global that ``launcher`` binds per copy."""
 
-    @njit(parallel=True)
-    def par(n, *args):
-        t = numba.get_num_threads()
+    def par(n, t, *args):
+        identity  # captured, so that numba's cache key of the launcher is rng's identity  # noqa: B018
         step = share(n, t)
         for k in prange(t):
             lo = k * step
             hi = min(n, lo + step)
             if lo < hi:
-                rng(lo, hi, *args)
+                rng(lo, hi, *args)  # noqa: F821  (a global of each copy: launcher)
 
     return par
+
+
+def _identity(rng):
+    """What numba's disk cache keys ``rng`` on, as a string, or None where it does not cache ``rng``."""
+    f = rng.py_func
+    if isinstance(getattr(rng, "_cache", None), NullCache) or not getattr(rng, "_can_compile", True):
+        return None
+    try:
+        captured = pickle.dumps(tuple(c.cell_contents for c in f.__closure__ or ()))
+    except Exception:  # noqa: BLE001  (numba would not cache it either)
+        return None
+    where = _cache._REGISTERED.get(os.path.realpath(f.__code__.co_filename), f.__code__.co_filename)
+    return f"{f.__module__}.{f.__qualname__}|{where}|{hashlib.sha256(captured).hexdigest()}"
+
+
+@functools.lru_cache(maxsize=None)
+def launcher(rng):
+    """``par(n, *args)``: ``rng(lo, hi, *args)`` over [0, n) in shares on numba's threads (module doc)."""
+    identity = _identity(rng)
+    par = _template(identity or "")
+    fn = types.FunctionType(par.__code__, {**globals(), "rng": rng}, "par", None, par.__closure__)
+    fn.__qualname__ = "par_" + re.sub(r"\W", "_", f"{rng.py_func.__module__}_{rng.py_func.__qualname__}")
+    compiled = njit(parallel=True, cache=identity is not None)(fn)
+
+    def run(n, *args):
+        compiled(n, numba.get_num_threads(), *args)  # numba's get_num_threads in compiled code is not cacheable
+
+    run.compiled = compiled
+    return run

@@ -87,3 +87,33 @@ def test_shares_cover_every_element_once_from_multiples_of_the_chunk(n, t):
     bounds = [(k * step, min(n, k * step + step)) for k in range(t) if k * step < n]
     assert all(hi == lo2 for (_, hi), (lo2, _) in zip(bounds, bounds[1:]))
     assert sum(hi - lo for lo, hi in bounds) == n and all(lo % ew.CHUNK == 0 for lo, _ in bounds)
+
+
+def _adder(c):
+    """A cached range kernel closure; every one has the same qualified name, and c is what it captures."""
+
+    def add(lo, hi, src, dst):
+        for i in range(lo, hi):
+            dst[i] = src[i] + c
+
+    return numba.njit(cache=True, nogil=True)(add)
+
+
+def test_a_launcher_is_cached_and_loads_in_a_fresh_dispatcher_with_the_same_bits():
+    rng, args = _args("f32", STOCHASTIC)
+    x = _data()
+    first, again = np.empty_like(x), np.empty_like(x)
+    shares.launcher(rng)(N, x.ctypes.data, first.ctypes.data, *args)
+    fresh = shares.launcher.__wrapped__(rng)  # a new dispatcher: what the next process builds
+    fresh(N, x.ctypes.data, again.ctypes.data, *args)
+    assert sum(fresh.compiled.stats.cache_hits.values()) == 1 and not fresh.compiled.stats.cache_misses
+    assert np.array_equal(first.view(np.uint32), again.view(np.uint32))
+
+
+def test_launchers_of_kernels_with_one_name_and_different_captures_stay_apart():
+    x = np.arange(1000, dtype=np.float64)
+    for c in (1.0, 2.0, 1.0):  # each launcher saved beside the other's, then loaded by a fresh dispatcher
+        for make in (shares.launcher, shares.launcher.__wrapped__):
+            out = np.empty_like(x)
+            make(_adder(c))(x.size, x, out)
+            assert np.array_equal(out, x + c), (c, make)

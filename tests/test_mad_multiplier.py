@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
-import textwrap
 from fractions import Fraction
 
 import numpy as np
@@ -282,53 +280,6 @@ def test_cuda_kernels_equal_cpu_kernels(which, numba_fn):
     gemm_approx.mad(a, b, c, want, 0, mulp, accp, keys, 32, margs, mult.fn)
     gemm_approx_cuda.mad(a, b, c, got, 0, mulp, accp, keys, 32, margs, mult.fn)
     assert_bits_equal(got, want)
-
-
-_LOWER = textwrap.dedent('''
-import sys, types as pytypes
-from numba import njit, types
-import numba.cuda.dispatcher as disp
-from numba.cuda.compiler import compile_cuda
-if not hasattr(disp, "get_current_device"):
-    print("SKIP numba-cuda internals changed: no dispatcher.get_current_device"); sys.exit(0)
-disp.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=(8, 0))
-from emunum.kernels import gemm_approx_cuda as g, gemm_scalar
-gemm_scalar.round_fixed_value = njit(lambda x, f, lo, hi, sat, mode, rnd, nbits: x)  # np.floor: see test_gemm_cuda
-
-@njit
-def user(a, b):
-    return a * b + 1.0
-
-i64, u64, f32, f64 = types.int64, types.uint64, types.float32, types.float64
-P, KEYS, M = types.UniTuple(i64, 12), types.UniTuple(u64, 5), types.UniTuple(i64, 8)
-T = (M, f64[::1])
-for label, prm, fn in (("builtin", (2,) + (0,) * 7, None), ("function", (5,) + (0,) * 7, user)):
-    gk, mk = g.kernels_for(prm, fn)
-    sigs = {"gemm": (gk, (f32[:, :, ::1], f32[:, :, ::1], f64[:, :, ::1], types.boolean, f64[:, :, ::1], types.boolean,
-                          f64[:, :, ::1], i64, P, P, i64, i64, KEYS, i64) + T),
-            "mad": (mk, (f32[::1], f32[::1], f64[::1], f64[::1], i64, P, P, KEYS, i64) + T)}
-    for name, (kernel, sig) in sigs.items():
-        try:
-            cres = compile_cuda(kernel.py_func, types.void, sig, cc=(8, 0))
-            assert "define" in cres.library.get_llvm_str()
-            print("LOWERED", label, name)
-        except Exception as err:
-            print("FAILED", label, name, type(err).__name__, str(err).replace(chr(10), " | ")[-1500:])
-''')
-
-
-@pytest.mark.skipif(not HAVE_NUMBA_CUDA, reason="needs numba-cuda")
-def test_cuda_kernels_lower_for_the_real_cuda_target():
-    """Typing and lowering to NVVM IR as on a GPU (no GPU needed), for built-in and user-function kernels: what
-    the simulator cannot check (it runs the kernels as Python). Fixed-point rounding is stubbed, as in
-    tests/kernels/test_gemm_cuda.py (np.floor does not lower)."""
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
-    r = subprocess.run([sys.executable, "-c", _LOWER], capture_output=True, text=True, timeout=600, env=env)
-    if r.stdout.startswith("SKIP"):
-        pytest.skip(r.stdout.strip())
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.splitlines() == [f"LOWERED {k} {n}" for k in ("builtin", "function") for n in ("gemm", "mad")], \
-        r.stdout
 
 
 # ---- bad input -----------------------------------------------------------------------------------------------

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import subprocess
 import sys
-import textwrap
 import zlib
 
 import numpy as np
@@ -561,67 +559,6 @@ def test_import_emunum_does_not_import_numba_cuda():
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
-# ---- the kernels compile for a real GPU (typing + lowering to NVVM IR; no GPU or CUDA toolkit needed) --------
-
-_LOWER = textwrap.dedent("""
-    import sys, traceback, types as pytypes
-    from numba import cuda, types
-    import numba.cuda.dispatcher as disp
-    from numba.cuda.compiler import compile_cuda
-    if not hasattr(disp, "get_current_device"):
-        print("SKIP numba-cuda internals changed: no dispatcher.get_current_device"); sys.exit(0)
-    # device functions ask the current GPU for its compute capability: answer without a GPU
-    disp.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=(8, 0))
-    from emunum.kernels import cuda as kc
-    i64, u64, u16 = types.int64, types.uint64, types.uint16[::1]
-
-    def helpers16(src, dst):  # the 16-bit conversions on their own (the fixed16 kernel also needs kernels/scalar/'s)
-        i = cuda.grid(1)
-        if i < src.size:
-            h = kc.narrow16(kc.f64_to_binary32(kc.value16(src[i], 10, 15)), 10, 15)
-            dst[i] = h | kc.narrow16(kc.widen16(src[i], 7, 127), 7, 127)
-
-    sigs = {
-        "float32": (kc.float_kernel, (types.uint32[::1],) * 2 + (i64,) * 6 + (u64, i64, i64, i64, u64, i64)),
-        "float64": (kc.float_kernel, (types.uint64[::1],) * 2 + (i64,) * 6 + (u64, i64, i64, i64, u64, i64)),
-        "float16": (kc.float16_kernel, (u16, u16) + (i64,) * 5 + (u64, i64, i64, i64, u64, i64)),
-        "helpers16": (helpers16, (u16, u16)),
-        "fixed32": (kc.fixed_kernel, (types.float32[::1], types.uint32[::1]) * 2 + (u64,) + (i64,) * 5 + (u64, i64)),
-        "fixed64": (kc.fixed_kernel, (types.float64[::1], types.uint64[::1]) * 2 + (u64,) + (i64,) * 5 + (u64, i64)),
-        "fixed16": (kc.fixed16_kernel, (u16, u16) + (i64,) * 7 + (u64, i64)),
-    }
-    for name, (func, sig) in sigs.items():
-        try:
-            cres = compile_cuda(getattr(func, "py_func", func), types.void, sig, cc=(8, 0))
-            assert "define" in cres.library.get_llvm_str()
-            print("LOWERED", name)
-        except Exception:
-            print("FAILED", name, traceback.format_exc(limit=1).replace(chr(10), " | ")[-1500:])
-""")
-
-
-@pytest.fixture(scope="module")
-def lowering_report() -> str:
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
-    r = subprocess.run([sys.executable, "-c", _LOWER], capture_output=True, text=True, timeout=600, env=env)
-    if r.stdout.startswith("SKIP"):
-        pytest.skip(r.stdout.strip())
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r.stdout
-
-
-@needs_numba_cuda
-@pytest.mark.parametrize("kernel", ["float32", "float64", "float16", "helpers16", "fixed32", "fixed64", "fixed16"])
-def test_kernel_lowers_for_the_cuda_target(kernel, lowering_report):
-    """Typing and lowering to NVVM IR, as on a GPU (no GPU or CUDA toolkit needed): the simulator runs
-    kernels as Python, so it cannot catch what the CUDA target does not support."""
-    line = next((ln for ln in lowering_report.splitlines() if ln.split()[1:2] == [kernel]), "missing")
-    if kernel.startswith("fixed") and "<ufunc 'floor'>" in line:
-        pytest.xfail("kernels/scalar/fixed.py round_fixed_value calls np.floor, which numba-cuda cannot lower (no floor "
-                     "in its CUDA ufunc table; math.floor returns int64 on the CPU target, a float on CUDA)")
-    assert line.startswith("LOWERED"), line
-
-
 # ---- real GPU: torch CUDA tensors through emunum.quantize -----------------------------------------------------
 
 GPU_FORMATS = {k: FLOAT_FORMATS[k] for k in ("e5m2", "e4m3fn", "e4m3fnuz", "fp4_e2m1", "e4m3_nosub", "e5m2_sat")}
@@ -644,7 +581,7 @@ def test_quantize_cuda_tensor_bits_equal_cpu(fmt, mode, dtype, n, monkeypatch):
     x = _gpu_input(fmt, dtype, n)
     try:
         got = emunum.quantize(x.cuda(), fmt, mode, seed=SEED)
-    except Exception as e:  # see test_kernel_lowers_for_the_cuda_target
+    except Exception as e:  # see tests/kernels/test_cuda_lowering.py
         if isinstance(fmt, FixedFormat) and "floor" in str(e):
             pytest.xfail("kernels/scalar/fixed.py round_fixed_value calls np.floor, which numba-cuda cannot lower")
         raise
@@ -678,4 +615,3 @@ def test_cuda_stream_graph_and_out(dtype):
     out = torch.empty(x.numel() * 2, dtype=dtype, device="cuda")[::2]  # non-contiguous out
     emunum.quantize(x, fmt, "stochastic", seed=5, out=out)
     assert_same_bits(out.cpu(), want, x.cpu())
-

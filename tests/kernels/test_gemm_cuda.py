@@ -3,16 +3,13 @@
 Without a GPU they run in numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1, which ``make test`` sets; this
 module sets it too when numba.cuda is not imported yet and no GPU is visible), on tiny sizes (8x8x16):
 the simulator runs every thread as Python. The CPU's ``gemm_general`` is the oracle (it is checked against
-the exact reference in tests/test_mad.py). A subprocess also types and lowers both kernels for the real
-CUDA target (no GPU needed), which the simulator cannot check. Tests marked ``gpu`` need a real GPU.
+the exact reference in tests/test_mad.py). That both kernels type and lower for the real CUDA target (no GPU
+needed), which the simulator cannot check: tests/kernels/test_cuda_lowering.py. Tests marked ``gpu`` need a real
+GPU.
 """
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -33,7 +30,6 @@ if HAVE_NUMBA_CUDA:
 needs_kernels = pytest.mark.skipif(
     not HAVE_NUMBA_CUDA or not (SIM or HAVE_GPU),
     reason="needs numba-cuda and either a GPU or NUMBA_ENABLE_CUDASIM=1 set before numba.cuda is imported")
-needs_numba_cuda = pytest.mark.skipif(not HAVE_NUMBA_CUDA, reason="needs numba-cuda (pip install 'emunum[cuda]')")
 
 
 def _operands(rng, shape, fmt="fp8_152"):
@@ -192,51 +188,6 @@ def test_cuda_mad_equals_cpu_mad():
         gemm_cpu.mad(a, b, c, want, int(unit.fused), mulp, accp, stream_keys(3), 32)
         gemm_cuda.mad(a, b, c, got, int(unit.fused), mulp, accp, stream_keys(3), 32)
         np.testing.assert_array_equal(got, want)
-
-
-_LOWER = textwrap.dedent("""
-    import sys, types as pytypes
-    from numba import njit, types
-    import numba.cuda.dispatcher as disp
-    from numba.cuda.compiler import compile_cuda
-    if not hasattr(disp, "get_current_device"):
-        print("SKIP numba-cuda internals changed: no dispatcher.get_current_device"); sys.exit(0)
-    # device functions ask the current GPU for its compute capability: answer without a GPU
-    disp.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=(8, 0))
-    from emunum.kernels import gemm_cuda as g, gemm_scalar
-    if sys.argv[1] == "float-only":  # fixed-point rounding replaced: lowers everything else
-        gemm_scalar.round_fixed_value = njit(lambda x, f, lo, hi, sat, mode, rnd, nbits: x)
-    i64, u64, f32, f64 = types.int64, types.uint64, types.float32, types.float64
-    P, KEYS = types.UniTuple(i64, 12), types.UniTuple(u64, 5)
-    sigs = {
-        "gemm": (g.gemm_kernel, (f32[:, :, ::1], f32[:, :, ::1], f64[:, :, ::1], types.boolean, f64[:, :, ::1],
-                                 i64, P, P, i64, i64, KEYS, i64)),
-        "mad": (g.mad_kernel, (f32[::1], f32[::1], f64[::1], f64[::1], i64, P, P, KEYS, i64)),
-    }
-    for name, (kernel, sig) in sigs.items():
-        try:
-            cres = compile_cuda(kernel.py_func, types.void, sig, cc=(8, 0))
-            assert "define" in cres.library.get_llvm_str()
-            print("LOWERED", name)
-        except Exception as err:
-            print("FAILED", name, type(err).__name__, str(err).replace(chr(10), " | ")[-1500:])
-""")
-
-
-@needs_numba_cuda
-@pytest.mark.parametrize("variant", ["full", "float-only"])
-def test_kernels_lower_for_the_cuda_target(variant):
-    """Typing and lowering to NVVM IR, as on a GPU (no GPU or CUDA toolkit needed)."""
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
-    r = subprocess.run([sys.executable, "-c", _LOWER, variant], capture_output=True, text=True, timeout=600, env=env)
-    if r.stdout.startswith("SKIP"):
-        pytest.skip(r.stdout.strip())
-    assert r.returncode == 0, r.stderr[-3000:]
-    lines = r.stdout.splitlines()
-    if variant == "full" and any("<ufunc 'floor'>" in ln for ln in lines):
-        pytest.xfail("kernels/scalar/fixed.py round_fixed_value calls np.floor, which numba-cuda cannot lower; "
-                     "the 'float-only' variant shows the rest of the MAD kernels lower")
-    assert lines == ["LOWERED gemm", "LOWERED mad"], r.stdout
 
 
 @pytest.mark.gpu

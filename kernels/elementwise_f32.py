@@ -172,7 +172,9 @@ def sr_f32(u, rnd, d, hm1_d, lsb_d, mask_d, k, mask_s, mn_bits, p1, p2, pq, pn, 
     a1 = U32(U32(U32(a + hm1_d) + U32(U32(a >> (d & U32(31))) & lsb_d)) & mask_d)  # each step on uint32
     rn = U32(U32(a1 + shl32(shr32(U32(rnd), U32(k)), U32(d))) & mask_s)
     t = (a.view(F32) * p1) * p2
-    kf = F32(U32(t))
+    # kf is used only where a lies below the smallest normal, so t < 2**man <= 2**22: the signed conversions, which
+    # AVX2 has in vector lanes (the unsigned ones are emulated there: 2.27 -> 1.95 ms per 2**20 e5m2, one thread)
+    kf = F32(np.int32(t))
     dr = U32(np.rint((t - kf) * pn))
     up = (dr != U32(0)) & (rnd >= U32(two_n - dr))
     lo = F32(F32(kf + F32(1.0 if up else 0.0)) * pq).view(U32)

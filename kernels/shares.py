@@ -14,11 +14,12 @@ keeps numba's workqueue launch (~2-3 us on this VM), where ``threads.launch``'s 
 Cached on disk like the kernels (~0.7 CPU-s a compile otherwise, in every process: numba links ``rng``'s
 module into the launcher's and LLVM optimises it again). numba keys a cached closure on the pickle of what it
 captures, and a dispatcher's pickle differs per process, so the launcher does not capture ``rng``: it finds it
-among its globals (a copy of this module's, one per launcher), under a name of its own (``_launcher_name``, from
-``rng``'s module and qualified name), and captures ``rng``'s identity instead (``_identity``: that name, the
-cache directory of ``rng``'s module, which names the digest of its sources, and the pickle of what ``rng``
+among its globals (a copy of this module's, one per launcher, ``rng`` bound there), has a qualified name of its
+own (from ``rng``'s module and qualified name), and captures ``rng``'s identity instead (``_identity``: that name,
+the cache directory of ``rng``'s module, which names the digest of its sources, and the pickle of what ``rng``
 captures, as numba keys ``rng`` itself). The launchers' cache directory is keyed on every kernel source. An
-``rng`` that numba does not cache, or whose captures do not pickle, gets a launcher compiled per process.
+``rng`` that numba does not cache, or that captures anything but plain numbers, strings and tuples of them (whose
+pickle could differ per process), gets a launcher compiled per process.
 """
 import functools
 import glob
@@ -29,6 +30,7 @@ import re
 import types
 
 import numba
+import numpy as np
 from numba import njit, prange
 from numba.core.caching import NullCache
 
@@ -37,6 +39,7 @@ from . import _cache
 _cache.guard(__file__, sorted(glob.glob(os.path.join(os.path.dirname(__file__), "**", "*.py"), recursive=True)))
 
 ALIGN = 256  # = elementwise_f32.CHUNK (a test checks it)
+rng = None  # the range kernel: each launcher's copy of these globals binds it (``launcher``)
 
 
 @njit(inline="always")
@@ -55,31 +58,35 @@ def _template(identity):
             lo = k * step
             hi = min(n, lo + step)
             if lo < hi:
-                rng(lo, hi, *args)  # noqa: F821  (a global of each copy: launcher)
+                rng(lo, hi, *args)
 
     return par
 
 
-def _identity(rng):
-    """What numba's disk cache keys ``rng`` on, as a string, or None where it does not cache ``rng``."""
-    f = rng.py_func
-    if isinstance(getattr(rng, "_cache", None), NullCache) or not getattr(rng, "_can_compile", True):
-        return None
-    try:
-        captured = pickle.dumps(tuple(c.cell_contents for c in f.__closure__ or ()))
-    except Exception:  # noqa: BLE001  (numba would not cache it either)
+def _plain(v) -> bool:
+    """Whether v pickles alike in every process: a number, string, bytes, None, or a tuple of them."""
+    if isinstance(v, tuple):
+        return all(_plain(x) for x in v)
+    return v is None or isinstance(v, (bool, int, float, str, bytes, np.integer, np.floating, np.bool_))
+
+
+def _identity(kernel):
+    """What numba's disk cache keys ``kernel`` on, as a string, or None where that could differ per process."""
+    f = kernel.py_func
+    captured = tuple(c.cell_contents for c in f.__closure__ or ())
+    if isinstance(getattr(kernel, "_cache", None), NullCache) or not _plain(captured):
         return None
     where = _cache._REGISTERED.get(os.path.realpath(f.__code__.co_filename), f.__code__.co_filename)
-    return f"{f.__module__}.{f.__qualname__}|{where}|{hashlib.sha256(captured).hexdigest()}"
+    return f"{f.__module__}.{f.__qualname__}|{where}|{hashlib.sha256(pickle.dumps(captured)).hexdigest()}"
 
 
 @functools.lru_cache(maxsize=None)
-def launcher(rng):
-    """``par(n, *args)``: ``rng(lo, hi, *args)`` over [0, n) in shares on numba's threads (module doc)."""
-    identity = _identity(rng)
+def launcher(kernel):
+    """``run(n, *args)``: ``kernel(lo, hi, *args)`` over [0, n) in shares on numba's threads (module doc)."""
+    identity = _identity(kernel)
     par = _template(identity or "")
-    fn = types.FunctionType(par.__code__, {**globals(), "rng": rng}, "par", None, par.__closure__)
-    fn.__qualname__ = "par_" + re.sub(r"\W", "_", f"{rng.py_func.__module__}_{rng.py_func.__qualname__}")
+    fn = types.FunctionType(par.__code__, {**globals(), "rng": kernel}, "par", None, par.__closure__)
+    fn.__qualname__ = "par_" + re.sub(r"\W", "_", f"{kernel.py_func.__module__}_{kernel.py_func.__qualname__}")
     compiled = njit(parallel=True, cache=identity is not None)(fn)
 
     def run(n, *args):

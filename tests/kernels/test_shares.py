@@ -10,6 +10,7 @@ numba = pytest.importorskip("numba")
 from emunum.formats import get_format  # noqa: E402
 from emunum.kernels import cpu, elementwise_f32 as ew, hifloat8_cpu, p3109_cpu, shares  # noqa: E402
 from emunum.kernels.scalar import NEAREST, STOCHASTIC, UP  # noqa: E402
+from numba.core.caching import NullCache  # noqa: E402
 
 N = 3 * ew.CHUNK + 77
 KEY = np.uint64(0x1234_5678_9ABC_DEF0)
@@ -117,3 +118,22 @@ def test_launchers_of_kernels_with_one_name_and_different_captures_stay_apart():
             out = np.empty_like(x)
             make(_adder(c))(x.size, x, out)
             assert np.array_equal(out, x + c), (c, make)
+
+
+def test_a_kernel_that_captures_a_compiled_function_gets_a_launcher_compiled_per_process():
+    """A dispatcher pickles differently in every process, so no cache key would ever match again."""
+    inner = numba.njit(lambda v: v * 3.0)
+
+    def triple(lo, hi, src, dst):
+        for i in range(lo, hi):
+            dst[i] = inner(src[i])
+
+    kernel = numba.njit(cache=True)(triple)
+    x = np.arange(700, dtype=np.float64)
+    out = np.empty_like(x)
+    run = shares.launcher(kernel)
+    run(x.size, x, out)
+    assert np.array_equal(out, 3.0 * x)
+    assert shares._identity(kernel) is None and isinstance(run.compiled._cache, NullCache)
+    assert shares._identity(_adder(1.0)) is not None and all(
+        shares._identity(_args(name, mode)[0]) is not None for name, mode in CASES)

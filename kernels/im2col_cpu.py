@@ -6,20 +6,20 @@ column (c, i, j) holds x[n, c, oy*sh - ph + i*dh, ox*sw - pw + j*dw], +0.0 outsi
 ``F.unfold(x, ...).transpose(1, 2).reshape(-1, C*kh*kw)``, copied as bits (a NaN's payload included), in one
 pass instead of two.
 
-``col2im(g, out, ...)``: the adjoint, out (N, C, H, W) = ``F.fold(g.view(N, L, K).transpose(1, 2), ...)`` bit
-for bit. torch's col2im (aten/src/ATen/native/im2col.h) zero-fills the image and then adds the columns in
-order of c_col = (c*kh + i)*kw + j, so each pixel receives its terms in ascending (i, j), each added once, in
-float32, starting from +0.0. Here the image is zero-filled as well and the output rows oy are taken in
-descending order; for each, every (c, i, j) in ascending order adds its column of the row's Wo gradient rows
-into image row y = oy*sh - ph + i*dh along x = ox*sw - pw + j*dw (ox over the pixels inside the image). A
-pixel's term from tap (i, j) comes from oy = (y + ph - i*dh) / sh, so its terms of larger i come in later
-(smaller) output rows, and its terms of one i, all from one output row, in ascending j: every pixel receives
-the same terms in the same order (a sum of -0.0 terms is +0.0 in both).
+``col2im(g, out, ...)``: the adjoint, g (N*L, K) and out (N, C, H, W) C-contiguous, out = ``F.fold(g.view(N, L,
+K).transpose(1, 2), ...)`` bit for bit. torch's col2im (aten/src/ATen/native/im2col.h) zero-fills the image and
+then adds the columns in order of c_col = (c*kh + i)*kw + j, so each pixel receives its terms in ascending (i, j),
+each added once, in float32, starting from +0.0. Here the image is zero-filled as well and the output rows oy are
+taken in descending order; for each, every (c, i, j) in ascending order adds its column of the row's Wo gradient
+rows into image row y = oy*sh - ph + i*dh along x = ox*sw - pw + j*dw (ox over the pixels inside the image). A
+pixel's term from tap (i, j) comes from oy = (y + ph - i*dh) / sh, so its terms of larger i come in later (smaller)
+output rows, and its terms of one i, all from one output row, in ascending j: every pixel receives the same terms
+in the same order (a sum of -0.0 terms is +0.0 in both).
 
 im2col takes the rows whose every tap lies inside the image through a table of the taps' offsets in x (column k's
 source is x's flat element at the row's first tap plus ``taps[k]``), without per-tap bounds checks: the same copies
 in the same order, one load per element instead of a loop per (c, i) over a view of x's row (measured, 64 x 16 x
-32 x 32 images, 3x3 kernel, one thread: 12.4 -> 7.8 ms; benchmarks/RESULTS.md).
+32 x 32 images, 3x3 kernel, one thread: 12.1-12.5 -> 7.2-7.6 ms; benchmarks/RESULTS.md).
 """
 import numpy as np
 from numba import njit
@@ -128,7 +128,7 @@ def col2im(g, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo):
                     for j in range(kw):  # ascending: a pixel's terms of one i in ascending j
                         src = gb + k0 + j
                         d0 = db + offs[j]
-                        if sw == 1:  # contiguous pixels (a loop of its own: ~25% faster, measured)
+                        if sw == 1:  # contiguous pixels (a loop of its own: ~20% faster, measured)
                             for ox in range(los[j], his[j]):
                                 of[U64(d0 + ox)] += gf[U64(src + ox * K)]
                         else:

@@ -177,7 +177,8 @@ def _row_errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, m
     """e6[j], e4[j]: the error of the 16 elements of block j (j < n) of a row under each candidate, each a chain
     in element order (module doc), from their magnitudes tf[o + k * LANES + j] (``_transpose``); vt6, vt4: each
     lane's w1 at j and w15 at LANES + j (``lane_values``); sr (a constant): rounded stochastically with the
-    random words rw[o + k * LANES + j] (``_words``)."""
+    random words rw[o + k * LANES + j] (``_words``). Typed once per metric and sr and inlined by LLVM
+    (``llvm_inline``): numba's inliner typed it again at each of its 12 call sites."""
     inline_in_llvm()
     st = U64(LANES)
     for j in range(n):
@@ -234,9 +235,9 @@ def _blocks_one_by_one(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, den
 @njit(inline="always", error_model="numpy")
 def _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk, line, bj0, n,
           mx, ob, tb, tf, fb, sr, srk):
-    """Blocks bj0..bj0+n-1 of row of blocks ``line`` (``_task``); sk: the scale format's constants; fb: the float32
-    buffers (grouped: an inlined call takes at most 30 arguments); sr (a constant): stochastic rounding with
-    srk = (key, nbits, mask, rw, rb) (``_words``)."""
+    """Blocks bj0..bj0+n-1 of row of blocks ``line`` (``fos_lanes_range``); sk: the scale format's constants; fb:
+    the float32 buffers (grouped: an inlined call takes at most 30 arguments); sr (a constant): stochastic rounding
+    with srk = (key, nbits, mask, rw, rb) (``_words``)."""
     s_max, s_split, s_magic, s_min_normal, f_max, f_split, f_magic, f_min_normal = sk
     s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4 = fb
     key, nbits, mask, rw, rb = srk
@@ -430,7 +431,6 @@ def fos_lanes_range(u0, u1, src, bits, dbits, scales, R, C, tr, ges, gds, gamax,
     # the scale rounding in float32 (``_scale32``; the dispatch checks ``scale32_ok``)
     sk = (s_max, s_split, s_magic, s_min_normal, F32(s_max), F32((s_split - 1.0) * 2.0**-29 + 1.0),
           F32(s_magic * 2.0**-29), F32(s_min_normal))
-    whole = C // 16
     for u in range(u0, u1):
         line = u // per
         bj0 = (u - line * per) * LANES

@@ -47,8 +47,9 @@ _LOWER = textwrap.dedent('''
     kernels["quantize.float64"] = (kc.float_kernel, (types.uint64[::1],) * 2 + (i64,) * 6 + tail)
     kernels["quantize.float16"] = (kc.float16_kernel, (u16, u16) + (i64,) * 5 + tail)
     kernels["quantize.helpers16"] = (helpers16, (u16, u16))
-    kernels["quantize.fixed32"] = (kc.fixed_kernel, (f32[::1], types.uint32[::1]) * 2 + (u64,) + (i64,) * 5 + (u64, i64))
-    kernels["quantize.fixed64"] = (kc.fixed_kernel, (f64[::1], types.uint64[::1]) * 2 + (u64,) + (i64,) * 5 + (u64, i64))
+    fixed_tail = (u64,) + (i64,) * 5 + (u64, i64)
+    kernels["quantize.fixed32"] = (kc.fixed_kernel, (f32[::1], types.uint32[::1]) * 2 + fixed_tail)
+    kernels["quantize.fixed64"] = (kc.fixed_kernel, (f64[::1], types.uint64[::1]) * 2 + fixed_tail)
     kernels["quantize.fixed16"] = (kc.fixed16_kernel, (u16, u16) + (i64,) * 7 + (u64, i64))
     for name, arr in (("binary32", types.uint32[::1]), ("binary64", types.uint64[::1])):
         kernels[f"hifloat8.{name}"] = (h.hif8_kernel, (arr, arr, i64, i64, i64, u64, i64, i64, u64, i64))

@@ -292,9 +292,9 @@ def _scales_core(v, s_man, s_emin, s_sub, s_max):
 
 @pytest.mark.parametrize("scale", ["e4m3fn", "ue5m3", "e5m2", "fp6_e3m2", "fp16"])
 def test_scale32_is_the_scalar_cores_scale_rounding(scale):
-    # the lanes path's float32 scale rounding against the scalar core's float64 one (its constants as _task makes
-    # them), over every format value, midpoint and their float32 neighbours, dense float32 patterns from 0 (float32
-    # subnormals, the format's subnormals) to far past the format's largest value, and inf
+    # the lanes path's float32 scale rounding against the scalar core's float64 one (its constants as
+    # fos_lanes_range makes them), over every format value, midpoint and their float32 neighbours, dense float32
+    # patterns from 0 (float32 subnormals, the format's subnormals) to far past the format's largest value, and inf
     fmt = BlockFormat("fp4_e2m1", 16, scale, scale_rule="amax", tensor_scale=True, four_over_six=FourOverSix("mae"))
     s_man, s_emin, s_sub, s_max = block_args(fmt, 1.0)[10:14]
     assert nvfp4_fos_fast.scale32_ok(s_man, s_emin, s_sub, s_max)

@@ -14,12 +14,10 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first, pinned, so that nothing pulls the CUDA build. pip writes no bytecode (--no-compile): the
-	# next line writes the same .pyc files on every core instead of pip's one (pip, like it, skips a file that
-	# does not compile, e.g. torch's Python 3.12-only test helper)
+	# torch first, pinned, so that nothing pulls the CUDA build. No bytecode at install (--no-compile): compiling
+	# all ~16,000 modules took 56 CPU-s; the runs below write the .pyc of the modules they import, once
 	$(PY) -m pip install -q --no-compile -c constraints.txt torch
 	$(PY) -m pip install -q --no-compile -c constraints.txt -e ".[test,exp]"  # test: numba-cuda, the CUDA simulator
-	$(PY) -c "import compileall, sys; compileall.compile_dir(sys.argv[1], quiet=2, workers=0)" $(VENV)/lib
 	touch $(STAMP)
 
 # The main job on the embedded default (MNIST-1D, the paper's CNN): the fp32 baseline and the Wang et al. fp8
@@ -33,15 +31,16 @@ SEED_START ?= 6
 SEED_CAP   ?= 24
 JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 train: $(STAMP)
-	$(PY) experiments/until_precise.py --dir outputs/make_train/$$(date +%Y-%m-%d_%H-%M-%S) --formats fp32,fp8 \
+	PYTHONDONTWRITEBYTECODE= $(PY) experiments/until_precise.py --dir outputs/make_train/$$(date +%Y-%m-%d_%H-%M-%S) --formats fp32,fp8 \
 	    --baseline fp32 --rel $(UNTIL_CI) --start $(SEED_START) --cap $(SEED_CAP) --jobs $(JOBS) \
 	    -- log=quiet checkpoint_every=0 || test $$? -eq 3
 
 # Test processes: pytest-xdist workers, one per core (CI has 2). --dist loadfile keeps each test file in one
 # worker, so its module fixtures and the kernel variants it compiles are built once; numba's disk cache is
 # shared between the workers (kernels/_cache.py locks it). TEST_JOBS=0: one process. The exhaustive tier:
-# docs/testing.md. Bytecode is written even where PYTHONDONTWRITEBYTECODE is set: otherwise every worker and
-# every child process compiles the package again and pytest rewrites every test module again (~7 CPU-s a worker).
+# docs/testing.md. Bytecode is written even where PYTHONDONTWRITEBYTECODE is set (the install writes none, and so
+# does train): otherwise every worker and every child process compiles its imports again and pytest rewrites every
+# test module again (~7 CPU-s a worker).
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: $(STAMP)
 	PYTHONDONTWRITEBYTECODE= NUMBA_ENABLE_CUDASIM=$(CUDASIM) $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests

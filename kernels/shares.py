@@ -17,7 +17,8 @@ captures, and a dispatcher's pickle differs per process, so the launcher does no
 among its globals (a copy of this module's, one per launcher, ``rng`` bound there), has a qualified name of its
 own (from ``rng``'s module and qualified name), and captures ``rng``'s identity instead (``_identity``: that name,
 the cache directory of ``rng``'s module, which names the digest of its sources, and the pickle of what ``rng``
-captures, as numba keys ``rng`` itself). The launchers' cache directory is keyed on every kernel source. An
+captures, as numba keys ``rng`` itself; outside emunum's kernels, the digest of ``rng``'s file, since the
+launcher's machine code holds ``rng``'s). The launchers' cache directory is keyed on every kernel source. An
 ``rng`` that numba does not cache, or that captures anything but plain numbers, strings and tuples of them (whose
 pickle could differ per process), gets a launcher compiled per process.
 """
@@ -76,7 +77,13 @@ def _identity(kernel):
     captured = tuple(c.cell_contents for c in f.__closure__ or ())
     if isinstance(getattr(kernel, "_cache", None), NullCache) or not _plain(captured):
         return None
-    where = _cache._REGISTERED.get(os.path.realpath(f.__code__.co_filename), f.__code__.co_filename)
+    path = os.path.realpath(f.__code__.co_filename)
+    if path in _cache._REGISTERED:
+        where = _cache._REGISTERED[path]  # names the digest of the module and its dependencies
+    elif os.path.isfile(path):
+        where = f"{path}:{_cache._digest([path])}"  # a kernel of the user's: an edit must not load the old code
+    else:
+        return None
     return f"{f.__module__}.{f.__qualname__}|{where}|{hashlib.sha256(pickle.dumps(captured)).hexdigest()}"
 
 

@@ -137,3 +137,20 @@ def test_a_kernel_that_captures_a_compiled_function_gets_a_launcher_compiled_per
     assert shares._identity(kernel) is None and isinstance(run.compiled._cache, NullCache)
     assert shares._identity(_adder(1.0)) is not None and all(
         shares._identity(_args(name, mode)[0]) is not None for name, mode in CASES)
+
+
+def test_an_edited_kernel_of_the_users_gets_a_new_launcher_not_the_cached_one(tmp_path):
+    """The launcher's machine code holds its kernel's: outside emunum's kernels, the kernel file's digest keys it."""
+    import importlib.util
+
+    path = tmp_path / "user_kernel.py"
+    x = np.arange(500, dtype=np.float64)
+    for c in (1.0, 2.0):
+        path.write_text("from numba import njit\n\n\n@njit(cache=True)\ndef add(lo, hi, src, dst):\n"
+                        f"    for i in range(lo, hi):\n        dst[i] = src[i] + {c}\n")
+        spec = importlib.util.spec_from_file_location("user_kernel", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        out = np.empty_like(x)
+        shares.launcher.__wrapped__(mod.add)(x.size, x, out)  # a fresh dispatcher, as in the next process
+        assert np.array_equal(out, x + c), c

@@ -42,9 +42,10 @@ GOAL_GMACS = 300.0
 
 # The CUDA test files: every number system's elementwise kernels (float, fixed, posit, table, log, custom,
 # block formats, the NVFP4 family, MX+, P3109, HiFloat8), the RNG, every MAD unit's CUDA GEMM (general,
-# multi-term, approximate multipliers) and the matrix instructions.
+# multi-term, approximate multipliers), the matrix instructions, and every kernel's lowering for the CUDA target.
 CUDA_TESTS = [
-    "tests/kernels/test_cuda.py", "tests/kernels/test_block_cuda.py", "tests/kernels/test_posit_kernels.py",
+    "tests/kernels/test_cuda.py", "tests/kernels/test_cuda_lowering.py", "tests/kernels/test_block_cuda.py",
+    "tests/kernels/test_posit_kernels.py",
     "tests/kernels/test_table_log_kernels.py", "tests/kernels/test_gemm_cuda.py",
     "tests/kernels/test_gemm_multiterm_cuda.py", "tests/formats/test_custom.py", "tests/test_mad_multiplier.py",
     "tests/test_fasi_vectors.py", "tests/test_rng.py", "tests/kernels/test_nvfp4_cuda.py",

@@ -85,6 +85,13 @@ def _as_float(z):
 
 
 @njit(inline="always")
+def _is_odd(k):
+    """Whether the integral float64 k >= 0 is odd, in float arithmetic (it vectorises; ``scalar.common._is_odd``
+    truncates through int64)."""
+    return k - 2.0 * np.floor(k * 0.5) == 1.0
+
+
+@njit(inline="always")
 def sr_element(x, full, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n, near):
     """float32(round_float_value_sat(x / full, ..., STOCHASTIC, rnd, nbits) * full) for a float32 x that is not
     NaN (two_n = 2.0**nbits, big = 2.0**(man + 3), neg_max = max_e), by the reference's steps; with a fixed
@@ -108,8 +115,8 @@ def sr_value(v, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n, near):
     d = r * two_n
     f = np.floor(d)
     dd = d - f
-    f = f + (1.0 if (dd > 0.5) | ((dd == 0.5) & (f - 2.0 * np.floor(f * 0.5) == 1.0)) else 0.0)
-    up = (r > 0.5) | ((r == 0.5) & (k - 2.0 * np.floor(k * 0.5) == 1.0)) if near else f + rnd >= two_n
+    f = f + (1.0 if (dd > 0.5) | ((dd == 0.5) & _is_odd(f)) else 0.0)
+    up = (r > 0.5) | ((r == 0.5) & _is_odd(k)) if near else f + rnd >= two_n
     k = k + (1.0 if up else 0.0)
     q = math.copysign(min(k, big) * _pow2(qe), v)  # v = +-inf: +-big 2**qe or +-inf 2**qe, +-inf
     q = max(min(q, max_e), -neg_max)

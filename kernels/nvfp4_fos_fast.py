@@ -34,7 +34,7 @@ sign where q != 0 or the element has -0: the scalar core's stores.
 ``nvfp4_fos_sr.sr_e2m1(float32(|x| * enc), word)`` for both candidates and the store, the word of element k of
 block j being ``random_bits(key, its flat index, nbits)``, laid out as the magnitudes (``_words``). A stochastic q
 is an e2m1 value too, so ``_dequant`` and ``out_values`` hold as above; the units that fall back take
-``nvfp4_fos_sr``'s block loop. The flag is a constant in each of the task's two copies of the unit.
+``nvfp4_fos_sr``'s block loop. The flag is a constant in each of ``fos_lanes_range``'s two copies of the unit.
 """
 import math
 

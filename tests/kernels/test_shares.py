@@ -3,6 +3,8 @@ boundary (element i's random bits depend on i alone, not on the chunk it falls i
 shares on numba's threads."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -145,9 +147,12 @@ def test_an_edited_kernel_of_the_users_gets_a_new_launcher_not_the_cached_one(tm
 
     path = tmp_path / "user_kernel.py"
     x = np.arange(500, dtype=np.float64)
-    for c in (1.0, 2.0):
+    for k, c in enumerate((1.0, 2.0)):
         path.write_text("from numba import njit\n\n\n@njit(cache=True)\ndef add(lo, hi, src, dst):\n"
                         f"    for i in range(lo, hi):\n        dst[i] = src[i] + {c}\n")
+        # numba keys its own cache of ``add`` on the file's mtime and size: two writes of one size within a clock
+        # tick of the file system would load the first ``add`` whatever the launcher does
+        os.utime(path, ns=(10**18 + k * 10**10,) * 2)
         spec = importlib.util.spec_from_file_location("user_kernel", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)

@@ -25,6 +25,10 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # test), and a pool spinning between torch ops burns the CPU that the other process waits for. Same thread count,
 # same results; the CPU figures are in benchmarks/RESULTS.md ("OpenMP's idle threads"). Subprocesses inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":  # the simulator's blocks wait on their threads, not spin
+    import cuda_sim_scheduler
+
+    cuda_sim_scheduler.install()
 
 import functools  # noqa: E402
 import types

@@ -127,9 +127,11 @@ def sr_value(v, rnd, man, emin, sub, max_e, neg_max, big, negzero, two_n, near):
 @njit(nogil=True)
 def _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, full, man, emin, sub, max_e, neg_max, big,
                negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits, near):
-    """Blocks b0..b1-1 (``sr_range``); tc and full are literals at ``_sr_rows``' three calls: typed once per
-    specialisation and inlined by LLVM (``llvm_inline``), not re-typed at each call by numba's inliner; so is
-    near (rounding to nearest, ``nearest_range``), a constant in each entry point once inlined."""
+    """Blocks b0..b1-1 (``sr_range``); near: rounding to nearest (``nearest_range``). ``_sr_rows``' three calls
+    pass tc (16 at the first), full and near as plain (not literal) values: numba types this once, with every
+    branch, and LLVM inlines it (``llvm_inline``) into each entry point, where they are constants (tc's trip
+    count included), and folds the branches away (one compile per literal combination took 21 CPU-s in the
+    tests; the speed is the same, ``benchmarks/block_sr.py``)."""
     inline_in_llvm()
     rule, emax_e, lo, hi, mbits, s_man, s_emin, s_sub, pbits = pw
     bm_f = pbits - emax_e  # MX+'s block max: a fixed-point value with bm_f fraction bits (round_block_max)
@@ -192,14 +194,17 @@ def _sr_rows(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, man, 
     s_min_normal = math.ldexp(1.0, s_emin)
     full = R % tr == 0 and C % tc == 0
     if tc == 16 and full:  # a constant trip count for the element loop
-        _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, 16, True, man, emin, sub, max_e, neg_max,
-                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits, near)
+        _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, I64(16), np.bool_(True), man, emin, sub,
+                   max_e, neg_max, big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits,
+                   np.bool_(near))
     elif full:
-        _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, True, man, emin, sub, max_e, neg_max,
-                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits, near)
+        _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, np.bool_(True), man, emin, sub,
+                   max_e, neg_max, big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits,
+                   np.bool_(near))
     else:
-        _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, False, man, emin, sub, max_e, neg_max,
-                   big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits, near)
+        _sr_blocks(b0, b1, src, bits, dst, dbits, scales, scanned, R, C, tr, tc, np.bool_(False), man, emin, sub,
+                   max_e, neg_max, big, negzero, s_max, s_min, t, s_split, s_magic, s_min_normal, pw, key, nbits,
+                   np.bool_(near))
 
 
 @njit(cache=True, nogil=True)

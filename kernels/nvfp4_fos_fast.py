@@ -165,20 +165,22 @@ def _errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, mask)
     """``_row_errors`` with the metric a constant in each copy of its loop (a selection by the metric per element
     cost as much as the error terms)."""
     if metric == 0:
-        _row_errors(tf, o, n, 0, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, mask)
+        _row_errors(tf, o, n, np.int64(0), enc6, enc4, vt6, vt4, e6, e4, np.bool_(sr), rw, nbits, mask)
     elif metric == 1:
-        _row_errors(tf, o, n, 1, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, mask)
+        _row_errors(tf, o, n, np.int64(1), enc6, enc4, vt6, vt4, e6, e4, np.bool_(sr), rw, nbits, mask)
     else:
-        _row_errors(tf, o, n, 2, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, mask)
+        _row_errors(tf, o, n, np.int64(2), enc6, enc4, vt6, vt4, e6, e4, np.bool_(sr), rw, nbits, mask)
 
 
 @njit(nogil=True, error_model="numpy")
 def _row_errors(tf, o, n, metric, enc6, enc4, vt6, vt4, e6, e4, sr, rw, nbits, mask):
     """e6[j], e4[j]: the error of the 16 elements of block j (j < n) of a row under each candidate, each a chain
     in element order (module doc), from their magnitudes tf[o + k * LANES + j] (``_transpose``); vt6, vt4: each
-    lane's w1 at j and w15 at LANES + j (``lane_values``); sr (a constant): rounded stochastically with the
-    random words rw[o + k * LANES + j] (``_words``). Typed once per metric and sr and inlined by LLVM
-    (``llvm_inline``): numba's inliner typed it again at each of its 12 call sites."""
+    lane's w1 at j and w15 at LANES + j (``lane_values``); sr: rounded stochastically with the
+    random words rw[o + k * LANES + j] (``_words``). ``_errors`` passes metric and sr as plain (not literal)
+    values: numba types this once per array layout, with every branch, and LLVM inlines it (``llvm_inline``)
+    at each call site, where they are constants, and folds the branches away (numba's inliner typed it again at
+    each of its 12 call sites; one compile per literal metric and sr took 17 CPU-s)."""
     inline_in_llvm()
     st = U64(LANES)
     for j in range(n):

@@ -5,7 +5,11 @@ far more compile time than the code it makes (a ``gemm_vec`` variant spent ~9 of
 A plain ``njit`` callee is typed once per signature, literal flags included (numba compiles a specialisation per
 ``Literal`` argument and prunes its dead branches), shared by every caller, and linked into each caller's module;
 with this mark LLVM's always-inliner then puts its body into each call site before the loop vectoriser runs, so
-the loops are what numba's inlining gave: the same operations, hence the same bits.
+the loops are what numba's inlining gave: the same operations, hence the same bits. A caller that passes its
+flags as plain values (``np.int64(MODE)``, ``np.bool_(CHK)``: not ``Literal``) gets one compile for all of them,
+with every branch; the flags are constants at each inlined call site and LLVM folds the branches there
+(``gemm_vec._round``, ``block_sr._sr_blocks``, ``nvfp4_fos_fast._row_errors``: same speed, a third of the
+compile time of their test files less).
 """
 from numba import types
 from numba.core.cpu import CPUContext

@@ -8,8 +8,8 @@ with this mark LLVM's always-inliner then puts its body into each call site befo
 the loops are what numba's inlining gave: the same operations, hence the same bits. A caller that passes its
 flags as plain values (``np.int64(MODE)``, ``np.bool_(CHK)``: not ``Literal``) gets one compile for all of them,
 with every branch; the flags are constants at each inlined call site and LLVM folds the branches there
-(``gemm_vec._round``, ``block_sr._sr_blocks``, ``nvfp4_fos_fast._row_errors``: same speed, a third of the
-compile time of their test files less).
+(``gemm_vec._round``, ``block_sr._sr_blocks``, ``nvfp4_fos_fast._row_errors``: same speed; their test files
+compiled 21, 19 and 15 CPU-s less).
 """
 from numba import types
 from numba.core.cpu import CPUContext

@@ -236,58 +236,68 @@ def _add_row(dst, src, ai, af, aw, colz, z, nbits, AMODE, AFIX, CHK, EXACT):
         src[jj] = 0.0
 
 
+@njit(cache=True, nogil=True)
+def _tiles(t0, t1, A, B, bias, has_bias, out, mulp, accp, mi, mf, mw, ai, af, aw, lanes, chunk, keys, nbits, FUSED,
+           MMODE, AMODE, AFIX, CHK, EXACT):
+    """Output tiles t0..t1-1 (``tile_of``); A (bA, M, K), B (bB, K, N) float64 arrays of float32 values;
+    mi/mf/mw, ai/af/aw: ``consts`` of the product and accumulator formats; mulp/accp: their parameter tuples
+    (for the scalar cores); the flags as in ``kernel``, plain values: numba compiles this once for every flag
+    combination and LLVM inlines it (``llvm_inline``) into each ``kernel``, where they are constants."""
+    inline_in_llvm()
+    nb, M, N = out.shape
+    K = A.shape[2]
+    bA, bB = A.shape[0], B.shape[0]
+    span = chunk * lanes if chunk > 0 else max(K, 1)
+    k_mul, k_acc, k_chunk, k_red, k_bias = keys[S_MUL], keys[S_ACC], keys[S_CHUNK], keys[S_REDUCE], keys[S_BIAS]
+    colz = np.empty(TN, np.uint64)
+    for jj in range(TN):
+        colz[jj] = np.uint64(jj) * np.uint64(K) * GOLDEN
+    inner = np.zeros((lanes, TN))
+    outer = np.zeros((lanes, TN))
+    v = np.empty(lanes)
+    for t in range(t0, t1):
+        b, i0, i1, j0, nj, ab, bbi = tile_of(t, M, N, bA, bB, TM, TN)
+        for i in range(i0, i1):
+            inner[:, :] = 0.0
+            outer[:, :] = 0.0
+            obase = (b * M + i) * N + j0
+            arow = A[ab, i]
+            for kk in range(0, K, span):
+                for k in range(kk, min(K, kk + span)):
+                    zb = np.uint64(obase * K + k + 1) * GOLDEN
+                    _mac_row(inner[k % lanes, :nj], B[bbi, k, j0:j0 + nj], arow[k], mi, mf, mw, ai, af, aw, colz,
+                             k_mul + zb, k_acc + zb, nbits, FUSED, MMODE, AMODE, AFIX, CHK, EXACT)
+                if chunk > 0:
+                    for lane in range(lanes):
+                        zb = np.uint64(obase * K + kk + lane + 1) * GOLDEN
+                        _add_row(outer[lane, :nj], inner[lane, :nj], ai, af, aw, colz, k_chunk + zb, nbits, AMODE,
+                                 AFIX, CHK, EXACT)
+            src = outer if chunk > 0 else inner
+            for jj in range(nj):
+                for lane in range(lanes):
+                    v[lane] = src[lane, jj]
+                y = reduce_lanes(v, lanes, accp, k_red, obase + jj, nbits)
+                if has_bias:
+                    y = add_round(y, bias[b, i, j0 + jj], accp, k_bias, obase + jj, nbits)
+                out[b, i, j0 + jj] = canonical_nan(y)
+
+
 @functools.lru_cache(maxsize=None)
 def kernel(FUSED: bool, MMODE: int, AMODE: int, AFIX: int, CHK: bool, EXACT: bool):
     """The kernel for one combination of flags: fused, the product and accumulator rounding modes (MMODE -1 when
     fused; AMODE -1 for a deterministic fixed-point accumulator, whose mode is a runtime weight), the
     accumulator's kind (AFIX: 0 float, 1 saturating fixed point, 2 wrapping), overflow/non-finite checks (CHK),
-    exact sums (EXACT, ``exact_sums``). They are closure constants, so each inner loop compiles branch-free;
-    numba caches each closure on disk under its own key (the closure's values are part of it). The kernel is
-    serial over the output tiles t0..t1-1 and releases the GIL: ``run`` spreads the tiles over threads
-    (``threads.launch``), so each variant compiles once, with no parfor body."""
+    exact sums (EXACT, ``exact_sums``). They are closure constants, passed on to ``_tiles`` as plain values:
+    LLVM folds them there, so each inner loop compiles branch-free; numba caches each closure on disk under its
+    own key (the closure's values are part of it). The kernel is serial over the output tiles t0..t1-1 and
+    releases the GIL: ``run`` spreads the tiles over threads (``threads.launch``), so each variant compiles
+    once, with no parfor body."""
 
     @njit(cache=True, nogil=True)
     def gemm_vec(t0, t1, A, B, bias, has_bias, out, mulp, accp, mi, mf, mw, ai, af, aw, lanes, chunk, keys, nbits):
-        """Output tiles t0..t1-1 (``tile_of``); A (bA, M, K), B (bB, K, N) float64 arrays of float32 values;
-        mi/mf/mw, ai/af/aw: ``consts`` of the product and accumulator formats; mulp/accp: their parameter tuples
-        (for the scalar cores).
-        """
-        nb, M, N = out.shape
-        K = A.shape[2]
-        bA, bB = A.shape[0], B.shape[0]
-        span = chunk * lanes if chunk > 0 else max(K, 1)
-        k_mul, k_acc, k_chunk, k_red, k_bias = keys[S_MUL], keys[S_ACC], keys[S_CHUNK], keys[S_REDUCE], keys[S_BIAS]
-        colz = np.empty(TN, np.uint64)
-        for jj in range(TN):
-            colz[jj] = np.uint64(jj) * np.uint64(K) * GOLDEN
-        inner = np.zeros((lanes, TN))
-        outer = np.zeros((lanes, TN))
-        v = np.empty(lanes)
-        for t in range(t0, t1):
-            b, i0, i1, j0, nj, ab, bbi = tile_of(t, M, N, bA, bB, TM, TN)
-            for i in range(i0, i1):
-                inner[:, :] = 0.0
-                outer[:, :] = 0.0
-                obase = (b * M + i) * N + j0
-                arow = A[ab, i]
-                for kk in range(0, K, span):
-                    for k in range(kk, min(K, kk + span)):
-                        zb = np.uint64(obase * K + k + 1) * GOLDEN
-                        _mac_row(inner[k % lanes, :nj], B[bbi, k, j0:j0 + nj], arow[k], mi, mf, mw, ai, af, aw, colz,
-                                 k_mul + zb, k_acc + zb, nbits, FUSED, MMODE, AMODE, AFIX, CHK, EXACT)
-                    if chunk > 0:
-                        for lane in range(lanes):
-                            zb = np.uint64(obase * K + kk + lane + 1) * GOLDEN
-                            _add_row(outer[lane, :nj], inner[lane, :nj], ai, af, aw, colz, k_chunk + zb, nbits, AMODE,
-                                     AFIX, CHK, EXACT)
-                src = outer if chunk > 0 else inner
-                for jj in range(nj):
-                    for lane in range(lanes):
-                        v[lane] = src[lane, jj]
-                    y = reduce_lanes(v, lanes, accp, k_red, obase + jj, nbits)
-                    if has_bias:
-                        y = add_round(y, bias[b, i, j0 + jj], accp, k_bias, obase + jj, nbits)
-                    out[b, i, j0 + jj] = canonical_nan(y)
+        """``_tiles`` with this variant's flags."""
+        _tiles(t0, t1, A, B, bias, has_bias, out, mulp, accp, mi, mf, mw, ai, af, aw, lanes, chunk, keys, nbits,
+               np.bool_(FUSED), np.int64(MMODE), np.int64(AMODE), np.int64(AFIX), np.bool_(CHK), np.bool_(EXACT))
 
     return gemm_vec
 

@@ -222,16 +222,18 @@ def _words(rw, o, rb, n, key, nbits):
 @njit(inline="always", error_model="numpy")
 def _blocks_one_by_one(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk, b0, b1,
                        fb, sr, srk):
-    """Blocks b0..b1-1 (flat) by ``nvfp4_fast``'s block loop, or where sr by ``nvfp4_fos_sr``'s."""
+    """Blocks b0..b1-1 (flat) by ``nvfp4_fast``'s block loop, or where sr by ``nvfp4_fos_sr``'s (tc an int64, not the
+    literal 16: the compile those paths make for their own callers serves here too)."""
     s_max, s_split, s_magic, s_min_normal = sk[:4]
     q6, q4, t6, t4, w6, w4 = fb[10:]
     key, nbits, mask, rw, rb = srk
     if sr:
-        _fos_sr_chunk(bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, 16, ges, gds, gamax, denom, metric,
-                      negzero, s_max, s_split, s_magic, s_min_normal, key, nbits, b0, b1, rb, q6, q4, t6, t4, w6, w4)
+        _fos_sr_chunk(bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, np.int64(16), ges, gds, gamax, denom,
+                      metric, negzero, s_max, s_split, s_magic, s_min_normal, key, nbits, b0, b1, rb, q6, q4, t6, t4, w6,
+                      w4)
     else:
-        _fos_chunk(src, bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, 16, ges, gds, gamax, denom, metric,
-                   m, vl, negzero, s_max, s_split, s_magic, s_min_normal, b0, b1, q6, q4, t6, t4, w6, w4)
+        _fos_chunk(src, bits, dbits, sc.reshape(-1), nbr, sc.shape[1], R, C, tr, np.int64(16), ges, gds, gamax, denom,
+                   metric, m, vl, negzero, s_max, s_split, s_magic, s_min_normal, b0, b1, q6, q4, t6, t4, w6, w4)
 
 
 @njit(inline="always", error_model="numpy")

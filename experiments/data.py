@@ -60,21 +60,70 @@ def _split(n: int, val_fraction: float, seed: int, field: str):
 
 
 # ---- mnist1d -------------------------------------------------------------------------------------------
-def load_mnist1d(cfg) -> Dataset:
-    from mnist1d.data import get_dataset_args, make_dataset
+def _defaults_file(cache: Path) -> Path | None:
+    """Where the installed mnist1d's default arguments are kept (``_mnist1d_defaults``); None without mnist1d."""
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        return cache / f"mnist1d_defaults_{version('mnist1d')}.json"
+    except PackageNotFoundError:
+        return None
+
+
+def _remember_defaults(cache: Path, args: dict) -> None:
+    """Write mnist1d's default arguments to ``_defaults_file`` (atomically; a read-only cache is left as it is)."""
+    path = _defaults_file(cache)
+    if path is None:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(args))
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        log.debug("could not write %s: %s", path, e)
+
+
+def _mnist1d_defaults(cache: Path) -> dict:
+    """``mnist1d.data.get_dataset_args(as_dict=True)``, read from ``_defaults_file`` where a run wrote it for the
+    installed mnist1d, else from mnist1d itself (and written there). Importing mnist1d costs ~0.9 CPU-s (it
+    imports matplotlib and scipy); a run that finds its draw cached needs only these arguments (the cache file
+    is named after their digest), so the jobs of a sweep skip that import. The draw itself is always generated
+    from mnist1d's own defaults (``load_mnist1d``), which are written here again."""
+    path = _defaults_file(cache)
+    if path is not None:
+        try:
+            args = json.loads(path.read_text())
+            if isinstance(args, dict) and "num_samples" in args and "seed" in args:
+                return args
+        except (OSError, ValueError):
+            pass  # absent or unreadable: from mnist1d
+    from mnist1d.data import get_dataset_args
+
+    args = get_dataset_args(as_dict=True)
+    _remember_defaults(cache, args)
+    return args
+
+
+def _mnist1d_path(cfg, args: dict) -> Path:
+    """The cache file of the draw ``args`` (mnist1d's arguments): named after the digest of all but the URL."""
+    recipe = {k: v for k, v in args.items() if k != "url"}
+    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir(cfg.cache_dir) / f"mnist1d_{digest}.npz"
+
+
+def load_mnist1d(cfg) -> Dataset:
     n, n_train = int(cfg.num_samples), int(cfg.get("train_samples", 4000))
     if n < 20 or n % 10:
         raise ValueError(f"data.num_samples={n} must be a multiple of 10 (10 classes), at least 20")
     if not 1 <= n_train < n:
         raise ValueError(f"data.train_samples={n_train} is out of range; allowed: 1..{n - 1} (data.num_samples-1)")
-    args = get_dataset_args(as_dict=True)
     # generated whole (train_split 1) and split here: the first n_train train, as the paper's 80/20 split of
     # 5000 does with n_train=4000
-    args.update(num_samples=n, train_split=1.0, seed=int(cfg.seed), shuffle_seq=bool(cfg.shuffle_seq))
-    recipe = {k: v for k, v in args.items() if k != "url"}
-    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
-    path = cache_dir(cfg.cache_dir) / f"mnist1d_{digest}.npz"
+    draw = dict(num_samples=n, train_split=1.0, seed=int(cfg.seed), shuffle_seq=bool(cfg.shuffle_seq))
+    args = {**_mnist1d_defaults(cache_dir(cfg.cache_dir)), **draw}
+    path = _mnist1d_path(cfg, args)
     arrays = None
     if path.exists():
         try:
@@ -83,10 +132,15 @@ def load_mnist1d(cfg) -> Dataset:
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:  # a corrupt cache: regenerate
             log.warning("the MNIST-1D cache %s is unreadable (%s: %s); regenerating it", path, type(e).__name__, e)
     if arrays is None:
+        from mnist1d.data import get_dataset_args, make_dataset
+        from mnist1d.utils import ObjectView
+
+        defaults = get_dataset_args(as_dict=True)  # mnist1d's own, whatever the file of defaults said
+        _remember_defaults(cache_dir(cfg.cache_dir), defaults)
+        args = {**defaults, **draw}
+        path = _mnist1d_path(cfg, args)  # named after what it holds
         state = np.random.get_state()  # make_dataset reseeds numpy's global generator; put it back
         try:
-            from mnist1d.utils import ObjectView
-
             d = make_dataset(ObjectView(args))
         finally:
             np.random.set_state(state)

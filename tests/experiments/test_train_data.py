@@ -161,3 +161,49 @@ def test_a_corrupt_mnist1d_cache_is_regenerated(compose, tmp_path, damage):
     assert torch.equal(again.x_train, first.x_train) and torch.equal(again.y_val, first.y_val)
     with np.load(path) as z:  # the cache was rewritten whole
         assert np.array_equal(z["y"][400:], first.y_val.numpy()) and len(z["y"]) == 600
+
+
+def test_a_run_that_finds_its_draw_cached_does_not_import_mnist1d(compose, tmp_path):
+    """mnist1d's default arguments (which name the cache file) are kept beside the draws: a sweep job whose draw
+    is cached skips importing mnist1d (~0.9 CPU-s) and loads the same arrays."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from mnist1d.data import get_dataset_args
+
+    cfg = compose(f"data.cache_dir={tmp_path}", "data.num_samples=600", "data.train_samples=400")
+    first = data_mod.load(cfg.data)
+    (defaults,) = tmp_path.glob("mnist1d_defaults_*.json")
+    assert json.loads(defaults.read_text()) == get_dataset_args(as_dict=True)
+    code = ("import sys, hashlib; from omegaconf import OmegaConf; from experiments import data\n"
+            f"d = data.load(OmegaConf.create({dict(cfg.data)!r}))\n"
+            "print('mnist1d' in sys.modules, hashlib.sha256(d.x_train.numpy().tobytes()).hexdigest())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import hashlib
+
+    assert out.stdout.split() == ["False", hashlib.sha256(first.x_train.numpy().tobytes()).hexdigest()]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "a wrong default"])
+def test_a_damaged_defaults_file_still_gives_the_draw_of_mnist1ds_defaults(compose, tmp_path, damage):
+    """The file of defaults only names the cache file: with a damaged one the draw is generated from mnist1d's
+    own defaults, cached under their name, and the file is written again."""
+    import json
+
+    from mnist1d.data import get_dataset_args
+
+    cfg = compose(f"data.cache_dir={tmp_path}", "data.num_samples=600", "data.train_samples=400")
+    first = data_mod.load(cfg.data)
+    (defaults,) = tmp_path.glob("mnist1d_defaults_*.json")
+    (draw,) = tmp_path.glob("mnist1d_*.npz")
+    defaults.write_text("{not json" if damage == "garbage" else
+                        json.dumps({**get_dataset_args(as_dict=True), "template_len": 13}))
+    draw.unlink()
+    again = data_mod.load(cfg.data)
+    assert torch.equal(again.x_train, first.x_train) and torch.equal(again.y_val, first.y_val)
+    assert [p.name for p in tmp_path.glob("mnist1d_*.npz")] == [draw.name]
+    assert json.loads(defaults.read_text()) == get_dataset_args(as_dict=True)

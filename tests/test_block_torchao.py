@@ -2,7 +2,7 @@
 
 torchao is in the ``test`` extra: 0.18.0 declares no dependencies, so it installs beside the pinned CPU torch
 2.13 without pulling anything (its CUDA extensions fail to load, harmlessly, with a message at import).
-The module still skips where torchao is absent (an environment built without the extra).
+Each test skips where torchao is absent (an environment built without the extra).
 
 - MX: ``to_mx`` / ``to_dtype`` with the FLOOR scale mode (OCP MX v1.0's rule), whole values compared.
 - NVFP4: ``nvfp4_quantize`` with a per-tensor scale; element codes and block-scale codes compared with
@@ -25,8 +25,23 @@ import torch
 
 import emunum
 
-mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
-nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+
+
+class _TorchAO:
+    """torchao's MX and NVFP4 modules, imported at the first test that uses them (importing them at collection
+    cost every pytest-xdist worker ~2.5 CPU-s); a test skips where torchao is absent."""
+
+    def __getattr__(self, name):
+        mods = {"mx": "torchao.prototype.mx_formats.mx_tensor", "nv": "torchao.prototype.mx_formats.nvfp4_tensor",
+                "config": "torchao.prototype.mx_formats.config"}
+        if name not in mods:
+            raise AttributeError(name)
+        mod = pytest.importorskip(mods[name])
+        setattr(self, name, mod)
+        return mod
+
+
+_ta = _TorchAO()
 
 MX = [("mxfp8_e4m3", torch.float8_e4m3fn), ("mxfp8_e5m2", torch.float8_e5m2), ("mxfp6_e3m2", "fp6_e3m2"),
       ("mxfp6_e2m3", "fp6_e2m3"), ("mxfp4_e2m1", torch.float4_e2m1fn_x2)]
@@ -50,8 +65,8 @@ def _mx_case(case: str) -> torch.Tensor:
 @pytest.mark.parametrize("name,dtype", MX)
 def test_mx_values_equal_torchao_to_mx(name, dtype, case):
     x = _mx_case(case)
-    scale, data = mx.to_mx(x, dtype, 32)
-    ours, theirs = emunum.quantize(x, name), mx.to_dtype(data, scale, dtype, 32, torch.float32)
+    scale, data = _ta.mx.to_mx(x, dtype, 32)
+    ours, theirs = emunum.quantize(x, name), _ta.mx.to_dtype(data, scale, dtype, 32, torch.float32)
     code0 = (scale.view(torch.uint8) == 0).repeat_interleave(32, dim=-1)
     if case == "tiny":
         assert 0 < int(code0.sum()) < x.numel()
@@ -63,15 +78,15 @@ def test_mx_values_equal_torchao_to_mx(name, dtype, case):
 @pytest.mark.parametrize("name,dtype", MX[:2])
 def test_mx_along_axis0_equals_torchao_on_the_transpose(name, dtype):
     x = _mx_case("wide").T.contiguous()  # (256, 64): blocks of 32 down each column
-    scale, data = mx.to_mx(x.T.contiguous(), dtype, 32)
-    want = mx.to_dtype(data, scale, dtype, 32, torch.float32).T
+    scale, data = _ta.mx.to_mx(x.T.contiguous(), dtype, 32)
+    want = _ta.mx.to_dtype(data, scale, dtype, 32, torch.float32).T
     assert torch.equal(emunum.quantize(x, name, axis=0), want)
 
 
 def _nvfp4_codes(x: torch.Tensor):
     """torchao's (element codes, block-scale codes) of x (2-D float32, rows a multiple of 16)."""
-    t = nv.per_tensor_amax_to_scale(x.abs().max())
-    scales, packed = nv.nvfp4_quantize(x, 16, t)
+    t = _ta.nv.per_tensor_amax_to_scale(x.abs().max())
+    scales, packed = _ta.nv.nvfp4_quantize(x, 16, t)
     codes = torch.stack([packed & 15, packed >> 4], -1).reshape(x.shape)  # low nibble first
     return codes.long().numpy(), scales.view(torch.uint8).long().numpy().reshape(x.shape[0], -1), float(t)
 
@@ -106,8 +121,6 @@ def test_nvfp4_codes_equal_torchao_nvfp4_quantize(seed, lo):
 # the code-0 halving above (FLOOR, CEIL, EVEN; RCEIL multiplies a code-0 block by 1.0 instead of 2**127), and
 # RCEIL's eager fallback ceil(log2(r)) in float32, which rounds to k for ratios r just above 2**k.
 
-from torchao.prototype.mx_formats.config import ScaleCalculationMode  # noqa: E402
-
 RULES = ["floor", "ceil", "even", "rceil"]
 
 
@@ -117,8 +130,8 @@ RULES = ["floor", "ceil", "even", "rceil"]
 def test_mx_values_and_scale_codes_equal_torchao_in_every_scale_mode(name, dtype, rule, case):
     x = _mx_case(case)
     fmt = emunum.get_format(f"{name}_{rule}")
-    scale, data = mx.to_mx(x, dtype, 32, scaling_mode=ScaleCalculationMode(rule))
-    theirs = mx.to_dtype(data, scale, dtype, 32, torch.float32)
+    scale, data = _ta.mx.to_mx(x, dtype, 32, scaling_mode=_ta.config.ScaleCalculationMode(rule))
+    theirs = _ta.mx.to_dtype(data, scale, dtype, 32, torch.float32)
     tcodes = scale.view(torch.uint8).long().numpy()
     _, codes, _ = fmt.encode(x.numpy())
     code0 = tcodes == 0
@@ -156,7 +169,7 @@ def test_rceil_ratios_just_above_a_power_of_two_follow_the_rule_where_torchao_ro
     assert above.all()  # each ratio lies above its power of two
     _, ours, _ = fmt.encode(x.numpy())
     np.testing.assert_array_equal(ours[:, 0] - 127, np.array(ks) + 1)  # the rule
-    scale, _ = mx.to_mx(x, dtype, 32, scaling_mode=ScaleCalculationMode.RCEIL)
+    scale, _ = _ta.mx.to_mx(x, dtype, 32, scaling_mode=_ta.config.ScaleCalculationMode.RCEIL)
     theirs = scale.view(torch.uint8).long().numpy()[:, 0] - 127
     miss = np.array(ks)[theirs != np.array(ks) + 1]
     assert set(miss) == {k for k in ks if k >= 4 or k <= -5}  # torchao: k there, the documented difference
@@ -170,6 +183,6 @@ def test_inf_blocks_get_the_largest_scale_where_torchao_gives_its_documented_cod
     x = torch.ones(2, 32)
     x[1, 3] = float("inf")
     fmt = emunum.get_format(f"mxfp8_e4m3_{rule}")
-    scale, _ = mx.to_mx(x, torch.float8_e4m3fn, 32, scaling_mode=ScaleCalculationMode(rule))
+    scale, _ = _ta.mx.to_mx(x, torch.float8_e4m3fn, 32, scaling_mode=_ta.config.ScaleCalculationMode(rule))
     assert fmt.encode(x.numpy())[1][1, 0] == 254  # 2**127 under every rule
     assert scale.view(torch.uint8)[1, 0].item() == code

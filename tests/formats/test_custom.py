@@ -3,6 +3,7 @@ ml_dtypes' float8_e5m2 for a user type that reimplements e5m2 from its definitio
 FixedFormat(24, 8) for a 24-bit user type; a pure-Python loop and the built-in e5m2 rounding of every step
 for ``custom_matmul``."""
 import copy
+import functools
 import math
 
 import numpy as np
@@ -65,7 +66,13 @@ def e5m2_add(a, b):
     return e5m2_to_code(e5m2_from_code(a) + e5m2_from_code(b))  # the float64 sum is exact
 
 
-MY = CustomFormat(e5m2_to_code, e5m2_from_code, 8, name="my_e5m2", add=e5m2_add, mul=e5m2_mul)
+@functools.cache
+def my() -> CustomFormat:
+    """The e5m2 twin of the tests (made at first use: CustomFormat compiles its functions, ~2 CPU-s that every
+    pytest-xdist worker paid at collection)."""
+    return CustomFormat(e5m2_to_code, e5m2_from_code, 8, name="my_e5m2", add=e5m2_add, mul=e5m2_mul)
+
+
 CODES = np.arange(256, dtype=np.int64)
 DIRECTED = ["toward_zero", "up", "down"]
 
@@ -96,44 +103,44 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 # ---- the spec ----------------------------------------------------------------------------------------------
 def test_decode_and_encode_equal_the_builtin_e5m2_on_every_code():
-    want, got = E5M2.decode(CODES), MY.decode(CODES)
+    want, got = E5M2.decode(CODES), my().decode(CODES)
     assert np.array_equal(np.isnan(want), np.isnan(got))
     ok = ~np.isnan(want)
     assert np.array_equal(want[ok].view(np.int64), got[ok].view(np.int64))
-    assert np.array_equal(MY.encode(want[ok]), E5M2.encode(want[ok]))
+    assert np.array_equal(my().encode(want[ok]), E5M2.encode(want[ok]))
 
 
 def test_values_are_the_sorted_unique_decoded_codes_without_nan():
     v = E5M2.decode(CODES)
     v = v[~np.isnan(v)]
     want = np.unique(np.where(v == 0, 0.0, v))
-    got = MY.values()
+    got = my().values()
     assert np.all(np.diff(got) > 0) and not np.isnan(got).any()
     assert np.array_equal(got, want)
-    assert MY.max == E5M2.max == 57344.0 and MY.min == -57344.0 and MY.bits == 8
+    assert my().max == E5M2.max == 57344.0 and my().min == -57344.0 and my().bits == 8
 
 
 def test_equality_and_hash_follow_the_functions_identity_nbits_and_name():
     same = CustomFormat(e5m2_to_code, e5m2_from_code, 8, name="my_e5m2", add=e5m2_add, mul=e5m2_mul)
-    assert same == MY and hash(same) == hash(MY)
-    assert CustomFormat(e5m2_to_code, e5m2_from_code, 8, name="other", add=e5m2_add, mul=e5m2_mul) != MY
-    assert CustomFormat(e5m2_to_code, e5m2_from_code, 9, name="my_e5m2", add=e5m2_add, mul=e5m2_mul) != MY
-    assert CustomFormat(e5m2_to_code, e5m2_from_code, 8, name="my_e5m2") != MY
-    assert copy.deepcopy(MY) is MY
+    assert same == my() and hash(same) == hash(my())
+    assert CustomFormat(e5m2_to_code, e5m2_from_code, 8, name="other", add=e5m2_add, mul=e5m2_mul) != my()
+    assert CustomFormat(e5m2_to_code, e5m2_from_code, 9, name="my_e5m2", add=e5m2_add, mul=e5m2_mul) != my()
+    assert CustomFormat(e5m2_to_code, e5m2_from_code, 8, name="my_e5m2") != my()
+    assert copy.deepcopy(my()) is my()
 
 
 def test_pickling_rebuilds_a_working_type():
     import pickle
-    back = pickle.loads(pickle.dumps(MY))
-    assert isinstance(back, CustomFormat) and back.name == MY.name and back.add is not None
+    back = pickle.loads(pickle.dumps(my()))
+    assert isinstance(back, CustomFormat) and back.name == my().name and back.add is not None
     x = torch.tensor(e5m2_inputs(np.float64))
     assert same_bits(emunum.quantize(x, back), emunum.quantize(x, "fp8_152"))
 
 
 def test_custom_op_encoding_interns_the_spec():
     from emunum.ops import format_from_args, format_to_args
-    args = format_to_args(MY)
-    assert args[0] == 3 and format_from_args(args) is MY
+    args = format_to_args(my())
+    assert args[0] == 3 and format_from_args(args) is my()
     x = torch.tensor(e5m2_inputs(np.float32))
     assert same_bits(torch.ops.emunum.quantize(x, args, 0, None, 32), emunum.quantize(x, "fp8_152"))
 
@@ -180,20 +187,20 @@ def test_a_plain_python_function_is_compiled_with_njit():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_nearest_gives_the_builtin_e5m2_bits(dtype):
     x = torch.tensor(e5m2_inputs(dtype))
-    assert same_bits(emunum.quantize(x, MY), emunum.quantize(x, "fp8_152"))
+    assert same_bits(emunum.quantize(x, my()), emunum.quantize(x, "fp8_152"))
 
 
 def test_nearest_gives_ml_dtypes_float8_e5m2_bits():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     x = e5m2_inputs(np.float32)
     want = torch.tensor(x.astype(ml_dtypes.float8_e5m2).astype(np.float32))
-    assert same_bits(emunum.quantize(torch.tensor(x), MY), want)
+    assert same_bits(emunum.quantize(torch.tensor(x), my()), want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_nearest_in_16_bit_dtypes_gives_the_builtin_bits(dtype):
     x = torch.tensor(e5m2_inputs(np.float32)).to(dtype)
-    got, want = emunum.quantize(x, MY), emunum.quantize(x, "fp8_152")
+    got, want = emunum.quantize(x, my()), emunum.quantize(x, "fp8_152")
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     ok = ~torch.isnan(got)
     assert torch.equal(got[ok].view(torch.int16), want[ok].view(torch.int16))
@@ -203,28 +210,28 @@ def test_nearest_in_16_bit_dtypes_gives_the_builtin_bits(dtype):
 @pytest.mark.parametrize("mode", DIRECTED)
 def test_derived_directed_modes_give_the_builtin_e5m2_directed_bits(mode, dtype):
     x = torch.tensor(e5m2_inputs(dtype))
-    assert same_bits(emunum.quantize(x, MY, mode), emunum.quantize(x, "fp8_152", mode))
+    assert same_bits(emunum.quantize(x, my(), mode), emunum.quantize(x, "fp8_152", mode))
 
 
 def test_derived_modes_match_the_numpy_encode_path():
     x = e5m2_inputs(np.float64)
     ok = ~np.isnan(x)
     for mode in DIRECTED:
-        q = emunum.quantize(torch.tensor(x[ok]), MY, mode).numpy()
-        assert np.array_equal(MY.encode(x[ok], mode), E5M2.encode(q))
+        q = emunum.quantize(torch.tensor(x[ok]), my(), mode).numpy()
+        assert np.array_equal(my().encode(x[ok], mode), E5M2.encode(q))
 
 
 def test_stochastic_picks_a_neighbour_and_is_unbiased_within_5_sigma():
     n = 40000
     for v in (0.3, -5.5, 3e-5):
         x = torch.full((n,), v, dtype=torch.float64)
-        lo, hi = emunum.quantize(x[:1], MY, "down").item(), emunum.quantize(x[:1], MY, "up").item()
-        q = emunum.quantize(x, MY, "stochastic", seed=11)
+        lo, hi = emunum.quantize(x[:1], my(), "down").item(), emunum.quantize(x[:1], my(), "up").item()
+        q = emunum.quantize(x, my(), "stochastic", seed=11)
         assert bool(((q == lo) | (q == hi)).all())
         p = (v - lo) / (hi - lo)
         mean_p = float((q == hi).double().mean())
         assert abs(mean_p - p) <= 5 * math.sqrt(p * (1 - p) / n)
-        assert torch.equal(q, emunum.quantize(x, MY, "stochastic", seed=11))
+        assert torch.equal(q, emunum.quantize(x, my(), "stochastic", seed=11))
 
 
 @njit
@@ -259,7 +266,7 @@ def test_a_type_without_inf_or_negative_zero_rounds_like_fixed_point_and_its_val
 @pytest.mark.parametrize("mode", ["nearest_away", "odd"])
 def test_modes_that_depend_on_the_encoding_raise_naming_the_mode(mode):
     with pytest.raises(ValueError, match=f"rounding='{mode}'.*allowed: nearest, toward_zero, up, down, stochastic"):
-        emunum.quantize(torch.ones(3), MY, mode)
+        emunum.quantize(torch.ones(3), my(), mode)
 
 
 # ---- a 24-bit type: no value set, nearest only ---------------------------------------------------------
@@ -300,8 +307,8 @@ def test_cuda_kernel_gives_the_cpu_kernels_bits(mode, dtype):
     x = e5m2_inputs(dtype)[::5].copy()  # the simulator is slow: a fifth of the inputs
     m, key = int(RoundMode.parse(mode)), seed_key(4)
     want, got = np.empty_like(x), np.empty_like(x)
-    custom_cpu.quantize_custom(x, want, MY.to_kernel_args(), m, key, 32)
-    custom_cuda.quantize_custom(x, got, MY.to_kernel_args(), m, key, 32)
+    custom_cpu.quantize_custom(x, want, my().to_kernel_args(), m, key, 32)
+    custom_cuda.quantize_custom(x, got, my().to_kernel_args(), m, key, 32)
     assert same_bits(torch.tensor(got), torch.tensor(want))
     if mode != "stochastic":  # and the built-in e5m2's bits
         assert same_bits(torch.tensor(got), emunum.quantize(torch.tensor(x), "fp8_152", mode))
@@ -326,7 +333,7 @@ def test_cuda_records_functions_that_do_not_compile_for_it(monkeypatch):
 # ---- training and the MAD unit ------------------------------------------------------------------------------
 def test_patched_linear_trains_one_step_like_the_builtin_e5m2():
     results = []
-    for fmt in (MY, "fp8_152"):
+    for fmt in (my(), "fp8_152"):
         torch.manual_seed(0)
         layer = torch.nn.Linear(8, 4)
         emunum.patch(layer, fmt=fmt, grad_rounding="nearest")
@@ -370,7 +377,7 @@ def builtin_e5m2_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def test_custom_matmul_equals_the_python_loop_and_the_builtin_e5m2_steps(dtype):
     torch.manual_seed(1)
     a, b = torch.randn(5, 9, dtype=dtype) * 4, torch.randn(9, 3, dtype=dtype)
-    got = emunum.mad.custom_matmul(a, b, MY)
+    got = emunum.mad.custom_matmul(a, b, my())
     assert got.dtype == dtype and got.shape == (5, 3)
     assert same_bits(got, torch.tensor(python_matmul(a.numpy(), b.numpy()), dtype=dtype))
     assert same_bits(got, builtin_e5m2_matmul(a, b).to(dtype))
@@ -381,7 +388,7 @@ def test_custom_matmul_names_what_is_missing():
     with pytest.raises(ValueError, match="has no add and mul"):
         emunum.mad.custom_matmul(torch.ones(2, 2), torch.ones(2, 2), plain)
     with pytest.raises(ValueError, match="do not chain"):
-        emunum.mad.custom_matmul(torch.ones(2, 3), torch.ones(2, 2), MY)
+        emunum.mad.custom_matmul(torch.ones(2, 3), torch.ones(2, 2), my())
     with pytest.raises(TypeError, match="CustomFormat"):
         emunum.mad.custom_matmul(torch.ones(2, 2), torch.ones(2, 2), "fp8_152")
 
@@ -415,7 +422,8 @@ def test_functions_cuda_cannot_compile_round_on_the_host_after_one_warning(monke
 @pytest.mark.parametrize("mode", ["nearest", "up"])
 def test_torch_compile_traces_the_custom_op_with_the_interned_type(mode):
     x = torch.tensor(e5m2_inputs(np.float32)[:500])
-    f = torch.compile(lambda t: emunum.quantize(t, MY, mode) * 2, backend="aot_eager", fullgraph=True)
+    fmt = my()
+    f = torch.compile(lambda t: emunum.quantize(t, fmt, mode) * 2, backend="aot_eager", fullgraph=True)
     assert same_bits(f(x), emunum.quantize(x, "fp8_152", mode) * 2)
 
 
@@ -425,8 +433,8 @@ def test_serial_and_parallel_cpu_loops_give_the_same_bits(mode):
     x = e5m2_inputs(np.float32)
     m, key = int(RoundMode.parse(mode)), seed_key(9)
     a, b = np.empty_like(x), np.empty_like(x)
-    custom_cpu.quantize_custom(x, a, MY.to_kernel_args(), m, key, 32, parallel=False)
-    custom_cpu.quantize_custom(x, b, MY.to_kernel_args(), m, key, 32, parallel=True)
+    custom_cpu.quantize_custom(x, a, my().to_kernel_args(), m, key, 32, parallel=False)
+    custom_cpu.quantize_custom(x, b, my().to_kernel_args(), m, key, 32, parallel=True)
     assert same_bits(torch.tensor(a), torch.tensor(b))
 
 

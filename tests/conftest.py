@@ -29,6 +29,12 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":  # the simulator's blocks wait
     import cuda_sim_scheduler
 
     cuda_sim_scheduler.install()
+    # the simulator runs each CUDA thread as a Python thread: 32-thread blocks for the grid-stride kernels (their
+    # launch shape changes speed only, kernels/cuda.py; the CUDA test files of kernels/cuda.py's launches took
+    # 54 -> 41 s of wall time in one process)
+    from emunum.kernels import cuda as _kernels_cuda
+
+    _kernels_cuda.THREADS_PER_BLOCK = 32
 
 import functools  # noqa: E402
 import types

@@ -26,7 +26,6 @@ import torch
 import emunum
 
 
-
 class _TorchAO:
     """torchao's MX and NVFP4 modules, imported at the first test that uses them (importing them at collection
     cost every pytest-xdist worker ~2.5 CPU-s); a test skips where torchao is absent."""

@@ -166,6 +166,7 @@ def test_a_corrupt_mnist1d_cache_is_regenerated(compose, tmp_path, damage):
 def test_a_run_that_finds_its_draw_cached_does_not_import_mnist1d(compose, tmp_path):
     """mnist1d's default arguments (which name the cache file) are kept beside the draws: a sweep job whose draw
     is cached skips importing mnist1d (~0.9 CPU-s) and loads the same arrays."""
+    import hashlib
     import json
     import subprocess
     import sys
@@ -183,8 +184,6 @@ def test_a_run_that_finds_its_draw_cached_does_not_import_mnist1d(compose, tmp_p
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    import hashlib
-
     assert out.stdout.split() == ["False", hashlib.sha256(first.x_train.numpy().tobytes()).hexdigest()]
 
 

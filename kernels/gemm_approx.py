@@ -17,7 +17,7 @@ _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__, multiplier_scalar
 
 from .gemm_cpu import TM, TN, as_keys, as_params  # noqa: E402
 from .gemm_scalar import (NSTREAMS, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan,  # noqa: E402
-                          reduce_lanes)
+                          finish_row)
 from .multiplier_scalar import K_FUNCTION, approx_product, mac_product  # noqa: E402
 
 
@@ -59,13 +59,7 @@ def _tile(t, A, B, bias, has_bias, c, has_c, out, fused, mulp, accp, lanes, chun
                                                     (obase + jj) * K + kk + lane, nbits)
                         inner[lane, jj] = 0.0
         src = outer if chunk > 0 else inner
-        for jj in range(nj):
-            for lane in range(lanes):
-                v[lane] = src[lane, jj]
-            y = reduce_lanes(v, lanes, accp, k_red, obase + jj, nbits)
-            if has_bias:
-                y = add_round(y, bias[b, i, j0 + jj], accp, k_bias, obase + jj, nbits)
-            out[b, i, j0 + jj] = canonical_nan(y)
+        finish_row(out, src, v, b, i, j0, nj, lanes, accp, k_red, bias, has_bias, k_bias, obase, nbits)
 
 
 def _ntiles(out):

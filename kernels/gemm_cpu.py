@@ -27,7 +27,7 @@ from .gemm_fast_plan import (  # noqa: E402,F401  (the planners' names, as befor
     _abs_range, _significant_bits, fast_applies, fast_consts, fast_params, fast_plan,
 )
 from .gemm_scalar import (  # noqa: E402
-    NSTREAMS, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan, mac, reduce_lanes, tile_of,
+    NSTREAMS, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan, finish_row, mac, tile_of,
 )
 from .gemm_fast import TM, TN, _round_acc, gemm_fast  # noqa: E402,F401  (tests reach them here)
 
@@ -63,13 +63,7 @@ def gemm_general(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, key
                                                         (obase + jj) * K + kk + lane, nbits)
                             inner[lane, jj] = 0.0
             src = outer if chunk > 0 else inner
-            for jj in range(nj):
-                for lane in range(lanes):
-                    v[lane] = src[lane, jj]
-                y = reduce_lanes(v, lanes, accp, k_red, obase + jj, nbits)
-                if has_bias:
-                    y = add_round(y, bias[b, i, j0 + jj], accp, k_bias, obase + jj, nbits)
-                out[b, i, j0 + jj] = canonical_nan(y)
+            finish_row(out, src, v, b, i, j0, nj, lanes, accp, k_red, bias, has_bias, k_bias, obase, nbits)
 
 
 

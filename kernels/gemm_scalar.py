@@ -151,3 +151,17 @@ def reduce_lanes(v, lanes, accp, key, o, nbits):
         else:
             n = h
     return v[0]
+
+
+@njit(inline="always")
+def finish_row(out, src, v, b, i, j0, nj, lanes, accp, k_red, bias, has_bias, k_bias, obase, nbits):
+    """out[b, i, j0 + jj] for jj < nj: the lane accumulators src[:, jj] reduced (``reduce_lanes`` at counter
+    obase + jj, in the scratch array v of ``lanes``), plus bias[b, i, j0 + jj] (``add_round``) where has_bias,
+    NaN as ``canonical_nan``: the last step of an output row in the tiled GEMM kernels."""
+    for jj in range(nj):
+        for lane in range(lanes):
+            v[lane] = src[lane, jj]
+        y = reduce_lanes(v, lanes, accp, k_red, obase + jj, nbits)
+        if has_bias:
+            y = add_round(y, bias[b, i, j0 + jj], accp, k_bias, obase + jj, nbits)
+        out[b, i, j0 + jj] = canonical_nan(y)

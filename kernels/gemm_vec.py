@@ -44,7 +44,7 @@ from .llvm_inline import inline_in_llvm
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
 from .gemm_scalar import (  # noqa: E402
-    P_KIND, P_MODE, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan, reduce_lanes, tile_of,
+    P_KIND, P_MODE, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, finish_row, tile_of,
 )
 from .gemm_vec_plan import consts, exact_sums, needs_checks, vec_applies  # noqa: E402,F401
 from .scalar import (  # noqa: E402
@@ -221,10 +221,10 @@ def _mac_row(acc, brow, a, mi, mf, mw, ai, af, aw, colz, zmul, zacc, nbits, FUSE
     for jj in range(acc.size):
         p = a * brow[jj]
         if not FUSED:
-            p = _round(p, _bits(zmul, colz, jj, nbits, MMODE == STOCHASTIC), mi, mf, mw, np.int64(MMODE),
-                       np.int64(0), np.bool_(CHK))
+            p = _round(p, _bits(zmul, colz, jj, nbits, MMODE == STOCHASTIC), mi, mf, mw, MMODE, np.int64(0),
+                       CHK)
         acc[jj] = _round(_sum(p, acc[jj], EXACT), _bits(zacc, colz, jj, nbits, AMODE == STOCHASTIC), ai, af, aw,
-                         np.int64(AMODE), np.int64(AFIX), np.bool_(CHK))
+                         AMODE, AFIX, CHK)
 
 
 @njit(inline="always")
@@ -232,7 +232,7 @@ def _add_row(dst, src, ai, af, aw, colz, z, nbits, AMODE, AFIX, CHK, EXACT):
     """dst[j] <- round_acc(dst[j] + src[j]); src[j] <- 0 (a chunk close), counter base + j*K."""
     for jj in range(dst.size):
         dst[jj] = _round(_sum(dst[jj], src[jj], EXACT), _bits(z, colz, jj, nbits, AMODE == STOCHASTIC), ai, af, aw,
-                         np.int64(AMODE), np.int64(AFIX), np.bool_(CHK))
+                         AMODE, AFIX, CHK)
         src[jj] = 0.0
 
 
@@ -273,13 +273,7 @@ def _tiles(t0, t1, A, B, bias, has_bias, out, mulp, accp, mi, mf, mw, ai, af, aw
                         _add_row(outer[lane, :nj], inner[lane, :nj], ai, af, aw, colz, k_chunk + zb, nbits, AMODE,
                                  AFIX, CHK, EXACT)
             src = outer if chunk > 0 else inner
-            for jj in range(nj):
-                for lane in range(lanes):
-                    v[lane] = src[lane, jj]
-                y = reduce_lanes(v, lanes, accp, k_red, obase + jj, nbits)
-                if has_bias:
-                    y = add_round(y, bias[b, i, j0 + jj], accp, k_bias, obase + jj, nbits)
-                out[b, i, j0 + jj] = canonical_nan(y)
+            finish_row(out, src, v, b, i, j0, nj, lanes, accp, k_red, bias, has_bias, k_bias, obase, nbits)
 
 
 @functools.lru_cache(maxsize=None)

@@ -136,7 +136,8 @@ def thresholds(lo: float, hi: float, dtype):
     (hi32, hi]; likewise for lo), in float32 vectors; float64 values compare with the limits themselves."""
     if np.dtype(dtype) != np.float32:
         return float(lo), float(hi)
-    lo32, hi32 = np.float32(lo), np.float32(hi)
+    with np.errstate(over="ignore"):  # a limit beyond float32's range becomes +-inf, then float32's max below
+        lo32, hi32 = np.float32(lo), np.float32(hi)
     if float(lo32) < lo:
         lo32 = np.nextafter(lo32, np.float32(np.inf))
     if float(hi32) > hi:

@@ -23,6 +23,11 @@ figure is the median over rounds of the mean step time, and the ratio is against
 its float64 matrix product instead of the butterfly kernel (``emunum.hadamard``; same bits), in the same rounds.
 ``--compare-old`` adds nvfp4 with the general stochastic block loop, F.unfold's im2col and per-GEMM weight
 quantisation (``_old_paths``; same bits), in the same rounds.
+``--kernels`` then runs ``--steps`` more steps of each block recipe (mxfp8, nvfp4) with the block path's CPU
+kernel entry points timed (``KERNELS``: amax, table, power-of-two and stochastic block loops, the Hadamard
+butterfly, im2col and col2im; wall time around each call, summed over the calls a thread launcher makes) and
+prints, per kernel and first array shapes, calls and ms per step beside the step's own time. The GEMMs,
+torch's ops and the Python between them are the rest.
 """
 from __future__ import annotations
 
@@ -46,7 +51,6 @@ RECIPES = {
 
 
 def cnn2d():
-    import torch
     from torch import nn
 
     return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
@@ -100,6 +104,45 @@ def _old_paths(step):
              rht_columns.applies) = saved
 
     return run
+
+
+KERNELS = (("block_fast", "amax_range"), ("block_fast", "table_range"), ("block_fast", "pow2_range"),
+           ("block_sr", "sr_range"), ("block_sr", "nearest_range"), ("hadamard_cpu", "rht_f32"),
+           ("im2col_cpu", "im2col"), ("im2col_cpu", "im2col_scan"), ("im2col_cpu", "col2im"))
+
+
+def kernel_times(step, steps: int) -> tuple[float, dict]:
+    """(ms per step, {(kernel, shapes): [calls, seconds]}) over ``steps`` runs of ``step`` with each ``KERNELS``
+    entry point wrapped in a timer (its module attribute, which the callers look up at each call)."""
+    import importlib
+
+    times: dict = {}
+    saved = []
+
+    def timed(name, fn):
+        def run(*args):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                shapes = tuple(tuple(v.shape) for v in args if hasattr(v, "shape"))[:2]
+                entry = times.setdefault((name, shapes), [0, 0.0])
+                entry[0] += 1
+                entry[1] += time.perf_counter() - t0
+        return run
+
+    for mod_name, fn_name in KERNELS:
+        mod = importlib.import_module(f"emunum.kernels.{mod_name}")
+        saved.append((mod, fn_name, getattr(mod, fn_name)))
+        setattr(mod, fn_name, timed(fn_name, saved[-1][2]))
+    try:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return 1e3 * (time.perf_counter() - t0) / steps, times
+    finally:
+        for mod, fn_name, fn in saved:
+            setattr(mod, fn_name, fn)
 
 
 def build(overrides: list[str], threads: int, model: str = "cnn1d", elide: bool = True):
@@ -170,6 +213,8 @@ def main(argv=None) -> None:
                    help="also time recipes with a Hadamard transform on its float64 matrix product (same bits)")
     p.add_argument("--compare-old", action="store_true",
                    help="also time nvfp4 with the stochastic block path, one-pass im2col and weight reuse off")
+    p.add_argument("--kernels", action="store_true",
+                   help="then time the block path's CPU kernels inside --steps steps of each block recipe")
     p.add_argument("--clock", default="wall", choices=("wall", "cpu"),
                    help="wall: time.perf_counter; cpu: time.process_time, the process's CPU time (steadier on a "
                         "loaded machine; with --threads 1 a step's work is one thread's)")
@@ -222,6 +267,15 @@ def main(argv=None) -> None:
         v = per_round[n]
         med = statistics.median(v)
         print(f"{n:<20} {1e3 * med:17.2f} {1e3 * min(v):8.2f} {1e3 * max(v):8.2f} {med / base:8.2f}")
+    for n in [n for n in names if n in ("mxfp8", "nvfp4")] if a.kernels else ():
+        ms, times = kernel_times(steps[n], a.steps)
+        print(f"# {n}: block kernels inside {a.steps} steps ({ms:.2f} ms/step, wall, timers included)")
+        print(f"{'kernel':<14} {'arrays (first two)':<44} {'calls/step':>10} {'ms/step':>8}")
+        for (name, shapes), (calls, sec) in sorted(times.items(), key=lambda kv: -kv[1][1]):
+            print(f"{name:<14} {' '.join('x'.join(map(str, sh)) for sh in shapes):<44} {calls / a.steps:10.1f} "
+                  f"{1e3 * sec / a.steps:8.2f}")
+        total = sum(sec for _, sec in times.values())
+        print(f"{'(all)':<14} {'':<44} {'':>10} {1e3 * total / a.steps:8.2f}")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,14 @@ minimum over nonzero elements of |u| - |u with its lowest set bit cleared| (|u| 
 significand is 0: the implicit bit is the lowest), both float32 values of one binade, so the difference is
 exact; S is bounded above by its float64 sum times 1 + 2**-40, rounded (n <= 256 nonnegative terms: the sum
 is at least S (1 - 255 * 2**-53) > S (1 - 2**-44)). A run holding an infinity or NaN has S = inf or NaN
-and fails. The kernel returns False as soon as a run fails; the caller then takes the reference path. (An
-exponent spread of at most 29 - log2 n binades, the earlier test, implies the condition.)
+and fails. The kernel returns False as soon as a run fails; the caller then takes the reference path.
+A cheaper test runs first, on the float64 exponents e of the run's nonzero elements (|u| in [2**e, 2**(e+1))):
+a spread max e - min e <= 29 - log2 n implies the exact test's condition with room to spare. Every nonzero
+float32 u is a multiple of 2**(e_u - 23) (a subnormal one too), so 2**lsb >= 2**(min e - 23), while
+S <= n (2**(max e + 1) - 2**(max e - 23)) = n 2**(max e + 1) (1 - 2**-24) <= 2**(lsb + 53) (1 - 2**-24), which the
+float64 sum times BOUND stays below. So where the spread test passes the exact test would pass too, and only a
+run that fails it (or holds an infinity or NaN: exponent field 2047) takes the exact test: the kernel's verdicts
+are the exact test's alone, at a fraction of its cost per element.
 A sum that is exactly zero is +0 in both: the product's accumulators start at +0 (a zero sum of terms that
 are not all -0 is +0 in any order under round-to-nearest; ``+ 0.0`` makes the all -0 case agree).
 Serial: the transform runs inside a training step's backward GEMM, on one thread.
@@ -37,7 +43,32 @@ U32 = np.uint32
 COLUMNS = 48  # columns of x (rows of out) transformed together; measured best of 8-144 on (65536, 144)
 BOUND = 1.0 + 2.0**-40  # S's float64 sum times this bounds S from above (module doc)
 TWO53 = 2.0**53
+NO_EXP = 4096  # min e of a run without a nonzero element: above every float64 exponent field
 RUNS = 16  # runs transformed per sweep over the columns: their rows of x stay in cache (measured best of 4-64)
+
+
+@njit(inline="always")
+def _exact(x, bits, a, r, n, L, b0, nb, total, lsb):
+    """The exact test (module doc) on run r of columns b0..b0+nb-1: every column's S below 2**(lsb + 53)."""
+    for c in range(nb):
+        total[U64(c)] = 0.0
+        lsb[U64(c)] = np.inf
+    for j in range(n):
+        t = r * n + j
+        if t < L:
+            xr, ur = x[a, t, b0:b0 + nb], bits[a, t, b0:b0 + nb]
+            for c in range(nb):
+                uc = U64(c)
+                mag = abs(np.float64(xr[uc]))
+                m = U32(ur[uc] & U32(0x7FFFFFFF))
+                low = mag - np.float64(U32(m & (m - U32(1))).view(np.float32))
+                low = mag if (m & U32(0x7FFFFF)) == U32(0) else low
+                total[uc] += mag
+                lsb[uc] = min(lsb[uc], low if m != U32(0) else np.inf)
+    for c in range(nb):
+        if not total[c] * BOUND < lsb[c] * TWO53:  # NaN and inf fail too
+            return False
+    return True
 
 
 @njit(cache=True)
@@ -57,7 +88,10 @@ def rht_f32(x, out, signs, shift, amaxes, finite):
     scale = np.ldexp(1.0, -shift)
     work = np.empty((n, COLUMNS), dtype=np.float64)
     bits = x.view(np.uint32)
-    total = np.empty(COLUMNS, dtype=np.float64)  # sum of |u| per column of this run
+    emax = np.empty(COLUMNS, dtype=np.uint64)  # largest float64 exponent field per column of this run
+    emin = np.empty(COLUMNS, dtype=np.uint64)  # smallest nonzero one (NO_EXP: all zeros)
+    spread_max = 29 - 2 * shift  # 29 - log2 n
+    total = np.empty(COLUMNS, dtype=np.float64)  # sum of |u| per column of this run (the exact test)
     lsb = np.empty(COLUMNS, dtype=np.float64)  # 2**lsb per column of this run (inf: all zeros)
     scan = amaxes.size != 0
     fin = U32(0)
@@ -67,30 +101,30 @@ def rht_f32(x, out, signs, shift, amaxes, finite):
                 nb = min(COLUMNS, B - b0)
                 for r in range(r0, min(r0 + RUNS, runs)):
                     for c in range(nb):
-                        total[U64(c)] = 0.0
-                        lsb[U64(c)] = np.inf
+                        emax[U64(c)] = U64(0)
+                        emin[U64(c)] = U64(NO_EXP)
                     for j in range(n):
                         t = r * n + j
                         w = work[j]
                         if t < L:
                             sj = np.float64(signs[j])
-                            xr, ur = x[a, t, b0:b0 + nb], bits[a, t, b0:b0 + nb]
+                            xr = x[a, t, b0:b0 + nb]
                             for c in range(nb):
                                 uc = U64(c)
                                 v = np.float64(xr[uc])
-                                mag = abs(v)
-                                m = U32(ur[uc] & U32(0x7FFFFFFF))
-                                low = mag - np.float64(U32(m & (m - U32(1))).view(np.float32))
-                                low = mag if (m & U32(0x7FFFFF)) == U32(0) else low
-                                total[uc] += mag
-                                lsb[uc] = min(lsb[uc], low if m != U32(0) else np.inf)
+                                e = (v.view(U64) >> U64(52)) & U64(0x7FF)
+                                emax[uc] = max(emax[uc], e)
+                                emin[uc] = min(emin[uc], e if e != U64(0) else U64(NO_EXP))
                                 w[uc] = sj * v
                         else:
                             for c in range(nb):
                                 w[U64(c)] = 0.0
+                    spread = True
                     for c in range(nb):
-                        if not total[c] * BOUND < lsb[c] * TWO53:  # NaN and inf fail too
-                            return False
+                        uc = U64(c)
+                        spread &= (emax[uc] < U64(2047)) & (np.int64(emax[uc]) - np.int64(emin[uc]) <= spread_max)
+                    if not spread and not _exact(x, bits, a, r, n, L, b0, nb, total, lsb):
+                        return False
                     h = 1
                     while h < n:
                         for i0 in range(0, n, 2 * h):

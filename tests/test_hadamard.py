@@ -157,6 +157,23 @@ def test_butterfly_declines_runs_whose_sums_may_be_inexact_or_not_finite(planted
     assert _bits_equal(fast, _reference_rht(x, 16, 0, 0, monkeypatch))
 
 
+@pytest.mark.parametrize("top,low,taken", [
+    ((2 - 2.0 ** -23) * 2.0 ** 25, 1.0, True),  # a spread of 25 = 29 - log2 16, full significands: the spread test
+    (2.0 ** 26, 1.0, True),  # 26 binades, one bit each: the exact test takes it (sums below 2**31)
+    ((2 - 2.0 ** -23) * 2.0 ** 26, 1.0 + 2.0 ** -23, False),  # 26 binades, lowest bit 2**-23: sums past 2**30
+])
+def test_butterfly_takes_runs_the_exact_test_takes_and_only_those(top, low, taken, monkeypatch):
+    """The kernel's cheap exponent-spread test admits a run only where the exact test would: at its limit
+    (with the largest sums it allows) the run is taken, one binade past it the exact test decides."""
+    x = 1 + torch.rand(64, 8, generator=torch.Generator().manual_seed(5))
+    x[16:31, 2] = top
+    x[31, 2] = low
+    result = had._butterfly(x, 16, 0, 0, 64)  # (values, scan), or None where the kernel declines
+    assert (result is not None) == taken
+    if taken:
+        assert _bits_equal(result[0], _reference_rht(x, 16, 0, 0, monkeypatch))
+
+
 def test_butterfly_leaves_autograd_float64_and_its_input_alone():
     x = torch.randn(32, 4, requires_grad=True)
     assert had._butterfly(x, 16, 0, 0, 32) is None  # differentiable: the matrix product

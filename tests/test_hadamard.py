@@ -159,7 +159,7 @@ def test_butterfly_declines_runs_whose_sums_may_be_inexact_or_not_finite(planted
 
 @pytest.mark.parametrize("top,low,taken", [
     ((2 - 2.0 ** -23) * 2.0 ** 25, 1.0, True),  # a spread of 25 = 29 - log2 16, full significands: the spread test
-    (2.0 ** 26, 1.0, True),  # 26 binades, one bit each: the exact test takes it (sums below 2**31)
+    (2.0 ** 26, 1.0, True),  # 26 binades, lowest bit 1: the exact test takes it (sums far below 2**53)
     ((2 - 2.0 ** -23) * 2.0 ** 26, 1.0 + 2.0 ** -23, False),  # 26 binades, lowest bit 2**-23: sums past 2**30
 ])
 def test_butterfly_takes_runs_the_exact_test_takes_and_only_those(top, low, taken, monkeypatch):

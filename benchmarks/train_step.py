@@ -115,9 +115,11 @@ def kernel_times(step, steps: int) -> tuple[float, dict]:
     """(ms per step, {(kernel, shapes): [calls, seconds]}) over ``steps`` runs of ``step`` with each ``KERNELS``
     entry point wrapped in a timer (its module attribute, which the callers look up at each call)."""
     import importlib
+    import threading
 
     times: dict = {}
     saved = []
+    lock = threading.Lock()  # a launcher's threads record at once
 
     def timed(name, fn):
         def run(*args):
@@ -125,10 +127,12 @@ def kernel_times(step, steps: int) -> tuple[float, dict]:
             try:
                 return fn(*args)
             finally:
+                dt = time.perf_counter() - t0
                 shapes = tuple(tuple(v.shape) for v in args if hasattr(v, "shape"))[:2]
-                entry = times.setdefault((name, shapes), [0, 0.0])
-                entry[0] += 1
-                entry[1] += time.perf_counter() - t0
+                with lock:
+                    entry = times.setdefault((name, shapes), [0, 0.0])
+                    entry[0] += 1
+                    entry[1] += dt
         return run
 
     for mod_name, fn_name in KERNELS:

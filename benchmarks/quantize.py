@@ -109,6 +109,10 @@ def throughput(n: int, device: str, repeats: int, fmt: str, blocks_only: bool = 
     for bf in ("mxfp8_e4m3", "nvfp4"):  # block formats: blocks along x's only axis
         add(f"quantize(x, {bf!r})", lambda bf=bf: emunum.quantize(x, bf), "block format, new output")
         add(f"quantize(x, {bf!r}, out=out)", lambda bf=bf: emunum.quantize(x, bf, out=out), "block format")
+        # in place: y holds x's values rounded once; rounding them again is the same work (blocks and scales)
+        y = emunum.quantize(x, bf)
+        add(f"quantize(y, {bf!r}, out=y)", lambda bf=bf, y=y: emunum.quantize(y, bf, out=y),
+            "block format, in place")
     if blocks_only:
         add("out.copy_(x) (again, after)", lambda: out.copy_(x), "the ceiling re-measured: load drift")
         return report(rows, n, device, repeats)

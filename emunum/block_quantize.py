@@ -97,6 +97,11 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
     direct = (out is not None and out.dtype == work.dtype and out.is_contiguous()
               and (fmt.tile[0] != 0 or x.dim() == 0 or _axis(axis, x.dim()) == x.dim() - 1))
     dst = out.view(work.shape) if direct else buffers.empty_like(work)  # the layout of x, and of a contiguous out
+    back = None
+    if direct and work.device.type == "cpu" and work.numel() and _same_storage(dst, work):
+        # in place (out is x): the CPU kernels' loops vectorise only where source and destination lie apart
+        # (2.7-3.7x slower in place, measured), so they write a fresh buffer, copied into out after
+        back, dst = dst, buffers.empty_like(work)
     if x.is_meta:  # shape propagation, as for element formats: a meta tensor has no values to round
         pass
     elif x.numel() and isinstance(fmt.element, TableFormat):
@@ -130,6 +135,8 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
                                       scanned=scanned)
         else:
             raise ValueError(f"block formats have kernels for cpu and cuda tensors; x is on {x.device}")
+    if back is not None:
+        back.copy_(dst)
     if direct:
         torch.autograd.graph.increment_version(out)
         return (out, scales) if return_scales else out
@@ -140,6 +147,10 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
         torch.autograd.graph.increment_version(out)
         result = out
     return (result, scales) if return_scales else result
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def table_blocks(work: torch.Tensor, fmt: BlockFormat, tile, mode: RoundMode, key: int, nbits: int):

@@ -316,6 +316,30 @@ def test_out_and_no_modify_guarantees():
     assert y is x and torch.equal(x, out)
 
 
+@pytest.mark.parametrize("mode", ["nearest", "stochastic"])
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_2d", "nvfp4_4over6", "nvfp4_row", "mxfp8_e4m3", "mxfp4_e2m1",
+                                  "mxint8", "mxfp8_e4m3_plus", "nf4_b64"])
+def test_in_place_gives_the_bits_and_scales_of_a_fresh_output(name, mode):
+    """quantize(x, out=x) (the CPU kernels then write a fresh buffer, copied into x) equals quantize into a new
+    tensor: values, scales and x itself; along the last axis (x is the kernels' working layout) and axis 0."""
+    from emunum.block_quantize import quantize_block_checked
+    from emunum.formats import RoundMode
+    from emunum.rng import seed_key
+
+    x = torch.randn(32, 128, generator=torch.Generator().manual_seed(7)) * 3
+    x[3, 5], x[7, 17] = float("nan"), float("inf")
+    fmt, m = emunum.get_format(name), RoundMode.parse(mode)
+    for axis in (-1, 0):
+        if fmt.tile[0] != 0 and axis == 0:
+            continue  # 2-D tiles take no axis
+        want, want_s = quantize_block_checked(x, fmt, m, seed_key(11), 32, axis, return_scales=True)
+        y = x.clone()
+        got, got_s = quantize_block_checked(y, fmt, m, seed_key(11), 32, axis, out=y, return_scales=True)
+        assert got is y
+        assert torch.equal(y.view(torch.int32), want.view(torch.int32))
+        assert torch.equal(got_s.view(torch.int64), want_s.view(torch.int64))
+
+
 def test_non_contiguous_input_and_empty_and_scalar():
     x = torch.randn(64, 6).t()
     assert torch.equal(emunum.quantize(x, "mxfp4"), emunum.quantize(x.contiguous(), "mxfp4"))

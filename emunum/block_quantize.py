@@ -100,7 +100,7 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
     back = None
     if direct and work.device.type == "cpu" and work.numel() and _same_storage(dst, work):
         # in place (out is x): the CPU kernels' loops vectorise only where source and destination lie apart
-        # (2.7-3.7x slower in place, measured), so they write a fresh buffer, copied into out after
+        # (2-3.5x slower in place, benchmarks/RESULTS.md), so they write a fresh buffer, copied into out after
         back, dst = dst, buffers.empty_like(work)
     if x.is_meta:  # shape propagation, as for element formats: a meta tensor has no values to round
         pass

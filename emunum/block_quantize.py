@@ -98,9 +98,10 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
               and (fmt.tile[0] != 0 or x.dim() == 0 or _axis(axis, x.dim()) == x.dim() - 1))
     dst = out.view(work.shape) if direct else buffers.empty_like(work)  # the layout of x, and of a contiguous out
     back = None
-    if direct and work.device.type == "cpu" and work.numel() and _same_storage(dst, work):
-        # in place (out is x): the CPU kernels' loops vectorise only where source and destination lie apart
-        # (2-3.5x slower in place, benchmarks/RESULTS.md), so they write a fresh buffer, copied into out after
+    if direct and work.device.type == "cpu" and work.numel() and dst.data_ptr() == work.data_ptr():
+        # in place (out is x; ``quantize`` refuses a partial overlap): the CPU kernels' loops vectorise only where
+        # source and destination lie apart (2-3.5x slower in place, benchmarks/RESULTS.md), so they write a
+        # fresh buffer, copied into out after
         back, dst = dst, buffers.empty_like(work)
     if x.is_meta:  # shape propagation, as for element formats: a meta tensor has no values to round
         pass
@@ -147,10 +148,6 @@ def quantize_block_checked(x: torch.Tensor, fmt: BlockFormat, mode: RoundMode, k
         torch.autograd.graph.increment_version(out)
         result = out
     return (result, scales) if return_scales else result
-
-
-def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def table_blocks(work: torch.Tensor, fmt: BlockFormat, tile, mode: RoundMode, key: int, nbits: int):

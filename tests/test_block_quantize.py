@@ -16,7 +16,9 @@ import pytest
 import torch
 
 import emunum
-from emunum.formats import BLOCK_PRESETS, BlockFormat, FloatFormat
+from emunum.block_quantize import quantize_block_checked
+from emunum.formats import BLOCK_PRESETS, BlockFormat, FloatFormat, RoundMode
+from emunum.rng import seed_key
 
 MX = {
     "mxfp8_e4m3": gff.format_info_mxfp8_e4m3, "mxfp8_e5m2": gff.format_info_mxfp8_e5m2,
@@ -322,10 +324,6 @@ def test_out_and_no_modify_guarantees():
 def test_in_place_gives_the_bits_and_scales_of_a_fresh_output(name, mode):
     """quantize(x, out=x) (the CPU kernels then write a fresh buffer, copied into x) equals quantize into a new
     tensor: values, scales and x itself; along the last axis (x is the kernels' working layout) and axis 0."""
-    from emunum.block_quantize import quantize_block_checked
-    from emunum.formats import RoundMode
-    from emunum.rng import seed_key
-
     x = torch.randn(32, 128, generator=torch.Generator().manual_seed(7)) * 3
     x[3, 5], x[7, 17] = float("nan"), float("inf")
     fmt, m = emunum.get_format(name), RoundMode.parse(mode)

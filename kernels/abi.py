@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from typing import Any, NamedTuple
 
+import numpy as np
+
 
 class Kind(enum.IntEnum):
     """One tag per number system (the first int of ``ops.format_to_args``)."""
@@ -143,3 +145,12 @@ MAX_TERMS = 256
 X_KIND, X_TERMS, X_FRAC, X_OUT_MAN, X_EL_EMIN, X_SC_EMIN, X_BLOCK, X_PAIRS = range(8)
 NXPARAM = 8
 X_NV_FUSED, X_NV_GROUPS, X_AMD_TWO_STAGE = 0, 1, 2  # X_KIND's values
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of a (no copy) for an input array the kernel does not write (a table, a bias): numba
+    types read-only and writable arrays apart, so callers that pass both would compile the kernel twice."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+

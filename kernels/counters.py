@@ -51,6 +51,9 @@ fixed_serial = mode_switch(fixed_range)
 from .direct import direct_caller  # noqa: E402
 
 fm = {"reassoc", "nsz", "contract"}
+# Integers passed to another compiled kernel are int64, as the Python callers pass them: prange's index and
+# ``.ctypes.data`` are uint64 and a constant 0 a literal, and each other type compiles the callee once more.
+I64 = np.int64
 CHUNK = 4096  # elements per chunk: two float32 chunks (x and q) take 32 KiB, inside L1
 # the smallest fast-path chunk sum kept (float32, float64 chunks): at least 2**38 times the total error that
 # CHUNK terms rounded in the subnormal range (each by at most half the smallest subnormal) can make
@@ -180,7 +183,7 @@ def counters_parallel(x, q, lo, hi, sqnr, out):
     for c in prange(parts.shape[0]):
         a = c * CHUNK
         b = min(a + CHUNK, n)
-        count_chunk(x[a:b], q[a:b], lo, hi, sqnr, parts, c)
+        count_chunk(x[a:b], q[a:b], lo, hi, sqnr, parts, I64(c))
     _total(parts, n, out)
 
 
@@ -190,8 +193,8 @@ def _f32_chunk(s, d, sf, df, c, man, emin, sub, max_bits, max_value, ovf, negzer
                sqnr, parts):
     a = c * CHUNK
     b = min(a + CHUNK, s.size)
-    f32_serial(mode, a, b, s.ctypes.data, d.ctypes.data, 0, man, emin, sub, max_bits, max_value, ovf, negzero, key,
-               nbits)
+    f32_serial(mode, a, b, I64(s.ctypes.data), I64(d.ctypes.data), I64(0), man, emin, sub, max_bits, max_value, ovf,
+               negzero, key, nbits)
     count_chunk(sf[a:b], df[a:b], lo, hi, sqnr, parts, c)
 
 
@@ -200,8 +203,8 @@ def _float_chunk(s, d, sv, dv, c, sign_pos, in_man, in_bias, man, emin, sub, max
                  nbits, lo, hi, sqnr, parts):
     a = c * CHUNK
     b = min(a + CHUNK, s.size)
-    float_range(a, b, s.ctypes.data, d.ctypes.data, s, 0, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf,
-                negzero, mode, key, nbits)
+    float_range(a, b, I64(s.ctypes.data), I64(d.ctypes.data), s, I64(0), sign_pos, in_man, in_bias, man, emin, sub,
+                max_bits, ovf, negzero, mode, key, nbits)
     count_chunk(sv[a:b], dv[a:b], lo, hi, sqnr, parts, c)
 
 
@@ -209,8 +212,8 @@ def _float_chunk(s, d, sv, dv, c, sign_pos, in_man, in_bias, man, emin, sub, max
 def _fixed_chunk(s, d, c, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts):
     a = c * CHUNK
     b = min(a + CHUNK, s.size)
-    fixed_serial(mode, a, b, s.ctypes.data, d.ctypes.data, s, 0, frac_bits, code_min, code_max, saturate, key,
-                 nbits)
+    fixed_serial(mode, a, b, I64(s.ctypes.data), I64(d.ctypes.data), s, I64(0), frac_bits, code_min, code_max,
+                 saturate, key, nbits)
     count_chunk(s[a:b], d[a:b], lo, hi, sqnr, parts, c)
 
 
@@ -225,7 +228,7 @@ def _f32_chunks(src, dst, n, w, man, emin, sub, max_bits, max_value, ovf, negzer
     sf, df = carray(_voidptr(src), n, np.float32), carray(_voidptr(dst), n, np.float32)
     parts = np.empty((_nchunks(n), 5))
     for c in prange(parts.shape[0]):
-        _f32_chunk(s, d, sf, df, c, man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
+        _f32_chunk(s, d, sf, df, I64(c), man, emin, sub, max_bits, max_value, ovf, negzero, mode, key, nbits, lo, hi,
                    sqnr, parts)
     _total(parts, n, carray(_voidptr(acc), 6, np.float64))
 
@@ -253,8 +256,8 @@ def _float_chunks(src, dst, n, w, wv, sign_pos, in_man, in_bias, man, emin, sub,
     sv, dv = carray(_voidptr(src), n, wv.dtype), carray(_voidptr(dst), n, wv.dtype)
     parts = np.empty((_nchunks(n), 5))
     for c in prange(parts.shape[0]):
-        _float_chunk(s, d, sv, dv, c, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode, key,
-                     nbits, lo, hi, sqnr, parts)
+        _float_chunk(s, d, sv, dv, I64(c), sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf, negzero, mode,
+                     key, nbits, lo, hi, sqnr, parts)
     _total(parts, n, carray(_voidptr(acc), 6, np.float64))
 
 
@@ -279,7 +282,7 @@ def _fixed_chunks(src, dst, n, w, frac_bits, code_min, code_max, saturate, mode,
     s, d = carray(_voidptr(src), n, w.dtype), carray(_voidptr(dst), n, w.dtype)
     parts = np.empty((_nchunks(n), 5))
     for c in prange(parts.shape[0]):
-        _fixed_chunk(s, d, c, frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts)
+        _fixed_chunk(s, d, I64(c), frac_bits, code_min, code_max, saturate, mode, key, nbits, lo, hi, sqnr, parts)
     _total(parts, n, carray(_voidptr(acc), 6, np.float64))
 
 

@@ -190,7 +190,8 @@ def f32_many_at(MODE: int):
         base = base0
         for t in range(addrs.size):
             n = sizes[t]
-            rng(0, n, addrs[t], addrs[t], base, man, emin, sub, max_bits, max_value, ovf, negzero, key, nbits)
+            rng(np.int64(0), n, addrs[t], addrs[t], base, man, emin, sub, max_bits, max_value, ovf, negzero, key,
+                nbits)  # lo an int64 as from Python: a literal 0 would compile rng once more
             base += n
 
     return many
@@ -202,8 +203,8 @@ def float_many_at(addrs, sizes, w, base0, sign_pos, in_man, in_bias, man, emin, 
     base = base0
     for t in range(addrs.size):
         n = sizes[t]
-        float_range(0, n, addrs[t], addrs[t], w, base, sign_pos, in_man, in_bias, man, emin, sub, max_bits, ovf,
-                    negzero, mode, key, nbits)
+        float_range(np.int64(0), n, addrs[t], addrs[t], w, base, sign_pos, in_man, in_bias, man, emin, sub, max_bits,
+                    ovf, negzero, mode, key, nbits)
         base += n
 
 

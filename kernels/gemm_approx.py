@@ -12,6 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, gemm_scalar, multiplier_scalar, parallel as _parallel, scalar
+from .abi import read_only
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__, multiplier_scalar.__file__])
 
@@ -134,7 +135,7 @@ def gemm(A, B, bias, c, out, fused, mulp, accp, lanes, chunk, keys, nbits, margs
     A, B float32 (bA, M, K) / (bB, K, N); bias, c: (nb, M, N) float64 or None; out (nb, M, N) float64."""
     if len(keys) != NSTREAMS:
         raise ValueError(f"keys must hold {NSTREAMS} stream keys, got {len(keys)}")
-    prm, lut = margs
+    prm, lut = margs[0], read_only(margs[1])  # a table multiplier's is read-only, the others' dummy not
     has_bias, has_c = bias is not None, c is not None
     dummy = np.zeros((1, 1, 1))
     args = (np.ascontiguousarray(A, dtype=np.float32), np.ascontiguousarray(B, dtype=np.float32),
@@ -154,7 +155,7 @@ def gemm(A, B, bias, c, out, fused, mulp, accp, lanes, chunk, keys, nbits, margs
 
 def mad(a, b, c, out, fused, mulp, accp, keys, nbits, margs, fn=None):
     """out[i] = the one-step MAD of (a[i], b[i], c[i]) with the multiplier: flat a, b float32, c, out float64."""
-    prm, lut = margs
+    prm, lut = margs[0], read_only(margs[1])
     args = (a, b, c, out, int(fused), as_params(mulp), as_params(accp), as_keys(keys), nbits,
             tuple(int(v) for v in prm), lut)
     with _parallel.exclusive():

@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, gemm_scalar, gemm_vec, parallel as _parallel, scalar
+from .abi import read_only
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
@@ -151,8 +152,9 @@ def _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbit
     elif choice.kernel is Kernel.FAST:
         _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, choice.plan)
     else:
-        gemm_general(np.ascontiguousarray(A, dtype=np.float32), np.ascontiguousarray(B, dtype=np.float32), bias,
-                     has_bias, out, int(fused), as_params(mulp), as_params(accp), lanes, chunk, as_keys(keys), nbits)
+        gemm_general(np.ascontiguousarray(A, dtype=np.float32), np.ascontiguousarray(B, dtype=np.float32),
+                     read_only(bias), has_bias, out, int(fused), as_params(mulp), as_params(accp), lanes, chunk,
+                     as_keys(keys), nbits)
 
 
 def _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, plan):
@@ -189,8 +191,8 @@ def _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, plan):
         return
     dtype, mul_sub, acc_sub, checks = plan[:4]
     mul_exact = len(plan) > 4 and bool(plan[4]) and not mul_sub and not checks  # forced 4-tuples: False
-    gemm_fast(np.ascontiguousarray(A, dtype=dtype), np.ascontiguousarray(B, dtype=dtype), bias, has_bias, out,
-              *fast_consts(mulp, accp, dtype), lanes, chunk, bool(mul_sub), bool(acc_sub), bool(checks), mul_exact)
+    gemm_fast(np.ascontiguousarray(A, dtype=dtype), np.ascontiguousarray(B, dtype=dtype), read_only(bias), has_bias,
+              out, *fast_consts(mulp, accp, dtype), lanes, chunk, bool(mul_sub), bool(acc_sub), bool(checks), mul_exact)
 
 
 def mad(a, b, c, out, fused, mulp, accp, keys, nbits):

@@ -39,6 +39,7 @@ import numpy as np
 from numba import njit
 
 from . import _cache, gemm_scalar, scalar, threads
+from .abi import read_only
 from .llvm_inline import inline_in_llvm
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
@@ -318,6 +319,6 @@ def run(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits,
     if n_threads is None and nb * M * N * A.shape[2] < PAR_MIN_MACS:
         n_threads = 1
     threads.launch(k, nb * ((M + TM - 1) // TM) * ((N + TN - 1) // TN), np.ascontiguousarray(A, dtype=np.float64),
-                   np.ascontiguousarray(B, dtype=np.float64), bias, has_bias, out, tuple(int(v) for v in mulp),
-                   tuple(int(v) for v in accp), mi, mf, mw, ai, af, aw, lanes, chunk, tuple(np.uint64(k) for k in keys),
-                   nbits, threads=n_threads)
+                   np.ascontiguousarray(B, dtype=np.float64), read_only(bias), has_bias, out,
+                   tuple(int(v) for v in mulp), tuple(int(v) for v in accp), mi, mf, mw, ai, af, aw, lanes, chunk,
+                   tuple(np.uint64(k) for k in keys), nbits, threads=n_threads)

@@ -11,6 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache, parallel as _parallel, scalar
+from .abi import read_only
 
 _cache.guard(__file__, scalar.SOURCES)
 
@@ -92,4 +93,4 @@ def run(ca, ka, cb, kb, out, vtab, frac_bits, kmin, kmax, signed, add, mtab, dti
     """``lns_gemm`` under the process-wide parallel lock (``kernels.parallel.exclusive``)."""
     with _parallel.exclusive():
         lns_gemm(ca, ka, cb, kb, out, vtab, np.int64(frac_bits), np.int64(kmin), np.int64(kmax), np.int64(signed),
-                 np.int64(add), mtab, np.int64(dtie))
+                 np.int64(add), read_only(mtab), np.int64(dtie))

@@ -301,3 +301,16 @@ def test_near_cancellation_below_min_matches_reference(add, hi, mitchell_k):
         assert got.item() == 0.0
     else:
         assert got.item() == fmt.value_of(fmt.kmin + mitchell_k)
+
+
+def test_both_additions_share_one_compiled_kernel():
+    """The Mitchell addition's read-only table and the exact addition's placeholder reach ``lns_gemm`` alike
+    (numba types read-only arrays apart: one compile too many)."""
+    from kernel_signatures import needless_variants
+
+    from emunum.kernels import lns_gemm_cpu
+
+    A, B = random_operands(3, 4, 6, 5)
+    for add in ADDS:
+        lns_matmul(A, B, FORMATS[0], add)
+    assert needless_variants(lns_gemm_cpu.lns_gemm) == []

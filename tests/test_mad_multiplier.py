@@ -352,3 +352,18 @@ def test_patched_mlp_trains_with_an_8bit_table_multiplier():
         opt.step()
         losses.append(loss.item())
     assert all(np.isfinite(losses)) and losses[-1] < 0.8 * losses[0], losses
+
+
+def test_table_and_builtin_multipliers_share_one_compiled_kernel():
+    """A table multiplier's read-only table and the other kinds' placeholder reach the GEMM and MAD kernels alike:
+    numba types read-only arrays apart, which compiled each kernel twice."""
+    from kernel_signatures import needless_variants
+
+    from emunum.kernels import gemm_approx
+
+    A, B = _e4m3((1, 5, 7), 1), _e4m3((7, 3), 2)
+    for mult in (Multiplier.table(exact_lut("e4m3fn"), "e4m3fn"), Multiplier.drum(3, "e4m3fn")):
+        unit = MADUnit("fp16", "bf16", multiplier=mult)
+        emunum.mad.matmul(A, B, unit, seed=5)
+        emunum.mad.elementwise(A.reshape(-1), A.reshape(-1), torch.zeros(35), unit)
+    assert [needless_variants(k) for k in (gemm_approx.gemm_builtin, gemm_approx.mad_builtin)] == [[], []]

@@ -200,3 +200,23 @@ def test_round_observed_is_quantize_then_accumulate(fmt, dtype):
         bits = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16}[dtype]
         assert torch.equal(q.view(-1).view(bits), want_q.reshape(-1).view(bits))
         assert acc.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("fmt", ["e5m2", "fixed8_3"])
+def test_fused_kernels_compile_the_rounding_loops_once_for_the_serial_parallel_and_plain_calls(fmt):
+    """The chunk kernels and rounding loops that the serial and parallel fused kernels and the plain rounding call
+    share are compiled for one signature (prange's index and ``.ctypes.data`` are uint64, a 0 a literal)."""
+    from kernel_signatures import needless_variants
+
+    from emunum.kernels import cpu
+
+    f = FORMATS[fmt]
+    x = values(C.CHUNK + 3, torch.float32, f, 1)
+    for mode in (RoundMode.NEAREST, RoundMode.STOCHASTIC):
+        for parallel in (False, True):
+            fused(x, f, mode, 5, parallel=parallel)
+        emunum.quantize(x, f, mode.name.lower(), seed=5)
+    loops = cpu.f32_range if isinstance(f, FloatFormat) else cpu.fixed_range
+    kernels = [C.count_chunk, C._count_masked, C._f32_chunk, C._fixed_chunk, loops(RoundMode.NEAREST),
+               loops(RoundMode.STOCHASTIC)]
+    assert [needless_variants(k) for k in kernels] == [[]] * len(kernels)

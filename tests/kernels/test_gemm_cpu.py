@@ -779,3 +779,22 @@ def test_vec_two_sum_matters_where_exact_sums_declines():
     gemm_vec.run(A, B, np.zeros((1, 1, 1)), False, forced, 0, mulp, accp, unit.lanes, unit.chunk or 0, stream_keys(0),
                  unit.sr_bits, exact=True)
     assert not np.array_equal(forced, want)
+
+
+@pytest.mark.parametrize("fast", [None, False], ids=["gemm_fast", "gemm_general"])
+def test_a_read_only_bias_runs_the_kernel_compiled_for_a_writable_one(fast):
+    """A read-only bias (np.broadcast_to's view of a full-shape bias), a writable one and none run one compiled
+    kernel, with the same bits for the two biases: numba types read-only arrays apart (a compile of seconds)."""
+    from kernel_signatures import needless_variants
+
+    unit = FAST_UNITS["e5m2-e6m9_chunk8"]
+    rng = np.random.default_rng(3)
+    A, B = _operands(rng, (1, 8, 16), "fp8_152"), _operands(rng, (1, 16, 40), "fp8_152")
+    bias = rng.standard_normal((1, 8, 40))
+    mulp, accp = unit.kernel_params()
+    assert gemm_cpu.fast_plan(A, B, 0, mulp, accp) is not None
+    frozen = np.broadcast_to(bias, bias.shape)
+    assert not frozen.flags.writeable
+    got = [_run(A, B, b, unit, fast=fast) for b in (bias, frozen, None)]
+    np.testing.assert_array_equal(got[0].view(np.uint64), got[1].view(np.uint64))
+    assert needless_variants(gemm_cpu.gemm_fast if fast is None else gemm_cpu.gemm_general) == []

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import time
 from pathlib import Path
 
 import torch
@@ -156,6 +158,8 @@ def _train_locked(cfg, run_dir: Path, device: torch.device) -> Results:
     from torch.utils.tensorboard import SummaryWriter
 
     tracer = _make_tracer(net, cfg)
+    if cfg.resume:
+        _wait_past_event_files(run_dir / "tensorboard")
     writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=state.iteration + 1 if cfg.resume else None) \
         if ddp.current().main else _NullWriter()
     session = steps.Session(cfg, run_dir, model, opt, scaler, criterion, sampler, ds, (xtr, ytr, xva, yva), state,
@@ -166,6 +170,22 @@ def _train_locked(cfg, run_dir: Path, device: torch.device) -> Results:
         writer.close()
         if tracer is not None:
             tracer.close()
+
+
+_EVENT_FILE = re.compile(r"events\.out\.tfevents\.(\d+)\.")
+
+
+def _wait_past_event_files(logdir: Path) -> None:
+    """Sleep until the wall-clock second is past that of every event file in ``logdir``. TensorBoard reads a run's
+    event files in name order and applies a resumed writer's purge_step in that order; a name starts with the
+    second its file was opened, then host, pid and a per-process counter, which do not sort by time (".10" before
+    ".9"), so a resumed run's file opened in the second of the file it continues could be read first and purge
+    nothing."""
+    seconds = [int(m.group(1)) for p in logdir.glob("events.out.tfevents.*") if (m := _EVENT_FILE.match(p.name))]
+    if seconds:
+        delay = max(seconds) + 1 - time.time()
+        if delay > 0:
+            time.sleep(delay)
 
 
 def _make_tracer(model, cfg):

@@ -209,3 +209,21 @@ def test_plot_writes_a_png_of_the_curves(compose, tmp_path):
     assert ema([1.0, 3.0, 3.0], 0.5) == [1.0, 2.0, 2.5]
     with pytest.raises(ValueError, match="no tensorboard"):
         plot_main([str(tmp_path), "-o", str(out)])
+
+
+def test_a_resumed_runs_event_file_sorts_after_the_files_it_continues(tmp_path):
+    """TensorBoard applies a resumed writer's purge_step in file-name order; a name starts with the second the
+    file was opened, then a per-process counter that does not sort by time. The resumed writer waits for a later
+    second than every existing file's (here one stamped a second ahead)."""
+    import time
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    from experiments import loop
+
+    old = tmp_path / f"events.out.tfevents.{int(time.time()) + 1}.host.99999.9"
+    old.write_bytes(b"")
+    loop._wait_past_event_files(tmp_path)
+    SummaryWriter(str(tmp_path)).close()
+    names = sorted(p.name for p in tmp_path.glob("events.out.tfevents.*"))
+    assert len(names) == 2 and names[0] == old.name

@@ -18,22 +18,24 @@ def _plain(t):
     return t
 
 
-def signatures(dispatcher) -> set:
-    """The argument types ``dispatcher`` has compiled for: in this process, and in numba's disk cache for its
-    current source (what any process compiled, also a kernel that called it from compiled code: a caller loaded
-    from the cache does not type its calls again)."""
+def signatures(dispatcher, disk: bool = False) -> set:
+    """The argument types ``dispatcher`` has compiled for in this process (compiled or loaded from the cache, for
+    a call from Python or a compiled caller typed here); disk: also those in numba's disk index for its current
+    source, which holds what any process compiled, also for compiled callers that this process loaded from the
+    cache (and so did not type again). Only for kernels whose callers are in their own module: the index keeps
+    entries until that module changes, so a caller elsewhere that was fixed since would still show its old
+    types."""
     sigs = set(dispatcher.signatures)
-    cache = getattr(dispatcher, "_cache", None)
-    cache_file = getattr(cache, "_cache_file", None)
-    if cache_file is not None:
+    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    if disk and cache_file is not None:
         sigs |= {key[0] for key in cache_file._load_index()}
     return sigs
 
 
-def needless_variants(dispatcher) -> list[list[str]]:
-    """Groups of two or more of ``signatures(dispatcher)`` that are one signature up to the read-only flag,
+def needless_variants(dispatcher, disk: bool = False) -> list[list[str]]:
+    """Groups of two or more of ``signatures(dispatcher, disk)`` that are one signature up to the read-only flag,
     integer literals and integer types."""
     groups: dict[tuple, list[str]] = {}
-    for sig in signatures(dispatcher):
+    for sig in signatures(dispatcher, disk):
         groups.setdefault(tuple(_plain(t) for t in sig), []).append(str(sig))
     return [g for g in groups.values() if len(g) > 1]

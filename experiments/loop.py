@@ -158,7 +158,7 @@ def _train_locked(cfg, run_dir: Path, device: torch.device) -> Results:
     from torch.utils.tensorboard import SummaryWriter
 
     tracer = _make_tracer(net, cfg)
-    if cfg.resume:
+    if cfg.resume and ddp.current().main:
         _wait_past_event_files(run_dir / "tensorboard")
     writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=state.iteration + 1 if cfg.resume else None) \
         if ddp.current().main else _NullWriter()

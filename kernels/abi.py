@@ -153,4 +153,3 @@ def read_only(a: np.ndarray) -> np.ndarray:
     v = a.view()
     v.flags.writeable = False
     return v
-

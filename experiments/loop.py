@@ -173,6 +173,7 @@ def _train_locked(cfg, run_dir: Path, device: torch.device) -> Results:
 
 
 _EVENT_FILE = re.compile(r"events\.out\.tfevents\.(\d+)\.")
+_MAX_EVENT_WAIT_S = 2.0
 
 
 def _wait_past_event_files(logdir: Path) -> None:
@@ -180,11 +181,11 @@ def _wait_past_event_files(logdir: Path) -> None:
     event files in name order and applies a resumed writer's purge_step in that order; a name starts with the
     second its file was opened, then host, pid and a per-process counter, which do not sort by time (".10" before
     ".9"), so a resumed run's file opened in the second of the file it continues could be read first and purge
-    nothing."""
+    nothing. A file stamped more than a second ahead (another machine's clock) is not waited for."""
     seconds = [int(m.group(1)) for p in logdir.glob("events.out.tfevents.*") if (m := _EVENT_FILE.match(p.name))]
     if seconds:
         delay = max(seconds) + 1 - time.time()
-        if delay > 0:
+        if 0 < delay <= _MAX_EVENT_WAIT_S:
             time.sleep(delay)
 
 

@@ -227,3 +227,15 @@ def test_a_resumed_runs_event_file_sorts_after_the_files_it_continues(tmp_path):
     SummaryWriter(str(tmp_path)).close()
     names = sorted(p.name for p in tmp_path.glob("events.out.tfevents.*"))
     assert len(names) == 2 and names[0] == old.name
+
+
+def test_a_resume_does_not_wait_for_an_event_file_from_a_clock_far_ahead(tmp_path):
+    """A file stamped an hour ahead (copied from a machine whose clock is ahead) is not waited for."""
+    import time
+
+    from experiments import loop
+
+    (tmp_path / f"events.out.tfevents.{int(time.time()) + 3600}.host.99999.1").write_bytes(b"")
+    t0 = time.monotonic()
+    loop._wait_past_event_files(tmp_path)
+    assert time.monotonic() - t0 < 0.5

@@ -76,7 +76,8 @@ def main() -> None:
     B = emunum.quantize(torch.randn(n, n, generator=g), "fp8_152")
     macs = n**3
     unit = MADUnit("fp8_152", "fp16_169", chunk=64)
-    plan = gemm_cpu.fast_plan(A.numpy()[None], B.numpy()[None], 0, *unit.kernel_params())
+    plan = gemm_cpu.fast_plan(A.numpy()[None], B.numpy()[None], 0, *unit.kernel_params(), lanes=unit.lanes,
+                              chunk=unit.chunk or 0)
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("n/a",)
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, numba threads "
           f"{numba.get_num_threads()} ({numba.threading_layer() if hasattr(numba, 'threading_layer') else ''}), "

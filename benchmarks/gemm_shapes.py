@@ -30,11 +30,11 @@ def main() -> None:
     rec = collections.defaultdict(lambda: [0, 0.0, 0.0, None])
     orig = gemm_cpu.gemm
 
-    def timed(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=None):
+    def timed(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=None, scans=None):
         t0 = time.perf_counter()
-        plan = gemm_cpu.fast_plan(A, B, fused, mulp, accp)
+        plan = gemm_cpu.fast_plan(A, B, fused, mulp, accp, scans, lanes, chunk)
         t1 = time.perf_counter()
-        orig(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast)
+        orig(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast, scans)
         r = rec[(A.shape, B.shape)]
         r[0] += 1
         r[1] += t1 - t0

@@ -92,7 +92,7 @@ def gemm(A, B, bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, fast=Non
     has_bias = bias is not None
     if bias is None:
         bias = np.zeros((1, 1, 1))
-    choice = _choose(A, B, fused, mulp, accp, fast, scans)
+    choice = _choose(A, B, fused, mulp, accp, fast, scans, lanes, chunk)
     with _parallel.exclusive():
         _gemm(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits, choice)
 
@@ -116,12 +116,13 @@ class Choice:
 _GENERAL, _VEC = Choice(Kernel.GENERAL), Choice(Kernel.VEC)
 
 
-def _choose(A, B, fused, mulp, accp, fast, scans=None) -> Choice:
-    """The kernel ``gemm`` runs (see its ``fast``)."""
+def _choose(A, B, fused, mulp, accp, fast, scans=None, lanes=None, chunk=None) -> Choice:
+    """The kernel ``gemm`` runs (see its ``fast``); lanes and chunk: the unit's (None: not known to the caller,
+    then the plan's bound holds for every datapath)."""
     if fast is False:
         return _GENERAL
     if fast is None:
-        plan = fast_plan(A, B, fused, mulp, accp, scans)
+        plan = fast_plan(A, B, fused, mulp, accp, scans, lanes, chunk)
         if plan is not None:
             return Choice(Kernel.FAST, plan)
         return _VEC if _vec_wanted(A, B, fused, mulp, accp) else _GENERAL
@@ -130,9 +131,9 @@ def _choose(A, B, fused, mulp, accp, fast, scans=None) -> Choice:
     return Choice(Kernel.FAST, tuple(fast)) if fast_applies(fused, mulp, accp) else _GENERAL
 
 
-def kernel_choice(A, B, fused, mulp, accp, fast=None) -> str:
+def kernel_choice(A, B, fused, mulp, accp, fast=None, lanes=None, chunk=None) -> str:
     """Which kernel ``gemm`` runs: "fast", "vec" or "general" (tests assert the one they mean to reach)."""
-    return _choose(A, B, fused, mulp, accp, fast).kernel.value
+    return _choose(A, B, fused, mulp, accp, fast, None, lanes, chunk).kernel.value
 
 
 # gemm_vec compiles one variant per unit configuration (~17 s on first use, then cached on disk). Below this many

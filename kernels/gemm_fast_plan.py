@@ -53,7 +53,7 @@ def _significant_bits(x: np.ndarray) -> int:
     return int(24 - np.log2(low.astype(np.float64)).min())
 
 
-def fast_plan(A, B, fused, mulp, accp, scans=None):
+def fast_plan(A, B, fused, mulp, accp, scans=None, lanes=None, chunk=None):
     """None when ``gemm_fast`` does not apply; else (work dtype, mul_sub, acc_sub, checks, mul_exact).
 
     scans: None, or (scan of A, scan of B), each None (scan the operand) or ``operand_scan.scan`` of an array
@@ -69,8 +69,9 @@ def fast_plan(A, B, fused, mulp, accp, scans=None):
       has at most man significant bits, the work sum is exact and the normal-range rounding returns it,
       which is the subnormal it rounds to);
     checks: a product or sum may overflow, or an operand is not finite (bound: K terms of |round(a*b)| <=
-      max|a| max|b| (1 + 2**-mul man), then at most 2K + 8 accumulator roundings on any path, each growing
-      a magnitude by a factor of at most 1 + 2**-acc man).
+      max|a| max|b| (1 + 2**-mul man), then at most ``accumulator_depth(K, lanes, chunk)`` accumulator
+      roundings on any path from a product to the result, each growing a magnitude by a factor of at most
+      1 + 2**-acc man; without lanes and chunk, 2K + 8, which bounds the depth of every datapath).
     mul_exact (never with mul_sub or checks): every product is a value of the product format, so its rounding
       can be skipped: a * b is exact in the work dtype and has at most (significant bits of a) + (those of b)
       <= man + 1 of mul significant bits, no nonzero |a*b| is below min_normal (not mul_sub) or above max
@@ -97,7 +98,7 @@ def fast_plan(A, B, fused, mulp, accp, scans=None):
     log_bound = math.inf  # log2 of a bound on every |product| and |partial sum|
     if finite:
         log_bound = -math.inf if top == 0.0 else (math.log2(max(K, 1)) + math.log2(top) + log_mul_ulp
-                                                  + (2 * K + 8) * log_acc_ulp)
+                                                  + accumulator_depth(K, lanes, chunk) * log_acc_ulp)
     checks = not (finite and top <= mul_max and log_bound < math.log2(acc_max) - 1e-9)
     dtype = np.float64
     if (2 * (acc_man + 1) <= 21 and log_bound <= 100 and amin * bmin >= 2.0**-100
@@ -106,6 +107,27 @@ def fast_plan(A, B, fused, mulp, accp, scans=None):
         dtype = np.float32
     mul_exact = not mul_sub and not checks and abits + bbits <= mul_man + 1
     return dtype, mul_sub, acc_sub, checks, mul_exact
+
+
+def accumulator_depth(K: int, lanes=None, chunk=None) -> int:
+    """The most accumulator roundings on the way from one product to a dot product's result on the datapath of
+    ``emunum.mad`` (``gemm_fast``'s loops) with ``lanes`` w and ``chunk`` C (0 or None: no chunking): the
+    additions into the inner accumulator of the product's chunk (at most C, and at most the ceil(K / w) terms of
+    the fullest lane), the chunk closes after it (one per remaining chunk of that lane), the pairwise lane sums
+    (ceil(log2 w) levels) and the bias addition. Every partial sum holds products and gains at most one factor
+    (1 + 2**-man) per rounding on its way, so its magnitude is at most K max|product| (1 + 2**-man)**depth.
+    lanes None: the datapath is not given; 2K + 8 then bounds every one (each lane's terms, then each chunk's
+    close, at most K of each; ceil(log2 64) lane levels and the bias)."""
+    K = max(int(K), 1)
+    if lanes is None:
+        return 2 * K + 8
+    lanes = int(lanes)
+    per_lane = -(-K // lanes)  # terms of the fullest lane (lane 0)
+    if chunk:
+        inner, closes = min(int(chunk), per_lane), -(-per_lane // int(chunk))
+    else:
+        inner, closes = per_lane, 0
+    return inner + closes + (lanes - 1).bit_length() + 1
 
 
 def _format_consts(p) -> tuple:

@@ -309,8 +309,8 @@ def run(A, B, bias, has_bias, out, fused, mulp, accp, lanes, chunk, keys, nbits,
     plans (``needs_checks``, ``exact_sums``), a bool forces (tests: checks on, or exact off, only add work)."""
     mi, mf, mw = consts(mulp, nbits)
     ai, af, aw = consts(accp, nbits)
-    chk = needs_checks(A, B, fused, mulp, accp) if checks is None else bool(checks)
-    ex = exact_sums(A, B, fused, mulp, accp) if exact is None else bool(exact)
+    chk = needs_checks(A, B, fused, mulp, accp, lanes, chunk) if checks is None else bool(checks)
+    ex = exact_sums(A, B, fused, mulp, accp, lanes, chunk) if exact is None else bool(exact)
     afix = 0 if accp[P_KIND] == 0 else (1 if accp[gemm_scalar.P_SAT] else 2)
     amode = int(accp[P_MODE])
     k = kernel(bool(fused), -1 if fused else int(mulp[P_MODE]),

@@ -7,6 +7,7 @@ import numpy as np
 from .gemm_scalar import (
     P_CMAX, P_CMIN, P_EMIN, P_FRAC, P_KIND, P_MAN, P_MAXBITS, P_MODE, P_NEGZERO, P_OVF, P_SAT, P_SUB,
 )
+from .gemm_fast_plan import accumulator_depth
 from .scalar import DOWN, NEAREST, NEAREST_AWAY, ODD, TOWARD_ZERO, UP
 
 MAGIC_BITS = 0x4330000000000000  # the bits of 2.0**52
@@ -90,35 +91,39 @@ def _finite_max_abs(x) -> float:
     return float(a.max()) if a.size else 0.0
 
 
-def _bounds(A, B, fused, mulp, accp):
+def _bounds(A, B, fused, mulp, accp, lanes=None, chunk=None):
     """(P, log2 S): bounds on every finite |round_mul(a*b)| and on every finite partial sum (exact, before its
     rounding) of the datapath, from the finite operands. |round_mul(a*b)| <= P = top (1 + 2**-mm) + qm (top =
     max|a| max|b|; rounding a magnitude away from zero adds at most one quantum: 2**-man of it in the normal
-    range, the smallest quantum qm below); a sum adds at most K products with at most R = 2K + 8 roundings on any
-    path, each growing a magnitude by a factor 1 + 2**-am plus qa (fixed point: plus one quantum), so
-    S = (K P + R qa) (1 + 2**-am)**R. A non-finite product only makes non-finite sums."""
+    range, the smallest quantum qm below); a sum adds at most K products through at most N = 2K + 2w + 8
+    roundings (K into the inner accumulators, at most K + w chunk closes, w - 1 lane sums, the bias; w the lanes,
+    at most 64), at most R = ``gemm_fast_plan.accumulator_depth(K, lanes, chunk)`` of them on any one path, each
+    growing a magnitude by a factor 1 + 2**-am plus qa (fixed point: plus one quantum), so
+    S = (K P + N qa) (1 + 2**-am)**R. A non-finite product only makes non-finite sums."""
     K = A.shape[2]
     top = _finite_max_abs(A) * _finite_max_abs(B)
     prod = top
     if not fused:
         mm, emin = int(mulp[P_MAN]), int(mulp[P_EMIN])
         prod = top * (1.0 + 2.0**-mm) + 2.0 ** (emin - (mm if mulp[P_SUB] else 0))
-    R = 2 * K + 8
+    R = accumulator_depth(K, lanes, chunk)
+    N = 2 * K + 2 * (64 if lanes is None else int(lanes)) + 8
     if accp[P_KIND] == 1:
-        return prod, np.log2(K * prod + R * 2.0 ** -int(accp[P_FRAC]))
+        return prod, np.log2(K * prod + N * 2.0 ** -int(accp[P_FRAC]))
     am, emin = int(accp[P_MAN]), int(accp[P_EMIN])
     qa = 2.0 ** (emin - (am if accp[P_SUB] else 0))
-    return prod, np.log2(K * prod + R * qa) + R * np.log2(1.0 + 2.0**-am)
+    return prod, np.log2(K * prod + N * qa) + R * np.log2(1.0 + 2.0**-am)
 
 
-def needs_checks(A, B, fused, mulp, accp) -> bool:
+def needs_checks(A, B, fused, mulp, accp, lanes=None, chunk=None) -> bool:
     """False where no product or partial sum can overflow or be non-finite, so that ``_round_float`` may drop that
     work (CHK): the operands are finite, P (``_bounds``) stays below the product format's max, and S below the
-    accumulator's (fixed point: saturation and wrap are part of its rounding; only P matters)."""
+    accumulator's (fixed point: saturation and wrap are part of its rounding; only P matters). lanes, chunk: the
+    unit's (None: not known, then S holds for every datapath)."""
     a, b = np.asarray(A, dtype=np.float64), np.asarray(B, dtype=np.float64)
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         return True
-    prod, log_s = _bounds(A, B, fused, mulp, accp)
+    prod, log_s = _bounds(A, B, fused, mulp, accp, lanes, chunk)
     if not fused and not prod < _max_value(mulp):
         return True
     if accp[P_KIND] == 1:
@@ -126,7 +131,7 @@ def needs_checks(A, B, fused, mulp, accp) -> bool:
     return not log_s < np.log2(_max_value(accp)) - 1e-9
 
 
-def exact_sums(A, B, fused, mulp, accp) -> bool:
+def exact_sums(A, B, fused, mulp, accp, lanes=None, chunk=None) -> bool:
     """True where every sum of the datapath (product + accumulator, chunk close) is exact in binary64, so that
     TwoSum and the round-to-odd can be dropped (EXACT: a sum that is exact has error e = 0, and round_odd(s, 0)
     is s; a non-finite sum is left as it is by both).
@@ -154,5 +159,5 @@ def exact_sums(A, B, fused, mulp, accp) -> bool:
     if g < -1074:
         return False
     bound = max(max_mul + max_acc, 2.0 * max_acc)
-    _, log_s = _bounds(A, B, fused, mulp, accp)
+    _, log_s = _bounds(A, B, fused, mulp, accp, lanes, chunk)
     return bool(bound < 2.0 ** (g + 53) or log_s < g + 53 - 1e-9)

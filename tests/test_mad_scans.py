@@ -59,9 +59,9 @@ def test_plans_from_the_layers_scans_are_the_operands_plans(case, special, monke
     calls = []
     plan = gemm_fast_plan.fast_plan
 
-    def spy(A, B, fused, mulp, accp, scans=None):
-        got = plan(A, B, fused, mulp, accp, scans)
-        calls.append((scans, got, plan(A, B, fused, mulp, accp)))
+    def spy(A, B, fused, mulp, accp, scans=None, lanes=None, chunk=None):
+        got = plan(A, B, fused, mulp, accp, scans, lanes, chunk)
+        calls.append((scans, got, plan(A, B, fused, mulp, accp, None, lanes, chunk)))
         return got
 
     monkeypatch.setattr(gemm_cpu, "fast_plan", spy)

@@ -21,7 +21,7 @@ from numba import njit
 
 import emunum
 from emunum import FixedFormat, FloatFormat, MADUnit
-from emunum.kernels import gemm_cpu, gemm_vec
+from emunum.kernels import gemm_cpu, gemm_fast_plan, gemm_vec
 from emunum.kernels.gemm_scalar import P_CMIN, round_odd, two_sum
 from emunum.mad.unit import stream_keys
 
@@ -275,6 +275,66 @@ def test_fast_plan_drops_only_what_cannot_matter():
     for u in [MADUnit("fp16", "fp8_152"), MADUnit(None, "fp32", fused=True),
               MADUnit("bf16", "fp32", acc_rounding="up")]:
         assert gemm_cpu.fast_plan(A, B, int(u.fused), *u.kernel_params()) is None
+
+
+def _depth_by_replay(K: int, lanes: int, chunk) -> int:
+    """The most accumulator roundings between a product and the result, found by replaying the datapath of
+    ``emunum.mad.unit``'s docstring: terms k to lane k % lanes, the chunks of all lanes closing together after
+    every chunk * lanes terms and after the last, pairwise lane sums, then the bias. Each accumulator holds the
+    longest path of the products in it (None: no product yet); a rounding adds one to each path through it."""
+    def rounded(*held):
+        paths = [h for h in held if h is not None]
+        return max(paths) + 1 if paths else None
+
+    inner, outer = [None] * lanes, [None] * lanes
+    for k in range(K):
+        inner[k % lanes] = rounded(inner[k % lanes], 0)
+        if chunk and ((k + 1) % (chunk * lanes) == 0 or k == K - 1):
+            outer = [rounded(o, i) for o, i in zip(outer, inner)]
+            inner = [None] * lanes
+    v = outer if chunk else inner
+    while len(v) > 1:
+        v = [rounded(v[2 * q], v[2 * q + 1]) for q in range(len(v) // 2)] + ([v[-1]] if len(v) % 2 else [])
+    return rounded(v[0])
+
+
+def test_accumulator_depth_is_the_longest_path_of_the_datapath():
+    """``accumulator_depth`` (the rounding count behind fast_plan's overflow bound) equals the longest path of
+    a replay of the datapath for every K up to 70 and awkward lane counts and chunks; without the datapath it
+    bounds every one."""
+    for lanes in (1, 2, 3, 4, 5, 8, 64):
+        for chunk in (None, 1, 2, 3, 8, 64):
+            for K in range(1, 71):
+                want = _depth_by_replay(K, lanes, chunk)
+                assert gemm_fast_plan.accumulator_depth(K, lanes, chunk or 0) == want, (K, lanes, chunk)
+                assert gemm_fast_plan.accumulator_depth(K) >= want, (K, lanes, chunk)
+
+
+@pytest.mark.parametrize("unit", [MADUnit("fp16_169", "fp16_169", chunk=64),
+                                  MADUnit("fp16_169", "fp16_169", chunk=8, lanes=4)],
+                         ids=["the fp8 recipe's unit", "lanes4 chunk8"])
+@pytest.mark.parametrize("signs", ["positive", "mixed"])
+def test_long_chunked_sums_near_the_accumulators_max_run_unchecked_with_the_general_kernels_bits(unit, signs):
+    """A GEMM with K = 4096 whose sums come within a factor 4 of the accumulator's max (e6m9, ~2**32): the
+    unit's datapath bounds them below the max (``accumulator_depth``), so fast_plan drops the overflow checks
+    and takes binary32 work, which the datapath-blind bound (2K + 8 roundings) did not; the result is
+    gemm_general's, bit for bit. Twice the operands' magnitude keeps the checks."""
+    rng = np.random.default_rng(11)
+    K = 4096
+    A = emunum.quantize(torch.from_numpy(rng.uniform(2.0**9, 2.0**10, (1, 3, K))), "fp8_152").float().numpy()
+    B = emunum.quantize(torch.from_numpy(rng.uniform(2.0**8, 2.0**9, (1, K, 70))), "fp8_152").float().numpy()
+    if signs == "mixed":
+        A[:, 1:, :] *= np.where(rng.random((1, 2, K)) < 0.3, -1, 1).astype(np.float32)
+    mulp, accp = unit.kernel_params()
+    lc = dict(lanes=unit.lanes, chunk=unit.chunk or 0)
+    plan = gemm_cpu.fast_plan(A, B, 0, mulp, accp, **lc)
+    assert plan[0] == np.float32 and not plan[3], plan
+    assert gemm_cpu.fast_plan(A, B, 0, mulp, accp)[3]  # the bound for any datapath keeps them
+    assert gemm_cpu.kernel_choice(A, B, 0, mulp, accp, **lc) == "fast"
+    got, want = _run(A, B, None, unit, fast=None), _run(A, B, None, unit, fast=False)
+    assert np.abs(want).max() > 2.0**30  # within a factor 4 of the max
+    _same_bits(got, want, plan)
+    assert gemm_cpu.fast_plan(A * 2, B, 0, mulp, accp, **lc)[3]
 
 
 SUBNORMAL_SUM_UNITS = {  # name: (unit, whether fast_plan may drop the accumulator's subnormal rounding)
@@ -757,6 +817,25 @@ def test_vec_kernel_without_checks_equals_general_kernel(name):
     for seed, b in ((0, bias), (7, None)):
         _same_bits(_run(A, B, b, unit, fast=None, seed=seed), _run(A, B, b, unit, fast=False, seed=seed),
                    f"{name} seed {seed}")
+
+
+def test_vec_kernel_drops_checks_on_long_chunked_sums_by_the_units_datapath():
+    """gemm_vec's overflow bound counts the unit's roundings on a path (``accumulator_depth``): a chunked unit's
+    K = 4096 sums of products up to ~2**15.6 run without overflow checks, which the datapath-blind bound (2K + 8
+    roundings on a path) kept, and give gemm_general's bits."""
+    unit = VEC_TAME_UNITS["e5m2_odd-e6m9_away_chunk5"]  # directed product rounding: gemm_vec, not gemm_fast
+    mulp, accp = unit.kernel_params()
+    rng = np.random.default_rng(5)
+    K = 4096
+    A = emunum.quantize(torch.from_numpy(rng.uniform(128, 192, (1, 3, K))), "fp8_152").float().numpy()
+    B = emunum.quantize(torch.from_numpy(rng.uniform(128, 192, (1, K, 70))), "fp8_152").float().numpy()
+    A[:, 1:, :] *= np.where(rng.random((1, 2, K)) < 0.3, -1, 1).astype(np.float32)
+    assert gemm_cpu.kernel_choice(A, B, 0, mulp, accp, lanes=unit.lanes, chunk=unit.chunk) == "vec"
+    assert not gemm_vec.needs_checks(A, B, 0, mulp, accp, unit.lanes, unit.chunk)
+    assert gemm_vec.needs_checks(A, B, 0, mulp, accp)
+    want = _run(A, B, None, unit, fast=False)
+    assert np.abs(want).max() > 2.0**26
+    _same_bits(_run(A, B, None, unit, fast=None), want, "vec, unchecked")
 
 
 @pytest.mark.exhaustive

@@ -191,7 +191,7 @@ def _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, plan):
         out[...] = o.transpose(0, 2, 1)
         return
     dtype, mul_sub, acc_sub, checks = plan[:4]
-    mul_exact = len(plan) > 4 and bool(plan[4]) and not mul_sub and not checks  # forced 4-tuples: False
+    mul_exact = len(plan) > 4 and bool(plan[4]) and not checks  # forced 4-tuples: False
     gemm_fast(np.ascontiguousarray(A, dtype=dtype), np.ascontiguousarray(B, dtype=dtype), read_only(bias), has_bias,
               out, *fast_consts(mulp, accp, dtype), lanes, chunk, bool(mul_sub), bool(acc_sub), bool(checks), mul_exact)
 

@@ -113,19 +113,19 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
     for t in prange(nb * ti * tj):
         prefer_wide_vectors()
         b, i0, i1, j0, nj, ab, bbi = tile_of(t, M, N, bA, bB, TM, TN)
-        inner = np.zeros((lanes, TN), A.dtype)
-        outer = np.zeros((lanes, TN), A.dtype)
-        for i in range(i0, i1):
-            inner[:, :] = 0.0
-            outer[:, :] = 0.0
-            arow = A[ab, i]
-            for kk in range(0, K, span):
-                lane = 0  # k % lanes (span is a multiple of lanes), counted: an integer division per k cost more
-                for k in range(kk, min(K, kk + span)):
-                    a = arow[k]
-                    brow = B[bbi, k, j0:j0 + nj]
-                    acc = inner[lane, :nj]
-                    lane = 0 if lane + 1 == lanes else lane + 1
+        rows = i1 - i0
+        # the tile's rows advance together over k: each row of B is read once per tile, not once per output row
+        # (a K x TN panel of B outgrows the caches for long sums); each output element still takes its terms in
+        # increasing k, so the bits are those of one row at a time
+        inner = np.zeros((rows, lanes, TN), A.dtype)
+        outer = np.zeros((rows, lanes, TN), A.dtype)
+        for kk in range(0, K, span):
+            lane = 0  # k % lanes (span is a multiple of lanes), counted: an integer division per k cost more
+            for k in range(kk, min(K, kk + span)):
+                brow = B[bbi, k, j0:j0 + nj]
+                for r in range(rows):
+                    a = A[ab, i0 + r, k]
+                    acc = inner[r, lane, :nj]
                     # constant flags per loop, so that each loop compiles branch-free and vectorises
                     if checks:
                         _mac_row(acc, brow, a, mulf, accf, True, True, True)
@@ -141,12 +141,15 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
                         _mac_row(acc, brow, a, mulf, accf, False, True, False)
                     else:
                         _mac_row(acc, brow, a, mulf, accf, False, False, False)
-                if chunk > 0:
-                    for lane in range(lanes):
+                lane = 0 if lane + 1 == lanes else lane + 1
+            if chunk > 0:
+                for r in range(rows):
+                    for ln in range(lanes):
                         for jj in range(nj):
-                            outer[lane, jj] = _round_acc(outer[lane, jj] + inner[lane, jj], accf, acc_sub, checks)
-                            inner[lane, jj] = 0.0
-            src = outer if chunk > 0 else inner
+                            outer[r, ln, jj] = _round_acc(outer[r, ln, jj] + inner[r, ln, jj], accf, acc_sub, checks)
+                            inner[r, ln, jj] = 0.0
+        for r in range(rows):
+            src = outer[r] if chunk > 0 else inner[r]
             for jj in range(nj):
                 n = lanes
                 while n > 1:  # pairwise, as reduce_lanes
@@ -159,13 +162,11 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
                     else:
                         n = h
             # the output writes as loops of their own, branch-free, so that they vectorise
-            orow = out[b, i, j0:j0 + nj]
+            orow = out[b, i0 + r, j0:j0 + nj]
             if has_bias:
-                brow = bias[b, i, j0:j0 + nj]
+                brow = bias[b, i0 + r, j0:j0 + nj]
                 for jj in range(nj):
                     orow[jj] = canonical_nan(_add_bias(np.float64(src[0, jj]), brow[jj], acc64))
             else:
                 for jj in range(nj):
                     orow[jj] = canonical_nan(np.float64(src[0, jj]))
-
-

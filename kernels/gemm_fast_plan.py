@@ -72,10 +72,13 @@ def fast_plan(A, B, fused, mulp, accp, scans=None, lanes=None, chunk=None):
       max|a| max|b| (1 + 2**-mul man), then at most ``accumulator_depth(K, lanes, chunk)`` accumulator
       roundings on any path from a product to the result, each growing a magnitude by a factor of at most
       1 + 2**-acc man; without lanes and chunk, 2K + 8, which bounds the depth of every datapath).
-    mul_exact (never with mul_sub or checks): every product is a value of the product format, so its rounding
-      can be skipped: a * b is exact in the work dtype and has at most (significant bits of a) + (those of b)
-      <= man + 1 of mul significant bits, no nonzero |a*b| is below min_normal (not mul_sub) or above max
-      (not checks, which bounds max|a| max|b| by it).
+    mul_exact (never with checks): every product is a value of the product format, so its rounding can be
+      skipped: a * b is exact in the work dtype and has at most (significant bits of a) + (those of b)
+      <= man + 1 of mul significant bits, no nonzero |a*b| is above max (not checks, which bounds max|a| max|b|
+      by it), and none is below min_normal (not mul_sub) or, where the format has subnormals, every product's
+      last set bit is at or above the format's smallest quantum 2**(emin - man) (a nonzero value's last set
+      bit lies at or above 2**(floor(log2 min|x|) - bits + 1)): a multiple of that quantum below min_normal is
+      a subnormal of the format (the fp8 recipe's e5m2 operands and e6m9 products, for one).
     float32 work: exact when every product is exact in binary32 (significant bits of a plus those of b <= 24,
     no underflow), every product and partial sum stays below 2**100 (so Veltkamp's c = x * split cannot
     overflow), both formats' smallest quanta are >= 2**-100-ish, and 2 * (acc man + 1) <= 21, which keeps the
@@ -105,8 +108,15 @@ def fast_plan(A, B, fused, mulp, accp, scans=None, lanes=None, chunk=None):
             and mul_emin - (mul_man if mul_subn else 0) >= -100 and acc_emin >= -100
             and abits + bbits <= 24):
         dtype = np.float32
-    mul_exact = not mul_sub and not checks and abits + bbits <= mul_man + 1
+    mul_exact = not checks and abits + bbits <= mul_man + 1 and (
+        not mul_sub or (mul_subn and _last_bit(amin, abits) + _last_bit(bmin, bbits) >= mul_emin - mul_man))
     return dtype, mul_sub, acc_sub, checks, mul_exact
+
+
+def _last_bit(smallest: float, bits: int) -> int:
+    """A lower bound on the exponent of the last set bit of every nonzero value of an operand whose smallest
+    nonzero magnitude is ``smallest`` (finite, > 0) and whose values have at most ``bits`` significant bits."""
+    return math.frexp(smallest)[1] - 1 - bits + 1
 
 
 def accumulator_depth(K: int, lanes=None, chunk=None) -> int:

@@ -506,6 +506,71 @@ def test_fast_plan_skips_the_product_rounding_only_where_products_are_exact(name
         assert not np.array_equal(_run(A, B, None, unit, fast=(*plan[:4], True)), want)
 
 
+SUBNORMAL_PRODUCT_UNITS = {  # name: (unit, whether every product below min_normal is one of its subnormals)
+    "e6m9 products (the fp8 recipe's unit)": (MADUnit("fp16_169", "fp16_169", chunk=64), True),
+    "e5m2 products": (MADUnit("fp8_152", "fp16_169", chunk=64), False),
+    "e6m9 products without subnormals": (MADUnit(FloatFormat(6, 9, subnormals=False), "fp16_169"), False),
+}
+
+
+def _lowest_set_bit(v: float) -> int:
+    """The exponent of the last set bit of a nonzero binary value, from its exact rational."""
+    f = Fraction(abs(v))
+    if f.denominator > 1:
+        return -(f.denominator.bit_length() - 1)
+    n = f.numerator
+    return (n & -n).bit_length() - 1
+
+
+@pytest.mark.parametrize("fmt", ["fp8_152", "e4m3fn", "bf16"])
+def test_last_bit_bound_is_exact_for_one_value_and_a_bound_for_many(fmt):
+    """``_last_bit(min |x|, bits)`` is each value's own last set bit when x is that one value, and at most every
+    value's when x is a set (every positive value of the format, or its values from one binade up)."""
+    codes = emunum.quantize(torch.linspace(0, 60000, 200001), fmt).unique().double().numpy()
+    codes = codes[codes > 0]
+    if fmt == "bf16":
+        codes = codes[::37]
+    for v in codes:
+        assert gemm_fast_plan._last_bit(v, gemm_cpu._significant_bits(np.array([v]))) == _lowest_set_bit(v), v
+    for lo in (0, len(codes) // 3):
+        part = codes[lo:]
+        bound = gemm_fast_plan._last_bit(part.min(), gemm_cpu._significant_bits(part))
+        assert bound <= min(_lowest_set_bit(v) for v in part)
+
+
+SUBNORMAL_PRODUCT_CASES = [(name, bits) for name in SUBNORMAL_PRODUCT_UNITS for bits in (1, 3)
+                           if bits == 1 or SUBNORMAL_PRODUCT_UNITS[name][0].mul_fmt.man >= 5]
+
+
+@pytest.mark.parametrize("name, bits", SUBNORMAL_PRODUCT_CASES,
+                         ids=[f"{n}-{'powers of two' if b == 1 else 'e5m2 values'}" for n, b in SUBNORMAL_PRODUCT_CASES])
+def test_products_below_min_normal_skip_their_rounding_only_on_the_formats_subnormal_grid(name, bits):
+    """e5m2 operands down to its smallest subnormal 2**-16 make products down to 2**-32, below e6m9's min normal
+    2**-30: on e6m9's subnormal grid (multiples of 2**-39) they are values of the format, so fast_plan skips
+    their rounding (mul_exact with mul_sub) and gemm_fast gives gemm_general's bits; below e5m2's grid, or in
+    a format that flushes them, they are not, and forcing the skip changes bits."""
+    unit, exact = SUBNORMAL_PRODUCT_UNITS[name]  # (3-bit operands make 6-bit products: wider than e5m2's)
+    rng = np.random.default_rng(bits)
+
+    def operand(shape):
+        n = int(np.prod(shape))
+        x = rng.integers(2 ** (bits - 1), 2**bits, n) * rng.choice([-1, 1], n) * np.exp2(rng.integers(-16, 2, n))
+        x[::7] = 2.0**-16 * rng.integers(1, 4, x[::7].size)  # e5m2 subnormals
+        x[::11] = 0.0
+        return emunum.quantize(torch.from_numpy(x.reshape(shape)), "fp8_152").float().numpy()
+
+    A, B = operand((1, 19, 150)), operand((1, 150, 70))
+    A[0, 0, :], B[0, :, 0] = 2.0**-16, -3 * 2.0**-16  # an output of products below min normal alone
+    mulp, accp = unit.kernel_params()
+    plan = gemm_cpu.fast_plan(A, B, 0, mulp, accp, lanes=unit.lanes, chunk=unit.chunk or 0)
+    assert plan[1] and not plan[3] and plan[4] == exact, plan  # products below min normal, no overflow
+    want = _run(A, B, None, unit, fast=False)
+    if exact:
+        _same_bits(_run(A, B, None, unit, fast=None), want, plan)
+    else:
+        assert not np.array_equal(_run(A, B, None, unit, fast=(*plan[:4], True)), want)
+
+
 NAN_UNITS = {  # units whose results include NaN from inf - inf, inf * 0, NaN operands and overflow to NaN
     "e5m2-e6m9_lanes2 (inf accumulator)": MADUnit("fp8_152", "fp16_169", lanes=2),
     "e4m3fn-e4m3fn (overflow to NaN)": MADUnit("e4m3fn", "e4m3fn"),

@@ -553,6 +553,33 @@ def test_conv2d_matches_direct_loops(case):
     assert_bits(got, ref_conv2d(x, w, b, stride, padding, dilation, groups, unit, 5))
 
 
+UNFOLD_GEOMETRIES = [  # (kernel, stride, dilation, (H, W)) of an already padded image
+    ((3, 3), (1, 1), (1, 1), (9, 11)), ((3, 3), (2, 2), (1, 1), (9, 11)), ((5, 3), (2, 1), (1, 2), (12, 10)),
+    ((2, 2), (1, 3), (2, 2), (7, 8)), ((1, 1), (1, 1), (1, 1), (5, 6)), ((1, 5), (1, 3), (1, 1), (1, 17)),
+]
+
+
+@pytest.mark.parametrize("k, st, d, hw", UNFOLD_GEOMETRIES)
+@pytest.mark.parametrize("rows", [False, True], ids=["unfold layout", "row layout"])
+def test_conv_operands_copied_by_the_kernels_are_the_strided_views_bits(k, st, d, hw, rows):
+    """The convolutions' im2col operands (``conv._unfolded``: kernels/im2col_cpu.py for a contiguous float32
+    image) hold the bits of torch's copy of the strided view, NaN payloads and -0.0 included; a non-contiguous
+    or float64 image takes torch's copy."""
+    from emunum.mad import conv
+
+    g = torch.Generator().manual_seed(sum(k) + sum(hw))
+    x = torch.randn(3, 4, *hw, generator=g) * 2.0 ** torch.randint(-20, 20, (3, 4, 1, 1), generator=g)
+    x.view(-1)[::13] = -0.0
+    x.view(torch.int32).view(-1)[5] = 0x7FC01234  # a NaN with a payload
+    p = conv._patches(x, *k, st, d)
+    N, _, _, _, Ho, Wo = p.shape
+    want = p.permute(0, 4, 5, 1, 2, 3).reshape(N * Ho * Wo, -1) if rows else p.reshape(N, -1, Ho * Wo)
+    for image in (x, x.transpose(2, 3).contiguous().transpose(2, 3), x.double()):
+        got = conv._unfolded(image, *k, st, d, rows)
+        assert got.dtype == image.dtype and got.shape == want.shape
+        assert torch.equal(got.float().view(torch.int32), want.view(torch.int32))
+
+
 def test_conv1d_and_same_padding_match_direct_loops():
     rng = np.random.default_rng(10)
     unit = MADUnit("fp8_152", "bf16", lanes=2)

@@ -62,6 +62,27 @@ def _patches(x, kh: int, kw: int, stride: tuple, dilation: tuple) -> torch.Tenso
                         (sn, sc, dilation[0] * sh, dilation[1] * sw, stride[0] * sh, stride[1] * sw), x.storage_offset())
 
 
+def _unfolded(x, kh: int, kw: int, stride: tuple, dilation: tuple, rows: bool):
+    """``_patches(x, ...)`` copied into a GEMM operand: (N, C*kh*kw, Ho*Wo), ``F.unfold``'s layout, or with
+    ``rows`` (N*Ho*Wo, C*kh*kw), one row per output position. A C-contiguous float32 CPU x goes through the copy
+    kernels of ``kernels/im2col_cpu.py`` (2.5-7x faster than torch's copy of the strided view), anything else
+    through that copy; the same values either way."""
+    p = _patches(x, kh, kw, stride, dilation)
+    N, C, _, _, Ho, Wo = p.shape
+    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and not x.is_neg()):
+        return p.permute(0, 4, 5, 1, 2, 3).reshape(N * Ho * Wo, -1) if rows else p.reshape(N, -1, Ho * Wo)
+    from ..kernels import im2col_cpu  # noqa: PLC0415  (compiled on first use)
+
+    src = x.detach().numpy()
+    if rows:
+        out = torch.empty((N * Ho * Wo, C * kh * kw), dtype=x.dtype)
+        im2col_cpu.im2col(src, out.numpy(), kh, kw, stride[0], stride[1], dilation[0], dilation[1], 0, 0, Ho, Wo)
+    else:
+        out = torch.empty((N, C * kh * kw, Ho * Wo), dtype=x.dtype)
+        im2col_cpu.im2col_cols(src, out.numpy(), kh, kw, stride[0], stride[1], dilation[0], dilation[1], Ho, Wo)
+    return out
+
+
 def _narrow() -> int:
     """Output rows narrower than this fill a tile of gemm_fast only when the samples are laid side by side
     (wider ones run per sample, as the kernel reads them best)."""
@@ -93,7 +114,8 @@ def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias=None
     b = None
     if bias is not None:
         b = bias.reshape(1, G, Og, 1).expand(N, G, Og, L).reshape(N * G, Og, L)
-    out = backend.gemm(Am, p.reshape(N * G, K, L), unit, seed, bias=b, nb=N * G, flops=flops, scans=scans)
+    Bm = _unfolded(x, kh, kw, stride, dilation, False).view(N * G, K, L)  # (c, i, j) with c = g*Cg + c in g
+    out = backend.gemm(Am, Bm, unit, seed, bias=b, nb=N * G, flops=flops, scans=scans)
     return out.reshape(N, O, Ho, Wo).to(dtype)
 
 
@@ -137,9 +159,12 @@ class _Conv2dFn(torch.autograd.Function):
             grad_x = _conv_gemm(up, wf, (1, 1), dilation, G, u_in, _bwd_seed(u_in, seed, ROLE_GRAD_INPUT), x.dtype,
                                 flops=2 * grad.numel() * Cg * kh * kw, scans=(sw, sg))
         if ctx.needs_input_grad[1]:
-            p = _patches(x, kh, kw, stride, dilation).reshape(N, G, Cg, kh, kw, Ho, Wo)
             Am = grad.reshape(N, G, Og, L).permute(1, 2, 0, 3).reshape(G, Og, N * L)
-            Bm = p.permute(1, 0, 5, 6, 2, 3, 4).reshape(G, N * L, Cg * kh * kw)
+            if G == 1:
+                Bm = _unfolded(x, kh, kw, stride, dilation, True).view(1, N * L, Cg * kh * kw)
+            else:
+                p = _patches(x, kh, kw, stride, dilation).reshape(N, G, Cg, kh, kw, Ho, Wo)
+                Bm = p.permute(1, 0, 5, 6, 2, 3, 4).reshape(G, N * L, Cg * kh * kw)
             gw = backend.gemm(Am, Bm, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_WEIGHT), scans=(sg, sx))
             grad_w = gw.reshape(O, Cg, kh, kw).to(weight.dtype)
         if has_bias and ctx.needs_input_grad[2]:

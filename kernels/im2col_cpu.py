@@ -6,10 +6,6 @@ column (c, i, j) holds x[n, c, oy*sh - ph + i*dh, ox*sw - pw + j*dw], +0.0 outsi
 ``F.unfold(x, ...).transpose(1, 2).reshape(-1, C*kh*kw)``, copied as bits (a NaN's payload included), in one
 pass instead of two.
 
-``im2col_cols(x, out, ...)``: the transposed layout per image, ``F.unfold``'s own: out (N, C*kh*kw, Ho*Wo), row
-(c, i, j), column (oy, ox), for an x already padded (the MAD convolutions of emunum/mad/conv.py pad first): each
-row is Ho runs of Wo elements of one image row of x, copied as bits.
-
 ``col2im(g, out, ...)``: the adjoint, g (N*L, K) and out (N, C, H, W) C-contiguous, out = ``F.fold(g.view(N, L,
 K).transpose(1, 2), ...)`` bit for bit. torch's col2im (aten/src/ATen/native/im2col.h) zero-fills the image and
 then adds the columns in order of c_col = (c*kh + i)*kw + j, so each pixel receives its terms in ascending (i, j),
@@ -100,26 +96,6 @@ def im2col_scan(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc):
     (float64, one per block, row-major); returns the bits of out's largest finite |v| (0 if none): what
     ``block_cpu.block_amaxes`` finds in out."""
     return _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc)
-
-
-@njit(cache=True)
-def im2col_cols(x, out, kh, kw, sh, sw, dh, dw, Ho, Wo):
-    """out[n, (c*kh + i)*kw + j, oy*Wo + ox] = x[n, c, oy*sh + i*dh, ox*sw + j*dw] (module doc)."""
-    N, C = x.shape[0], x.shape[1]
-    for n in range(N):
-        for c in range(C):
-            for i in range(kh):
-                for j in range(kw):
-                    row = out[n, (c * kh + i) * kw + j]
-                    for oy in range(Ho):
-                        src = x[n, c, oy * sh + i * dh]
-                        o = oy * Wo
-                        if sw == 1:  # a contiguous run: a vector copy
-                            for ox in range(Wo):
-                                row[o + ox] = src[ox + j * dw]
-                        else:
-                            for ox in range(Wo):
-                                row[o + ox] = src[ox * sw + j * dw]
 
 
 @njit(cache=True)

@@ -560,9 +560,8 @@ UNFOLD_GEOMETRIES = [  # (kernel, stride, dilation, (H, W)) of an already padded
 
 
 @pytest.mark.parametrize("k, st, d, hw", UNFOLD_GEOMETRIES)
-@pytest.mark.parametrize("rows", [False, True], ids=["unfold layout", "row layout"])
-def test_conv_operands_copied_by_the_kernels_are_the_strided_views_bits(k, st, d, hw, rows):
-    """The convolutions' im2col operands (``conv._unfolded``: kernels/im2col_cpu.py for a contiguous float32
+def test_weight_gradient_rows_copied_by_the_kernel_are_the_strided_views_bits(k, st, d, hw):
+    """The weight gradient's im2col rows (``conv._patch_rows``: kernels/im2col_cpu.py for a contiguous float32
     image) hold the bits of torch's copy of the strided view, NaN payloads and -0.0 included; a non-contiguous
     or float64 image takes torch's copy."""
     from emunum.mad import conv
@@ -573,9 +572,9 @@ def test_conv_operands_copied_by_the_kernels_are_the_strided_views_bits(k, st, d
     x.view(torch.int32).view(-1)[5] = 0x7FC01234  # a NaN with a payload
     p = conv._patches(x, *k, st, d)
     N, _, _, _, Ho, Wo = p.shape
-    want = p.permute(0, 4, 5, 1, 2, 3).reshape(N * Ho * Wo, -1) if rows else p.reshape(N, -1, Ho * Wo)
+    want = p.permute(0, 4, 5, 1, 2, 3).reshape(N * Ho * Wo, -1)
     for image in (x, x.transpose(2, 3).contiguous().transpose(2, 3), x.double()):
-        got = conv._unfolded(image, *k, st, d, rows)
+        got = conv._patch_rows(image, *k, st, d)
         assert got.dtype == image.dtype and got.shape == want.shape
         assert torch.equal(got.float().view(torch.int32), want.view(torch.int32))
 

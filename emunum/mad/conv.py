@@ -62,24 +62,20 @@ def _patches(x, kh: int, kw: int, stride: tuple, dilation: tuple) -> torch.Tenso
                         (sn, sc, dilation[0] * sh, dilation[1] * sw, stride[0] * sh, stride[1] * sw), x.storage_offset())
 
 
-def _unfolded(x, kh: int, kw: int, stride: tuple, dilation: tuple, rows: bool):
-    """``_patches(x, ...)`` copied into a GEMM operand: (N, C*kh*kw, Ho*Wo), ``F.unfold``'s layout, or with
-    ``rows`` (N*Ho*Wo, C*kh*kw), one row per output position. A C-contiguous float32 CPU x goes through the copy
-    kernels of ``kernels/im2col_cpu.py`` (2.5-7x faster than torch's copy of the strided view), anything else
-    through that copy; the same values either way."""
+def _patch_rows(x, kh: int, kw: int, stride: tuple, dilation: tuple):
+    """``_patches(x, ...)`` as rows, (N*Ho*Wo, C*kh*kw), one per output position (the weight gradient's operand).
+    A C-contiguous float32 CPU x goes through ``kernels/im2col_cpu.im2col`` (4x faster than torch's copy of the
+    strided view, which moves single elements in this order), anything else through that copy; the same values
+    either way."""
     p = _patches(x, kh, kw, stride, dilation)
     N, C, _, _, Ho, Wo = p.shape
     if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and not x.is_neg()):
-        return p.permute(0, 4, 5, 1, 2, 3).reshape(N * Ho * Wo, -1) if rows else p.reshape(N, -1, Ho * Wo)
+        return p.permute(0, 4, 5, 1, 2, 3).reshape(N * Ho * Wo, C * kh * kw)
     from ..kernels import im2col_cpu  # noqa: PLC0415  (compiled on first use)
 
-    src = x.detach().numpy()
-    if rows:
-        out = torch.empty((N * Ho * Wo, C * kh * kw), dtype=x.dtype)
-        im2col_cpu.im2col(src, out.numpy(), kh, kw, stride[0], stride[1], dilation[0], dilation[1], 0, 0, Ho, Wo)
-    else:
-        out = torch.empty((N, C * kh * kw, Ho * Wo), dtype=x.dtype)
-        im2col_cpu.im2col_cols(src, out.numpy(), kh, kw, stride[0], stride[1], dilation[0], dilation[1], Ho, Wo)
+    out = torch.empty((N * Ho * Wo, C * kh * kw), dtype=x.dtype)
+    im2col_cpu.im2col(x.detach().numpy(), out.numpy(), kh, kw, stride[0], stride[1], dilation[0], dilation[1], 0, 0,
+                      Ho, Wo)
     return out
 
 
@@ -114,8 +110,7 @@ def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias=None
     b = None
     if bias is not None:
         b = bias.reshape(1, G, Og, 1).expand(N, G, Og, L).reshape(N * G, Og, L)
-    Bm = _unfolded(x, kh, kw, stride, dilation, False).view(N * G, K, L)  # (c, i, j) with c = g*Cg + c in g
-    out = backend.gemm(Am, Bm, unit, seed, bias=b, nb=N * G, flops=flops, scans=scans)
+    out = backend.gemm(Am, p.reshape(N * G, K, L), unit, seed, bias=b, nb=N * G, flops=flops, scans=scans)
     return out.reshape(N, O, Ho, Wo).to(dtype)
 
 
@@ -161,7 +156,7 @@ class _Conv2dFn(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             Am = grad.reshape(N, G, Og, L).permute(1, 2, 0, 3).reshape(G, Og, N * L)
             if G == 1:
-                Bm = _unfolded(x, kh, kw, stride, dilation, True).view(1, N * L, Cg * kh * kw)
+                Bm = _patch_rows(x, kh, kw, stride, dilation).view(1, N * L, Cg * kh * kw)
             else:
                 p = _patches(x, kh, kw, stride, dilation).reshape(N, G, Cg, kh, kw, Ho, Wo)
                 Bm = p.permute(1, 0, 5, 6, 2, 3, 4).reshape(G, N * L, Cg * kh * kw)

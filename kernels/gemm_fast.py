@@ -34,7 +34,7 @@ from .scalar import round_nearest_fast  # noqa: E402
 from .llvm_inline import inline_in_llvm  # noqa: E402
 from .wide import prefer_wide_vectors  # noqa: E402
 
-TM, TN = 8, 64  # output tile: rows x columns (``gemm_cpu`` lays GEMMs out for it)
+TM, TN = 8, 256  # output tile: rows x columns (``gemm_cpu`` lays GEMMs out for it)
 
 
 @njit(inline="always")

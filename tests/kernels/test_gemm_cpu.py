@@ -155,13 +155,15 @@ PLANS = [(np.float64, True, True, True), (np.float64, False, False, False), (np.
 
 @pytest.mark.parametrize("name", list(FAST_UNITS))
 def test_fast_kernel_equals_general_kernel(name):
-    """gemm_fast (every variant, where fast_plan could pick it for these operands) == gemm_general."""
+    """gemm_fast (every variant, where fast_plan could pick it for these operands) == gemm_general, on two column
+    tiles (the second ragged) and three row tiles (the last ragged)."""
     unit = FAST_UNITS[name]
     rng = np.random.default_rng(abs(hash(name)) % 2**32)
     op = "fp8_152" if unit.mul_fmt.man <= 3 else "bf16"
-    A = _operands(rng, (2, 17, 70), op, special=True)
-    B = _operands(rng, (1, 70, 130), op)
-    bias = rng.standard_normal((2, 17, 130)) * 1e3
+    N = gemm_cpu.TN + 46
+    A = _operands(rng, (2, 2 * gemm_cpu.TM + 1, 70), op, special=True)
+    B = _operands(rng, (1, 70, N), op)
+    bias = rng.standard_normal((2, 2 * gemm_cpu.TM + 1, N)) * 1e3
     want = _run(A, B, bias, unit, fast=False)
     mulp, accp = unit.kernel_params()
     safe = gemm_cpu.fast_plan(A, B, 0, mulp, accp)

@@ -21,6 +21,11 @@ a directory named after the digest of the module and its dependencies:
   load the other kernel's code. In emunum's directories a save holds an exclusive lock on the directory
   (``fcntl.flock`` on ``.lock``), re-reads the index under it and writes the data file before the index.
 - The freshness stamp is the digest, not the file's mtime: checkouts with the same sources share the entries.
+- The digest covers, besides the listed deps, every file of this kernels tree that the module imports
+  relatively (``from .x import``, ``from . import x``, ``from ..x import``), transitively: a kernel freezes the
+  values of the globals it reads (tile sizes, constants) and the code of what it calls at compile time, and a
+  hand-kept list missed one (gemm_approx read gemm_fast's tile width through gemm_cpu: a changed width left
+  cached kernels tiling the old way while the host counted tiles the new way).
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import atexit
 import hashlib
 import itertools
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -154,10 +160,51 @@ _IndexDataCacheFile._emunum_unlocked_save = _numba_save
 _IndexDataCacheFile.save = _locked_save
 
 
+_ROOT = os.path.dirname(os.path.realpath(__file__))
+_RELATIVE = re.compile(r"^[ \t]*from[ \t]+(\.+)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]*)", re.M)
+_IMPORTS: dict[str, list[str]] = {}
+
+
+def _imported_files(path: str, root: str) -> list[str]:
+    """The files under ``root`` of the modules that the Python file ``path`` imports relatively."""
+    key = path + "\0" + root
+    if key not in _IMPORTS:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        found = []
+        for dots, module, names in _RELATIVE.findall(text):
+            base = os.path.dirname(path)
+            for _ in range(len(dots) - 1):
+                base = os.path.dirname(base)
+            targets = [module] if module else [n.split()[0] for n in names.strip("()").split(",") if n.split()]
+            for target in targets:
+                stem = os.path.join(base, *target.split("."))
+                for candidate in (stem + ".py", os.path.join(stem, "__init__.py")):
+                    if os.path.isfile(candidate) and os.path.realpath(candidate).startswith(root + os.sep):
+                        found.append(os.path.realpath(candidate))
+                        break
+        _IMPORTS[key] = found
+    return _IMPORTS[key]
+
+
+def sources(module_file: str, deps=(), root: str = _ROOT) -> list[str]:
+    """The files a kernel module's cache digest covers: ``module_file`` first, then ``deps`` and every file under
+    ``root`` that they import relatively, transitively (sorted)."""
+    first = os.path.realpath(module_file)
+    seen, todo = set(), [first, *(os.path.realpath(d) for d in deps)]
+    while todo:
+        p = todo.pop()
+        if p not in seen:
+            seen.add(p)
+            todo.extend(_imported_files(p, root))
+    return [first, *sorted(seen - {first})]
+
+
 def guard(module_file: str, deps: list[str]) -> None:
-    """Register ``module_file``: its kernels cache under a directory keyed by its and ``deps``' digest."""
+    """Register ``module_file``: its kernels cache under a directory keyed by the digest of ``sources(module_file,
+    deps)`` (module doc)."""
     stem = os.path.splitext(os.path.basename(module_file))[0]
-    _REGISTERED[os.path.realpath(module_file)] = f"emunum-{stem}-{_digest([module_file, *deps])}"
+    _REGISTERED[os.path.realpath(module_file)] = f"emunum-{stem}-{_digest(sources(module_file, deps))}"
 
 
 def variant(fn, tag):

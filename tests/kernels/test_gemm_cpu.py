@@ -886,6 +886,31 @@ def test_vec_kernel_without_checks_equals_general_kernel(name):
                    f"{name} seed {seed}")
 
 
+def test_wherever_the_depth_bound_drops_the_checks_small_accumulators_give_the_general_kernels_bits():
+    """Random positive sums near the range of small accumulators (e5m2, e5m3, e4m3fn: 1.25-1.125 growth per
+    rounding in the bound), lanes 1-3, chunks none-3, K < 40: in every case where the unit's depth bound drops
+    the overflow checks that the datapath-blind bound kept, gemm_fast gives gemm_general's (finite) bits."""
+    units = ([MADUnit("fp8_152", "fp8_152", chunk=c, lanes=w) for c in (None, 1, 3) for w in (1, 3)]
+             + [MADUnit("fp8_152", FloatFormat(5, 3), chunk=2, lanes=2), MADUnit("e4m3fn", "e4m3fn", chunk=2)])
+    rng = np.random.default_rng(1)
+    dropped = 0
+    for _ in range(400):
+        unit = units[rng.integers(len(units))]
+        mulp, accp = unit.kernel_params()
+        K, M, N = int(rng.integers(1, 40)), int(rng.integers(1, 4)), int(rng.integers(1, 6))
+        scale = 2.0 ** rng.uniform(-2, 9)
+        A, B = (emunum.quantize(torch.from_numpy(rng.uniform(0.5, 1, s) * scale), unit.mul_fmt).float().numpy()
+                for s in ((1, M, K), (1, K, N)))
+        plan = gemm_cpu.fast_plan(A, B, 0, mulp, accp, lanes=unit.lanes, chunk=unit.chunk or 0)
+        if plan is None or plan[3] or not gemm_cpu.fast_plan(A, B, 0, mulp, accp)[3]:
+            continue
+        dropped += 1
+        want = _run(A, B, None, unit, fast=False)
+        assert np.isfinite(want).all()
+        _same_bits(_run(A, B, None, unit, fast=None), want, (unit, K, scale))
+    assert dropped >= 60
+
+
 def test_vec_kernel_drops_checks_on_long_chunked_sums_by_the_units_datapath():
     """gemm_vec's overflow bound counts the unit's roundings on a path (``accumulator_depth``): a chunked unit's
     K = 4096 sums of products up to ~2**15.6 run without overflow checks, which the datapath-blind bound (2K + 8

@@ -176,7 +176,8 @@ def _imported_files(path: str, root: str) -> list[str]:
             base = os.path.dirname(path)
             for _ in range(len(dots) - 1):
                 base = os.path.dirname(base)
-            targets = [module] if module else [n.split()[0] for n in names.strip("()").split(",") if n.split()]
+            names = re.sub(r"#[^\n]*", "", names).strip("()")
+            targets = [module] if module else [n.split()[0] for n in names.split(",") if n.split()]
             for target in targets:
                 stem = os.path.join(base, *target.split("."))
                 for candidate in (stem + ".py", os.path.join(stem, "__init__.py")):

@@ -26,7 +26,7 @@ def _write(path, text):
 def test_sources_follow_every_form_of_relative_import_transitively_and_stay_inside_the_tree(tmp_path):
     root = tmp_path / "kernels"
     a = _write(root / "a.py", "import numpy as np\nfrom .b import X  # a constant\n")
-    b = _write(root / "b.py", "from . import (c,\n    d as dee)\nX = 1\n")
+    b = _write(root / "b.py", "from . import (c,  # a comment, then the next name\n    d as dee)\nX = 1\n")
     c = _write(root / "c.py", "Y = 2\n")
     d = _write(root / "d" / "__init__.py", "from .e import Z\n")
     e = _write(root / "d" / "e.py", "from ..c import Y\nfrom ..outside import W\nZ = 3\n")

@@ -43,7 +43,7 @@ def _child(tree, spec, reps):
         B = (rng.integers(4, 8, (1, 75, 2100)) * rng.choice([-1, 1], (1, 75, 2100))
              * np.exp2(rng.integers(-10, 1, (1, 75, 2100)))).astype(np.float32)
         mulp, accp = np.array(mulp, np.int64), np.array(accp, np.int64)
-        plan = gemm_cpu.fast_plan(A, B, 0, mulp, accp, lanes=lanes, chunk=chunk)
+        plan = gemm_cpu.fast_plan(A, B, 0, mulp, accp)
         o = np.empty((1, 25, 2100))
         bias = np.zeros((1, 1, 1))
         gemm_cpu._run_fast(A, B, bias, False, o, mulp, accp, lanes, chunk, plan)  # compile / load

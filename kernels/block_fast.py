@@ -78,6 +78,7 @@ from numba import njit
 
 from . import _cache, scalar
 from .llvm_inline import inline_in_llvm
+from .wide import prefer_wide_vectors
 from .scalar.block import CEIL, EVEN, FLOOR, RCEIL, block_scale
 from .scalar.float import round_nearest_value
 
@@ -224,6 +225,7 @@ def pow2_range(b0, b1, src, bits, dst, dbits, scales, C, tc, man, emin, sub, ema
                s_emin, s_sub, s_max, s_min, rule):
     """Power-of-two scales, float32 arithmetic (module doc), blocks b0..b1-1 of ``scales.size``; dbits: dst's
     uint32 view."""
+    prefer_wide_vectors()
     _pow2_rows(b0, b1, src, bits, dst, dbits, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, s_man,
                s_emin, s_sub, s_max, s_min, rule)
 
@@ -300,6 +302,7 @@ def _table_blocks(c0, c1, bits, dbits, scales, scanned, R, C, tr, tc, full, thr,
     put them there: ``scanned``), then the scales and table rows in one vectorised loop (``block_scale``'s
     expression with Veltkamp's split, as the old fast path), then the elements, row by row."""
     inline_in_llvm()
+    prefer_wide_vectors()
     nb = scales.size
     nbr = -(-R // tr)
     nbc = -(-C // tc)
@@ -390,6 +393,7 @@ def amax_range(c0, c1, bits, amaxes, part, C, tc):
     per block of rows of C in blocks of tc: the scales array) with each block's largest |x| (NaN where the block
     holds one) and part[c] with the bits of task c's largest finite |x| (0 if none) (module doc); the tensor's is
     part's max."""
+    prefer_wide_vectors()
     if tc == 16 and C % 16 == 0:
         _amax_blocks(c0, c1, bits, amaxes, part, C, 16, True)
     elif tc == 32 and C % 32 == 0:

@@ -52,6 +52,7 @@ def _mac_row(acc, brow, a, mulf, accf, mul_sub, acc_sub, checks):
     Zero results take quantize's sign only with acc_sub: otherwise no sum rounds to zero, so the accumulators
     never hold -0 and a sum's sign of zero cannot depend on the product's (+0 + -0 = +0)."""
     inline_in_llvm()
+    prefer_wide_vectors()  # here, not only in the caller: this loop is vectorised before LLVM inlines it
     ms, mm, mn, mx, mo, mz = mulf[0], mulf[1], mulf[2], mulf[3], mulf[4], mulf[5]
     as_, am, an, ax, ao, az = accf[0], accf[1], accf[2], accf[3], accf[4], accf[5]
     for jj in range(acc.size):
@@ -70,6 +71,7 @@ def _add_row(acc, brow, a, accf, mz, acc_sub):
     exact in the work dtype and a value of the product format, so that its rounding returns it (up to the sign
     of a zero: mz, the product format's zero, as in ``_signed``)."""
     inline_in_llvm()
+    prefer_wide_vectors()
     as_, am, an, ax, ao, az = accf[0], accf[1], accf[2], accf[3], accf[4], accf[5]
     for jj in range(acc.size):
         if acc_sub:

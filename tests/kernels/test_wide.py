@@ -1,8 +1,19 @@
 """``prefer_wide_vectors`` marks only the compiled function that calls it with LLVM's "prefer-vector-width"
-attribute, and leaves its results alone (a loop of float32 compares and selects, against numpy)."""
-import numpy as np
-from numba import njit
+attribute, and leaves its results alone (a loop of float32 compares and selects, against numpy); and it reaches
+the hot loops it is meant for.
 
+numba optimises (and vectorises) each compiled function on its own before LLVM inlines it into a caller
+(``llvm_inline``), so the attribute has to sit in the function that holds the loop: on the caller only, the
+callee's loop stays at the host tuning's 256 bits. The hot loops checked: the fp8 recipe's MAD GEMM rows
+(``gemm_fast``) and the amax-scaled block kernel (``block_fast._table_blocks``), compiled for the signatures
+their callers use. Their bits are checked against the reference kernels in tests/kernels/test_gemm_cpu.py and
+test_block_fast.py: the vector width changes no operation, only how many lanes run at once."""
+import llvmlite.binding as llvm
+import numpy as np
+import pytest
+from numba import njit, types
+
+from emunum.kernels import block_fast, gemm_fast
 from emunum.kernels.wide import prefer_wide_vectors
 
 ATTR = '"prefer-vector-width"="512"'
@@ -32,3 +43,41 @@ def test_marks_the_calling_function_only_and_keeps_results():
     ir_wide = wide.inspect_llvm(wide.signatures[0])
     ir_plain = plain.inspect_llvm(plain.signatures[0])
     assert ATTR in ir_wide and ATTR not in ir_plain
+
+
+F32 = types.Array(types.float32, 1, "C")
+U32 = types.Array(types.uint32, 1, "C")
+F64 = types.Array(types.float64, 1, "C")
+I64, D = types.int64, types.float64
+
+
+def _lit(v):
+    return types.literal(v)
+
+
+CASES = {
+    # the fp8 recipe's unit: float32 work, no subnormal products or sums, no checks
+    "gemm_fast._mac_row": (gemm_fast._mac_row, (F32, F32, types.float32, F32, F32, _lit(False), _lit(False),
+                                                _lit(False))),
+    "gemm_fast._add_row": (gemm_fast._add_row, (F32, F32, types.float32, F32, types.float32, _lit(False))),
+    # NVFP4's 1-D blocks of 16 that tile the rows
+    "block_fast._table_blocks": (block_fast._table_blocks, (I64, I64, U32, U32, F64, types.boolean, I64, I64,
+                                                            _lit(1), _lit(16), _lit(True), U32, U32, I64, I64, D,
+                                                            I64, D, D, D, D, D, D)),
+}
+
+
+def _has_avx512() -> bool:
+    return bool(llvm.get_host_cpu_features().get("avx512f", False))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hot_loop_carries_the_wide_vector_attribute_and_uses_512_bit_registers(name):
+    fn, sig = CASES[name]
+    fn.compile(sig)
+    compiled = [s for s in fn.signatures if tuple(s) == sig]
+    assert compiled, f"{name}: no signature {sig}"
+    assert ATTR in fn.inspect_llvm(compiled[0]), f"{name}: the function lacks {ATTR}"
+    if _has_avx512():
+        assert "zmm" in fn.inspect_asm(compiled[0]), f"{name}: no 512-bit register in its code on an AVX-512 host"
+

@@ -31,6 +31,7 @@ import math
 import numpy as np
 from numba import njit
 
+from .wide import prefer_wide_vectors
 from . import _cache, block_fast, scalar
 from .block_fast import ABS, INF_BITS, NAN32, SIGN, _threshold, finite_max_bits
 from .nvfp4_scalar import F32, _encode_scale
@@ -57,6 +58,7 @@ def _split_constants(s_man, s_emin, s_sub):
 def _row_scale(bits, sc, r, C, nbc, tc, prod):
     """T_r of row r, its blocks' largest |x| (NaN where a block holds one) into sc as float64, as
     block_fast.py's amax pass."""
+    prefer_wide_vectors()
     fin = U32(0)
     for bj in range(nbc):
         start = r * C + bj * tc
@@ -75,6 +77,7 @@ def row_scales_range(r0, r1, bits, sc, t, C, tc, prod):
     """t[r] = T_r of rows r0..r1-1 of C elements in blocks of tc (float64; module doc), and each of their blocks'
     largest |x| into the flat scales sc; prod: element max * scale max. One kernel for the serial call and for
     each thread's share (``threads.launch``)."""
+    prefer_wide_vectors()
     nbc = sc.size // t.size
     for r in range(r0, r1):
         t[U64(r)] = _row_scale(bits, sc, r, C, nbc, tc, prod)
@@ -84,6 +87,7 @@ def row_scales_range(r0, r1, bits, sc, t, C, tc, prod):
 def row_amax_range(r0, r1, bits, out, C):
     """out[r] = the largest finite |x| of row r of C float32 elements (bits: their uint32 view), as float64, for
     rows r0..r1-1 (one kernel for the serial call and each thread's share)."""
+    prefer_wide_vectors()
     for r in range(r0, r1):
         out[U64(r)] = np.float64(U32(finite_max_bits(bits, r * C, C)).view(np.float32))
 
@@ -94,6 +98,7 @@ def _row_chunk(bits, dbits, sc, t, C, nbc, tc, mids, ups, vals, max_e, negzero, 
     """Blocks b0..b1-1 (module doc; every T_r > 0; sc holds their amaxes, ``row_scales_range``): their T_r, then their
     scales and thresholds in vector loops across the blocks (tb, full: float64 buffers of CHUNK; thr, val: uint32
     buffers of 7 * CHUNK, threshold i of block b0 + j at i * CHUNK + j), then the elements."""
+    prefer_wide_vectors()
     n = b1 - b0
     tiled = tc == 16 and C % 16 == 0
     r0 = b0 // nbc

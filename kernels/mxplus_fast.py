@@ -37,6 +37,7 @@ from numba import njit
 from . import _cache, scalar
 from .block_fast import _row_range, pow2_block
 from .scalar.block import FLOOR, pow2_exponent
+from .wide import prefer_wide_vectors
 
 _cache.guard(__file__, [*scalar.SOURCES, *(os.path.join(os.path.dirname(os.path.abspath(__file__)), f)
                                          for f in ("mxplus_scalar.py", "block_fast.py"))])
@@ -144,6 +145,7 @@ def _rows(c0, c1, src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, 
 @njit(cache=True, nogil=True)
 def fast_range(c0, c1, src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits):
     """Tasks c0..c1-1 of CHUNK blocks (``chunks``)."""
+    prefer_wide_vectors()
     _rows(c0, c1, src, bits, dst, scales, C, tc, man, emin, sub, emax_e, max_e, negzero, lo, hi, pbits)
 
 

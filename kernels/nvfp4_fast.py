@@ -31,11 +31,11 @@ import math
 import numpy as np
 from numba import njit
 
-from .wide import prefer_wide_vectors
 from . import _cache, block_fast, scalar
 from .block_fast import ABS, INF_BITS, NAN32, SIGN, _threshold, finite_max_bits
 from .nvfp4_scalar import F32, _encode_scale
 from .scalar.float import round_nearest_value
+from .wide import prefer_wide_vectors
 
 _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__,
                         __file__.replace("nvfp4_fast.py", "nvfp4_scalar.py")])

@@ -78,9 +78,9 @@ from numba import njit
 
 from . import _cache, scalar
 from .llvm_inline import inline_in_llvm
-from .wide import prefer_wide_vectors
 from .scalar.block import CEIL, EVEN, FLOOR, RCEIL, block_scale
 from .scalar.float import round_nearest_value
+from .wide import prefer_wide_vectors
 
 _cache.guard(__file__, scalar.SOURCES)
 

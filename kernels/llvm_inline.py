@@ -4,12 +4,13 @@ Why: numba's own ``inline="always"`` copies a callee's IR into every caller and 
 far more compile time than the code it makes (a ``gemm_vec`` variant spent ~9 of its ~12 CPU-s in that inliner).
 A plain ``njit`` callee is typed once per signature, literal flags included (numba compiles a specialisation per
 ``Literal`` argument and prunes its dead branches), shared by every caller, and linked into each caller's module;
-with this mark LLVM's always-inliner then puts its body into each call site before the loop vectoriser runs, so
-the loops are what numba's inlining gave: the same operations, hence the same bits. A caller that passes its
-flags as plain values (``np.int64(MODE)``, ``np.bool_(CHK)``: not ``Literal``) gets one compile for all of them,
-with every branch; the flags are constants at each inlined call site and LLVM folds the branches there
-(``gemm_vec._round``, ``block_sr._sr_blocks``, ``nvfp4_fos_fast._row_errors``: same speed; their test files
-compiled 21, 19 and 15 CPU-s less).
+with this mark LLVM's always-inliner then puts its body into each call site: the same operations, hence the same
+bits. numba optimises the callee's own module first, so its loops are vectorised there, under its own function
+attributes (a callee that wants 512-bit vectors carries ``prefer_wide_vectors`` itself: kernels/wide.py). A
+caller that passes its flags as plain values (``np.int64(MODE)``, ``np.bool_(CHK)``: not ``Literal``) gets one
+compile for all of them, with every branch; the flags are constants at each inlined call site and LLVM folds the
+branches there (``gemm_vec._round``, ``block_sr._sr_blocks``, ``nvfp4_fos_fast._row_errors``: same speed; their
+test files compiled 21, 19 and 15 CPU-s less).
 """
 from numba import types
 from numba.core.cpu import CPUContext

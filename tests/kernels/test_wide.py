@@ -4,7 +4,7 @@ the hot loops it is meant for.
 
 numba optimises (and vectorises) each compiled function on its own before LLVM inlines it into a caller
 (``llvm_inline``), so the attribute has to sit in the function that holds the loop: on the caller only, the
-callee's loop stays at the host tuning's 256 bits. The hot loops checked: the fp8 recipe's MAD GEMM rows
+callee's loop stays at the host tuning's 256 bits (the last test pins that rule). The hot loops checked: the fp8 recipe's MAD GEMM rows
 (``gemm_fast``) and the amax-scaled block kernel (``block_fast._table_blocks``), compiled for the signatures
 their callers use. Their bits are checked against the reference kernels in tests/kernels/test_gemm_cpu.py and
 test_block_fast.py: the vector width changes no operation, only how many lanes run at once."""
@@ -89,3 +89,46 @@ def test_hot_loop_carries_the_wide_vector_attribute_and_uses_512_bit_registers(n
     if _compiles_for_avx512():
         assert "zmm" in fn.inspect_asm(compiled[0]), f"{name}: no 512-bit register in its code on an AVX-512 host"
 
+
+
+def test_a_callee_inlined_by_llvm_keeps_the_width_it_was_vectorised_with():
+    """The placement rule of kernels/wide.py: a marked caller does not widen the loop of an ``inline_in_llvm``
+    callee (vectorised in its own module first); the callee's own mark does."""
+    from emunum.kernels.llvm_inline import inline_in_llvm
+
+    def body(a, b, out):
+        for i in range(a.size):
+            out[i] = a[i] * b[i] if a[i] > np.float32(0.5) else b[i]
+
+    @njit
+    def plain_callee(a, b, out):
+        inline_in_llvm()
+        body_jit(a, b, out)
+
+    @njit
+    def marked_callee(a, b, out):
+        inline_in_llvm()
+        prefer_wide_vectors()
+        body_jit(a, b, out)
+
+    @njit
+    def over_plain(a, b, out):
+        prefer_wide_vectors()
+        plain_callee(a, b, out)
+
+    @njit
+    def over_marked(a, b, out):
+        prefer_wide_vectors()
+        marked_callee(a, b, out)
+
+    body_jit = njit(inline="always")(body)
+    a = np.linspace(0, 1, 100, dtype=np.float32)
+    want = np.where(a > np.float32(0.5), a * a, a)
+    for f in (over_plain, over_marked):
+        out = np.empty_like(a)
+        f(a, a, out)
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+    if not _compiles_for_avx512():
+        pytest.skip("numba does not compile for an AVX-512 CPU here: both loops are as wide as they can be")
+    assert "zmm" not in over_plain.inspect_asm(over_plain.signatures[0])
+    assert "zmm" in over_marked.inspect_asm(over_marked.signatures[0])

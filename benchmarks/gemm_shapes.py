@@ -1,10 +1,12 @@
 """Where a training step's MAD GEMM time goes: each `gemm_cpu.gemm` call of the fp8 recipe's step, by shape.
 
-    python benchmarks/gemm_shapes.py [--recipe fp8] [--steps 10]
+    python benchmarks/gemm_shapes.py [--recipe fp8] [--steps 10] [--model cnn2d]
 
 Wraps ``emunum.kernels.gemm_cpu.gemm`` to time every call (and, separately, its ``fast_plan``) over --steps
-steps of the default CNN on MNIST-1D (one thread, as benchmarks/train_step.py), then prints per (A shape,
-B shape): calls per step, ms per call of the planner and of the whole GEMM, GMAC/s and the plan's work dtype.
+steps of benchmarks/train_step.py's model (``--model``: the default CNN on MNIST-1D, or its small 2-D CNN; one
+thread), then prints per (A shape, B shape): calls per step, ms per call of the planner and of the whole GEMM,
+GMAC/s and the plan (work dtype, mul_sub, acc_sub, checks, mul_exact; "general/vec" where gemm_fast does not
+apply).
 The planner is called twice per GEMM here (once by the wrapper), so the step time printed is inflated by it.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--recipe", default="fp8", choices=sorted(train_step.RECIPES))
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--model", default="cnn1d", choices=("cnn1d", "cnn2d"))
     a = p.parse_args()
     from emunum.kernels import gemm_cpu
 
@@ -42,7 +45,7 @@ def main() -> None:
         r[3] = plan
 
     gemm_cpu.gemm = timed
-    step, _ = train_step.build(train_step.RECIPES[a.recipe], 1)
+    step, _ = train_step.build(train_step.RECIPES[a.recipe], 1, a.model)
     for _ in range(3):
         step()
     rec.clear()
@@ -52,7 +55,7 @@ def main() -> None:
     print(f"{a.recipe}: {(time.perf_counter() - t) / a.steps * 1e3:.2f} ms per step (planner timed twice)")
     for (sa, sb), (n, tp, tg, plan) in sorted(rec.items(), key=lambda kv: -kv[1][2]):
         macs = max(sa[0], sb[0]) * sa[1] * sa[2] * sb[2]
-        kind = "general/vec" if plan is None else plan[0].__name__
+        kind = "general/vec" if plan is None else (plan[0].__name__, *plan[1:])
         print(f"A{sa} B{sb}  {n / a.steps:4.1f}/step  plan {tp / n * 1e3:7.3f} ms  gemm {tg / n * 1e3:7.3f} ms  "
               f"{macs / (tg / n) / 1e9:6.2f} GMAC/s  {kind}")
 

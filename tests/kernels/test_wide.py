@@ -4,9 +4,9 @@ the hot loops it is meant for.
 
 numba optimises (and vectorises) each compiled function on its own before LLVM inlines it into a caller
 (``llvm_inline``), so the attribute has to sit in the function that holds the loop: on the caller only, the
-callee's loop stays at the host tuning's 256 bits (the last test pins that rule). The hot loops checked: the fp8 recipe's MAD GEMM rows
-(``gemm_fast``) and the amax-scaled block kernel (``block_fast._table_blocks``), compiled for the signatures
-their callers use. Their bits are checked against the reference kernels in tests/kernels/test_gemm_cpu.py and
+callee's loop stays at the host tuning's 256 bits (the last test pins that rule). The hot loops checked: the fp8
+recipe's MAD GEMM rows (``gemm_fast``) and the amax-scaled block kernel (``block_fast._table_blocks``), compiled
+for the signatures their callers use. Their bits are checked against the reference kernels in tests/kernels/test_gemm_cpu.py and
 test_block_fast.py: the vector width changes no operation, only how many lanes run at once."""
 import llvmlite.binding as llvm
 import numpy as np
@@ -14,6 +14,7 @@ import pytest
 from numba import njit, types
 
 from emunum.kernels import block_fast, gemm_fast
+from emunum.kernels.llvm_inline import inline_in_llvm
 from emunum.kernels.wide import prefer_wide_vectors
 
 ATTR = '"prefer-vector-width"="512"'
@@ -90,12 +91,9 @@ def test_hot_loop_carries_the_wide_vector_attribute_and_uses_512_bit_registers(n
         assert "zmm" in fn.inspect_asm(compiled[0]), f"{name}: no 512-bit register in its code on an AVX-512 host"
 
 
-
 def test_a_callee_inlined_by_llvm_keeps_the_width_it_was_vectorised_with():
     """The placement rule of kernels/wide.py: a marked caller does not widen the loop of an ``inline_in_llvm``
     callee (vectorised in its own module first); the callee's own mark does."""
-    from emunum.kernels.llvm_inline import inline_in_llvm
-
     def body(a, b, out):
         for i in range(a.size):
             out[i] = a[i] * b[i] if a[i] > np.float32(0.5) else b[i]

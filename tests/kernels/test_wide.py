@@ -6,8 +6,9 @@ numba optimises (and vectorises) each compiled function on its own before LLVM i
 (``llvm_inline``), so the attribute has to sit in the function that holds the loop: on the caller only, the
 callee's loop stays at the host tuning's 256 bits (the last test pins that rule). The hot loops checked: the fp8
 recipe's MAD GEMM rows (``gemm_fast``) and the amax-scaled block kernel (``block_fast._table_blocks``), compiled
-for the signatures their callers use. Their bits are checked against the reference kernels in tests/kernels/test_gemm_cpu.py and
-test_block_fast.py: the vector width changes no operation, only how many lanes run at once."""
+for the signatures their callers use. Their bits are checked against the reference kernels in
+tests/kernels/test_gemm_cpu.py and test_block_fast.py: the vector width changes no operation, only how many lanes
+run at once."""
 import llvmlite.binding as llvm
 import numpy as np
 import pytest

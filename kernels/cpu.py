@@ -30,8 +30,8 @@ if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER ==
     numba.config.THREADING_LAYER = "workqueue"
 
 from .scalar import (DOWN, NEAREST, NEAREST_AWAY, ODD, OVF_INF, OVF_NAN, STOCHASTIC,  # noqa: E402
-                     TOWARD_ZERO, UP, random_bits, round_f32_fast, round_fixed_value, round_float_bits,
-                     round_nearest_value)
+                     TOWARD_ZERO, UP, random_bits, round_f32_fast, round_float_bits, round_nearest_value)
+from .scalar.fixed import fixed_constants, round_fixed_const  # noqa: E402
 
 # The scalar cores are inlined at numba-IR level (``inline="always"`` in kernels/scalar/). Called as separate
 # functions, LLVM keeps each element's rounding a call and the serial loops do not vectorise: measured
@@ -143,11 +143,15 @@ def fixed_range(MODE: int):
         s = carray(_voidptr(src + lo * w.itemsize), m, w.dtype)
         d = carray(_voidptr(dst + lo * w.itemsize), m, w.dtype)
         b = U64(base + lo)
+        c0, c1, c2, c3, c4, c5, c6 = fixed_constants(frac_bits, code_min, code_max, saturate, MODE, nbits)
         for i in range(U64(m)):
             rnd = random_bits(key, b + i, nbits) if MODE == STOCHASTIC else U64(0)
-            d[i] = round_fixed_value(np.float64(s[i]), frac_bits, code_min, code_max, saturate, MODE, rnd, nbits)
+            d[i] = round_fixed_const(np.float64(s[i]), c0, c1, c2, c3, c4, c5, c6, saturate, MODE, rnd)
 
-    return njit(cache=True, nogil=True)(_cache.variant(rng, f"mode{MODE}"))
+    # error_model="numpy": a division by zero is IEEE's, not a raise; the divisors (the period 2**(bits -
+    # frac_bits), the span 2**bits) are never zero for a FixedFormat, and the raise's branch per division kept
+    # the loop from vectorising
+    return njit(cache=True, nogil=True, error_model="numpy")(_cache.variant(rng, f"mode{MODE}"))
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,16 +13,35 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
     Magnitude rounding as in ``round_float_bits``; then saturate to [code_min, code_max] or wrap modulo
     2**bits. Infinities saturate; NaN stays NaN; zero is +0. Written with selects so that loops vectorise.
     """
+    c = fixed_constants(frac_bits, code_min, code_max, saturate, mode, nbits)
+    return round_fixed_const(x, c[0], c[1], c[2], c[3], c[4], c[5], c[6], saturate, mode, rnd)
+
+
+@njit(inline="always")
+def fixed_constants(frac_bits, code_min, code_max, saturate, mode, nbits):
+    """(lo, hi, span, period, scale, unscale, two_n) of ``round_fixed_const`` for a format, mode and nbits: the
+    powers of two ``round_fixed_value`` uses, made once per loop by a caller that rounds many values
+    (math.ldexp is a call that numba cannot hoist out of a loop, and it kept the loop from vectorising); the
+    period only where the format wraps and two_n only for stochastic rounding (0.0 otherwise, not read), as
+    before, so a caller of ``round_fixed_value`` per value makes no more calls than it did."""
     lo = float(code_min)
     hi = float(code_max)
     span = hi - lo + 1.0  # 2**bits, and lo <= 0 <= hi: every wrap step below is exact
+    period = math.ldexp(span, -frac_bits) if saturate == 0 else 0.0
+    two_n = math.ldexp(1.0, nbits) if mode == STOCHASTIC else 0.0
+    return lo, hi, span, period, math.ldexp(1.0, frac_bits), math.ldexp(1.0, -frac_bits), two_n
+
+
+@njit(inline="always")
+def round_fixed_const(x, lo, hi, span, period, scale, unscale, two_n, saturate, mode, rnd):
+    """``round_fixed_value`` with its constants from ``fixed_constants``: the same operations on the same
+    values, so the same result."""
     if saturate == 0:
         # reduce modulo the period first, so that scaling cannot overflow (x - trunc(x/P)*P is exact)
-        period = math.ldexp(span, -frac_bits)
         t = x / period
         t = _floor(t) if t >= 0.0 else -_floor(-t)
         x = x - t * period if abs(x) < math.inf else x
-    y = x * math.ldexp(1.0, frac_bits)
+    y = x * scale
     neg = x < 0.0
     a = abs(y)
     k = _floor(a)
@@ -40,11 +59,11 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
     elif mode == ODD:
         up = (r > 0.0) & ~odd
     elif mode == STOCHASTIC:
-        d = r * math.ldexp(1.0, nbits)
+        d = r * two_n
         f = _floor(d)
         dd = d - f
         f = f + (1.0 if (dd > 0.5) | ((dd == 0.5) & _is_odd(f)) else 0.0)
-        up = f + float(rnd) >= math.ldexp(1.0, nbits)
+        up = f + float(rnd) >= two_n
     else:
         up = False
     k = k + (1.0 if up else 0.0)
@@ -56,4 +75,4 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
         v = w - span if w > hi else w
     v = (hi if y > 0.0 else lo) if a == math.inf else v
     v = x if x != x else v
-    return v * math.ldexp(1.0, -frac_bits)
+    return v * unscale

@@ -18,11 +18,11 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import _cache, elementwise_f32 as _ew, parallel as _parallel, scalar
+from . import _cache, elementwise_f32 as _ew, fixed_f32 as _fx, parallel as _parallel, scalar
 from .shares import launcher
 from .direct import direct_caller
 
-_cache.guard(__file__, [*scalar.SOURCES, _ew.__file__])
+_cache.guard(__file__, [*scalar.SOURCES, _ew.__file__, _fx.__file__])
 
 # numba's OpenMP layer contends with torch's own OpenMP runtime (measured: half the throughput once torch is
 # loaded); the workqueue layer does not. A user's explicit NUMBA_THREADING_LAYER wins.
@@ -139,6 +139,10 @@ def fixed_range(MODE: int):
     memory (w: a witness of that dtype) rounded to fixed point in mode MODE."""
 
     def rng(lo, hi, src, dst, w, base, frac_bits, code_min, code_max, saturate, key, nbits):
+        if MODE == NEAREST and w.itemsize == 4 and _fx.nearest_ok(frac_bits, code_min, code_max, saturate):
+            su, du = carray(_voidptr(src), hi, np.uint32), carray(_voidptr(dst), hi, np.uint32)
+            _fx.nearest_range(lo, hi, su, du, frac_bits, code_min, code_max)
+            return
         m = hi - lo
         s = carray(_voidptr(src + lo * w.itemsize), m, w.dtype)
         d = carray(_voidptr(dst + lo * w.itemsize), m, w.dtype)

@@ -133,6 +133,14 @@ def f32_range(MODE: int):
     return njit(cache=True, nogil=True)(_cache.variant(rng, f"mode{MODE}"))
 
 
+@njit(inline="always")
+def _fixed_loop(s, d, b, c, saturate, MODE, key, nbits):
+    """d[i] = ``round_fixed_const``(s[i]) with the constants c (``fixed_constants``), element b + i's random bits."""
+    for i in range(U64(s.size)):
+        rnd = random_bits(key, b + i, nbits) if MODE == STOCHASTIC else U64(0)
+        d[i] = round_fixed_const(np.float64(s[i]), c[0], c[1], c[2], c[3], c[4], c[5], c[6], saturate, MODE, rnd)
+
+
 @functools.lru_cache(maxsize=None)
 def fixed_range(MODE: int):
     """``rng(lo, hi, src, dst, w, base, frac_bits, code_min, code_max, saturate, key, nbits)``: float32 or float64
@@ -146,11 +154,11 @@ def fixed_range(MODE: int):
         m = hi - lo
         s = carray(_voidptr(src + lo * w.itemsize), m, w.dtype)
         d = carray(_voidptr(dst + lo * w.itemsize), m, w.dtype)
-        b = U64(base + lo)
-        c0, c1, c2, c3, c4, c5, c6 = fixed_constants(frac_bits, code_min, code_max, saturate, MODE, nbits)
-        for i in range(U64(m)):
-            rnd = random_bits(key, b + i, nbits) if MODE == STOCHASTIC else U64(0)
-            d[i] = round_fixed_const(np.float64(s[i]), c0, c1, c2, c3, c4, c5, c6, saturate, MODE, rnd)
+        c = fixed_constants(frac_bits, code_min, code_max, saturate, MODE, nbits)
+        if src == dst:  # one array read and written: no overlap check for LLVM (it fell back to scalar code)
+            _fixed_loop(d, d, U64(base + lo), c, saturate, MODE, key, nbits)
+        else:
+            _fixed_loop(s, d, U64(base + lo), c, saturate, MODE, key, nbits)
 
     # error_model="numpy": a division by zero is IEEE's, not a raise; the divisors (the period 2**(bits -
     # frac_bits), the span 2**bits) are never zero for a FixedFormat, and the raise's branch per division kept

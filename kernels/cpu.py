@@ -104,6 +104,19 @@ def _nearest_params(man, emin, sub, max_value, ovf):
 MODES = (NEAREST, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC)
 
 
+@njit(inline="always")
+def _nearest_value_loop(sf, df, split, magic, mn, max_value, ovfv, negzero):
+    for i in range(U64(sf.size)):
+        df[i] = round_nearest_value(np.float64(sf[i]), split, magic, mn, max_value, ovfv, negzero)
+
+
+@njit(inline="always")
+def _f32_fast_loop(s, d, b, man, emin, sub, max_bits, ovf, negzero, MODE, key, nbits):
+    for i in range(U64(s.size)):
+        rnd = random_bits(key, b + i, nbits) if MODE == STOCHASTIC else U64(0)
+        d[i] = round_f32_fast(s[i], man, emin, sub, max_bits, ovf, negzero, MODE, rnd, nbits)
+
+
 @functools.lru_cache(maxsize=None)
 def f32_range(MODE: int):
     """``rng(lo, hi, src, dst, base, man, emin, sub, max_bits, max_value, ovf, negzero, key, nbits)``: float32
@@ -120,15 +133,17 @@ def f32_range(MODE: int):
             sf, df = carray(_voidptr(src + 4 * lo), hi - lo, np.float32), carray(_voidptr(dst + 4 * lo), hi - lo,
                                                                                   np.float32)
             split, magic, mn, ovfv = _nearest_params(man, emin, sub, max_value, ovf)
-            for i in range(U64(hi - lo)):
-                df[i] = round_nearest_value(np.float64(sf[i]), split, magic, mn, max_value, ovfv, negzero)
+            if src == dst:  # one array read and written: no overlap check for LLVM (it fell back to scalar code)
+                _nearest_value_loop(df, df, split, magic, mn, max_value, ovfv, negzero)
+            else:
+                _nearest_value_loop(sf, df, split, magic, mn, max_value, ovfv, negzero)
         else:
             s, d = carray(_voidptr(src + 4 * lo), hi - lo, np.uint32), carray(_voidptr(dst + 4 * lo), hi - lo,
                                                                                 np.uint32)
-            b = U64(base + lo)
-            for i in range(U64(hi - lo)):
-                rnd = random_bits(key, b + i, nbits) if MODE == STOCHASTIC else U64(0)
-                d[i] = round_f32_fast(s[i], man, emin, sub, max_bits, ovf, negzero, MODE, rnd, nbits)
+            if src == dst:
+                _f32_fast_loop(d, d, U64(base + lo), man, emin, sub, max_bits, ovf, negzero, MODE, key, nbits)
+            else:
+                _f32_fast_loop(s, d, U64(base + lo), man, emin, sub, max_bits, ovf, negzero, MODE, key, nbits)
 
     return njit(cache=True, nogil=True)(_cache.variant(rng, f"mode{MODE}"))
 

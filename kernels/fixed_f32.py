@@ -22,20 +22,14 @@ flushed subnormal x rounds to 0 in both). tests/kernels/test_cpu.py compares the
 """
 import math
 
-import numpy as np
 from numba import njit
 
 from . import _cache
+from .elementwise_f32 import ABS, F32, INF_BITS, QUIET, U32, U64
 from .wide import prefer_wide_vectors
 
 _cache.guard(__file__, [])
 
-U32 = np.uint32
-U64 = np.uint64
-F32 = np.float32
-ABS = U32(0x7FFFFFFF)
-INF_BITS = U32(0x7F800000)
-QUIET = U32(0x400000)
 TWO23 = F32(8388608.0)
 CODE_LIMIT = 1 << 24
 

@@ -153,7 +153,7 @@ def _fixed_loop(s, d, b, c, saturate, MODE, key, nbits):
     """d[i] = ``round_fixed_const``(s[i]) with the constants c (``fixed_constants``), element b + i's random bits."""
     for i in range(U64(s.size)):
         rnd = random_bits(key, b + i, nbits) if MODE == STOCHASTIC else U64(0)
-        d[i] = round_fixed_const(np.float64(s[i]), c[0], c[1], c[2], c[3], c[4], c[5], c[6], saturate, MODE, rnd)
+        d[i] = round_fixed_const(np.float64(s[i]), c, saturate, MODE, rnd)
 
 
 @functools.lru_cache(maxsize=None)

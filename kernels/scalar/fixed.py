@@ -13,8 +13,8 @@ def round_fixed_value(x, frac_bits, code_min, code_max, saturate, mode, rnd, nbi
     Magnitude rounding as in ``round_float_bits``; then saturate to [code_min, code_max] or wrap modulo
     2**bits. Infinities saturate; NaN stays NaN; zero is +0. Written with selects so that loops vectorise.
     """
-    c = fixed_constants(frac_bits, code_min, code_max, saturate, mode, nbits)
-    return round_fixed_const(x, c[0], c[1], c[2], c[3], c[4], c[5], c[6], saturate, mode, rnd)
+    return round_fixed_const(x, fixed_constants(frac_bits, code_min, code_max, saturate, mode, nbits), saturate, mode,
+                             rnd)
 
 
 @njit(inline="always")
@@ -33,9 +33,10 @@ def fixed_constants(frac_bits, code_min, code_max, saturate, mode, nbits):
 
 
 @njit(inline="always")
-def round_fixed_const(x, lo, hi, span, period, scale, unscale, two_n, saturate, mode, rnd):
-    """``round_fixed_value`` with its constants from ``fixed_constants``: the same operations on the same
+def round_fixed_const(x, c, saturate, mode, rnd):
+    """``round_fixed_value`` with its constants c from ``fixed_constants``: the same operations on the same
     values, so the same result."""
+    lo, hi, span, period, scale, unscale, two_n = c
     if saturate == 0:
         # reduce modulo the period first, so that scaling cannot overflow (x - trunc(x/P)*P is exact)
         t = x / period

@@ -170,7 +170,7 @@ def test_fixed_point_loop_vectorises(mode):
     disp = cpu.fixed_range(int(mode))
     fresh = numba.njit(**{k: v for k, v in disp.targetoptions.items() if k not in ("cache", "nopython")})(
         disp.py_func)
-    fmt = emunum.get_format("fixed16_12")
+    fmt = FIXED_CASES["fixed8_3_wrap"]  # wraps: the float64 loop, not kernels/fixed_f32.py
     src = _inputs(np.float32, 64)
     dst = np.empty_like(src)
     frac, cmin, cmax, sat = fmt.to_kernel_args()

@@ -16,6 +16,7 @@ Nothing is compiled at import; each kernel compiles on first call (``cache=True`
 import enum
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -31,6 +32,8 @@ from .gemm_scalar import (  # noqa: E402
     NSTREAMS, S_ACC, S_BIAS, S_CHUNK, S_MUL, S_REDUCE, add_round, canonical_nan, finish_row, mac, tile_of,
 )
 from .gemm_fast import TM, TN, _round_acc, gemm_fast  # noqa: E402,F401  (tests reach them here)
+
+MAX_TM = 32  # gemm_fast's tallest tile: 32 x TN float32 accumulators (and as many chunk sums) stay within L2
 
 
 @njit(cache=True, parallel=True)
@@ -193,7 +196,19 @@ def _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, plan):
     dtype, mul_sub, acc_sub, checks = plan[:4]
     mul_exact = len(plan) > 4 and bool(plan[4]) and not checks  # forced 4-tuples: False
     gemm_fast(np.ascontiguousarray(A, dtype=dtype), np.ascontiguousarray(B, dtype=dtype), read_only(bias), has_bias,
-              out, *fast_consts(mulp, accp, dtype), lanes, chunk, bool(mul_sub), bool(acc_sub), bool(checks), mul_exact)
+              out, *fast_consts(mulp, accp, dtype), lanes, chunk, bool(mul_sub), bool(acc_sub), bool(checks), mul_exact,
+              row_tile(nb, M, N, numba.get_num_threads()))
+
+
+def row_tile(nb: int, M: int, N: int, threads: int) -> int:
+    """``gemm_fast``'s rows per tile: TM, doubled up to ``MAX_TM`` while the GEMM keeps a tile per thread. A tile
+    reads its K x TN panel of B once for all its rows: a long, narrow GEMM (a convolution's weight gradient, K =
+    batch x positions) streamed B from memory once per TM rows."""
+    tj = -(-N // TN)
+    tm = TM
+    while tm < min(MAX_TM, M) and nb * -(-M // (2 * tm)) * tj >= threads:
+        tm *= 2
+    return tm
 
 
 def mad(a, b, c, out, fused, mulp, accp, keys, nbits):

@@ -17,7 +17,11 @@ Zeros: where a sum may round to zero (``acc_sub``), the roundings give quantize'
 -0 for a negative value where the format has -0, +0 where it has none), products included, as they may meet
 an accumulator that holds -0; elsewhere no sum rounds to zero, accumulators never hold -0 and IEEE
 addition's zeros are already those of ``gemm_general``.
-The inner loop is compiled once per combination of its flags (``_mac_row``), branch-free.
+The inner loop is compiled once per combination of its flags (``_mac_row``), branch-free. Where the products
+are exact and no sum rounds to zero (``mul_exact``, not ``acc_sub``: the fp8 recipe's unit), ``_exact_span``
+takes each lane's terms four at a time on two rows at a time, each sum a * b + acc as one fused multiply-add
+(the same value: the product is exact): a quarter of the accumulator loads and stores, half of B's loads, one
+operation fewer per term.
 ``tests/kernels/test_gemm_cpu.py`` checks every variant against ``gemm_general`` bit for bit.
 """
 import math
@@ -31,10 +35,12 @@ _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
 
 from .gemm_scalar import bits_f64, canonical_nan, f64_bits, tile_of, two_sum  # noqa: E402
 from .scalar import round_nearest_fast  # noqa: E402
+from .fma import compiles_with_fma, fma  # noqa: E402
 from .llvm_inline import inline_in_llvm  # noqa: E402
 from .wide import prefer_wide_vectors  # noqa: E402
 
 TM, TN = 8, 256  # output tile: rows x columns (``gemm_cpu`` lays GEMMs out for it)
+FMA = compiles_with_fma()  # frozen into the kernels when they compile (numba's cache is per target CPU)
 
 
 @njit(inline="always")
@@ -81,6 +87,67 @@ def _add_row(acc, brow, a, accf, mz, acc_sub):
             acc[jj] = round_nearest_fast(a * brow[jj] + acc[jj], as_, am, an, ax, ao, False, False)
 
 
+@njit(inline="always")
+def _exact_mac(a, b, s, as_, am, an, ax, ao):
+    """round_acc(a * b + s) for an exact product a * b and no sum that rounds to zero (``_add_row`` without
+    acc_sub): one fused multiply-add where the CPU has it, the same value (kernels/fma.py)."""
+    x = fma(a, b, s) if FMA else a * b + s
+    return round_nearest_fast(x, as_, am, an, ax, ao, False, False)
+
+
+@njit
+def _add_rows_2x4(acc0, acc1, b0, b1, b2, b3, a00, a01, a02, a03, a10, a11, a12, a13, accf):
+    """Four ``_add_row`` calls (acc_sub False) on each of two accumulator rows: acc0[j] takes a00 * b0[j], then
+    a01 * b1[j], a02 * b2[j], a03 * b3[j], each rounded, in that order, and acc1[j] likewise with a10..a13. One
+    pass loads each element of B's four rows once for both rows and each accumulator once for its four terms
+    (1.4x the MACs per second of four single-term passes, with ``_exact_mac``'s FMA: benchmarks/RESULTS.md)."""
+    inline_in_llvm()
+    prefer_wide_vectors()
+    as_, am, an, ax, ao = accf[0], accf[1], accf[2], accf[3], accf[4]
+    for jj in range(acc0.size):
+        x0, x1, x2, x3 = b0[jj], b1[jj], b2[jj], b3[jj]
+        s = _exact_mac(a00, x0, acc0[jj], as_, am, an, ax, ao)
+        s = _exact_mac(a01, x1, s, as_, am, an, ax, ao)
+        s = _exact_mac(a02, x2, s, as_, am, an, ax, ao)
+        acc0[jj] = _exact_mac(a03, x3, s, as_, am, an, ax, ao)
+        s = _exact_mac(a10, x0, acc1[jj], as_, am, an, ax, ao)
+        s = _exact_mac(a11, x1, s, as_, am, an, ax, ao)
+        s = _exact_mac(a12, x2, s, as_, am, an, ax, ao)
+        acc1[jj] = _exact_mac(a13, x3, s, as_, am, an, ax, ao)
+
+
+@njit(inline="always")
+def _exact_span(A, B, inner, spare, ab, bbi, i0, rows, j0, nj, kk, kend, lanes, accf, mz):
+    """The terms k in [kk, kend) of a tile's rows into their lanes' accumulators, for exact products without
+    subnormal sums (``mul_exact`` and not acc_sub): per lane, four terms at a time on two rows at a time
+    (``_add_rows_2x4``; an odd last row pairs with ``spare``, a scratch row with zero multipliers), the lane's
+    last terms one at a time (``_add_row``). Each accumulator takes its terms in increasing k, as ``gemm_fast``'s
+    general loop gives them."""
+    z = A.dtype.type(0.0)
+    for ln in range(lanes):
+        k = kk + ln
+        while k + 3 * lanes < kend:
+            k1, k2, k3 = k + lanes, k + 2 * lanes, k + 3 * lanes
+            b0, b1 = B[bbi, k, j0:j0 + nj], B[bbi, k1, j0:j0 + nj]
+            b2, b3 = B[bbi, k2, j0:j0 + nj], B[bbi, k3, j0:j0 + nj]
+            for r in range(0, rows, 2):
+                r0, r1 = i0 + r, i0 + r + 1
+                acc0 = inner[r, ln, :nj]
+                if r + 1 < rows:
+                    acc1 = inner[r + 1, ln, :nj]
+                    _add_rows_2x4(acc0, acc1, b0, b1, b2, b3, A[ab, r0, k], A[ab, r0, k1], A[ab, r0, k2],
+                                  A[ab, r0, k3], A[ab, r1, k], A[ab, r1, k1], A[ab, r1, k2], A[ab, r1, k3], accf)
+                else:
+                    _add_rows_2x4(acc0, spare[:nj], b0, b1, b2, b3, A[ab, r0, k], A[ab, r0, k1], A[ab, r0, k2],
+                                  A[ab, r0, k3], z, z, z, z, accf)
+            k += 4 * lanes
+        while k < kend:
+            brow = B[bbi, k, j0:j0 + nj]
+            for r in range(rows):
+                _add_row(inner[r, ln, :nj], brow, A[ab, i0 + r, k], accf, mz, False)
+            k += lanes
+
+
 @njit
 def _round_acc(x, accf, sub, checks):
     """The accumulator's rounding of a chunk or lane sum x, with quantize's zero where a sum may round to zero."""
@@ -103,27 +170,34 @@ def _add_bias(y, bias, acc64):
 
 
 @njit(cache=True, parallel=True)
-def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_sub, acc_sub, checks, mul_exact):
+def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_sub, acc_sub, checks, mul_exact, tm):
     """Round-to-nearest FloatFormat units (``fast_plan``). A, B, mulf, accf share the work dtype (float32 or
     float64); acc64: the accumulator's float64 parameters, for the bias addition. mul_exact (only with
-    neither mul_sub nor checks): the products need no rounding (``fast_plan``)."""
+    neither mul_sub nor checks): the products need no rounding (``fast_plan``). tm: output rows per tile (a
+    multiple of TM; more rows read B's panel fewer times, fewer tiles share fewer threads; any tm gives the same
+    bits, each output element being computed alone)."""
     nb, M, N = out.shape
     K = A.shape[2]
     bA, bB = A.shape[0], B.shape[0]
-    ti, tj = (M + TM - 1) // TM, (N + TN - 1) // TN
+    ti, tj = (M + tm - 1) // tm, (N + TN - 1) // TN
     span = chunk * lanes if chunk > 0 else max(K, 1)
     for t in prange(nb * ti * tj):
         prefer_wide_vectors()
-        b, i0, i1, j0, nj, ab, bbi = tile_of(t, M, N, bA, bB, TM, TN)
+        b, i0, i1, j0, nj, ab, bbi = tile_of(t, M, N, bA, bB, tm, TN)
         rows = i1 - i0
         # the tile's rows advance together over k: each row of B is read once per tile, not once per output row
         # (a K x TN panel of B outgrows the caches for long sums); each output element still takes its terms in
         # increasing k, so the bits are those of one row at a time
         inner = np.zeros((rows, lanes, TN), A.dtype)
         outer = np.zeros((rows, lanes, TN), A.dtype)
+        spare = np.zeros(TN, A.dtype)
         for kk in range(0, K, span):
+            kend = min(K, kk + span)
+            if mul_exact and not acc_sub:
+                _exact_span(A, B, inner, spare, ab, bbi, i0, rows, j0, nj, kk, kend, lanes, accf, mulf[5])
+                kend = kk  # every term taken
             lane = 0  # k % lanes (span is a multiple of lanes), counted: an integer division per k cost more
-            for k in range(kk, min(K, kk + span)):
+            for k in range(kk, kend):
                 brow = B[bbi, k, j0:j0 + nj]
                 for r in range(rows):
                     a = A[ab, i0 + r, k]

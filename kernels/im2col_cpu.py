@@ -6,6 +6,13 @@ column (c, i, j) holds x[n, c, oy*sh - ph + i*dh, ox*sw - pw + j*dw], +0.0 outsi
 ``F.unfold(x, ...).transpose(1, 2).reshape(-1, C*kh*kw)``, copied as bits (a NaN's payload included), in one
 pass instead of two.
 
+``im2col_cols(x, out, kh, kw, sh, sw, dh, dw, Ho, Wo, sn, sk)``: the same values in the column layout of the MAD
+GEMMs (``emunum/mad/conv.py``), without padding: element (n, k = (c, i, j), l = (oy, ox)) of out (flat, C-contiguous)
+at n*sn + k*sk + l holds x[n, c, oy*sh + i*dh, ox*sw + j*dw], copied as bits. sn = K*L, sk = L: (N, K, L), one
+matrix per sample, i.e. ``F.unfold(x, ...)``; sn = L, sk = N*L: (K, N*L), every sample side by side. With sw = 1
+each output row (n, k, oy) is one contiguous run of x's row: a copy loop (torch's copy of the strided view moved
+single elements: 15.5 ms for 64 x 16 x 34 x 34 images and a 3x3 kernel, one thread; benchmarks/RESULTS.md).
+
 ``col2im(g, out, ...)``: the adjoint, g (N*L, K) and out (N, C, H, W) C-contiguous, out = ``F.fold(g.view(N, L,
 K).transpose(1, 2), ...)`` bit for bit. torch's col2im (aten/src/ATen/native/im2col.h) zero-fills the image and
 then adds the columns in order of c_col = (c*kh + i)*kw + j, so each pixel receives its terms in ascending (i, j),
@@ -96,6 +103,28 @@ def im2col_scan(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc):
     (float64, one per block, row-major); returns the bits of out's largest finite |v| (0 if none): what
     ``block_cpu.block_amaxes`` finds in out."""
     return _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc)
+
+
+@njit(cache=True)
+def im2col_cols(x, out, kh, kw, sh, sw, dh, dw, Ho, Wo, sn, sk):
+    N, C, H, W = x.shape
+    xf = x.view(np.uint32).ravel()
+    of = out.view(np.uint32).ravel()
+    for n in range(N):
+        for c in range(C):
+            for i in range(kh):
+                for j in range(kw):
+                    k = (c * kh + i) * kw + j
+                    d0 = n * sn + k * sk
+                    for oy in range(Ho):
+                        s0 = ((n * C + c) * H + oy * sh + i * dh) * W + j * dw
+                        d = U64(d0 + oy * Wo)
+                        if sw == 1:  # one contiguous run (a loop of its own, so that it vectorises)
+                            for ox in range(Wo):
+                                of[d + U64(ox)] = xf[U64(s0 + ox)]
+                        else:
+                            for ox in range(Wo):
+                                of[d + U64(ox)] = xf[U64(s0 + ox * sw)]
 
 
 @njit(cache=True)

@@ -79,6 +79,27 @@ def _patch_rows(x, kh: int, kw: int, stride: tuple, dilation: tuple):
     return out
 
 
+def _patch_cols(x, kh: int, kw: int, stride: tuple, dilation: tuple, side_by_side: bool):
+    """``_patches(x, ...)`` as GEMM columns: (N, C*kh*kw, Ho*Wo), one matrix per sample, or with ``side_by_side``
+    (C*kh*kw, N*Ho*Wo), every sample's columns next to each other. A C-contiguous float32 CPU x goes through
+    ``kernels/im2col_cpu.im2col_cols`` (one copy loop per output row, where torch's copy of the strided view
+    moves single elements), anything else through that copy; the same values either way."""
+    p = _patches(x, kh, kw, stride, dilation)
+    N, C, _, _, Ho, Wo = p.shape
+    K, L = C * kh * kw, Ho * Wo
+    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and not x.is_neg()):
+        if side_by_side:
+            return p.permute(1, 2, 3, 0, 4, 5).reshape(K, N * L)
+        return p.reshape(N, K, L)
+    from ..kernels import im2col_cpu  # noqa: PLC0415  (compiled on first use)
+
+    out = torch.empty((K, N * L) if side_by_side else (N, K, L), dtype=x.dtype)
+    sn, sk = (L, N * L) if side_by_side else (K * L, L)
+    im2col_cpu.im2col_cols(x.detach().numpy(), out.numpy(), kh, kw, stride[0], stride[1], dilation[0], dilation[1],
+                           Ho, Wo, sn, sk)
+    return out
+
+
 def _narrow() -> int:
     """Output rows narrower than this fill a tile of gemm_fast only when the samples are laid side by side
     (wider ones run per sample, as the kernel reads them best)."""
@@ -95,14 +116,15 @@ def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias=None
     O, Cg, kh, kw = weight.shape
     G = groups
     Og = O // G
-    p = _patches(x, kh, kw, stride, dilation)
-    Ho, Wo = p.shape[4], p.shape[5]
+    Ho = (x.shape[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    Wo = (x.shape[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
     L, K = Ho * Wo, Cg * kh * kw
     Am = weight.reshape(G, Og, K)
     if L < _narrow() and backend.fast_layout(unit, x.device):
         # one GEMM per group over every sample's narrow rows (the layout gemm_cpu would build from the
-        # per-sample GEMMs by transposing copies), written straight into that layout by one copy
-        Bm = p.reshape(N, G, Cg, kh, kw, Ho, Wo).permute(1, 2, 3, 4, 0, 5, 6).reshape(G, K, N * L)
+        # per-sample GEMMs by transposing copies), written straight into that layout by one copy; group g's
+        # rows (c, i, j) with c in g's channels follow each other, so the (C*kh*kw, N*L) columns are (G, K, N*L)
+        Bm = _patch_cols(x, kh, kw, stride, dilation, True).view(G, K, N * L)
         b = None if bias is None else bias.reshape(G, Og, 1)
         out = backend.gemm(Am, Bm, unit, seed, bias=b, flops=flops, scans=scans)
         out = out.view(G, Og, N, Ho, Wo).permute(2, 0, 1, 3, 4)
@@ -110,7 +132,8 @@ def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias=None
     b = None
     if bias is not None:
         b = bias.reshape(1, G, Og, 1).expand(N, G, Og, L).reshape(N * G, Og, L)
-    out = backend.gemm(Am, p.reshape(N * G, K, L), unit, seed, bias=b, nb=N * G, flops=flops, scans=scans)
+    Bm = _patch_cols(x, kh, kw, stride, dilation, False).view(N * G, K, L)
+    out = backend.gemm(Am, Bm, unit, seed, bias=b, nb=N * G, flops=flops, scans=scans)
     return out.reshape(N, O, Ho, Wo).to(dtype)
 
 

@@ -508,6 +508,44 @@ def test_fast_plan_skips_the_product_rounding_only_where_products_are_exact(name
         assert not np.array_equal(_run(A, B, None, unit, fast=(*plan[:4], True)), want)
 
 
+ROW_TILE_UNITS = {"chunk64": MADUnit("fp16_169", "fp16_169", chunk=64),
+                  "lanes3_chunk5": MADUnit("fp16_169", "fp16_169", chunk=5, lanes=3)}
+
+
+@pytest.mark.parametrize("name", list(ROW_TILE_UNITS))
+@pytest.mark.parametrize("tm", [gemm_cpu.TM, 2 * gemm_cpu.TM, gemm_cpu.MAX_TM])
+def test_fast_kernel_bits_do_not_depend_on_its_row_tile(name, tm):
+    """gemm_fast with tm rows per tile (``row_tile``'s choices) gives gemm_general's bits, on exact products (the
+    path that takes four terms on two rows per pass): an odd row count that no tile height divides, and lanes
+    whose term counts leave one to three terms after the fours."""
+    unit = ROW_TILE_UNITS[name]
+    rng = np.random.default_rng(tm)
+    M, K, N = 37, 263, gemm_cpu.TN + 21
+    A = (rng.integers(4, 8, (1, M, K)) * rng.choice([-1, 1], (1, M, K)) * np.exp2(rng.integers(-8, 1, (1, M, K))))
+    B = (rng.integers(4, 8, (1, K, N)) * rng.choice([-1, 1], (1, K, N)) * np.exp2(rng.integers(-8, 1, (1, K, N))))
+    A, B = A.astype(np.float32), B.astype(np.float32)
+    mulp, accp = unit.kernel_params()
+    plan = gemm_cpu.fast_plan(A, B, 0, mulp, accp, None, unit.lanes, unit.chunk)
+    assert plan is not None and plan[4] and not plan[2] and not plan[3]  # exact products, no subnormal sums
+    out = np.empty((1, M, N))
+    dtype = plan[0]
+    no_bias = gemm_cpu.read_only(np.zeros((1, 1, 1)))  # as gemm_cpu passes it: the kernel compiled for it
+    consts = gemm_fast_plan.fast_consts(mulp, accp, dtype)
+    gemm_cpu.gemm_fast(A.astype(dtype), B.astype(dtype), no_bias, False, out, *consts, unit.lanes, unit.chunk, False,
+                       False, False, True, tm)
+    _same_bits(out, _run(A, B, None, unit, fast=False), (unit, tm))
+
+
+@pytest.mark.parametrize("nb, M, N, threads", [(1, 32, 144, 1), (1, 32, 144, 2), (1, 17, 300, 2), (64, 16, 1024, 2),
+                                               (1, 5, 10, 1), (1, 100, 1, 4), (3, 64, 256, 8)])
+def test_row_tile_grows_only_while_every_thread_keeps_a_tile(nb, M, N, threads):
+    tm = gemm_cpu.row_tile(nb, M, N, threads)
+    tiles = lambda h: nb * -(-M // h) * -(-N // gemm_cpu.TN)  # noqa: E731
+    assert tm % gemm_cpu.TM == 0 and gemm_cpu.TM <= tm <= gemm_cpu.MAX_TM
+    assert tm == gemm_cpu.TM or tiles(tm) >= threads
+    assert tm >= min(gemm_cpu.MAX_TM, M) or tiles(2 * tm) < threads
+
+
 SUBNORMAL_PRODUCT_UNITS = {  # name: (unit, whether every product below min_normal is one of its subnormals)
     "e6m9 products (the fp8 recipe's unit)": (MADUnit("fp16_169", "fp16_169", chunk=64), True),
     "e5m2 products": (MADUnit("fp8_152", "fp16_169", chunk=64), False),

@@ -1,8 +1,9 @@
 """emunum.mad's layouts for the fast kernel (``backend.fast_layout``) give the bits of the layouts they replace.
 
 Where ``gemm_fast`` runs a unit, a convolution with output rows narrower than a kernel tile runs as one GEMM per
-group over every sample's columns (forward and grad-input; wider rows: per sample, the "wide rows" cases) and its
-bias gradient as ones^T @ grad's rows; elsewhere (and with ``fast_layout`` patched off, the
+group over every sample's columns (forward and grad-input; wider rows: per sample, the "wide rows" cases), its
+bias gradient as ones^T @ grad's rows, and a padded convolution's input gradient over the unpadded positions only
+(``conv._crops``: where no pad exceeds dilation * (kernel - 1); the last case has pads beyond); elsewhere (and with ``fast_layout`` patched off, the
 reference here) it runs one GEMM per sample and group, as before. Each gradient and output is compared bit for
 bit (zero tolerance, signs of zeros and NaN payload-free NaN positions included). The im2col view that replaced
 ``F.unfold`` is compared with ``F.unfold`` on its own.
@@ -32,6 +33,8 @@ CASES = {
     "conv1d dilation 2, groups 2": ("conv1d", (4, 4, 23), (6, 2, 3), 3, 2, 2, 2),
     "conv2d stride (2, 1), groups 2": ("conv2d", (2, 4, 7, 6), (4, 2, 2, 3), (2, 1), (1, 2), (1, 2), 2),
     "conv2d 3x3 pad 1, wide rows": ("conv2d", (2, 3, 9, 10), (5, 3, 3, 3), 1, 1, 1, 1),
+    "conv2d 3x3 stride 2 pad (2, 1)": ("conv2d", (2, 3, 9, 10), (4, 3, 3, 3), 2, (2, 1), 1, 1),
+    "conv2d pads beyond the kernel's reach": ("conv2d", (2, 3, 6, 7), (4, 3, 1, 3), 1, (1, 3), 1, 1),
 }
 
 
@@ -115,3 +118,17 @@ def test_im2col_view_holds_unfolds_values(shape, kernel, stride, dilation, view)
     p = conv._patches(x, *kernel, stride, dilation)
     got = p.reshape(shape[0], -1, p.shape[4] * p.shape[5])
     assert torch.equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("pads, kernel, dilation, crops", [
+    (((1, 1), (1, 1)), (3, 3), (1, 1), True), (((0, 1), (1, 0)), (2, 2), (1, 1), True),
+    (((2, 2), (0, 0)), (3, 3), (1, 1), True), (((3, 3), (0, 0)), (3, 3), (1, 1), False),
+    (((2, 2), (2, 2)), (2, 2), (2, 2), True), (((1, 1), (0, 0)), (1, 1), (1, 1), False),
+    (((0, 0), (0, 0)), (3, 3), (1, 1), False)])
+def test_the_input_gradient_skips_the_padding_only_where_every_pad_lies_within_the_kernels_reach(
+        pads, kernel, dilation, crops):
+    cpu = torch.device("cpu")
+    fast = UNITS["e5m2-e6m9_chunk64 (the fp8 recipe's unit)"]
+    assert conv._crops(pads, kernel, dilation, fast, cpu) is crops
+    stochastic = MADUnit("fp8_152", "fp16_169", acc_rounding="stochastic")  # counters: the full gradient's
+    assert not conv._crops(pads, kernel, dilation, stochastic, cpu)

@@ -138,16 +138,20 @@ def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias=None
 
 
 class _Conv2dFn(torch.autograd.Function):
-    """Convolution of an already padded input."""
+    """Convolution of an input padded by ``pads`` ((top, bottom), (left, right)), or None: already padded. With
+    pads, backward gives the gradient of the unpadded input, computed over its positions only (``_crops``)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, stride, dilation, groups, unit, units_bwd, seed, dtype):
+    def forward(ctx, x, weight, bias, stride, dilation, groups, unit, units_bwd, seed, dtype, pads=None):
+        if pads is not None:
+            x = F.pad(x, (pads[1][0], pads[1][1], pads[0][0], pads[0][1]))
         # each tensor scanned once for the fast kernel's planner, forward and backward (x and weight are saved
         # tensors: autograd refuses a backward after either changed in place)
         sw, sx = backend.scan(weight, unit), backend.scan(x, unit)
         out = _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias, scans=(sw, sx))
         ctx.save_for_backward(x, weight)
         ctx.scans = (sw, sx)
+        ctx.pads = pads
         ctx.conf = (stride, dilation, groups, units_bwd, seed, bias is not None,
                     None if bias is None else bias.dtype)
         return out
@@ -170,8 +174,11 @@ class _Conv2dFn(torch.autograd.Function):
             # zero-upsample by stride, pad by dilation*(k-1) before and up to the input size after (the rows
             # and columns the forward dropped), flip the kernel; one buffer of zeros, grad copied into it
             ph, pw = dilation[0] * (kh - 1), dilation[1] * (kw - 1)
-            up = grad.new_zeros((N, O, H + ph, W + pw))
-            up[:, :, ph:ph + (Ho - 1) * stride[0] + 1:stride[0], pw:pw + (Wo - 1) * stride[1] + 1:stride[1]] = grad
+            # with pads, only the unpadded input's positions: the buffer's rows from the first one they read
+            (top, bottom), (left, right) = ctx.pads or ((0, 0), (0, 0))
+            up = grad.new_zeros((N, O, H - top - bottom + ph, W - left - right + pw))
+            y0, x0 = ph - top, pw - left
+            up[:, :, y0:y0 + (Ho - 1) * stride[0] + 1:stride[0], x0:x0 + (Wo - 1) * stride[1] + 1:stride[1]] = grad
             wf = weight.reshape(G, Og, Cg, kh, kw).transpose(1, 2).flip(-1, -2).reshape(G * Cg, Og, kh, kw)
             # counted as torch counts an input gradient (the forward's FLOPs), not over the padding and zeros
             grad_x = _conv_gemm(up, wf, (1, 1), dilation, G, u_in, _bwd_seed(u_in, seed, ROLE_GRAD_INPUT), x.dtype,
@@ -196,7 +203,17 @@ class _Conv2dFn(torch.autograd.Function):
                 gb = backend.gemm(Am, ones, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_BIAS), flops=0,
                                   scans=(sg, None))  # torch: a sum
             grad_b = gb.reshape(O).to(bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None
+
+
+def _crops(pads: tuple, kernel: tuple, dilation: tuple, unit: MADUnit, device) -> bool:
+    """Whether ``_Conv2dFn`` takes the padding (``pads``) itself, so that the input gradient is computed over the
+    unpadded input's positions only (torch's pad would crop a gradient computed over the padding too): where
+    ``unit`` runs on the fast kernel, which computes each output element alone (``backend.fast_layout``: the
+    same bits for every element either way) and every pad is at most dilation * (kernel - 1) (then every
+    element of the output gradient lies in the rows and columns those positions read)."""
+    return (any(p for pair in pads for p in pair) and backend.fast_layout(unit, device)
+            and all(p <= d * (k - 1) for pair, k, d in zip(pads, kernel, dilation) for p in pair))
 
 
 def _check(input, weight, bias, groups, nd: int):
@@ -236,14 +253,18 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     _check(input, weight, bias, groups, 2)
     stride = _pair(stride, "stride", 2, 1)
     dilation = _pair(dilation, "dilation", 2, 1)
-    pads = explicit_padding(padding, tuple(weight.shape[2:]), dilation, stride, 2)
-    if any(p for pair in pads for p in pair):
-        input = F.pad(input, (pads[1][0], pads[1][1], pads[0][0], pads[0][1]))
+    kernel = tuple(weight.shape[2:])
+    pads = explicit_padding(padding, kernel, dilation, stride, 2)
     for d in range(2):
-        if input.shape[2 + d] < dilation[d] * (weight.shape[2 + d] - 1) + 1:
-            raise ValueError(f"the (padded) input {tuple(input.shape)} is smaller than the dilated kernel")
+        if input.shape[2 + d] + sum(pads[d]) < dilation[d] * (kernel[d] - 1) + 1:
+            shape = tuple(input.shape[:2]) + tuple(input.shape[2 + i] + sum(pads[i]) for i in range(2))
+            raise ValueError(f"the (padded) input {shape} is smaller than the dilated kernel")
     seed = _resolve_seed((unit, *units_bwd), seed)
     dtype = backend.output_dtype(unit, input, weight, bias)
+    if _crops(pads, kernel, dilation, units_bwd[0], input.device):
+        return _Conv2dFn.apply(input, weight, bias, stride, dilation, groups, unit, units_bwd, seed, dtype, pads)
+    if any(p for pair in pads for p in pair):
+        input = F.pad(input, (pads[1][0], pads[1][1], pads[0][0], pads[0][1]))
     return _Conv2dFn.apply(input, weight, bias, stride, dilation, groups, unit, units_bwd, seed, dtype)
 
 

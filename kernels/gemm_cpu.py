@@ -20,7 +20,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import _cache, gemm_scalar, gemm_vec, parallel as _parallel, scalar
+from . import _cache, gemm_scalar, gemm_vec, operand_scan, parallel as _parallel, scalar
 from .abi import read_only
 
 _cache.guard(__file__, [*scalar.SOURCES, gemm_scalar.__file__])
@@ -198,6 +198,32 @@ def _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, plan):
     gemm_fast(np.ascontiguousarray(A, dtype=dtype), np.ascontiguousarray(B, dtype=dtype), read_only(bias), has_bias,
               out, *fast_consts(mulp, accp, dtype), lanes, chunk, bool(mul_sub), bool(acc_sub), bool(checks), mul_exact,
               row_tile(nb, M, N, numba.get_num_threads()))
+
+
+def conv(x, A, bias, out, fused, mulp, accp, lanes, chunk, geometry, scans) -> bool:
+    """The per-sample GEMMs of a 2-D convolution on ``kernels/conv_fast.py`` (each sample's im2col columns made
+    just before its GEMM reads them), where ``gemm_fast`` runs them in float32; returns whether it ran (else
+    nothing was written: the caller lays the columns out for ``gemm``). x (N, C, H, W) float32, padded; A (G, O/G,
+    K) float32; bias (O,) float64 or None; out (N*G, O/G, Ho*Wo) float64; geometry (kh, kw, sh, sw, dh, dw, Ho,
+    Wo); scans: (A's, x's) as ``gemm``'s (x holds every nonzero value of the columns)."""
+    sx = scans[1] if scans[1] is not None else operand_scan.scan(x)
+    plan = fast_plan(A, x, fused, mulp, accp, (scans[0], sx), lanes, chunk)
+    if plan is None or plan[0] != np.float32 or out.size == 0:
+        return False
+    from .conv_fast import conv_fast  # noqa: PLC0415  (compiled on first use)
+
+    G, Og, _ = A.shape
+    L = geometry[6] * geometry[7]
+    rows = np.zeros((1, 1, 1))
+    if bias is not None:
+        rows = np.ascontiguousarray(np.broadcast_to(bias.reshape(G, Og, 1), (G, Og, L)))
+    dtype, mul_sub, acc_sub, checks = plan[:4]
+    mul_exact = len(plan) > 4 and bool(plan[4]) and not checks
+    with _parallel.exclusive():
+        conv_fast(x, A, read_only(rows), bias is not None, out, *fast_consts(mulp, accp, dtype), lanes, chunk,
+                  bool(mul_sub), bool(acc_sub), bool(checks), mul_exact, row_tile(G, Og, L, numba.get_num_threads()),
+                  *geometry)
+    return True
 
 
 def row_tile(nb: int, M: int, N: int, threads: int) -> int:

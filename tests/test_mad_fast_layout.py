@@ -1,7 +1,8 @@
 """emunum.mad's layouts for the fast kernel (``backend.fast_layout``) give the bits of the layouts they replace.
 
 Where ``gemm_fast`` runs a unit, a convolution with output rows narrower than a kernel tile runs as one GEMM per
-group over every sample's columns (forward and grad-input; wider rows: per sample, the "wide rows" cases), its
+group over every sample's columns (forward and grad-input; rows of TN and more: per sample, each sample's columns
+made right before its GEMM reads them, ``kernels/conv_fast.py``), its
 bias gradient as ones^T @ grad's rows, and a padded convolution's input gradient over the unpadded positions only
 (``conv._crops``: where no pad exceeds dilation * (kernel - 1); the last case has pads beyond); elsewhere (and with ``fast_layout`` patched off, the
 reference here) it runs one GEMM per sample and group, as before. Each gradient and output is compared bit for
@@ -35,6 +36,9 @@ CASES = {
     "conv2d 3x3 pad 1, wide rows": ("conv2d", (2, 3, 9, 10), (5, 3, 3, 3), 1, 1, 1, 1),
     "conv2d 3x3 stride 2 pad (2, 1)": ("conv2d", (2, 3, 9, 10), (4, 3, 3, 3), 2, (2, 1), 1, 1),
     "conv2d pads beyond the kernel's reach": ("conv2d", (2, 3, 6, 7), (4, 3, 1, 3), 1, (1, 3), 1, 1),
+    "conv2d rows of 288 (per sample, columns made per sample), groups 2":
+        ("conv2d", (3, 4, 16, 18), (6, 2, 3, 3), 1, 1, 1, 2),
+    "conv2d rows of 256, stride 2, dilation 2": ("conv2d", (2, 3, 35, 36), (5, 3, 3, 2), 2, (2, 1), (2, 3), 1),
 }
 
 

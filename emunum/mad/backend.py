@@ -167,6 +167,37 @@ def gemm(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, seed: int, bias: torch
     return _gemm(A, B, unit, seed, bias, nb, c, dtype, scans)
 
 
+def conv_gemm(x: torch.Tensor, A: torch.Tensor, unit: MADUnit, geometry: tuple, bias: torch.Tensor | None = None,
+              flops: int | None = None, scans: tuple | None = None) -> torch.Tensor | None:
+    """The per-sample GEMMs of a 2-D convolution, out (N*G, O/G, Ho*Wo) float64: out[n*G + g] = A[g] @ the im2col
+    columns of sample n's group g (+ bias), as ``gemm`` on the (N*G, K, Ho*Wo) column tensor, without making it
+    (``kernels/conv_fast.py``: each sample's columns right before its GEMM). None where that kernel does not run
+    (not a C-contiguous float32 CPU x, a unit off the fast kernel, a float64 plan): the caller makes the columns.
+    x (N, C, H, W), already padded; A (G, O/G, K); geometry (kh, kw, sh, sw, dh, dw, Ho, Wo); bias (O,) or None;
+    flops and scans (A's, x's) as ``gemm``'s."""
+    if not (fast_layout(unit, x.device) and x.dtype == torch.float32 and x.is_contiguous() and not x.is_neg()):
+        return None
+    G, Og, K = A.shape
+    N, L = x.shape[0], geometry[6] * geometry[7]
+    if gemm_listener.LISTENERS:
+        with gemm_listener.native("mad_gemm", 2 * N * G * Og * L * K if flops is None else flops):
+            return _conv_gemm(x, A, unit, geometry, bias, scans)
+    return _conv_gemm(x, A, unit, geometry, bias, scans)
+
+
+def _conv_gemm(x, A, unit, geometry, bias, scans):
+    from ..kernels import gemm_cpu
+
+    G, Og, _ = A.shape
+    out = np.empty((x.shape[0] * G, Og, geometry[6] * geometry[7]))
+    b = None if bias is None else bias.detach().to(torch.float64).numpy()
+    mulp, accp = _unit_entry(unit)[1]
+    with torch.no_grad():
+        ran = gemm_cpu.conv(x.detach().numpy(), _np32(A), b, out, int(unit.fused), mulp, accp, unit.lanes,
+                            unit.chunk or 0, geometry, scans or (None, None))
+    return torch.from_numpy(out) if ran else None
+
+
 def _gemm(A, B, unit, seed, bias, nb, c, dtype, scans=None):
     bA, M, K = A.shape
     bB, _, N = B.shape

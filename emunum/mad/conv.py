@@ -129,6 +129,10 @@ def _conv_gemm(x, weight, stride, dilation, groups, unit, seed, dtype, bias=None
         out = backend.gemm(Am, Bm, unit, seed, bias=b, flops=flops, scans=scans)
         out = out.view(G, Og, N, Ho, Wo).permute(2, 0, 1, 3, 4)
         return backend.contiguous(out, dtype).view(N, O, Ho, Wo)
+    out = backend.conv_gemm(x, Am, unit, (kh, kw, stride[0], stride[1], dilation[0], dilation[1], Ho, Wo), bias, flops,
+                            scans)
+    if out is not None:
+        return out.view(N, O, Ho, Wo).to(dtype)
     b = None
     if bias is not None:
         b = bias.reshape(1, G, Og, 1).expand(N, G, Og, L).reshape(N * G, Og, L)

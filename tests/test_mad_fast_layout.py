@@ -2,9 +2,9 @@
 
 Where ``gemm_fast`` runs a unit, a convolution with output rows narrower than a kernel tile runs as one GEMM per
 group over every sample's columns (forward and grad-input; rows of TN and more: per sample, each sample's columns
-made right before its GEMM reads them, ``kernels/conv_fast.py``), its
-bias gradient as ones^T @ grad's rows, and a padded convolution's input gradient over the unpadded positions only
-(``conv._crops``: where no pad exceeds dilation * (kernel - 1); the last case has pads beyond); elsewhere (and with ``fast_layout`` patched off, the
+made right before its GEMM reads them, ``kernels/conv_fast.py``), its bias gradient as ones^T @ grad's rows, and
+a padded convolution's input gradient over the unpadded positions only (``conv._crops``: where no pad exceeds
+dilation * (kernel - 1); one case has pads beyond); elsewhere (and with ``fast_layout`` patched off, the
 reference here) it runs one GEMM per sample and group, as before. Each gradient and output is compared bit for
 bit (zero tolerance, signs of zeros and NaN payload-free NaN positions included). The im2col view that replaced
 ``F.unfold`` is compared with ``F.unfold`` on its own.

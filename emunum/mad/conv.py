@@ -11,7 +11,10 @@ Backward:
   flipped kernel, on the grad-input unit: each element's dot runs over (o within the group, i', j') with
   i' = kh-1-i, j' = kw-1-j in C order, the inserted and padded zeros being terms.
 Explicit padding (ints, tuples, "valid", "same") is applied with ``F.pad`` before the convolution; its
-gradient (a crop) is exact.
+gradient (a crop) is exact. Where the grad-input unit runs on the fast kernel (``backend.fast_layout``) and no pad
+exceeds dilation*(kernel-1), the grad-input convolution computes the unpadded input's positions only (the
+elements a crop keeps, each with the same bits). On the fast kernel in float32, each sample's unfolded columns
+are made right before its GEMM (``kernels/conv_fast.py``), not for the whole batch at once.
 """
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ pass instead of two.
 GEMMs (``emunum/mad/conv.py``), without padding: element (n, k = (c, i, j), l = (oy, ox)) of out (flat, C-contiguous)
 at n*sn + k*sk + l holds x[n, c, oy*sh + i*dh, ox*sw + j*dw], copied as bits. sn = K*L, sk = L: (N, K, L), one
 matrix per sample, i.e. ``F.unfold(x, ...)``; sn = L, sk = N*L: (K, N*L), every sample side by side. With sw = 1
-each output row (n, k, oy) is one contiguous run of x's row: a copy loop (torch's copy of the strided view moved
-single elements: 15.5 ms for 64 x 16 x 34 x 34 images and a 3x3 kernel, one thread; benchmarks/RESULTS.md).
+each output row (n, k, oy) is one contiguous run of x's row: a copy loop, where torch's copy of the strided view
+moves single elements (benchmarks/conv_gemm.py).
 
 ``col2im(g, out, ...)``: the adjoint, g (N*L, K) and out (N, C, H, W) C-contiguous, out = ``F.fold(g.view(N, L,
 K).transpose(1, 2), ...)`` bit for bit. torch's col2im (aten/src/ATen/native/im2col.h) zero-fills the image and

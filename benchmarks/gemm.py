@@ -1,7 +1,9 @@
 """GEMM throughput of emulated MAD units (emunum.matmul) next to torch.matmul, in GMAC/s.
 
 Default: 512x512x512, operands in e5m2 (1-5-2), MADUnit(mul_fmt="fp8_152", acc_fmt="fp16_169", chunk=64)
-(Wang et al. 2018's 1-5-2 products and 1-6-9 accumulator), on the CPU kernels. Each figure is the best of
+(Wang et al. 2018's 1-5-2 products and 1-6-9 accumulator), on the CPU kernels; then the fp8 recipe's unit,
+MADUnit("fp16_169", "fp16_169", chunk=64) (experiments/conf/format/fp8.yaml: 1-6-9 products, exact for e5m2
+operands, so ``gemm_fast`` skips their rounding and fuses each product into its sum). Each figure is the best of
 --repeat timed calls after one warm-up call (which compiles, or loads numba's cache). Also printed: the
 median, the CPU time per call (all threads; contention on a shared machine shows as wall >> cpu / threads),
 the fast-kernel plan the dispatcher took.
@@ -85,6 +87,8 @@ def main() -> None:
     print(f"# {n}x{n}x{n}, operands e5m2; fast-kernel plan (work dtype, mul_sub, acc_sub, checks): "
           f"{None if plan is None else (plan[0].__name__, *plan[1:])}")
     print(line(f"emunum.matmul {unit}", macs, *timed(lambda: emunum.matmul(A, B, unit), args.repeat)))
+    recipe = MADUnit("fp16_169", "fp16_169", chunk=64)  # exact products: gemm_fast's fused-multiply-add path
+    print(line(f"emunum.matmul {recipe}", macs, *timed(lambda: emunum.matmul(A, B, recipe), args.repeat)))
     print(line("torch.matmul float32 (same operands)", macs, *timed(lambda: torch.matmul(A, B), args.repeat)))
     if args.general_size:
         general_rows(A, B, args.general_size, args.repeat, args.baseline_repeat)

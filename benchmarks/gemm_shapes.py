@@ -6,7 +6,8 @@ Wraps ``emunum.kernels.gemm_cpu.gemm`` to time every call (and, separately, its 
 steps of benchmarks/train_step.py's model (``--model``: the default CNN on MNIST-1D, or its small 2-D CNN; one
 thread), then prints per (A shape, B shape): calls per step, ms per call of the planner and of the whole GEMM,
 GMAC/s and the plan (work dtype, mul_sub, acc_sub, checks, mul_exact; "general/vec" where gemm_fast does not
-apply).
+apply). A convolution's per-sample GEMMs (``gemm_cpu.conv``, kernels/conv_fast.py: its columns made in the kernel)
+are timed as one row, shaped as the GEMM on the batch's columns, marked "conv_fast".
 The planner is called twice per GEMM here (once by the wrapper), so the step time printed is inflated by it.
 """
 from __future__ import annotations
@@ -44,7 +45,22 @@ def main() -> None:
         r[2] += time.perf_counter() - t1
         r[3] = plan
 
+    orig_conv = gemm_cpu.conv
+
+    def timed_conv(x, A, bias, out, fused, mulp, accp, lanes, chunk, geometry, scans):
+        # a convolution's per-sample GEMMs (kernels/conv_fast.py), keyed as the GEMM on the batch's columns
+        t0 = time.perf_counter()
+        ran = orig_conv(x, A, bias, out, fused, mulp, accp, lanes, chunk, geometry, scans)
+        if ran:
+            G, K, L = A.shape[0], A.shape[2], geometry[6] * geometry[7]
+            r = rec[(A.shape, (x.shape[0] * G, K, L), "conv_fast")]
+            r[0] += 1
+            r[2] += time.perf_counter() - t0
+            r[3] = "conv_fast (plan inside)"
+        return ran
+
     gemm_cpu.gemm = timed
+    gemm_cpu.conv = timed_conv
     step, _ = train_step.build(train_step.RECIPES[a.recipe], 1, a.model)
     for _ in range(3):
         step()
@@ -53,9 +69,9 @@ def main() -> None:
     for _ in range(a.steps):
         step()
     print(f"{a.recipe}: {(time.perf_counter() - t) / a.steps * 1e3:.2f} ms per step (planner timed twice)")
-    for (sa, sb), (n, tp, tg, plan) in sorted(rec.items(), key=lambda kv: -kv[1][2]):
+    for (sa, sb, *_), (n, tp, tg, plan) in sorted(rec.items(), key=lambda kv: -kv[1][2]):
         macs = max(sa[0], sb[0]) * sa[1] * sa[2] * sb[2]
-        kind = "general/vec" if plan is None else (plan[0].__name__, *plan[1:])
+        kind = plan if isinstance(plan, str) else "general/vec" if plan is None else (plan[0].__name__, *plan[1:])
         print(f"A{sa} B{sb}  {n / a.steps:4.1f}/step  plan {tp / n * 1e3:7.3f} ms  gemm {tg / n * 1e3:7.3f} ms  "
               f"{macs / (tg / n) / 1e9:6.2f} GMAC/s  {kind}")
 

@@ -10,8 +10,9 @@ pass instead of two.
 GEMMs (``emunum/mad/conv.py``), without padding: element (n, k = (c, i, j), l = (oy, ox)) of out (flat, C-contiguous)
 at n*sn + k*sk + l holds x[n, c, oy*sh + i*dh, ox*sw + j*dw], copied as bits. sn = K*L, sk = L: (N, K, L), one
 matrix per sample, i.e. ``F.unfold(x, ...)``; sn = L, sk = N*L: (K, N*L), every sample side by side. With sw = 1
-each output row (n, k, oy) is one contiguous run of x's row: a copy loop, where torch's copy of the strided view
-moves single elements (benchmarks/conv_gemm.py).
+each output row (n, k, oy) is one contiguous run of x's row: a copy loop (about as fast as torch's copy of the
+strided view on a large batch, up to 2.8x faster on small ones: benchmarks/RESULTS.md "Stop 56");
+``kernels/conv_fast.py`` calls it per sample, into a buffer that stays in the cache.
 
 ``col2im(g, out, ...)``: the adjoint, g (N*L, K) and out (N, C, H, W) C-contiguous, out = ``F.fold(g.view(N, L,
 K).transpose(1, 2), ...)`` bit for bit. torch's col2im (aten/src/ATen/native/im2col.h) zero-fills the image and

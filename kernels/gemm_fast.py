@@ -100,7 +100,8 @@ def _add_rows_2x4(acc0, acc1, b0, b1, b2, b3, a00, a01, a02, a03, a10, a11, a12,
     """Four ``_add_row`` calls (acc_sub False) on each of two accumulator rows: acc0[j] takes a00 * b0[j], then
     a01 * b1[j], a02 * b2[j], a03 * b3[j], each rounded, in that order, and acc1[j] likewise with a10..a13. One
     pass loads each element of B's four rows once for both rows and each accumulator once for its four terms
-    (1.4x the MACs per second of four single-term passes, with ``_exact_mac``'s FMA: benchmarks/RESULTS.md)."""
+    (1.3-1.8x the MACs per second of four single-term passes, with ``_exact_mac``'s FMA: benchmarks/RESULTS.md
+    "Stop 56")."""
     inline_in_llvm()
     prefer_wide_vectors()
     as_, am, an, ax, ao = accf[0], accf[1], accf[2], accf[3], accf[4]

@@ -1007,3 +1007,19 @@ def test_a_read_only_bias_runs_the_kernel_compiled_for_a_writable_one(fast):
     got = [_run(A, B, b, unit, fast=fast) for b in (bias, frozen, None)]
     np.testing.assert_array_equal(got[0].view(np.uint64), got[1].view(np.uint64))
     assert needless_variants(gemm_cpu.gemm_fast if fast is None else gemm_cpu.gemm_general) == []
+
+
+def test_exact_product_rows_fuse_each_product_into_its_sum_where_the_cpu_has_fma():
+    """``_add_rows_2x4`` (the fp8 recipe's GEMM rows) takes a * b + acc as one fused multiply-add where numba
+    compiles for a CPU with FMA instructions, and as a multiply and an add elsewhere (same values: exact
+    products); the flag is read from the target numba compiles for."""
+    from numba import types
+
+    from emunum.kernels import fma, gemm_fast
+
+    f32 = types.Array(types.float32, 1, "C")
+    sig = (f32,) * 6 + (types.float32,) * 8 + (f32,)
+    gemm_fast._add_rows_2x4.compile(sig)
+    asm = gemm_fast._add_rows_2x4.inspect_asm(sig)
+    assert gemm_fast.FMA == fma.compiles_with_fma()
+    assert ("vfmadd" in asm) == gemm_fast.FMA

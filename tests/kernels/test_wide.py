@@ -62,6 +62,8 @@ CASES = {
     "gemm_fast._mac_row": (gemm_fast._mac_row, (F32, F32, types.float32, F32, F32, _lit(False), _lit(False),
                                                 _lit(False))),
     "gemm_fast._add_row": (gemm_fast._add_row, (F32, F32, types.float32, F32, types.float32, _lit(False))),
+    # the same unit's four terms on two rows per pass (exact products)
+    "gemm_fast._add_rows_2x4": (gemm_fast._add_rows_2x4, (F32,) * 6 + (types.float32,) * 8 + (F32,)),
     # NVFP4's 1-D blocks of 16 that tile the rows
     "block_fast._table_blocks": (block_fast._table_blocks, (I64, I64, U32, U32, F64, types.boolean, I64, I64,
                                                             _lit(1), _lit(16), _lit(True), U32, U32, I64, I64, D,

@@ -136,3 +136,34 @@ def test_the_input_gradient_skips_the_padding_only_where_every_pad_lies_within_t
     assert conv._crops(pads, kernel, dilation, fast, cpu) is crops
     stochastic = MADUnit("fp8_152", "fp16_169", acc_rounding="stochastic")  # counters: the full gradient's
     assert not conv._crops(pads, kernel, dilation, stochastic, cpu)
+
+
+def test_per_sample_convolution_bits_do_not_depend_on_the_thread_count(monkeypatch):
+    """``kernels/conv_fast.py`` runs each sample's GEMM on ``gemm_fast``'s threads from a serial loop: one thread
+    and all of them give the same bits, and the per-sample path is what runs."""
+    import numba
+
+    case = "conv2d rows of 288 (per sample, columns made per sample), groups 2"
+    u = UNITS["e5m2-e6m9_chunk64 (the fp8 recipe's unit)"]
+    ran = []
+    real = backend.conv_gemm
+
+    def counted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        ran.append(out is not None)
+        return out
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has one thread (NUMBA_NUM_THREADS=1): nothing to compare")
+    monkeypatch.setattr(backend, "conv_gemm", counted)
+    n = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = _step(case, u, False, torch.float32)
+        numba.set_num_threads(2)
+        many = _step(case, u, False, torch.float32)
+    finally:
+        numba.set_num_threads(n)
+    assert ran == [True] * 4  # forward and input gradient, on one thread and on two
+    for key in one:
+        assert torch.equal(_bits(one[key]), _bits(many[key])), key

@@ -42,8 +42,7 @@ INF_BITS = np.uint32(0x7F800000)
 
 
 @njit(inline="always")
-def _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc, lo, hi):
-    """The rows of samples lo..hi-1."""
+def _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc):
     N, C, H, W = x.shape
     xb = x.view(np.uint32)
     xf = xb.ravel()
@@ -56,7 +55,7 @@ def _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc, lo, hi):
                 taps[(c * kh + i) * kw + j] = U64((c * H + i * dh) * W + j * dw)
     nbc = -(-K // tc) if amaxes.size else 0
     fin = np.uint32(0)
-    for n in range(lo, hi):
+    for n in range(N):
         for oy in range(Ho):
             y0 = oy * sh - ph
             inside_y = y0 >= 0 and y0 + (kh - 1) * dh < H
@@ -96,13 +95,7 @@ def _edge_row(xb, row, n, oy, ox, C, H, W, kh, kw, sh, sw, dh, dw, ph, pw):
 
 @njit(cache=True)
 def im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo):
-    _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, np.empty(0, np.float64), 1, 0, x.shape[0])
-
-
-@njit(cache=True, nogil=True)
-def im2col_range(lo, hi, x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo):
-    """``im2col``'s rows of samples lo..hi-1 (a share of ``threads.launch``: each row is a copy of its own)."""
-    _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, np.empty(0, np.float64), 1, lo, hi)
+    _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, np.empty(0, np.float64), 1)
 
 
 @njit(cache=True)
@@ -110,7 +103,7 @@ def im2col_scan(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc):
     """``im2col``, and each block of tc along out's rows: its largest |v| (NaN where it holds one) into amaxes
     (float64, one per block, row-major); returns the bits of out's largest finite |v| (0 if none): what
     ``block_cpu.block_amaxes`` finds in out."""
-    return _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc, 0, x.shape[0])
+    return _im2col(x, out, kh, kw, sh, sw, dh, dw, ph, pw, Ho, Wo, amaxes, tc)
 
 
 @njit(cache=True)

@@ -67,22 +67,19 @@ def _patches(x, kh: int, kw: int, stride: tuple, dilation: tuple) -> torch.Tenso
 
 def _patch_rows(x, kh: int, kw: int, stride: tuple, dilation: tuple):
     """``_patches(x, ...)`` as rows, (N*Ho*Wo, C*kh*kw), one per output position (the weight gradient's operand).
-    A C-contiguous float32 CPU x goes through ``kernels/im2col_cpu.im2col_range``, its samples shared over the
-    threads (4x faster than torch's copy of the strided view, which moves single elements in this order), anything
-    else through that copy; the same values either way."""
+    A C-contiguous float32 CPU x goes through ``kernels/im2col_cpu.im2col`` (4x faster than torch's copy of the
+    strided view, which moves single elements in this order), anything else through that copy; the same values
+    either way."""
     p = _patches(x, kh, kw, stride, dilation)
     N, C, _, _, Ho, Wo = p.shape
     if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and not x.is_neg()):
         return p.permute(0, 4, 5, 1, 2, 3).reshape(N * Ho * Wo, C * kh * kw)
-    from ..kernels import im2col_cpu, threads  # noqa: PLC0415  (compiled on first use)
+    from ..kernels import im2col_cpu  # noqa: PLC0415  (compiled on first use)
 
     out = torch.empty((N * Ho * Wo, C * kh * kw), dtype=x.dtype)
-    threads.launch(im2col_cpu.im2col_range, N, x.detach().numpy(), out.numpy(), kh, kw, stride[0], stride[1],
-                   dilation[0], dilation[1], 0, 0, Ho, Wo, parallel=out.numel() >= PARALLEL_COLUMNS)
+    im2col_cpu.im2col(x.detach().numpy(), out.numpy(), kh, kw, stride[0], stride[1], dilation[0], dilation[1], 0, 0,
+                      Ho, Wo)
     return out
-
-
-PARALLEL_COLUMNS = 1 << 18  # im2col rows of at least this many elements are made on every thread (``_patch_rows``)
 
 
 def _patch_cols(x, kh: int, kw: int, stride: tuple, dilation: tuple, side_by_side: bool):

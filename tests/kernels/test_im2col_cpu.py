@@ -47,20 +47,3 @@ def test_patch_columns_of_a_strided_or_float64_image_take_torchs_copy():
     for img in (x, x.float().transpose(2, 3)):
         got = _patch_cols(img, 3, 2, (1, 1), (1, 1), False)
         assert got.dtype == img.dtype and torch.equal(got, _torch_cols(img, (3, 2), (1, 1), (1, 1), False))
-
-
-@pytest.mark.parametrize("parallel", [False, True], ids=["one-call", "threads"])
-def test_patch_rows_shared_over_threads_copy_the_strided_views_bits(parallel, monkeypatch):
-    """``conv._patch_rows`` (the weight gradient's rows, ``im2col_cpu.im2col_range`` over shares of samples):
-    torch's copy of the strided view, bit for bit, in one call and shared over the threads."""
-    from emunum.mad import conv
-
-    monkeypatch.setattr(conv, "PARALLEL_COLUMNS", 0 if parallel else 1 << 62)
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn(5, 3, 13, 11, generator=gen)
-    x.view(torch.int32)[1, 2, 3, 4] = 0x7FC04321
-    x[4, 0, -1, -1] = -0.0
-    got = conv._patch_rows(x, 3, 2, (2, 1), (1, 2))
-    p = _patches(x, 3, 2, (2, 1), (1, 2))
-    want = p.permute(0, 4, 5, 1, 2, 3).reshape(-1, 3 * 3 * 2)
-    assert torch.equal(got.view(torch.int32), want.contiguous().view(torch.int32))

@@ -226,6 +226,37 @@ def conv(x, A, bias, out, fused, mulp, accp, lanes, chunk, geometry, scans) -> b
     return True
 
 
+def conv_wgrad(g, x, taps, out, fused, mulp, accp, lanes, chunk, geometry, scans) -> bool:
+    """A convolution's weight gradient (one group) on ``kernels/conv_fast.wgrad_fast``, where the plan for its
+    operands is ``gemm_fast``'s exact-product path in float32 (exact products, no subnormal sums, no checks) and
+    the unit chunks its sums (chunk > 0, at most ``PANEL_TERMS`` terms per span) and each term's products (O x Kc)
+    outnumber its panel copies (O + Kc) 16 to 1 (below, the copies cost more than laying the operands out: conv1
+    of cnn2d, 16 x 27, measured 8.1 ms laid out against 8.7 in panels, one thread); returns whether it ran (else
+    nothing was written: the caller lays the operands out for ``gemm``). g (N, O, L) float32, the output gradient;
+    x (N, C, H, W) float32, the padded input; taps (Kc,) int64, each im2col column's offset in a sample of x;
+    out (1, O, Kc) float64; geometry (sh, sw, Wo); scans: (g's, x's), each None or ``operand_scan.scan``."""
+    N, O, L = g.shape
+    Kc = taps.size
+    if chunk <= 0 or chunk * lanes > PANEL_TERMS or out.size == 0 or N * L == 0 or O * Kc < 16 * (O + Kc):
+        return False
+    sg = scans[0] if scans[0] is not None else operand_scan.scan(g)
+    sx = scans[1] if scans[1] is not None else operand_scan.scan(x)
+    shape_a = np.broadcast_to(np.float32(0.0), (1, O, N * L))  # the GEMM's A, for the planner's K only
+    plan = fast_plan(shape_a, x, fused, mulp, accp, (sg, sx), lanes, chunk)
+    if plan is None or plan[0] != np.float32 or plan[2] or plan[3] or not (len(plan) > 4 and plan[4]):
+        return False
+    from .conv_fast import wgrad_fast  # noqa: PLC0415  (compiled on first use)
+
+    _, accf, acc64 = fast_consts(mulp, accp, np.float32)
+    with _parallel.exclusive():
+        wgrad_fast(g, x, taps, out, accf, acc64, lanes, chunk, row_tile(1, O, taps.size, numba.get_num_threads()),
+                   *geometry)
+    return True
+
+
+PANEL_TERMS = 256  # the most terms per span ``wgrad_fast`` copies into its tiles' panels
+
+
 def row_tile(nb: int, M: int, N: int, threads: int) -> int:
     """``gemm_fast``'s rows per tile: TM, doubled up to ``MAX_TM`` while the GEMM keeps a tile per thread. A tile
     reads its K x TN panel of B once for all its rows: a long, narrow GEMM (a convolution's weight gradient, K =

@@ -118,34 +118,36 @@ def _add_rows_2x4(acc0, acc1, b0, b1, b2, b3, a00, a01, a02, a03, a10, a11, a12,
 
 
 @njit(inline="always")
-def _exact_span(A, B, inner, spare, ab, bbi, i0, rows, j0, nj, kk, kend, lanes, accf, mz):
+def _exact_span(A, B, ka, kb, inner, spare, ab, bbi, i0, rows, j0, nj, kk, kend, lanes, accf, mz):
     """The terms k in [kk, kend) of a tile's rows into their lanes' accumulators, for exact products without
     subnormal sums (``mul_exact`` and not acc_sub): per lane, four terms at a time on two rows at a time
     (``_add_rows_2x4``; an odd last row pairs with ``spare``, a scratch row with zero multipliers), the lane's
     last terms one at a time (``_add_row``). Each accumulator takes its terms in increasing k, as ``gemm_fast``'s
-    general loop gives them."""
+    general loop gives them. Term k reads A[ab, i0 + r, k - ka] and B[bbi, k - kb] (ka = kb = 0: the operands
+    themselves; ka = kb = kk: panels holding the span's terms)."""
     z = A.dtype.type(0.0)
     for ln in range(lanes):
         k = kk + ln
         while k + 3 * lanes < kend:
             k1, k2, k3 = k + lanes, k + 2 * lanes, k + 3 * lanes
-            b0, b1 = B[bbi, k, j0:j0 + nj], B[bbi, k1, j0:j0 + nj]
-            b2, b3 = B[bbi, k2, j0:j0 + nj], B[bbi, k3, j0:j0 + nj]
+            b0, b1 = B[bbi, k - kb, j0:j0 + nj], B[bbi, k1 - kb, j0:j0 + nj]
+            b2, b3 = B[bbi, k2 - kb, j0:j0 + nj], B[bbi, k3 - kb, j0:j0 + nj]
+            q0, q1, q2, q3 = k - ka, k1 - ka, k2 - ka, k3 - ka
             for r in range(0, rows, 2):
                 r0, r1 = i0 + r, i0 + r + 1
                 acc0 = inner[r, ln, :nj]
                 if r + 1 < rows:
                     acc1 = inner[r + 1, ln, :nj]
-                    _add_rows_2x4(acc0, acc1, b0, b1, b2, b3, A[ab, r0, k], A[ab, r0, k1], A[ab, r0, k2],
-                                  A[ab, r0, k3], A[ab, r1, k], A[ab, r1, k1], A[ab, r1, k2], A[ab, r1, k3], accf)
+                    _add_rows_2x4(acc0, acc1, b0, b1, b2, b3, A[ab, r0, q0], A[ab, r0, q1], A[ab, r0, q2],
+                                  A[ab, r0, q3], A[ab, r1, q0], A[ab, r1, q1], A[ab, r1, q2], A[ab, r1, q3], accf)
                 else:
-                    _add_rows_2x4(acc0, spare[:nj], b0, b1, b2, b3, A[ab, r0, k], A[ab, r0, k1], A[ab, r0, k2],
-                                  A[ab, r0, k3], z, z, z, z, accf)
+                    _add_rows_2x4(acc0, spare[:nj], b0, b1, b2, b3, A[ab, r0, q0], A[ab, r0, q1], A[ab, r0, q2],
+                                  A[ab, r0, q3], z, z, z, z, accf)
             k += 4 * lanes
         while k < kend:
-            brow = B[bbi, k, j0:j0 + nj]
+            brow = B[bbi, k - kb, j0:j0 + nj]
             for r in range(rows):
-                _add_row(inner[r, ln, :nj], brow, A[ab, i0 + r, k], accf, mz, False)
+                _add_row(inner[r, ln, :nj], brow, A[ab, i0 + r, k - ka], accf, mz, False)
             k += lanes
 
 
@@ -195,7 +197,7 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
         for kk in range(0, K, span):
             kend = min(K, kk + span)
             if mul_exact and not acc_sub:
-                _exact_span(A, B, inner, spare, ab, bbi, i0, rows, j0, nj, kk, kend, lanes, accf, mulf[5])
+                _exact_span(A, B, 0, 0, inner, spare, ab, bbi, i0, rows, j0, nj, kk, kend, lanes, accf, mulf[5])
                 kend = kk  # every term taken
             lane = 0  # k % lanes (span is a multiple of lanes), counted: an integer division per k cost more
             for k in range(kk, kend):
@@ -220,30 +222,44 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
                         _mac_row(acc, brow, a, mulf, accf, False, False, False)
                 lane = 0 if lane + 1 == lanes else lane + 1
             if chunk > 0:
-                for r in range(rows):
-                    for ln in range(lanes):
-                        for jj in range(nj):
-                            outer[r, ln, jj] = _round_acc(outer[r, ln, jj] + inner[r, ln, jj], accf, acc_sub, checks)
-                            inner[r, ln, jj] = 0.0
-        for r in range(rows):
-            src = outer[r] if chunk > 0 else inner[r]
+                close_chunk(inner, outer, rows, lanes, nj, accf, acc_sub, checks)
+        finish_tile(outer if chunk > 0 else inner, out, b, i0, rows, j0, nj, lanes, bias, has_bias, accf, acc64,
+                    acc_sub, checks)
+
+
+@njit(inline="always")
+def close_chunk(inner, outer, rows, lanes, nj, accf, acc_sub, checks):
+    """A chunk's close: each lane's chunk sum into its outer accumulator (one rounding), the chunk sum reset."""
+    for r in range(rows):
+        for ln in range(lanes):
             for jj in range(nj):
-                n = lanes
-                while n > 1:  # pairwise, as reduce_lanes
-                    h = n // 2
-                    for q in range(h):
-                        src[q, jj] = _round_acc(src[2 * q, jj] + src[2 * q + 1, jj], accf, acc_sub, checks)
-                    if n % 2 == 1:
-                        src[h, jj] = src[n - 1, jj]
-                        n = h + 1
-                    else:
-                        n = h
-            # the output writes as loops of their own, branch-free, so that they vectorise
-            orow = out[b, i0 + r, j0:j0 + nj]
-            if has_bias:
-                brow = bias[b, i0 + r, j0:j0 + nj]
-                for jj in range(nj):
-                    orow[jj] = canonical_nan(_add_bias(np.float64(src[0, jj]), brow[jj], acc64))
-            else:
-                for jj in range(nj):
-                    orow[jj] = canonical_nan(np.float64(src[0, jj]))
+                outer[r, ln, jj] = _round_acc(outer[r, ln, jj] + inner[r, ln, jj], accf, acc_sub, checks)
+                inner[r, ln, jj] = 0.0
+
+
+@njit(inline="always")
+def finish_tile(acc, out, b, i0, rows, j0, nj, lanes, bias, has_bias, accf, acc64, acc_sub, checks):
+    """A tile's results: each element's lanes summed pairwise (as ``reduce_lanes``), the bias added with one
+    rounding where has_bias, written to out[b, i0 + r, j0 + jj] as float64 with the one NaN."""
+    for r in range(rows):
+        src = acc[r]
+        for jj in range(nj):
+            n = lanes
+            while n > 1:  # pairwise, as reduce_lanes
+                h = n // 2
+                for q in range(h):
+                    src[q, jj] = _round_acc(src[2 * q, jj] + src[2 * q + 1, jj], accf, acc_sub, checks)
+                if n % 2 == 1:
+                    src[h, jj] = src[n - 1, jj]
+                    n = h + 1
+                else:
+                    n = h
+        # the output writes as loops of their own, branch-free, so that they vectorise
+        orow = out[b, i0 + r, j0:j0 + nj]
+        if has_bias:
+            brow = bias[b, i0 + r, j0:j0 + nj]
+            for jj in range(nj):
+                orow[jj] = canonical_nan(_add_bias(np.float64(src[0, jj]), brow[jj], acc64))
+        else:
+            for jj in range(nj):
+                orow[jj] = canonical_nan(np.float64(src[0, jj]))

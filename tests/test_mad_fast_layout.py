@@ -21,7 +21,9 @@ from emunum import FloatFormat, MADUnit
 from emunum.mad import backend, conv
 
 UNITS = {
-    "e5m2-e6m9_chunk64 (the fp8 recipe's unit)": MADUnit("fp8_152", "fp16_169", chunk=64),
+    "e6m9-e6m9_chunk64 (the fp8 recipe's unit: exact products of e5m2 operands)": MADUnit("fp16_169", "fp16_169",
+                                                                                         chunk=64),
+    "e5m2-e6m9_chunk64 (e5m2 products, rounded)": MADUnit("fp8_152", "fp16_169", chunk=64),
     "e5m2-e6m9_lanes3_chunk4": MADUnit("fp8_152", "fp16_169", chunk=4, lanes=3),
     "e4m3-bf16_sat_chunk3": MADUnit("fp8_143", FloatFormat(8, 7, saturate=True), chunk=3),
 }
@@ -39,6 +41,8 @@ CASES = {
     "conv2d rows of 288 (per sample, columns made per sample), groups 2":
         ("conv2d", (3, 4, 16, 18), (6, 2, 3, 3), 1, 1, 1, 2),
     "conv2d rows of 256, stride 2, dilation 2": ("conv2d", (2, 3, 35, 36), (5, 3, 3, 2), 2, (2, 1), (2, 3), 1),
+    "conv2d 30 -> 25 channels (weight gradient over two column tiles)": ("conv2d", (2, 30, 7, 8), (25, 30, 3, 3), 1, 1,
+                                                                           1, 1),
 }
 
 
@@ -132,7 +136,7 @@ def test_im2col_view_holds_unfolds_values(shape, kernel, stride, dilation, view)
 def test_the_input_gradient_skips_the_padding_only_where_every_pad_lies_within_the_kernels_reach(
         pads, kernel, dilation, crops):
     cpu = torch.device("cpu")
-    fast = UNITS["e5m2-e6m9_chunk64 (the fp8 recipe's unit)"]
+    fast = UNITS["e6m9-e6m9_chunk64 (the fp8 recipe's unit: exact products of e5m2 operands)"]
     assert conv._crops(pads, kernel, dilation, fast, cpu) is crops
     stochastic = MADUnit("fp8_152", "fp16_169", acc_rounding="stochastic")  # counters: the full gradient's
     assert not conv._crops(pads, kernel, dilation, stochastic, cpu)
@@ -144,7 +148,7 @@ def test_per_sample_convolution_bits_do_not_depend_on_the_thread_count(monkeypat
     import numba
 
     case = "conv2d rows of 288 (per sample, columns made per sample), groups 2"
-    u = UNITS["e5m2-e6m9_chunk64 (the fp8 recipe's unit)"]
+    u = UNITS["e6m9-e6m9_chunk64 (the fp8 recipe's unit: exact products of e5m2 operands)"]
     ran = []
     real = backend.conv_gemm
 

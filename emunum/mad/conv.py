@@ -191,13 +191,17 @@ class _Conv2dFn(torch.autograd.Function):
             grad_x = _conv_gemm(up, wf, (1, 1), dilation, G, u_in, _bwd_seed(u_in, seed, ROLE_GRAD_INPUT), x.dtype,
                                 flops=2 * grad.numel() * Cg * kh * kw, scans=(sw, sg))
         if ctx.needs_input_grad[1]:
-            Am = grad.reshape(N, G, Og, L).permute(1, 2, 0, 3).reshape(G, Og, N * L)
-            if G == 1:
-                Bm = _patch_rows(x, kh, kw, stride, dilation).view(1, N * L, Cg * kh * kw)
-            else:
-                p = _patches(x, kh, kw, stride, dilation).reshape(N, G, Cg, kh, kw, Ho, Wo)
-                Bm = p.permute(1, 0, 5, 6, 2, 3, 4).reshape(G, N * L, Cg * kh * kw)
-            gw = backend.gemm(Am, Bm, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_WEIGHT), scans=(sg, sx))
+            gw = None
+            if G == 1:  # without laying out either operand, where the fast kernel's exact-product path runs
+                gw = backend.conv_wgrad(grad, x, u_w, (kh, kw), stride, dilation, scans=(sg, sx))
+            if gw is None:
+                Am = grad.reshape(N, G, Og, L).permute(1, 2, 0, 3).reshape(G, Og, N * L)
+                if G == 1:
+                    Bm = _patch_rows(x, kh, kw, stride, dilation).view(1, N * L, Cg * kh * kw)
+                else:
+                    p = _patches(x, kh, kw, stride, dilation).reshape(N, G, Cg, kh, kw, Ho, Wo)
+                    Bm = p.permute(1, 0, 5, 6, 2, 3, 4).reshape(G, N * L, Cg * kh * kw)
+                gw = backend.gemm(Am, Bm, u_w, _bwd_seed(u_w, seed, ROLE_GRAD_WEIGHT), scans=(sg, sx))
             grad_w = gw.reshape(O, Cg, kh, kw).to(weight.dtype)
         if has_bias and ctx.needs_input_grad[2]:
             ones = torch.ones((1, N * L, 1), dtype=torch.float32, device=grad.device)

@@ -203,14 +203,14 @@ def conv_wgrad(grad: torch.Tensor, x: torch.Tensor, unit: MADUnit, kernel: tuple
     """A convolution's weight gradient (groups=1), out (1, O, C*kh*kw) float64: the dot over (n, oy, ox) in C order
     of grad[n, o, oy, ox] * x's tap (c, i, j) at (n, oy, ox), as ``gemm`` on grad as (O, N*Ho*Wo) and the im2col rows
     (N*Ho*Wo, C*kh*kw), without laying either out (``kernels/conv_fast.wgrad_fast``). None where that kernel does
-    not run (``gemm_cpu.conv_wgrad``; not float32 C-contiguous CPU tensors; a unit off the fast kernel): the caller
-    lays the operands out. x (N, C, H, W), padded; grad (N, O, Ho, Wo); scans (grad's, x's) as ``gemm``'s."""
-    if not (fast_layout(unit, x.device) and x.dtype == torch.float32 and x.is_contiguous() and not x.is_neg()
-            and grad.dtype == torch.float32 and grad.is_contiguous() and not grad.is_neg()):
+    not run (``gemm_cpu.conv_wgrad``; x not a C-contiguous float32 CPU tensor; a unit off the fast kernel): the
+    caller lays the operands out. x (N, C, H, W), padded; grad (N, O, Ho, Wo), float32-representable values;
+    scans (grad's, x's) as ``gemm``'s."""
+    if not (fast_layout(unit, x.device) and x.dtype == torch.float32 and x.is_contiguous() and not x.is_neg()):
         return None
-    N, C, H, W = x.shape
+    N, C = x.shape[0], x.shape[1]
     O, Ho, Wo = grad.shape[1], grad.shape[2], grad.shape[3]
-    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    kh, kw = kernel
     if gemm_listener.LISTENERS:
         with gemm_listener.native("mad_gemm", 2 * O * C * kh * kw * N * Ho * Wo):
             return _conv_wgrad(grad, x, unit, kernel, stride, dilation, scans)
@@ -228,9 +228,9 @@ def _conv_wgrad(grad, x, unit, kernel, stride, dilation, scans):
     out = np.empty((1, O, C * kh * kw))
     mulp, accp = _unit_entry(unit)[1]
     with torch.no_grad():
-        ran = gemm_cpu.conv_wgrad(grad.detach().numpy().reshape(N, O, Ho * Wo), x.detach().numpy(), taps, out,
-                                  int(unit.fused), mulp, accp, unit.lanes, unit.chunk or 0,
-                                  (stride[0], stride[1], Wo), scans or (None, None))
+        g = np.ascontiguousarray(grad.detach().resolve_neg().to(torch.float32).numpy()).reshape(N, O, Ho * Wo)
+        ran = gemm_cpu.conv_wgrad(g, x.detach().numpy(), taps, out, int(unit.fused), mulp, accp, unit.lanes,
+                                  unit.chunk or 0, (stride[0], stride[1], Wo), scans or (None, None))
     return torch.from_numpy(out) if ran else None
 
 

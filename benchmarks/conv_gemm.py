@@ -10,7 +10,10 @@ timed calls (after a warm-up call) of:
   ``kernels/im2col_cpu.im2col_cols`` (``conv._patch_cols``), fresh tensors each call as in a step;
 - forward GEMM: those columns made for the whole batch, then one ``backend.gemm`` (the path before
   ``kernels/conv_fast.py``), and ``backend.conv_gemm`` (each sample's columns made right before its GEMM);
-  both given the operands' scans, as the layer gives them, and checked to give the same bits.
+  both given the operands' scans, as the layer gives them, and checked to give the same bits;
+- the weight gradient (conv2: 32 x 144 outputs, 65,536 terms): the output gradient transposed to (O, N*L) and the
+  im2col rows (N*L, C*9) laid out, then one ``backend.gemm``, and ``backend.conv_wgrad`` (``wgrad_fast``: both
+  operands' terms copied per span into tile panels); same bits checked.
 glibc keeps freed memory for reuse (``emunum.buffers.retain_freed_memory``), as the training loop asks.
 """
 from __future__ import annotations
@@ -46,7 +49,7 @@ def main(argv=None) -> None:
     import emunum
     from emunum import buffers
     from emunum.mad import MADUnit, backend
-    from emunum.mad.conv import _patch_cols, _patches
+    from emunum.mad.conv import _patch_cols, _patch_rows, _patches
 
     torch.set_num_threads(a.threads)
     numba.set_num_threads(a.threads)
@@ -78,6 +81,24 @@ def main(argv=None) -> None:
         print(f"{name}: GEMM     batch columns + gemm {old[0]:7.2f} / {old[1]:7.2f} "
               f"({macs / old[0] / 1e6:5.2f} GMAC/s)   conv_gemm {new[0]:7.2f} / {new[1]:7.2f} "
               f"({macs / new[0] / 1e6:5.2f} GMAC/s)   same bits: {same}")
+
+    x = emunum.quantize(torch.randn(a.batch, 16, 34, 34, generator=gen), "fp8_152")
+    grad = emunum.quantize(torch.randn(a.batch, 32, 32, 32, generator=gen) * 1e-3, "fp8_152")
+    scans = (backend.scan(grad, unit), backend.scan(x, unit))
+
+    def laid_out():
+        Am = grad.reshape(a.batch, 1, 32, 1024).permute(1, 2, 0, 3).reshape(1, 32, a.batch * 1024)
+        Bm = _patch_rows(x, 3, 3, (1, 1), (1, 1)).view(1, a.batch * 1024, 144)
+        return backend.gemm(Am, Bm, unit, 0, scans=scans)
+
+    def panels():
+        return backend.conv_wgrad(grad, x, unit, (3, 3), (1, 1), (1, 1), scans=scans)
+
+    same = torch.equal(laid_out().view(torch.int64), panels().view(torch.int64))
+    old, new = _time(laid_out, a.repeat), _time(panels, a.repeat)
+    macs = a.batch * 1024 * 32 * 144
+    print(f"conv2 weight gradient: laid out + gemm {old[0]:7.2f} / {old[1]:7.2f} ({macs / old[0] / 1e6:5.2f} GMAC/s)"
+          f"   conv_wgrad {new[0]:7.2f} / {new[1]:7.2f} ({macs / new[0] / 1e6:5.2f} GMAC/s)   same bits: {same}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ Explicit padding (ints, tuples, "valid", "same") is applied with ``F.pad`` befor
 gradient (a crop) is exact. Where the grad-input unit runs on the fast kernel (``backend.fast_layout``) and no pad
 exceeds dilation*(kernel-1), the grad-input convolution computes the unpadded input's positions only (the
 elements a crop keeps, each with the same bits). On the fast kernel in float32, each sample's unfolded columns
-are made right before its GEMM (``kernels/conv_fast.py``), not for the whole batch at once.
+are made right before its GEMM (``kernels/conv_fast.py``), not for the whole batch at once, and where the products
+are exact the weight gradient (groups 1) copies each span's terms of the gradient and the image into its tiles
+instead of laying out either operand (``backend.conv_wgrad``).
 """
 from __future__ import annotations
 

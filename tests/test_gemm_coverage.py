@@ -259,3 +259,25 @@ def test_the_backward_gemms_of_a_linear_solve_are_named_for_the_solve(solve):
     off = cov.unemulated()
     assert off and all(r.phase == "backward" and "linear solve" in r.reason and r.module == "" for r in off), str(cov)
     assert cov.total_flops == emunum.coverage(Solve(SOLVES[solve]), x, loss_fn=loss_of).total_flops
+
+
+@pytest.mark.parametrize("channels", [(3, 8), (16, 32)], ids=["weight-gradient-laid-out", "weight-gradient-panels"])
+@pytest.mark.parametrize("special", [False, True], ids=["finite", "inf-input"])
+def test_the_fp8_recipes_convolution_kernels_count_each_gemm_once(channels, special):
+    """On the fp8 recipe's unit the convolution runs on ``kernels/conv_fast.py`` where its plan allows (per-sample
+    columns, weight gradients from panels) and falls back to laid-out operands elsewhere (an infinite input keeps
+    the planner's checks on; a narrow weight gradient is laid out): either way each GEMM counts once, as torch
+    counts the same ops."""
+    torch.manual_seed(0)
+    c_in, c_out = channels
+    model = nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(), nn.Flatten(1), nn.Linear(c_out * 256, 3))
+    x = torch.randn(2, c_in, 16, 16)
+    if special:
+        x[0, 0, 3, 3] = float("inf")
+    plain = emunum.coverage(copy.deepcopy(model), x.clone().requires_grad_())
+    emunum.patch(model, "fp8_152", mad=emunum.MADUnit("fp16_169", "fp16_169", chunk=64))
+    cov = emunum.coverage(model, x.clone().requires_grad_())
+    assert cov.fraction == 1.0, str(cov)
+    for phase in ("forward", "backward"):
+        flops = lambda c: sum(r.flops for r in c.records if r.phase == phase)  # noqa: E731
+        assert flops(cov) == flops(plain) > 0, (phase, str(plain), str(cov))

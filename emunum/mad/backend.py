@@ -177,12 +177,12 @@ def conv_gemm(x: torch.Tensor, A: torch.Tensor, unit: MADUnit, geometry: tuple, 
     flops and scans (A's, x's) as ``gemm``'s."""
     if not (fast_layout(unit, x.device) and x.dtype == torch.float32 and x.is_contiguous() and not x.is_neg()):
         return None
-    G, Og, K = A.shape
-    N, L = x.shape[0], geometry[6] * geometry[7]
-    if gemm_listener.LISTENERS:
-        with gemm_listener.native("mad_gemm", 2 * N * G * Og * L * K if flops is None else flops):
-            return _conv_gemm(x, A, unit, geometry, bias, scans)
-    return _conv_gemm(x, A, unit, geometry, bias, scans)
+    out = _conv_gemm(x, A, unit, geometry, bias, scans)
+    if out is not None and gemm_listener.LISTENERS:  # counted once, where it ran (a fallback's gemm counts itself)
+        G, Og, K = A.shape
+        with gemm_listener.native("mad_gemm", 2 * x.shape[0] * G * Og * out.shape[2] * K if flops is None else flops):
+            pass
+    return out
 
 
 def _conv_gemm(x, A, unit, geometry, bias, scans):
@@ -208,13 +208,11 @@ def conv_wgrad(grad: torch.Tensor, x: torch.Tensor, unit: MADUnit, kernel: tuple
     scans (grad's, x's) as ``gemm``'s."""
     if not (fast_layout(unit, x.device) and x.dtype == torch.float32 and x.is_contiguous() and not x.is_neg()):
         return None
-    N, C = x.shape[0], x.shape[1]
-    O, Ho, Wo = grad.shape[1], grad.shape[2], grad.shape[3]
-    kh, kw = kernel
-    if gemm_listener.LISTENERS:
-        with gemm_listener.native("mad_gemm", 2 * O * C * kh * kw * N * Ho * Wo):
-            return _conv_wgrad(grad, x, unit, kernel, stride, dilation, scans)
-    return _conv_wgrad(grad, x, unit, kernel, stride, dilation, scans)
+    out = _conv_wgrad(grad, x, unit, kernel, stride, dilation, scans)
+    if out is not None and gemm_listener.LISTENERS:  # counted once, where it ran (a fallback's gemm counts itself)
+        with gemm_listener.native("mad_gemm", 2 * grad.numel() * out.shape[2]):
+            pass
+    return out
 
 
 def _conv_wgrad(grad, x, unit, kernel, stride, dilation, scans):

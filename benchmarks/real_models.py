@@ -2,6 +2,7 @@
 
     python benchmarks/real_models.py                        # every model, fp32 and the e4m3fn/e5m2 policy
     python benchmarks/real_models.py --policy mad           # ResNet-18 on mad="h100_fp8_e4m3" (32x32, batch 2)
+    python benchmarks/real_models.py --policy fp8           # cnn2d and ResNet-18 on the fp8 recipe's MAD unit
     python benchmarks/real_models.py --models bert,llama --rounds 9 --profile llama
     python benchmarks/real_models.py --models cnn2d,resnet18,bert,llama --compare-elide
     python benchmarks/real_models.py --models cnn2d,resnet18,bert,llama --compare-fused
@@ -22,10 +23,13 @@ Models (random weights, built from configs; nothing is downloaded):
 
 Policies (``--policy``): ``elementwise`` = ``emunum.patch(model, fmt="e4m3fn", grad="e5m2")``; ``mad`` = the
 same plus ``mad="h100_fp8_e4m3"`` (GEMMs on the emulated H100 FP8 tensor core; run on ResNet-18 only unless
-``--models`` says otherwise). One step = zero_grad, forward, loss, backward, SGD step (lr 1e-3). One torch and
-numba thread unless ``--threads``. Each round times ``--steps`` steps of every (model, fp32/policy) pair in turn,
-after a warm-up round that compiles the kernels (and runs the patched model's first-forward coverage check); the figure is the median over rounds of the mean step time, and
-the ratio is against that model's fp32 median from the same run. ``--compare-elide`` adds the policy with
+``--models`` says otherwise); ``fp8`` = ``emunum.patch(model, fmt="fp8_152", mad=MADUnit("fp16_169", "fp16_169",
+chunk=64))``, the fp8 recipe's unit (Wang et al. 2018: 1-6-9 products and accumulator, chunk 64; cnn2d and
+ResNet-18 unless ``--models`` says otherwise). One step = zero_grad, forward, loss, backward, SGD step (lr
+1e-3). One torch and numba thread unless ``--threads``. Each round times ``--steps`` steps of every (model,
+fp32/policy) pair in turn, after a warm-up round that compiles the kernels (and runs the patched model's
+first-forward coverage check); the figure is the median over rounds of the mean step time, and the ratio is
+against that model's fp32 median from the same run. ``--compare-elide`` adds the policy with
 ``elide=False`` (every rounding run; ``docs/elision.md``) to the same rounds; ``--compare-fused`` turns the
 one-node-per-layer path on for the policy (``emunum.nn.fused.set_fused(True)``; it is off by default) and adds
 the policy with it off (``fused(False)`` around each step). ``--clock cpu``
@@ -46,8 +50,9 @@ from torch import nn
 POLICIES = {
     "elementwise": dict(fmt="e4m3fn", grad="e5m2"),
     "mad": dict(fmt="e4m3fn", grad="e5m2", mad="h100_fp8_e4m3"),
+    "fp8": dict(fmt="fp8_152", mad=None),  # mad: the fp8 recipe's MADUnit, made in main (emunum imported there)
 }
-DEFAULT_MODELS = {"elementwise": "cnn2d,resnet18,bert,llama,gpt2", "mad": "resnet18"}
+DEFAULT_MODELS = {"elementwise": "cnn2d,resnet18,bert,llama,gpt2", "mad": "resnet18", "fp8": "cnn2d,resnet18"}
 MODELS = ("cnn2d", "resnet18", "bert", "llama", "gpt2")
 
 
@@ -179,9 +184,9 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--policy", default="elementwise", choices=sorted(POLICIES))
     p.add_argument("--models", default=None, help="comma-separated subset of cnn2d,resnet18,bert,llama,gpt2 "
-                   "(default: all for elementwise, resnet18 for mad)")
-    p.add_argument("--steps", type=int, default=None, help="steps per pair per round (default 10; mad 1)")
-    p.add_argument("--rounds", type=int, default=None, help="timed rounds (default 7; mad 3)")
+                   "(default: all for elementwise, resnet18 for mad, cnn2d and resnet18 for fp8)")
+    p.add_argument("--steps", type=int, default=None, help="steps per pair per round (default 10; mad, fp8 1)")
+    p.add_argument("--rounds", type=int, default=None, help="timed rounds (default 7; mad, fp8 3)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=64)
@@ -199,7 +204,7 @@ def main(argv=None) -> None:
     p.add_argument("--profile", default=None, metavar="MODEL",
                    help="after timing, cProfile 5 steps of MODEL under the policy and print the top functions")
     a = p.parse_args(argv)
-    mad = a.policy == "mad"
+    mad = a.policy in ("mad", "fp8")
     steps = a.steps if a.steps is not None else (1 if mad else 10)
     rounds = a.rounds if a.rounds is not None else (3 if mad else 7)
     for k, v in (("steps", steps), ("rounds", rounds), ("threads", a.threads), ("batch", a.batch),
@@ -225,7 +230,11 @@ def main(argv=None) -> None:
     print(f"# torch {torch.__version__}, threads {a.threads}, malloc "
           f"{'retain_freed_memory()' if retained else 'glibc default'}, load average "
           + " ".join(f"{v:.2f}" for v in os.getloadavg()))
-    policy = POLICIES[a.policy]
+    policy = dict(POLICIES[a.policy])
+    if a.policy == "fp8":  # Wang et al.'s unit, as experiments/conf/format/fp8.yaml: 1-6-9 products and sums, chunk 64
+        from emunum import MADUnit
+
+        policy["mad"] = MADUnit("fp16_169", "fp16_169", chunk=64)
     print(f"# policy {a.policy}: emunum.patch(model, " + ", ".join(f"{k}={v!r}" for k, v in policy.items()) + ")")
 
     if a.compare_fused:

@@ -53,7 +53,6 @@ def wgrad_fast(g, x, taps, out, accf, acc64, lanes, chunk, tm, sh, sw, Wo):
     xf = x.ravel()
     ti, tj = (O + tm - 1) // tm, (Kc + TN - 1) // TN
     span = chunk * lanes
-    z = g.dtype.type(0.0)
     for t in prange(ti * tj):
         prefer_wide_vectors()
         b, i0, i1, j0, nj, _, _ = tile_of(t, O, Kc, 1, 1, tm, TN)
@@ -83,7 +82,7 @@ def wgrad_fast(g, x, taps, out, accf, acc64, lanes, chunk, tm, sh, sw, Wo):
                     if oy * Wo == L:
                         oy = 0
                         n += 1
-            _exact_span(ap, bp, kk, kk, inner, spare, 0, 0, 0, rows, 0, nj, kk, kend, lanes, accf, z)
+            _exact_span(ap, bp, kk, kk, inner, spare, 0, 0, 0, rows, 0, nj, kk, kend, lanes, accf)
             close_chunk(inner, outer, rows, lanes, nj, accf, False, False)
         finish_tile(outer, out, b, i0, rows, j0, nj, lanes, out, False, accf, acc64, False, False)
 

@@ -193,11 +193,17 @@ def _run_fast(A, B, bias, has_bias, out, mulp, accp, lanes, chunk, plan):
         _run_fast(B.transpose(0, 2, 1), A.transpose(0, 2, 1), b2, has_bias, o, mulp, accp, lanes, chunk, plan)
         out[...] = o.transpose(0, 2, 1)
         return
-    dtype, mul_sub, acc_sub, checks = plan[:4]
-    mul_exact = len(plan) > 4 and bool(plan[4]) and not checks  # forced 4-tuples: False
+    dtype, mul_sub, acc_sub, checks, mul_exact = _flags(plan)
     gemm_fast(np.ascontiguousarray(A, dtype=dtype), np.ascontiguousarray(B, dtype=dtype), read_only(bias), has_bias,
-              out, *fast_consts(mulp, accp, dtype), lanes, chunk, bool(mul_sub), bool(acc_sub), bool(checks), mul_exact,
+              out, *fast_consts(mulp, accp, dtype), lanes, chunk, mul_sub, acc_sub, checks, mul_exact,
               row_tile(nb, M, N, numba.get_num_threads()))
+
+
+def _flags(plan) -> tuple:
+    """(work dtype, mul_sub, acc_sub, checks, mul_exact) of a ``fast_plan`` tuple, the flags as Python bools (one
+    compiled variant of the kernels); a forced 4-tuple plan has no mul_exact, and checks exclude it."""
+    dtype, mul_sub, acc_sub, checks = plan[:4]
+    return dtype, bool(mul_sub), bool(acc_sub), bool(checks), len(plan) > 4 and bool(plan[4]) and not checks
 
 
 def conv(x, A, bias, out, fused, mulp, accp, lanes, chunk, geometry, scans) -> bool:
@@ -217,12 +223,10 @@ def conv(x, A, bias, out, fused, mulp, accp, lanes, chunk, geometry, scans) -> b
     rows = np.zeros((1, 1, 1))
     if bias is not None:
         rows = np.ascontiguousarray(np.broadcast_to(bias.reshape(G, Og, 1), (G, Og, L)))
-    dtype, mul_sub, acc_sub, checks = plan[:4]
-    mul_exact = len(plan) > 4 and bool(plan[4]) and not checks
+    dtype, mul_sub, acc_sub, checks, mul_exact = _flags(plan)
     with _parallel.exclusive():
         conv_fast(x, A, read_only(rows), bias is not None, out, *fast_consts(mulp, accp, dtype), lanes, chunk,
-                  bool(mul_sub), bool(acc_sub), bool(checks), mul_exact, row_tile(G, Og, L, numba.get_num_threads()),
-                  *geometry)
+                  mul_sub, acc_sub, checks, mul_exact, row_tile(G, Og, L, numba.get_num_threads()), *geometry)
     return True
 
 
@@ -243,7 +247,10 @@ def conv_wgrad(g, x, taps, out, fused, mulp, accp, lanes, chunk, geometry, scans
     sx = scans[1] if scans[1] is not None else operand_scan.scan(x)
     shape_a = np.broadcast_to(np.float32(0.0), (1, O, N * L))  # the GEMM's A, for the planner's K only
     plan = fast_plan(shape_a, x, fused, mulp, accp, (sg, sx), lanes, chunk)
-    if plan is None or plan[0] != np.float32 or plan[2] or plan[3] or not (len(plan) > 4 and plan[4]):
+    if plan is None:
+        return False
+    dtype, _, acc_sub, checks, mul_exact = _flags(plan)
+    if dtype != np.float32 or acc_sub or not mul_exact:  # mul_exact excludes checks
         return False
     from .conv_fast import wgrad_fast  # noqa: PLC0415  (compiled on first use)
 

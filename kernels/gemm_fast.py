@@ -100,7 +100,7 @@ def _add_rows_2x4(acc0, acc1, b0, b1, b2, b3, a00, a01, a02, a03, a10, a11, a12,
     """Four ``_add_row`` calls (acc_sub False) on each of two accumulator rows: acc0[j] takes a00 * b0[j], then
     a01 * b1[j], a02 * b2[j], a03 * b3[j], each rounded, in that order, and acc1[j] likewise with a10..a13. One
     pass loads each element of B's four rows once for both rows and each accumulator once for its four terms
-    (1.3-1.8x the MACs per second of four single-term passes, with ``_exact_mac``'s FMA: benchmarks/RESULTS.md
+    (1.3-2.4x the MACs per second of four single-term passes, with ``_exact_mac``'s FMA: benchmarks/RESULTS.md
     "Stop 56")."""
     inline_in_llvm()
     prefer_wide_vectors()
@@ -118,7 +118,7 @@ def _add_rows_2x4(acc0, acc1, b0, b1, b2, b3, a00, a01, a02, a03, a10, a11, a12,
 
 
 @njit(inline="always")
-def _exact_span(A, B, ka, kb, inner, spare, ab, bbi, i0, rows, j0, nj, kk, kend, lanes, accf, mz):
+def _exact_span(A, B, ka, kb, inner, spare, ab, bbi, i0, rows, j0, nj, kk, kend, lanes, accf):
     """The terms k in [kk, kend) of a tile's rows into their lanes' accumulators, for exact products without
     subnormal sums (``mul_exact`` and not acc_sub): per lane, four terms at a time on two rows at a time
     (``_add_rows_2x4``; an odd last row pairs with ``spare``, a scratch row with zero multipliers), the lane's
@@ -147,7 +147,7 @@ def _exact_span(A, B, ka, kb, inner, spare, ab, bbi, i0, rows, j0, nj, kk, kend,
         while k < kend:
             brow = B[bbi, k - kb, j0:j0 + nj]
             for r in range(rows):
-                _add_row(inner[r, ln, :nj], brow, A[ab, i0 + r, k - ka], accf, mz, False)
+                _add_row(inner[r, ln, :nj], brow, A[ab, i0 + r, k - ka], accf, z, False)  # z: not read
             k += lanes
 
 
@@ -197,7 +197,7 @@ def gemm_fast(A, B, bias, has_bias, out, mulf, accf, acc64, lanes, chunk, mul_su
         for kk in range(0, K, span):
             kend = min(K, kk + span)
             if mul_exact and not acc_sub:
-                _exact_span(A, B, 0, 0, inner, spare, ab, bbi, i0, rows, j0, nj, kk, kend, lanes, accf, mulf[5])
+                _exact_span(A, B, 0, 0, inner, spare, ab, bbi, i0, rows, j0, nj, kk, kend, lanes, accf)
                 kend = kk  # every term taken
             lane = 0  # k % lanes (span is a multiple of lanes), counted: an integer division per k cost more
             for k in range(kk, kend):

@@ -53,6 +53,12 @@ def fast_layout(unit: MADUnit, device: torch.device) -> bool:
     return _unit_entry(unit)[2]
 
 
+def kernel_readable(t: torch.Tensor) -> bool:
+    """Whether a CPU kernel can read t's memory as its float32 values: a C-contiguous float32 CPU tensor without a
+    pending negation (``Tensor.numpy`` refuses one)."""
+    return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() and not t.is_neg()
+
+
 def scan(t: torch.Tensor, unit: MADUnit):
     """``kernels.operand_scan.scan`` of t's values where ``unit`` runs on the fast kernel (``fast_layout``), else
     None. A layer scans each tensor once and hands the scans to every GEMM whose operand holds t's nonzero
@@ -175,7 +181,7 @@ def conv_gemm(x: torch.Tensor, A: torch.Tensor, unit: MADUnit, geometry: tuple, 
     (not a C-contiguous float32 CPU x, a unit off the fast kernel, a float64 plan): the caller makes the columns.
     x (N, C, H, W), already padded; A (G, O/G, K); geometry (kh, kw, sh, sw, dh, dw, Ho, Wo); bias (O,) or None;
     flops and scans (A's, x's) as ``gemm``'s."""
-    if not (fast_layout(unit, x.device) and x.dtype == torch.float32 and x.is_contiguous() and not x.is_neg()):
+    if not (fast_layout(unit, x.device) and kernel_readable(x)):
         return None
     out = _conv_gemm(x, A, unit, geometry, bias, scans)
     if out is not None and gemm_listener.LISTENERS:  # counted once, where it ran (a fallback's gemm counts itself)
@@ -206,7 +212,7 @@ def conv_wgrad(grad: torch.Tensor, x: torch.Tensor, unit: MADUnit, kernel: tuple
     not run (``gemm_cpu.conv_wgrad``; x not a C-contiguous float32 CPU tensor; a unit off the fast kernel): the
     caller lays the operands out. x (N, C, H, W), padded; grad (N, O, Ho, Wo), float32-representable values;
     scans (grad's, x's) as ``gemm``'s."""
-    if not (fast_layout(unit, x.device) and x.dtype == torch.float32 and x.is_contiguous() and not x.is_neg()):
+    if not (fast_layout(unit, x.device) and kernel_readable(x)):
         return None
     out = _conv_wgrad(grad, x, unit, kernel, stride, dilation, scans)
     if out is not None and gemm_listener.LISTENERS:  # counted once, where it ran (a fallback's gemm counts itself)

@@ -74,7 +74,7 @@ def _patch_rows(x, kh: int, kw: int, stride: tuple, dilation: tuple):
     either way."""
     p = _patches(x, kh, kw, stride, dilation)
     N, C, _, _, Ho, Wo = p.shape
-    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and not x.is_neg()):
+    if not backend.kernel_readable(x):
         return p.permute(0, 4, 5, 1, 2, 3).reshape(N * Ho * Wo, C * kh * kw)
     from ..kernels import im2col_cpu  # noqa: PLC0415  (compiled on first use)
 
@@ -92,7 +92,7 @@ def _patch_cols(x, kh: int, kw: int, stride: tuple, dilation: tuple, side_by_sid
     p = _patches(x, kh, kw, stride, dilation)
     N, C, _, _, Ho, Wo = p.shape
     K, L = C * kh * kw, Ho * Wo
-    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and not x.is_neg()):
+    if not backend.kernel_readable(x):
         if side_by_side:
             return p.permute(1, 2, 3, 0, 4, 5).reshape(K, N * L)
         return p.reshape(N, K, L)

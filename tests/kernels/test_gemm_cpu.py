@@ -1021,5 +1021,4 @@ def test_exact_product_rows_fuse_each_product_into_its_sum_where_the_cpu_has_fma
     sig = (f32,) * 6 + (types.float32,) * 8 + (f32,)
     gemm_fast._add_rows_2x4.compile(sig)
     asm = gemm_fast._add_rows_2x4.inspect_asm(sig)
-    assert gemm_fast.FMA == fma.compiles_with_fma()
-    assert ("vfmadd" in asm) == gemm_fast.FMA
+    assert ("vfmadd" in asm) == fma.compiles_with_fma()

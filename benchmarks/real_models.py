@@ -29,7 +29,9 @@ ResNet-18 unless ``--models`` says otherwise). One step = zero_grad, forward, lo
 1e-3). One torch and numba thread unless ``--threads``. Each round times ``--steps`` steps of every (model,
 fp32/policy) pair in turn, after a warm-up round that compiles the kernels (and runs the patched model's
 first-forward coverage check); the figure is the median over rounds of the mean step time, and the ratio is
-against that model's fp32 median from the same run. ``--compare-elide`` adds the policy with
+against that model's fp32 median from the same run. Every step starts from the model's initial weights and
+buffers, put back untimed before it (``TrainStep.reset``): without loss scaling some models diverge within a few
+emulated steps, and a step on NaN weights is not a training step; a step whose loss is not finite stops the run. ``--compare-elide`` adds the policy with
 ``elide=False`` (every rounding run; ``docs/elision.md``) to the same rounds; ``--compare-fused`` turns the
 one-node-per-layer path on for the policy (``emunum.nn.fused.set_fused(True)``; it is off by default) and adds
 the policy with it off (``fused(False)`` around each step). ``--clock cpu``
@@ -39,6 +41,7 @@ times this process's CPU time instead of wall time (steadier on a shared machine
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -157,26 +160,64 @@ def build(name: str, batch: int, seq: int, image: int, cnn_batch: int = 64):
     return model, (lambda m: m(input_ids=ids, labels=ids).loss), f"seq {seq}, batch {batch}"
 
 
-def make_step(model: nn.Module, make_loss):
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+class TrainStep:
+    """One training step of a model: zero_grad, forward, loss, backward, SGD step (lr 1e-3); returns the detached
+    loss. ``reset()`` puts the model's parameters and buffers back to their values when the step was made: the
+    timing loops call it (untimed) before every timed step, so that every step times a model with finite weights.
+    Without loss scaling, the emulated formats overflow within a few steps on some of these models (ResNet-18 at
+    batch 2: the fp8 policy's weight gradients at its third step, e4m3fn's conv outputs at its seventh), and a step
+    on non-finite weights takes other paths (NaN operands) at another speed."""
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = make_loss(model)
+    def __init__(self, model: nn.Module, make_loss):
+        self.model, self.make_loss = model, make_loss
+        self.opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        self._saved = [(t, t.detach().clone()) for t in itertools.chain(model.parameters(), model.buffers())]
+
+    def __call__(self) -> torch.Tensor:
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.make_loss(self.model)
         loss.backward()
-        opt.step()
+        self.opt.step()
+        return loss.detach()
 
-    return step
+    def reset(self) -> None:
+        with torch.no_grad():
+            for t, v in self._saved:
+                t.copy_(v)
 
 
-def _unfused(step):
-    from emunum.nn.fused import fused
+def make_step(model: nn.Module, make_loss) -> TrainStep:
+    return TrainStep(model, make_loss)
 
-    def run():
+
+class _Unfused:
+    """A ``TrainStep`` run with the fused GEMM node off (``fused(False)``)."""
+
+    def __init__(self, step: TrainStep):
+        self.step = step
+        self.reset = step.reset
+
+    def __call__(self) -> torch.Tensor:
+        from emunum.nn.fused import fused
+
         with fused(False):
-            step()
+            return self.step()
 
-    return run
+
+def time_steps(run, steps: int, clock, check: bool = True) -> float:
+    """Mean seconds per step of ``steps`` steps of ``run``, each from the state ``run.reset()`` restores (not
+    timed). With ``check``, raises where a step's loss is not finite: the figure would time NaN paths, not
+    training."""
+    total = 0.0
+    for _ in range(steps):
+        run.reset()
+        t0 = clock()
+        loss = run()
+        total += clock() - t0
+        if check and not bool(torch.isfinite(loss)):
+            raise RuntimeError(f"a timed step's loss is {loss.item()} (from the model's initial weights): the "
+                               "step time of a diverged model is not a training step's")
+    return total / steps
 
 
 # ------------------------------------------------------------------------------------------------- main
@@ -256,7 +297,7 @@ def main(argv=None) -> None:
         if a.compare_fused:
             mf, lossf, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
             emunum.patch(mf, **policy)
-            runs[(n, "fused-off")] = _unfused(make_step(mf, lossf))
+            runs[(n, "fused-off")] = _Unfused(make_step(mf, lossf))
         if a.layers_only:
             ml, lossl, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
             emunum.patch(ml, functional=False, **policy)
@@ -267,17 +308,13 @@ def main(argv=None) -> None:
     pairs = [(n, k) for n in names for k in configs]
     t_warm = time.perf_counter()
     for key in pairs:  # warm-up: compile kernels, allocate
-        for _ in range(2 if mad and key[1] != "fp32" else 3):
-            runs[key]()
+        time_steps(runs[key], 2 if mad and key[1] != "fp32" else 3, time.perf_counter)
     t_warm = time.perf_counter() - t_warm
     times = {key: [] for key in pairs}
     clock = time.process_time if a.clock == "cpu" else time.perf_counter
     for _ in range(rounds):
         for key in pairs:
-            t0 = clock()
-            for _ in range(steps):
-                runs[key]()
-            times[key].append((clock() - t0) / steps)
+            times[key].append(time_steps(runs[key], steps, clock))
     print(f"# {steps} steps x {rounds} rounds, interleaved, {a.clock} clock; warm-up {t_warm:.1f} s")
     print(f"{'model':<9} {'shape':<20} {'config':<12} {'ms/step (median)':>17} {'min':>9} {'max':>9} {'x fp32':>7}")
     for n in names:
@@ -298,6 +335,7 @@ def main(argv=None) -> None:
         pr = cProfile.Profile()
         pr.enable()
         for _ in range(5):
+            runs[key].reset()
             runs[key]()
         pr.disable()
         pstats.Stats(pr, stream=sys.stdout).sort_stats("tottime").print_stats(30)

@@ -268,6 +268,7 @@ def main(argv=None) -> None:
                    "kernels write into their source": ("patched", in_source), "patched": ("patched", nothing)}
         for _ in range(3):
             for step, _, _ in built.values():
+                step.reset()
                 step()
         # what one patched step rounds
         calls, elems = collections.Counter(), collections.Counter()
@@ -293,11 +294,8 @@ def main(argv=None) -> None:
         for _ in range(a.rounds):
             for k, (which, swap) in configs.items():
                 step = built[which][0]
-                with swap:
-                    t0 = time.thread_time()
-                    for _ in range(a.steps):
-                        step()
-                    times[k].append((time.thread_time() - t0) / a.steps)
+                with swap:  # the swaps that skip or garble roundings may give non-finite losses: not checked
+                    times[k].append(rm.time_steps(step, a.steps, time.thread_time, check=swap is nothing))
         b = statistics.median(times["fp32"])
         for k, v in times.items():
             med = statistics.median(v)

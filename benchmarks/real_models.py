@@ -31,12 +31,12 @@ fp32/policy) pair in turn, after a warm-up round that compiles the kernels (and 
 first-forward coverage check); the figure is the median over rounds of the mean step time, and the ratio is
 against that model's fp32 median from the same run. Every step starts from the model's initial weights and
 buffers, put back untimed before it (``TrainStep.reset``): without loss scaling some models diverge within a few
-emulated steps, and a step on NaN weights is not a training step; a step whose loss is not finite stops the run. ``--compare-elide`` adds the policy with
-``elide=False`` (every rounding run; ``docs/elision.md``) to the same rounds; ``--compare-fused`` turns the
-one-node-per-layer path on for the policy (``emunum.nn.fused.set_fused(True)``; it is off by default) and adds
-the policy with it off (``fused(False)`` around each step). ``--clock cpu``
-times this process's CPU time instead of wall time (steadier on a shared machine). Only public API is used
-(``emunum.patch``), so the script measures whatever the patch emulates today.
+emulated steps, and a step on NaN weights is not a training step; a step whose loss is not finite stops the run.
+``--compare-elide`` adds the policy with ``elide=False`` (every rounding run; ``docs/elision.md``) to the same
+rounds; ``--compare-fused`` turns the one-node-per-layer path on for the policy
+(``emunum.nn.fused.set_fused(True)``; it is off by default) and adds the policy with it off (``fused(False)``
+around each step). ``--clock cpu`` times this process's CPU time instead of wall time (steadier on a shared
+machine). Only public API is used (``emunum.patch``), so the script measures whatever the patch emulates today.
 """
 from __future__ import annotations
 

@@ -236,12 +236,17 @@ def _blocks_one_by_one(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, den
                    metric, m, vl, negzero, s_max, s_split, s_magic, s_min_normal, b0, b1, q6, q4, t6, t4, w6, w4)
 
 
-@njit(inline="always", error_model="numpy")
+@njit(nogil=True, error_model="numpy")
 def _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero, sk, line, bj0, n,
           mx, ob, tb, tf, fb, sr, srk):
     """Blocks bj0..bj0+n-1 of row of blocks ``line`` (``fos_lanes_range``); sk: the scale format's constants; fb:
-    the float32 buffers (grouped: an inlined call takes at most 30 arguments); sr (a constant): stochastic rounding
-    with srk = (key, nbits, mask, rw, rb) (``_words``)."""
+    the float32 buffers (grouped: an inlined call takes at most 30 arguments); sr: stochastic rounding with srk =
+    (key, nbits, mask, rw, rb) (``_words``). sr comes as a plain bool: numba types the unit once, with both
+    branches, and LLVM inlines it (``llvm_inline``) at each of its two call sites, where sr is a constant, and
+    folds them; numba's own inliner copied and typed it at both (the first 4/6 call's compiles: 36 -> 24 CPU-s;
+    the same code to within 0.3% of its instructions, the same speed: RESULTS.md "Stop 57")."""
+    inline_in_llvm()
+    prefer_wide_vectors()
     s_max, s_split, s_magic, s_min_normal, f_max, f_split, f_magic, f_min_normal = sk
     s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4 = fb
     key, nbits, mask, rw, rb = srk
@@ -442,10 +447,10 @@ def fos_lanes_range(u0, u1, src, bits, dbits, scales, R, C, tr, ges, gds, gamax,
         fb = (s6, s4, enc6, enc4, r6, r4, e6, e4, vt6, vt4, q6, q4, t6, t4, w6, w4)
         if n > 0 and sr:  # two copies of the unit, sr a constant in each
             _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
-                  sk, line, bj0, n, mx, ob, tb, tb.view(np.float32), fb, True, srk)
+                  sk, line, bj0, n, mx, ob, tb, tb.view(np.float32), fb, np.bool_(True), srk)
         elif n > 0:
             _unit(src, bits, dbits, sc, scf, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,
-                  sk, line, bj0, n, mx, ob, tb, tb.view(np.float32), fb, False, srk)
+                  sk, line, bj0, n, mx, ob, tb, tb.view(np.float32), fb, np.bool_(False), srk)
         if C % 16 != 0 and bj0 + LANES >= whole:  # the partial last block
             b = line * sc.shape[1] + sc.shape[1] - 1
             _blocks_one_by_one(src, bits, dbits, sc, nbr, R, C, tr, ges, gds, gamax, denom, metric, m, vl, negzero,

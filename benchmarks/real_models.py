@@ -186,10 +186,6 @@ class TrainStep:
                 t.copy_(v)
 
 
-def make_step(model: nn.Module, make_loss) -> TrainStep:
-    return TrainStep(model, make_loss)
-
-
 class _Unfused:
     """A ``TrainStep`` run with the fused GEMM node off (``fused(False)``)."""
 
@@ -287,21 +283,21 @@ def main(argv=None) -> None:
         m32, loss32, desc = build(n, a.batch, a.seq, a.image, a.cnn_batch)
         me, losse, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
         emunum.patch(me, **policy)
-        runs[(n, "fp32")] = make_step(m32, loss32)
-        runs[(n, a.policy)] = make_step(me, losse)
+        runs[(n, "fp32")] = TrainStep(m32, loss32)
+        runs[(n, a.policy)] = TrainStep(me, losse)
         runs[(n, "desc")] = desc
         if a.compare_elide:
             mo, losso, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
             emunum.patch(mo, elide=False, **policy)
-            runs[(n, "elide-off")] = make_step(mo, losso)
+            runs[(n, "elide-off")] = TrainStep(mo, losso)
         if a.compare_fused:
             mf, lossf, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
             emunum.patch(mf, **policy)
-            runs[(n, "fused-off")] = _Unfused(make_step(mf, lossf))
+            runs[(n, "fused-off")] = _Unfused(TrainStep(mf, lossf))
         if a.layers_only:
             ml, lossl, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
             emunum.patch(ml, functional=False, **policy)
-            runs[(n, "layers-only")] = make_step(ml, lossl)
+            runs[(n, "layers-only")] = TrainStep(ml, lossl)
     configs = (("fp32", a.policy) + (("elide-off",) if a.compare_elide else ())
                + (("fused-off",) if a.compare_fused else ())
                + (("layers-only",) if a.layers_only else ()))

@@ -261,7 +261,7 @@ def main(argv=None) -> None:
             m, loss, desc = rm.build(name, 2, 64, 32)
             if kw is not None:
                 emunum.patch(m, **POLICY, **kw)
-            built[key] = (rm.make_step(m, loss), m, loss)
+            built[key] = (rm.TrainStep(m, loss), m, loss)
         configs = {"fp32": ("fp32", nothing), "layers, no rounding": ("layers", no_round),
                    "layers+functional, no rounding": ("patched", no_round),
                    "kernels -> nothing": ("patched", no_kernel), "kernels -> memmove": ("patched", memmove),

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ctypes
+import importlib
 import os
 import resource
 import statistics
@@ -76,6 +77,57 @@ class _Swap:
             setattr(o, k, v)
 
 
+class Kernels:
+    """Replace every CPU rounding kernel of the element-wise paths by ``make(real_runner, element_bytes)`` for the
+    duration of a block. Those paths reach the kernels through ``quantize._cpu_runner`` (``quantize_checked``, the
+    huge-tensor path included) and through runner caches filled from it (``autograd._runners``/``_mode_runners``,
+    which ``_round_cpu`` and the elision paths read), keyed on ``backends.GENERATION``: it is bumped on entry and
+    on exit, so that the caches are filled again from the swapped, then the real, runners. (Swapping
+    ``autograd._mode_runner``, as this script did before, changed nothing once the caches were warm: its
+    "kernels -> ..." rows timed the real kernels.) A runner is ``run(src, dst, n, mode, key, nbits,
+    parallel=None)`` on addresses."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __enter__(self):
+        from emunum import autograd, backends, optim
+
+        q = importlib.import_module("emunum.quantize")
+        self.mods, real = (q, autograd, optim), q._cpu_runner
+        self.real = real
+
+        def runner(fmt, dtype):
+            return self.make(real(fmt, dtype), torch.empty(0, dtype=dtype).element_size())
+
+        for m in self.mods:
+            m._cpu_runner = runner
+        backends.GENERATION[0] += 1
+        return self
+
+    def __exit__(self, *exc):
+        from emunum import backends
+
+        for m in self.mods:
+            m._cpu_runner = self.real
+        backends.GENERATION[0] += 1
+
+
+def memmove_kernel(run, size):
+    """``Kernels``: copy src to dst."""
+    return lambda src, dst, n, mode, key, nbits, parallel=None: ctypes.memmove(dst, src, n * size)
+
+
+def no_kernel(run, size):
+    """``Kernels``: leave dst unwritten."""
+    return lambda src, dst, n, mode, key, nbits, parallel=None: None
+
+
+def in_source_kernel(run, size):
+    """``Kernels``: the real kernel, writing into src (dst left unwritten)."""
+    return lambda src, dst, n, mode, key, nbits, parallel=None: run(src, src, n, mode, key, nbits, parallel)
+
+
 def _node_cost(rounds: int) -> None:
     from emunum.autograd import _Plan
     from emunum.elide import round_eliding
@@ -110,8 +162,6 @@ class _Triv(torch.autograd.Function):
 
 
 def _cold_cost() -> None:
-    import importlib
-
     from emunum import autograd, elide, ops
     from emunum.autograd import _Plan, _round_cpu
     from emunum.formats import RoundMode
@@ -149,7 +199,7 @@ def _cold_cost() -> None:
 
 def _calls(built, steps: int) -> None:
     """Minor page faults per step, and thread CPU inside the rounding calls of ``steps`` patched steps."""
-    from emunum import autograd, elide
+    from emunum import elide
     from emunum.nn import base
 
     for key in ("fp32", "patched"):
@@ -172,7 +222,9 @@ def _calls(built, steps: int) -> None:
 
     from emunum.nn import gemm_mode
 
-    real_mode_runner = autograd._mode_runner
+    def timed_kernel(run, size):
+        return timed("  of which kernel calls (both)", run)
+
     mode_fn = gemm_mode.GemmMode.__torch_function__
     handled = timed("functional-GEMM mode: emulated GEMMs (inclusive)", mode_fn)
     passed = timed("functional-GEMM mode: other torch calls (incl.)", mode_fn)
@@ -183,8 +235,8 @@ def _calls(built, steps: int) -> None:
     with _Swap((gemm_mode.GemmMode, "__torch_function__", mode_call),
                (base, "round_eliding", timed("forward rounding sites (round_eliding)", base.round_eliding)),
                (elide, "backward_eliding", timed("backward roundings (backward_eliding)", elide.backward_eliding)),
-               (elide, "_hook_history", timed("  of which grid-tag walks (_hook_history)", elide._hook_history)),
-               (autograd, "_mode_runner", lambda *k: timed("  of which kernel calls (both)", real_mode_runner(*k)))):
+               (elide, "_hook_history", timed("  of which grid-tag walks (_hook_history)", elide._hook_history))), \
+            Kernels(timed_kernel):
         for _ in range(steps):
             built["patched"][0]()
     for label in ("forward rounding sites (round_eliding)", "  of which grid-tag walks (_hook_history)",
@@ -228,31 +280,8 @@ def main(argv=None) -> None:
     if a.cold:
         _cold_cost()
 
-    def memmove_runner(fmt, dtype):
-        size = torch.empty(0, dtype=dtype).element_size()
-        return lambda src, dst, n, mode, key, nbits: ctypes.memmove(dst, src, n * size)
-
-    def memmove_mode_runner(fmt, dtype, mode):
-        size = torch.empty(0, dtype=dtype).element_size()
-        return lambda src, dst, n, key, nbits: ctypes.memmove(dst, src, n * size)
-
-    def nothing_mode_runner(fmt, dtype, mode):
-        return lambda src, dst, n, key, nbits: None
-
-    real_mode_runner = autograd._mode_runner
-
-    def in_source_mode_runner(fmt, dtype, mode):
-        call = real_mode_runner(fmt, dtype, mode)
-        return lambda src, dst, n, key, nbits: call(src, src, n, key, nbits)
-
     no_round = _Swap((base.EmuLayer, "_emu_round", lambda self, x, role: x))
-    swaps = [(autograd, "_runner", memmove_runner)]
-    if hasattr(autograd, "_mode_runner"):
-        swaps.append((autograd, "_mode_runner", memmove_mode_runner))
-    memmove = _Swap(*swaps)
-    no_kernel = _Swap((autograd, "_runner", lambda fmt, dtype: lambda src, dst, n, mode, key, nbits: None),
-                      (autograd, "_mode_runner", nothing_mode_runner))
-    in_source = _Swap((autograd, "_mode_runner", in_source_mode_runner))
+    memmove, no_kernels, in_source = Kernels(memmove_kernel), Kernels(no_kernel), Kernels(in_source_kernel)
     nothing = _Swap()
 
     for name in names:
@@ -264,7 +293,7 @@ def main(argv=None) -> None:
             built[key] = (rm.TrainStep(m, loss), m, loss)
         configs = {"fp32": ("fp32", nothing), "layers, no rounding": ("layers", no_round),
                    "layers+functional, no rounding": ("patched", no_round),
-                   "kernels -> nothing": ("patched", no_kernel), "kernels -> memmove": ("patched", memmove),
+                   "kernels -> nothing": ("patched", no_kernels), "kernels -> memmove": ("patched", memmove),
                    "kernels write into their source": ("patched", in_source), "patched": ("patched", nothing)}
         for _ in range(3):
             for step, _, _ in built.values():

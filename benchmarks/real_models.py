@@ -20,6 +20,9 @@ Models (random weights, built from configs; nothing is downloaded):
 - ``gpt2``: transformers ``GPT2LMHeadModel`` (its Linear layers are ``Conv1D`` modules, which call
   ``torch.addmm``: ``patch`` emulates them as functional GEMMs), n_embd 128, 2 layers, 2 heads, vocab 1000,
   seq 64, batch 2.
+``--width`` scales the transformers: hidden size w (default 128), w/64 heads (BERT, GPT-2), w/32 heads and w/64 KV
+heads (Llama), FFN 4w (BERT) or 11w/4 (Llama); with ``--seq``/``--batch`` this shows how the emulation's
+per-rounding costs weigh less as the GEMMs grow.
 
 Policies (``--policy``): ``elementwise`` = ``emunum.patch(model, fmt="e4m3fn", grad="e5m2")``; ``mad`` = the
 same plus ``mad="h100_fp8_e4m3"`` (GEMMs on the emulated H100 FP8 tensor core; run on ResNet-18 only unless
@@ -122,8 +125,9 @@ def cnn2d() -> nn.Module:
                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 16 * 16, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
-def build(name: str, batch: int, seq: int, image: int, cnn_batch: int = 64):
-    """(model, make_loss) with make_loss(model) -> scalar loss on a fixed random batch."""
+def build(name: str, batch: int, seq: int, image: int, cnn_batch: int = 64, width: int = 128):
+    """(model, make_loss, description) with make_loss(model) -> scalar loss on a fixed random batch; width: the
+    transformers' hidden size (a multiple of 64; the module doc's configs are width 128)."""
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     if name == "cnn2d":
@@ -140,24 +144,26 @@ def build(name: str, batch: int, seq: int, image: int, cnn_batch: int = 64):
     vocab = 1000
     ids = torch.randint(0, vocab, (batch, seq), generator=g)
     if name == "bert":
-        cfg = tf.BertConfig(vocab_size=vocab, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=512, max_position_embeddings=seq, hidden_dropout_prob=0.0,
-                            attention_probs_dropout_prob=0.0)
+        cfg = tf.BertConfig(vocab_size=vocab, hidden_size=width, num_hidden_layers=2,
+                            num_attention_heads=width // 64, intermediate_size=4 * width,
+                            max_position_embeddings=seq, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         model = tf.BertForMaskedLM(cfg)
     elif name == "llama":
-        cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, intermediate_size=352, max_position_embeddings=seq)
+        cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=width, num_hidden_layers=2,
+                             num_attention_heads=width // 32, num_key_value_heads=width // 64,
+                             intermediate_size=width * 11 // 4, max_position_embeddings=seq)
         cfg._attn_implementation = "sdpa"
         model = tf.LlamaForCausalLM(cfg)
     elif name == "gpt2":
-        cfg = tf.GPT2Config(vocab_size=vocab, n_embd=128, n_layer=2, n_head=2, n_positions=seq, resid_pdrop=0.0,
-                            embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+        cfg = tf.GPT2Config(vocab_size=vocab, n_embd=width, n_layer=2, n_head=width // 64, n_positions=seq,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
         model = tf.GPT2LMHeadModel(cfg)
     else:
         raise ValueError(f"model {name!r}")
     if name == "llama" and model.config._attn_implementation != "sdpa":
         raise RuntimeError(f"llama built with attention {model.config._attn_implementation!r}, wanted 'sdpa'")
-    return model, (lambda m: m(input_ids=ids, labels=ids).loss), f"seq {seq}, batch {batch}"
+    shape = f"seq {seq}, batch {batch}" + ("" if width == 128 else f", width {width}")
+    return model, (lambda m: m(input_ids=ids, labels=ids).loss), shape
 
 
 class TrainStep:
@@ -229,6 +235,9 @@ def main(argv=None) -> None:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--image", type=int, default=32)
     p.add_argument("--cnn-batch", type=int, default=64)
+    p.add_argument("--width", type=int, default=128,
+                   help="the transformers' hidden size, a multiple of 64 (heads, KV heads and FFN widths scale with "
+                   "it; module doc)")
     p.add_argument("--compare-elide", action="store_true",
                    help="also time the policy with elide=False (every rounding run), interleaved")
     p.add_argument("--compare-fused", action="store_true",
@@ -248,6 +257,8 @@ def main(argv=None) -> None:
                  ("seq", a.seq), ("image", a.image), ("cnn-batch", a.cnn_batch)):
         if v < 1:
             p.error(f"--{k}={v} must be >= 1")
+    if a.width < 64 or a.width % 64:
+        p.error(f"--width={a.width} must be a positive multiple of 64")
     names = [n.strip() for n in (a.models or DEFAULT_MODELS[a.policy]).split(",") if n.strip()]
     bad = [n for n in names if n not in MODELS]
     if bad or not names:
@@ -280,22 +291,22 @@ def main(argv=None) -> None:
         set_fused(True)
     runs = {}
     for n in names:
-        m32, loss32, desc = build(n, a.batch, a.seq, a.image, a.cnn_batch)
-        me, losse, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
+        m32, loss32, desc = build(n, a.batch, a.seq, a.image, a.cnn_batch, a.width)
+        me, losse, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch, a.width)
         emunum.patch(me, **policy)
         runs[(n, "fp32")] = TrainStep(m32, loss32)
         runs[(n, a.policy)] = TrainStep(me, losse)
         runs[(n, "desc")] = desc
         if a.compare_elide:
-            mo, losso, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
+            mo, losso, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch, a.width)
             emunum.patch(mo, elide=False, **policy)
             runs[(n, "elide-off")] = TrainStep(mo, losso)
         if a.compare_fused:
-            mf, lossf, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
+            mf, lossf, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch, a.width)
             emunum.patch(mf, **policy)
             runs[(n, "fused-off")] = _Unfused(TrainStep(mf, lossf))
         if a.layers_only:
-            ml, lossl, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch)
+            ml, lossl, _ = build(n, a.batch, a.seq, a.image, a.cnn_batch, a.width)
             emunum.patch(ml, functional=False, **policy)
             runs[(n, "layers-only")] = TrainStep(ml, lossl)
     configs = (("fp32", a.policy) + (("elide-off",) if a.compare_elide else ())
@@ -312,13 +323,14 @@ def main(argv=None) -> None:
         for key in pairs:
             times[key].append(time_steps(runs[key], steps, clock))
     print(f"# {steps} steps x {rounds} rounds, interleaved, {a.clock} clock; warm-up {t_warm:.1f} s")
-    print(f"{'model':<9} {'shape':<20} {'config':<12} {'ms/step (median)':>17} {'min':>9} {'max':>9} {'x fp32':>7}")
+    w = max(20, *(len(runs[(n, "desc")]) for n in names))
+    print(f"{'model':<9} {'shape':<{w}} {'config':<12} {'ms/step (median)':>17} {'min':>9} {'max':>9} {'x fp32':>7}")
     for n in names:
         base = statistics.median(times[(n, "fp32")])
         for k in configs:
             v = times[(n, k)]
             med = statistics.median(v)
-            print(f"{n:<9} {runs[(n, 'desc')]:<20} {k:<12} {1e3 * med:17.2f} {1e3 * min(v):9.2f} "
+            print(f"{n:<9} {runs[(n, 'desc')]:<{w}} {k:<12} {1e3 * med:17.2f} {1e3 * min(v):9.2f} "
                   f"{1e3 * max(v):9.2f} {med / base:7.2f}")
     print("# load average at the end " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     if a.profile:

@@ -10,16 +10,17 @@ interleaved round by round, one torch and numba thread, thread CPU time (``time.
   the identity (``EmuLayer._emu_round``): the swapped layers' own Python;
 - ``layers+functional, no rounding``: the same with the functional-GEMM mode on (``gemm_mode``): adds the mode's
   per-call cost and the emulated attention math (``GemmEmulator.sdpa``) against torch's fused SDPA kernel;
-- ``kernels -> memmove``: the patched model with each CPU rounding kernel replaced by a copy (seed draws, fresh
-  result tensors, nodes and Python kept): the difference to ``patched`` is the kernels' arithmetic;
-- ``kernels -> nothing``: the same, with the kernel replaced by nothing (the fresh result left unwritten): the
-  difference to ``kernels -> memmove`` is the memory pass that writes each rounding's fresh result;
+- ``kernels -> memmove``: the patched model with each CPU rounding kernel (every one the element-wise paths
+  reach, ``Kernels``) replaced by a copy (seed draws, fresh result tensors, nodes and Python kept): the
+  difference to ``patched`` is the kernels' arithmetic, and the row itself what the step costs with kernels
+  as fast as a copy;
+- ``kernels -> nothing``: the same, with the kernel replaced by nothing (the fresh result left unwritten);
 - ``kernels write into their source``: the real kernels, each writing into its source tensor instead of the fresh
-  result (left unwritten): whether writing a fresh, possibly cold buffer costs more than writing in place;
+  result (left unwritten);
 - ``patched``: the patched model as it runs.
 These ablated steps compute other numbers than the emulation (their bits are not the point: only the time; the
-unwritten results of ``kernels -> nothing`` are whatever the allocator hands back, which can slow later ops, as on
-cnn2d). Per step it also prints the roundings that reach a CPU kernel (count, elements, per format and mode), the
+unwritten results of the last two are whatever the allocator hands back, which slows later ops, 6.7x fp32 on
+cnn2d: those rows bound nothing). Per step it also prints the roundings that reach a CPU kernel (count, elements, per format and mode), the
 roundings skipped by elision, and the autograd nodes of the patched graph beside fp32's. ``--node`` first times
 one rounding node alone (``emunum.elide.round_eliding`` of ``x * 1`` with e4m3fn forward and stochastic e5m2
 backward, forward and backward) beside ``x * 1`` without it, at three sizes. ``--cold`` times the pieces of one
@@ -28,7 +29,7 @@ copy (about one core's L2 cache, what the torch ops between two roundings of a s
 counts minor page faults per step of fp32 and patched steps (``getrusage``) and times, inside ``--steps``
 patched steps (thread CPU around each call), the forward rounding sites (``round_eliding`` as the layers call
 it), the backward roundings (``backward_eliding``), the grid-tag walks (``_hook_history``), the kernel calls
-below ``_round_cpu`` (not the huge-tensor path) and the functional-GEMM mode's ``__torch_function__`` calls
+(``Kernels``, the huge-tensor path included) and the functional-GEMM mode's ``__torch_function__`` calls
 (inclusive: an emulated GEMM's roundings, and the passed-on op's own work), per step and per call.
 """
 from __future__ import annotations

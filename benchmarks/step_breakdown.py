@@ -19,18 +19,18 @@ interleaved round by round, one torch and numba thread, thread CPU time (``time.
   result (left unwritten);
 - ``patched``: the patched model as it runs.
 These ablated steps compute other numbers than the emulation (their bits are not the point: only the time; the
-unwritten results of the last two are whatever the allocator hands back, which slows later ops, 6.7x fp32 on
-cnn2d: those rows bound nothing). Per step it also prints the roundings that reach a CPU kernel (count,
-elements, per format and mode), the roundings skipped by elision, and the autograd nodes of the patched graph
-beside fp32's. ``--node`` first times one rounding node alone (``emunum.elide.round_eliding`` of ``x * 1`` with e4m3fn forward and stochastic e5m2
-backward, forward and backward) beside ``x * 1`` without it, at three sizes. ``--cold`` times the pieces of one
-rounding (16 elements; median of 300 calls, thread CPU) warm, i.e. called again at once, and right after a 4 MiB
-copy (about one core's L2 cache, what the torch ops between two roundings of a step stream through). ``--calls``
-counts minor page faults per step of fp32 and patched steps (``getrusage``) and times, inside ``--steps``
-patched steps (thread CPU around each call), the forward rounding sites (``round_eliding`` as the layers call
-it), the backward roundings (``backward_eliding``), the grid-tag walks (``_hook_history``), the kernel calls
-(``Kernels``, the huge-tensor path included) and the functional-GEMM mode's ``__torch_function__`` calls
-(inclusive: an emulated GEMM's roundings, and the passed-on op's own work), per step and per call.
+unwritten results of the last two are whatever the allocator hands back, which slows later ops, 6.7x fp32 on cnn2d:
+those rows bound nothing). Per step it also prints the roundings that reach a CPU kernel (count, elements, per
+format and mode), the roundings skipped by elision, and the autograd nodes of the patched graph beside fp32's.
+``--node`` first times one rounding node alone (``emunum.elide.round_eliding`` of ``x * 1`` with e4m3fn forward and
+stochastic e5m2 backward, forward and backward) beside ``x * 1`` without it, at three sizes. ``--cold`` times the
+pieces of one rounding (16 elements; median of 300 calls, thread CPU) warm, i.e. called again at once, and right
+after a 4 MiB copy (about one core's L2 cache, what the torch ops between two roundings of a step stream through).
+``--calls`` counts minor page faults per step of fp32 and patched steps (``getrusage``) and times, inside
+``--steps`` patched steps (thread CPU around each call), the forward rounding sites (``round_eliding`` as the layers
+call it), the backward roundings (``backward_eliding``), the grid-tag walks (``_hook_history``), the kernel calls
+(``Kernels``, the huge-tensor path included) and the functional-GEMM mode's ``__torch_function__`` calls (inclusive:
+an emulated GEMM's roundings, and the passed-on op's own work), per step and per call.
 """
 from __future__ import annotations
 

@@ -224,7 +224,7 @@ def _calls(built, steps: int) -> None:
     from emunum.nn import gemm_mode
 
     def timed_kernel(run, size):
-        return timed("  of which kernel calls (both)", run)
+        return timed("kernel calls (every CPU rounding)", run)
 
     mode_fn = gemm_mode.GemmMode.__torch_function__
     handled = timed("functional-GEMM mode: emulated GEMMs (inclusive)", mode_fn)
@@ -241,7 +241,7 @@ def _calls(built, steps: int) -> None:
         for _ in range(steps):
             built["patched"][0]()
     for label in ("forward rounding sites (round_eliding)", "  of which grid-tag walks (_hook_history)",
-                  "backward roundings (backward_eliding)", "  of which kernel calls (both)",
+                  "backward roundings (backward_eliding)", "kernel calls (every CPU rounding)",
                   "functional-GEMM mode: emulated GEMMs (inclusive)",
                   "functional-GEMM mode: other torch calls (incl.)"):
         if calls[label]:

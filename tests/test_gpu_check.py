@@ -3,7 +3,6 @@ CUDA constant it measures."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,10 +10,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(ROOT, "benchmarks", "gpu_check.py"))
-gpu_check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gpu_check)
+from benchmark_script import ROOT, load
+
+gpu_check = load("gpu_check")
 qmod = importlib.import_module("emunum.quantize")
 
 

@@ -2,18 +2,15 @@
 loss is not finite stops the run (a diverged model's NaN steps are not training steps)."""
 from __future__ import annotations
 
-import importlib.util
-import os
 import time
 
 import pytest
 import torch
 from torch import nn
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("real_models", os.path.join(ROOT, "benchmarks", "real_models.py"))
-real_models = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(real_models)
+from benchmark_script import load
+
+real_models = load("real_models")
 
 
 def _model():

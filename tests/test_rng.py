@@ -7,7 +7,6 @@ twins and the CUDA kernels' (simulator), and a small deterministic battery (fixe
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import numpy as np
@@ -16,10 +15,9 @@ import torch
 
 from emunum.rng import random_bits_int, random_bits_torch, seed_key
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("rng_battery", os.path.join(_ROOT, "benchmarks", "rng_battery.py"))
-battery = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(battery)
+from benchmark_script import load
+
+battery = load("rng_battery")
 
 KEYS = [0, 1, 2**64 - 1, seed_key(0), seed_key(1), seed_key(2**40 + 3), 0x0123456789ABCDEF]
 

@@ -4,8 +4,6 @@ time what they say."""
 from __future__ import annotations
 
 import copy
-import importlib.util
-import os
 
 import torch
 import torch.nn.functional as F
@@ -13,10 +11,9 @@ from torch import nn
 
 import emunum
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("step_breakdown", os.path.join(ROOT, "benchmarks", "step_breakdown.py"))
-step_breakdown = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(step_breakdown)
+from benchmark_script import load
+
+step_breakdown = load("step_breakdown")
 
 
 def _layer():

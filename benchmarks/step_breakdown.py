@@ -79,23 +79,23 @@ class _Swap:
 
 
 class Kernels:
-    """Replace every CPU rounding kernel of the element-wise paths by ``make(real_runner, element_bytes)`` for the
-    duration of a block. Those paths reach the kernels through ``quantize._cpu_runner`` (``quantize_checked``, the
-    huge-tensor path included) and through runner caches filled from it (``autograd._runners``/``_mode_runners``,
-    which ``_round_cpu`` and the elision paths read), keyed on ``backends.GENERATION``: it is bumped on entry and
-    on exit, so that the caches are filled again from the swapped, then the real, runners. (Swapping
-    ``autograd._mode_runner``, as this script did before, changed nothing once the caches were warm: its
-    "kernels -> ..." rows timed the real kernels.) A runner is ``run(src, dst, n, mode, key, nbits,
-    parallel=None)`` on addresses."""
+    """Replace every CPU rounding kernel of the patched layers' element-wise paths by ``make(real_runner,
+    element_bytes)`` for the duration of a block (not the batched roundings of ``emunum.optim``). Those paths reach
+    the kernels through ``quantize._cpu_runner`` (``quantize_checked``, the huge-tensor path included) and through
+    runner caches filled from it (``autograd._runners``/``_mode_runners``, which ``_round_cpu`` and the elision
+    paths read), keyed on ``backends.GENERATION``: it is bumped on entry and on exit, so that the caches are filled
+    again from the swapped, then the real, runners. (Swapping ``autograd._mode_runner``, as this script did before,
+    changed nothing once the caches were warm: its "kernels -> ..." rows timed the real kernels.) A runner is
+    ``run(src, dst, n, mode, key, nbits, parallel=None)`` on addresses."""
 
     def __init__(self, make):
         self.make = make
 
     def __enter__(self):
-        from emunum import autograd, backends, optim
+        from emunum import autograd, backends
 
         q = importlib.import_module("emunum.quantize")
-        self.mods, real = (q, autograd, optim), q._cpu_runner
+        self.mods, real = (q, autograd), q._cpu_runner
         self.real = real
 
         def runner(fmt, dtype):

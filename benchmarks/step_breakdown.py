@@ -223,8 +223,12 @@ def _calls(built, steps: int) -> None:
 
     from emunum.nn import gemm_mode
 
-    def timed_kernel(run, size):
-        return timed("kernel calls (every CPU rounding)", run)
+    def timed_kernel(run, size):  # keeps the runner's per-mode callers (``for_mode``), as the eager path calls them
+        label = "kernel calls (every CPU rounding)"
+        call = timed(label, run)
+        if hasattr(run, "for_mode"):
+            call.for_mode = lambda mode: timed(label, run.for_mode(mode))
+        return call
 
     mode_fn = gemm_mode.GemmMode.__torch_function__
     handled = timed("functional-GEMM mode: emulated GEMMs (inclusive)", mode_fn)

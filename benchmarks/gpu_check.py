@@ -14,7 +14,8 @@ all within --budget seconds (default 470 on a GPU: under 8 minutes):
   unit and the h100_fp8_e4m3 tensor-core preset, each beside torch.matmul float32 on the same operands;
 - ``recipe``: one training step of the default CNN under the fp8 recipe against fp32, on the device;
 - ``tests``: the CUDA test files (CPU == CUDA bit for bit: every number system's kernels and every MAD unit's
-  GEMM) with ``NUMBA_ENABLE_CUDASIM=0``, given the time the other sections left.
+  GEMM) with ``NUMBA_ENABLE_CUDASIM=0``, given the time the other sections left; each test's outcome is logged as
+  it is known (``gpu_test_log.py``), so a run stopped by its limit still names its failures.
 
 Without a CUDA device, or with --smoke, it runs the same sections on the CPU at toy sizes (the simulator-level
 check of this script itself: ``tests`` then only collects the ``gpu``-marked tests, which skip, and
@@ -238,10 +239,13 @@ def sec_recipe(device: str, smoke: bool, put) -> dict:
 def sec_tests(device: str, smoke: bool, limit: float, workdir: str) -> dict:
     """pytest on CUDA_TESTS in a child (the simulator off on a GPU, both test tiers; in smoke the simulator on and
     only the ``gpu`` marker)."""
-    xml = os.path.join(workdir, "junit.xml")
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1" if smoke else "0", "PYTHONUNBUFFERED": "1"}
+    xml, log = os.path.join(workdir, "junit.xml"), os.path.join(workdir, "tests.log")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1" if smoke else "0", "PYTHONUNBUFFERED": "1",
+           "EMUNUM_TEST_LOG": log, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
     files = [f for f in CUDA_TESTS if os.path.exists(os.path.join(ROOT, f))]
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *files]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "gpu_test_log", f"--junitxml={xml}",
+           *files]
     if smoke:
         cmd += ["-m", "gpu"]
     else:  # both tiers: on a GPU the grids that the CPU suite samples (tests/tiers.py) are cheap
@@ -256,8 +260,29 @@ def sec_tests(device: str, smoke: bool, limit: float, workdir: str) -> dict:
         rc, tail = "timeout", ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""))[-4000:]
     res = {"files": files, "command": " ".join(cmd[1:]), "exit": rc, "seconds": time.perf_counter() - t,
            "output_tail": tail}
-    res.update(_junit_counts(xml))
+    counts = _junit_counts(xml)
+    res.update(counts if "junit" not in counts else {**counts, **log_counts(log)})
     return res
+
+
+def log_counts(path: str) -> dict:
+    """``_junit_counts``' figures from the outcome log that ``gpu_test_log`` wrote as the tests ran (the run was
+    stopped before pytest wrote its junit file): the tests that finished, and each failure and error by name."""
+    if not os.path.exists(path):
+        return {"log": "missing"}
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    failed = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            outcome, nodeid, msg = (line.rstrip("\n").split("\t") + ["", ""])[:3]
+            if outcome not in counts:
+                continue
+            counts[outcome] += 1
+            if outcome in ("failed", "error") and len(failed) < 100:
+                failed.append({"test": nodeid, "message": msg})
+    return {"log": "partial: the tests that finished before pytest was stopped", "tests": sum(counts.values()),
+            "passed": counts["passed"], "failures": counts["failed"], "errors": counts["error"],
+            "skipped": counts["skipped"], "failed": failed}
 
 
 def _has_xdist() -> bool:

@@ -1,13 +1,14 @@
-"""A pytest plugin that writes each test's outcome to a file as it is known, for ``gpu_check.py``'s ``tests`` section:
-a run stopped by its time limit has written no junit file, and its failures were unknown (the first GPU run,
-2026-11-26: nine failed, names lost).
+"""A pytest plugin that writes each test's outcome to a file as it is known, for ``gpu_check.py``'s ``tests``
+section: a run stopped by its time limit has written no junit file, and its failures were unknown (the first GPU
+run, 2026-11-26: nine failed, names lost).
 
     EMUNUM_TEST_LOG=path python -m pytest -p gpu_test_log ...      # with benchmarks/ on PYTHONPATH
 
 One line per test, tab-separated: outcome (passed, failed, skipped, error), node id, and for a failure or error
-the first line of its exception's message (else the last line of its report; at most 300 characters). A failing setup or teardown is an ``error`` line of its
-own, as junit counts it. Under pytest-xdist only the controller writes (the workers' reports reach it); each line
-is flushed when written. Without EMUNUM_TEST_LOG the plugin does nothing.
+the first line of its exception's message (else the last line of its report; at most 300 characters). A failing
+setup is the test's ``error`` line; a failing teardown adds an ``error`` line after the test's own. Under
+pytest-xdist only the controller writes (the workers' reports reach it); each line is flushed when written.
+Without EMUNUM_TEST_LOG the plugin does nothing.
 """
 from __future__ import annotations
 

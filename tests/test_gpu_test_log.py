@@ -75,5 +75,4 @@ def test_without_the_variable_nothing_is_written(tmp_path):
                         "--rootdir", str(tmp_path), "test_cases.py"], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=300)
     assert "1 failed, 1 passed, 1 skipped, 1 error" in r.stdout
-    assert sorted(os.listdir(tmp_path)) == ["__pycache__", "test_cases.py"] or \
-        sorted(os.listdir(tmp_path)) == ["test_cases.py"]
+    assert set(os.listdir(tmp_path)) <= {"__pycache__", "test_cases.py"}  # no log anywhere here

@@ -25,7 +25,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import types
 from importlib import metadata
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,13 +51,10 @@ def prepare(root: str = ROOT, python: str = sys.executable, numpy_module=None, n
             parent=None):
     """The directory made for PYTHONPATH (module doc; a new one under ``parent``, default the system's temporary
     directory), or None when nothing is needed."""
-    if numpy_module is None:
-        try:
-            import numpy as numpy_module
-        except ImportError:  # no numpy, no numba-cuda to shim for
-            numpy_module = types.SimpleNamespace(row_stack=None)
     if numba_cuda_installed is None:
         numba_cuda_installed = importlib.util.find_spec("numba_cuda") is not None
+    if numpy_module is None and numba_cuda_installed:  # numpy is read only where numba-cuda (which needs it) is
+        import numpy as numpy_module
     found, shim = missing_wheels(root), shim_needed(numpy_module, numba_cuda_installed)
     if not found and not shim:
         return None

@@ -103,15 +103,14 @@ class Kernels:
 
         for m in self.mods:
             m._cpu_runner = runner
-        backends.GENERATION[0] += 1
+        self.generation = backends.GENERATION
+        self.generation[0] += 1
         return self
 
     def __exit__(self, *exc):
-        from emunum import backends
-
         for m in self.mods:
             m._cpu_runner = self.real
-        backends.GENERATION[0] += 1
+        self.generation[0] += 1
 
 
 def memmove_kernel(run, size):

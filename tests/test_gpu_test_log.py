@@ -40,8 +40,8 @@ def test_e_stop():  # the process ends here, as at a time limit: no junit file
 def _pytest(tmp_path, body: str, *args):
     (tmp_path / "test_cases.py").write_text(body)
     log, xml = tmp_path / "tests.log", tmp_path / "junit.xml"
-    env = {**os.environ, "EMUNUM_TEST_LOG": str(log),
-           "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "benchmarks"), os.environ.get("PYTHONPATH", "")])}
+    paths = [os.path.join(ROOT, "benchmarks"), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "EMUNUM_TEST_LOG": str(log), "PYTHONPATH": os.pathsep.join(filter(None, paths))}
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "gpu_test_log",
                     f"--junitxml={xml}", "--rootdir", str(tmp_path), "test_cases.py", *args],
                    cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

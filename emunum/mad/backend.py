@@ -184,11 +184,17 @@ def conv_gemm(x: torch.Tensor, A: torch.Tensor, unit: MADUnit, geometry: tuple, 
     if not (fast_layout(unit, x.device) and kernel_readable(x)):
         return None
     out = _conv_gemm(x, A, unit, geometry, bias, scans)
-    if out is not None and gemm_listener.LISTENERS:  # counted once, where it ran (a fallback's gemm counts itself)
+    if out is not None and gemm_listener.LISTENERS:
         G, Og, K = A.shape
-        with gemm_listener.native("mad_gemm", 2 * x.shape[0] * G * Og * out.shape[2] * K if flops is None else flops):
-            pass
+        _count_ran(2 * x.shape[0] * G * Og * out.shape[2] * K if flops is None else flops)
     return out
+
+
+def _count_ran(flops: int) -> None:
+    """Report to ``emunum.coverage`` a GEMM that ran on a kernel here, once it has run (where it did not, the
+    fallback's ``gemm`` counts itself)."""
+    with gemm_listener.native("mad_gemm", flops):
+        pass
 
 
 def _conv_gemm(x, A, unit, geometry, bias, scans):
@@ -215,9 +221,8 @@ def conv_wgrad(grad: torch.Tensor, x: torch.Tensor, unit: MADUnit, kernel: tuple
     if not (fast_layout(unit, x.device) and kernel_readable(x)):
         return None
     out = _conv_wgrad(grad, x, unit, kernel, stride, dilation, scans)
-    if out is not None and gemm_listener.LISTENERS:  # counted once, where it ran (a fallback's gemm counts itself)
-        with gemm_listener.native("mad_gemm", 2 * grad.numel() * out.shape[2]):
-            pass
+    if out is not None and gemm_listener.LISTENERS:
+        _count_ran(2 * grad.numel() * out.shape[2])
     return out
 
 

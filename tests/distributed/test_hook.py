@@ -96,7 +96,9 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory) -> list:
     out = tmp_path_factory.mktemp("ddp")
-    # fork: the workers inherit the imported torch and emunum (spawn would import them again, ~5 s each)
+    # fork: the workers inherit the imported torch and emunum (spawn would import them again, ~5 s each), and
+    # torch._dynamo, which DDP's constructor imports (~1.5 CPU-s a rank)
+    import torch._dynamo  # noqa: F401
     mp.start_processes(_worker, args=(3, _free_port(), str(out)), nprocs=3, join=True, start_method="fork")
     return [torch.load(out / f"rank{r}.pt") for r in range(3)]
 

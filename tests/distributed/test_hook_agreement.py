@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent("""
     def say(case, text):
         print("\\n".join(f"[{{case}}] {{line}}" for line in text.split("\\n")), flush=True)
 
-    def worker(rank, case, port, raised):
+    def worker(rank, case, port, done):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank, world_size=2)
         torch.manual_seed(0)
@@ -32,24 +32,25 @@ SCRIPT = textwrap.dedent("""
             say(case, f"rank {{rank}} OK")
         except ValueError as e:
             say(case, f"rank {{rank}} RAISED {{e}}")
-            # gloo's teardown can wait forever after a comm hook raised mid-backward (torch's, not the
-            # hook's): leave once the peer has raised too (it has then finished the same collectives), or
-            # after a wait that is long enough for it to (a peer that never raises fails the test anyway)
-            try:
-                raised.wait(timeout=30)
-            except threading.BrokenBarrierError:
-                pass
-            os._exit(0)
-        dist.destroy_process_group()
+        # leave without gloo's teardown, which can wait forever after a comm hook raised mid-backward, or deadlock
+        # freeing DDP's reducer against a gloo thread waiting for the GIL (torch's, not the hook's): once the peer is
+        # done too (it has then finished the same collectives), or after a wait long enough for it to be (a peer
+        # that never is fails the test anyway)
+        try:
+            done.wait(timeout=30)
+        except threading.BrokenBarrierError:
+            pass
+        os._exit(0)
 
     def port():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
 
+    import torch._dynamo  # DDP's constructor imports it (~1.5 CPU-s): once here, not in each of the 16 forked ranks
     for case in CASES:
-        raised = multiprocessing.get_context("fork").Barrier(2)  # the ranks that raised, inherited by the fork
-        mp.start_processes(worker, args=(case, port(), raised), nprocs=2, join=True, start_method="fork")
+        done = multiprocessing.get_context("fork").Barrier(2)  # the ranks that are done, inherited by the fork
+        mp.start_processes(worker, args=(case, port(), done), nprocs=2, join=True, start_method="fork")
 """)
 
 BASE = dict(fmt="e5m2", rounding="stochastic", seed=7)

@@ -47,7 +47,7 @@ SCRIPT = textwrap.dedent("""
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
 
-    import torch._dynamo  # DDP's constructor imports it (~1.5 CPU-s): once here, not in each of the 16 forked ranks
+    import torch._dynamo  # DDP's constructor imports it (~1.5 CPU-s): once here, not in every forked rank
     for case in CASES:
         done = multiprocessing.get_context("fork").Barrier(2)  # the ranks that are done, inherited by the fork
         mp.start_processes(worker, args=(case, port(), done), nprocs=2, join=True, start_method="fork")

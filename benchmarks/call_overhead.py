@@ -36,15 +36,14 @@ def main(argv=None) -> None:
         if getattr(a, k) < 1:
             p.error(f"--{k}={getattr(a, k)} must be >= 1")
 
-    import numba
     import torch
 
     import emunum
     from emunum.kernels import cpu  # first: it picks numba's threading layer before any thread starts
+    from emunum import torch_cpu
     from emunum.ops import format_to_args
 
-    torch.set_num_threads(a.threads)
-    numba.set_num_threads(min(a.threads, numba.config.NUMBA_NUM_THREADS))
+    torch_cpu.set_threads(a.threads)
     torch.manual_seed(0)
     if a.parallel_sweep:
         parallel_sweep(a.threads)

@@ -43,16 +43,14 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--batch", type=int, default=64)
     a = p.parse_args(argv)
-    import numba
     import torch
 
     import emunum
-    from emunum import buffers
+    from emunum import buffers, torch_cpu
     from emunum.mad import MADUnit, backend
     from emunum.mad.conv import _patch_cols, _patch_rows, _patches
 
-    torch.set_num_threads(a.threads)
-    numba.set_num_threads(a.threads)
+    torch_cpu.set_threads(a.threads)
     print(f"# malloc: {'retain_freed_memory()' if buffers.retain_freed_memory() else 'glibc default'}; "
           f"threads={a.threads}, batch {a.batch}, best/median of {a.repeat} calls (ms)")
     unit = MADUnit("fp16_169", "fp16_169", chunk=64)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 import emunum
-from emunum import MADUnit
+from emunum import MADUnit, torch_cpu
 from emunum.kernels import gemm_cpu
 
 
@@ -70,8 +70,7 @@ def main() -> None:
     ap.add_argument("--mma-size", type=int, default=512, help="size for the matrix-instruction rows (0: skip)")
     args = ap.parse_args()
     if args.threads:
-        numba.set_num_threads(args.threads)
-        torch.set_num_threads(args.threads)
+        torch_cpu.set_threads(args.threads)
     n = args.size
     g = torch.Generator().manual_seed(0)
     A = emunum.quantize(torch.randn(n, n, generator=g), "fp8_152")

@@ -265,15 +265,9 @@ def main(argv=None) -> None:
         p.error(f"--models: unknown {bad}; allowed: {', '.join(MODELS)}")
 
     import emunum
-    from emunum import buffers
+    from emunum import buffers, torch_cpu
 
-    torch.set_num_threads(a.threads)
-    try:
-        import numba
-
-        numba.set_num_threads(min(a.threads, numba.config.NUMBA_NUM_THREADS))
-    except ImportError:
-        pass
+    torch_cpu.set_threads(a.threads)
     retained = buffers.retain_freed_memory()
     print(f"# torch {torch.__version__}, threads {a.threads}, malloc "
           f"{'retain_freed_memory()' if retained else 'glibc default'}, load average "

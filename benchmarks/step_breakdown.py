@@ -269,14 +269,11 @@ def main(argv=None) -> None:
     if bad or not names:
         p.error(f"--models: unknown {bad}; allowed: {', '.join(rm.MODELS)}")
 
-    import numba
-
     import emunum
-    from emunum import autograd, buffers, grid
+    from emunum import autograd, buffers, grid, torch_cpu
     from emunum.nn import base
 
-    torch.set_num_threads(1)
-    numba.set_num_threads(1)
+    torch_cpu.set_threads(1)
     buffers.retain_freed_memory()
     print("# load average " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     if a.node:

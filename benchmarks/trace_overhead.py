@@ -143,10 +143,9 @@ def main(argv=None):
     retained = not args.default_malloc and emunum.buffers.retain_freed_memory()
     print(f"# malloc: {'retain_freed_memory()' if retained else 'glibc default'}")
     if args.threads is not None:
-        import numba
+        from emunum import torch_cpu
 
-        torch.set_num_threads(args.threads)
-        numba.set_num_threads(args.threads)
+        torch_cpu.set_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, fmt={args.fmt}, "
           f"{args.rounds} rounds x {args.steps} steps")
     for name in args.models:

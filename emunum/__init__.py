@@ -1,6 +1,7 @@
 """emunum: bit-exact emulation of reduced-precision number formats and arithmetic units in PyTorch.
 
-``import emunum`` stays lean: it loads no numba.cuda and no hydra, starts no CUDA, and compiles nothing. The
+``import emunum`` stays lean: it loads no numba.cuda and no hydra, starts no CUDA, and compiles nothing (it makes
+one single-element ``torch.sqrt`` call, which settles MKL's vector math: see ``emunum.torch_cpu``). The
 number formats and ``quantize`` load with it; every other public name (``patch``, ``mad``, ``coverage``,
 ``trace``, ...) loads its module on first use (PEP 562), so a program pays only for what it touches.
 """
@@ -13,6 +14,9 @@ from .formats import (BlockFormat, CustomFormat, FixedFormat, FloatFormat, FourO
                       MXPlusFormat, P3109Format, PRESETS, PositFormat, RoundMode, Special, TableFormat, get_format)
 from .quantize import quantize
 from . import ops as _ops  # noqa: F401,E402  (registers emunum::quantize, which a traced quantize calls)
+from .torch_cpu import warm_vector_math as _warm_vector_math
+
+_warm_vector_math()  # before any emulated op: a process's first parallel MKL call can be inexact (torch_cpu.py)
 
 __version__ = "0.1.0"
 

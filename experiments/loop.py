@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from emunum import buffers
+from emunum import buffers, torch_cpu
 from emunum.optim import derive_seed
 
 from . import data as data_mod
@@ -93,12 +93,9 @@ def _check_device(name: str) -> None:
 
 
 def set_threads(n: int | None) -> None:
-    if n is None:
-        return
-    torch.set_num_threads(n)
-    import numba
-
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    """torch's and numba's thread counts (``emunum.torch_cpu.set_threads``); None leaves both at their defaults."""
+    if n is not None:
+        torch_cpu.set_threads(n)
 
 
 def loss_fn(task: str):

@@ -25,8 +25,9 @@ import torch
 
 def warm_vector_math() -> None:
     """Make MKL's vector math library settle its code paths with one single-threaded call (``torch.sqrt`` of one
-    float32 element). Idempotent; costs under a millisecond the first time."""
-    torch.sqrt(torch.ones(1))
+    float32 element, on the CPU whatever torch's default device). Idempotent; costs under a millisecond the first
+    time."""
+    torch.sqrt(torch.ones(1, dtype=torch.float32, device="cpu"))
 
 
 def set_threads(n: int) -> None:

@@ -21,27 +21,20 @@ def _run(script: str) -> str:
 
 
 def test_set_threads_in_a_forked_process_leaves_torch_on_n_threads_after_numba_launches_its_pool():
-    # torch first, then numba (the order set_threads avoids) leaves torch on NUMBA_NUM_THREADS in a forked process
+    # torch's count first, then numba's (the order set_threads avoids) left torch on 2 threads here (torch 2.13.0,
+    # numba 0.68.1): this assertion failed with that order
     out = _run("""
         import os, torch, numba
         from emunum.torch_cpu import set_threads
-        def child(order):
-            r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                if order == "emunum":
-                    set_threads(1)
-                else:
-                    torch.set_num_threads(1); numba.set_num_threads(1)
-                os.write(w, f"{torch.get_num_threads()},{numba.get_num_threads()}".encode()); os._exit(0)
-            os.waitpid(pid, 0)
-            return os.read(r, 64).decode()
-        print(child("emunum"), child("torch-first"), numba.config.NUMBA_NUM_THREADS)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            set_threads(1)
+            os.write(w, f"{torch.get_num_threads()},{numba.get_num_threads()}".encode()); os._exit(0)
+        os.waitpid(pid, 0)
+        print(os.read(r, 64).decode())
     """)
-    ours, torch_first, numba_threads = out.split()
-    assert ours == "1,1"
-    if int(numba_threads) > 1:  # the defect set_threads avoids, still present in this torch/numba pair
-        assert torch_first.split(",")[0] == numba_threads
+    assert out == "1,1"
 
 
 def test_import_emunum_makes_a_vector_math_call_and_the_first_parallel_call_after_it_matches_the_next():

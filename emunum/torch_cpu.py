@@ -8,14 +8,14 @@ then ``numba.set_num_threads(1)`` leaves torch on 2 threads every time, in a fre
 meant to be single-threaded then splits its large element-wise ops across two threads. ``set_threads`` sets
 numba's count first and checks torch's.
 
-**MKL's vector math, first call.** torch computes ``sqrt``, ``exp``, ``log``, ``sin``, ``tanh``, ``erf`` (and the
-other functions ATen routes to MKL's VML) of contiguous float32/float64 CPU tensors in chunks of at least 2,048
-elements on the intra-op threads. When a process's first VML call runs on two threads at once, one thread's chunk
-can take a less accurate path for that call: measured (same versions, MKL 2024.2, 2 threads), ``torch.sqrt`` of
-4,000 float32 values came out wrong by up to 3,839 ulps in its second half in about one fresh process in four,
-the calls after it right; ``emunum.arithmetic("fp16")`` sqrt of every fp16 value gave 3,912 wrong results in 2
-processes of 12; the first Adam step of a two-rank run updated one replica differently. ``warm_vector_math``
-makes one single-element call on the calling thread, after which 0 processes of 30 went wrong;
+**MKL's vector math, first call.** torch hands ``sqrt``, ``exp``, ``log``, ``sin``, ``tanh``, ``erf`` (and the other
+functions ATen routes to MKL's VML) of contiguous float32/float64 CPU tensors to VML in its high-accuracy mode, and
+VML splits a large call across its OpenMP threads (torch's count). When a process's first VML call is split, one
+thread's share can take a less accurate path for that call: measured (same versions, MKL 2024.2, 2 threads),
+``torch.sqrt`` of 4,000 float32 values came out wrong by up to 3,839 ulps in one half in about one fresh
+process in four, the calls after it right; ``emunum.arithmetic("fp16")`` sqrt of every fp16 value gave 3,912 wrong
+results in 2 processes of 12; the first Adam step of a two-rank run updated one replica differently.
+``warm_vector_math`` makes one single-element call on the calling thread, after which 0 processes of 30 went wrong;
 ``import emunum`` calls it.
 """
 from __future__ import annotations

@@ -41,9 +41,6 @@ def set_threads(n: int) -> None:
         raise ValueError(f"set_threads: n={n} is out of range; allowed: an int >= 1")
     import numba
 
-    from .kernels.parallel import choose_threading_layer
-
-    choose_threading_layer()  # before numba's pool starts here, as emunum's kernels would have chosen
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     torch.set_num_threads(n)
     if torch.get_num_threads() != n:

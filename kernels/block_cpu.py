@@ -13,6 +13,7 @@ rounded stochastically to kernels/block_sr.py (``sr_ok``), else to the float64 l
 """
 import functools
 import math
+import os
 
 import numba
 import numpy as np
@@ -26,7 +27,8 @@ from .scalar.float import round_nearest_value
 
 _cache.guard(__file__, [*scalar.SOURCES, block_fast.__file__])
 
-_parallel.choose_threading_layer()
+if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
+    numba.config.THREADING_LAYER = "workqueue"  # as kernels/cpu.py: numba's OpenMP contends with torch's
 
 # From this many elements on, with more than one numba thread, the prange loop runs (kernels/cpu.py's figure).
 PARALLEL_MIN = 1 << 18

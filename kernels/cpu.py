@@ -10,6 +10,7 @@ and the cached ``float_runner`` / ``fixed_runner`` that ``emunum.quantize`` uses
 
 import functools
 import math
+import os
 
 import numba
 import numpy as np
@@ -23,7 +24,10 @@ from .direct import direct_caller
 
 _cache.guard(__file__, [*scalar.SOURCES, _ew.__file__, _fx.__file__])
 
-_parallel.choose_threading_layer()
+# numba's OpenMP layer contends with torch's own OpenMP runtime (measured: half the throughput once torch is
+# loaded); the workqueue layer does not. A user's explicit NUMBA_THREADING_LAYER wins.
+if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
+    numba.config.THREADING_LAYER = "workqueue"
 
 from .scalar import (DOWN, NEAREST, NEAREST_AWAY, ODD, OVF_INF, OVF_NAN, STOCHASTIC,  # noqa: E402
                      TOWARD_ZERO, UP, random_bits, round_f32_fast, round_float_bits, round_nearest_value)

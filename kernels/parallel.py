@@ -15,9 +15,6 @@ lock:
 - ``exclusive()``: for kernels without a serial twin (the GEMMs): wait for the lock.
 
 A forked child gets a fresh, free lock (``os.register_at_fork``), whatever a parent thread held at the fork.
-
-``choose_threading_layer()`` picks that workqueue layer; it must run before numba's pool starts (the first
-parallel launch, ``numba.set_num_threads`` or ``numba.get_num_threads``), which fixes the layer for the process.
 """
 from __future__ import annotations
 
@@ -34,17 +31,6 @@ def _reset_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_in_child)
-
-
-def choose_threading_layer() -> None:
-    """numba's workqueue threading layer, unless the user chose one (``NUMBA_THREADING_LAYER`` or
-    ``numba.config.THREADING_LAYER``). numba's OpenMP layer contends with torch's own OpenMP runtime (measured:
-    half the throughput once torch is loaded), and starting it can reset torch's thread count
-    (``emunum.torch_cpu``). No effect once numba's pool has started."""
-    import numba
-
-    if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
-        numba.config.THREADING_LAYER = "workqueue"
 
 
 @contextlib.contextmanager

@@ -3,7 +3,6 @@ call is settled by ``import emunum``. Each check that needs a fresh process (num
 not yet called) runs one Python subprocess."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,9 +14,8 @@ import torch
 from emunum import torch_cpu
 
 
-def _run(script: str, env: dict | None = None) -> str:
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=120,
-                       env=env)
+def _run(script: str) -> str:
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout.strip()
 
@@ -42,21 +40,6 @@ def test_set_threads_in_a_forked_process_leaves_torch_on_n_threads_after_numba_l
         print(os.read(r, 4096).decode())
     """)
     assert out == "1,1"
-
-
-@pytest.mark.parametrize("chosen, layer", [(None, "workqueue"), ("omp", "omp")])
-def test_set_threads_starts_numbas_pool_on_the_layer_emunums_kernels_choose_unless_the_user_chose(chosen, layer):
-    # the training loop sets the counts before any kernel module is imported: it must not fix numba's default
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
-    if chosen:
-        env["NUMBA_THREADING_LAYER"] = chosen
-    out = _run("""
-        import numba
-        from emunum.torch_cpu import set_threads
-        set_threads(1)
-        print(numba.threading_layer())
-    """, env)
-    assert out == layer
 
 
 def test_import_emunum_makes_a_vector_math_call_and_the_first_parallel_call_after_it_matches_the_next():

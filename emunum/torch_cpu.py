@@ -33,8 +33,11 @@ def warm_vector_math() -> None:
 def set_threads(n: int) -> None:
     """Run torch's intra-op pool on ``n`` threads and numba's parallel kernels on ``min(n, NUMBA_NUM_THREADS)``.
     numba's count is set first: launching its pool may change the OpenMP thread count torch reads (module
-    docstring). Raises TypeError for a non-integer ``n``, ValueError for ``n < 1``, and RuntimeError if torch
-    still reports another count."""
+    docstring). Launching it also fixes numba's threading layer for the process: numba's default (``omp`` with
+    torch's libgomp) unless emunum's kernel modules, which pick ``workqueue``, were imported before. The training
+    loop calls this first, so its runs use ``omp``, which measured faster on whole training steps at 2 threads
+    (benchmarks/RESULTS.md, stop 60). Raises TypeError for a non-integer ``n``, ValueError for ``n < 1``, and
+    RuntimeError if torch still reports another count."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"set_threads: n={n!r} is a {type(n).__name__}; allowed: an int >= 1")
     if n < 1:

@@ -57,8 +57,12 @@ POLICIES = {
     "elementwise": dict(fmt="e4m3fn", grad="e5m2"),
     "mad": dict(fmt="e4m3fn", grad="e5m2", mad="h100_fp8_e4m3"),
     "fp8": dict(fmt="fp8_152", mad=None),  # mad: the fp8 recipe's MADUnit, made in main (emunum imported there)
+    # experiments/conf/format/nvfp4.yaml's policy (the NVFP4 pre-training recipe; its `exclude: [Embedding]`)
+    "nvfp4": dict(fmt="nvfp4", weight="nvfp4_2d", grad_rounding="stochastic", keep_first_last=True, hadamard=16,
+                  filter=lambda module, name: not isinstance(module, nn.Embedding)),
 }
-DEFAULT_MODELS = {"elementwise": "cnn2d,resnet18,bert,llama,gpt2", "mad": "resnet18", "fp8": "cnn2d,resnet18"}
+DEFAULT_MODELS = {"elementwise": "cnn2d,resnet18,bert,llama,gpt2", "mad": "resnet18", "fp8": "cnn2d,resnet18",
+                  "nvfp4": "cnn2d,resnet18,bert,llama,gpt2"}
 MODELS = ("cnn2d", "resnet18", "bert", "llama", "gpt2")
 
 

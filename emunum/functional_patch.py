@@ -24,6 +24,9 @@ class FunctionalPatch(ModelHooks):
         self.policy, self.strict = policy, strict
         self._counter = None
         self.checked = False
+        # set by ``patch`` when it swapped no layer (its filter and keep_first_last left none) and relies on the
+        # functional GEMMs alone: the first forward then also checks that some GEMM ran emulated
+        self.expects_emulated = False
 
     def _enter(self, mod, args):
         if not self.checked and self.mode.depth == 0 and not torch.compiler.is_compiling():
@@ -53,10 +56,17 @@ class FunctionalPatch(ModelHooks):
         counter.__exit__(None, None, None)
         records = counter.records()
         self._nest_recomputed(mod, records)
+        total = sum(f for f, _ in counter.totals.values())
+        if self.expects_emulated and total and not any(r.emulated for r in records):
+            msg = (f"no GEMM of the forward ran emulated ({total:,} FLOPs): the policy's filter and keep_first_last "
+                   "left out every layer, and no functional GEMM of the modules they accept ran")
+            if self.strict:
+                raise GemmModeError(f"emunum.patch(strict=True): {msg}")
+            warnings.warn(f"emunum.patch: {msg}", RuntimeWarning, stacklevel=2)
+            return
         missed = [r for r in records if not r.emulated and r.flops and r.reason not in CHOSEN]
         if not missed:
             return
-        total = sum(f for f, _ in counter.totals.values())
         off = sum(r.flops for r in missed)
         lines = "; ".join(f"{r.module or '<model>'}: {r.op} ({r.flops:,} FLOPs, {r.reason})"
                           for r in sorted(missed, key=lambda r: -r.flops)[:20])

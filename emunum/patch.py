@@ -231,8 +231,12 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, strict
     ``grad_weight=``, ``grad_input=``, ``grad_output=``, ``rounding=``, ``grad_rounding=``, ``ste=``,
     ``sr_bits=``, ``mad=``, ``mad_backward=``, ``approx=``, ``filter=``, ``keep_first_last=``.
     Or a ``Policy`` as ``fmt`` or ``policy=``. With no format, policy or option at all, ``fmt`` is
-    ``DEFAULT_FMT`` ("fp8_152", the documented default). Raises ValueError if the filter accepts no layer,
-    or if the model is already patched with another policy; warns if the model has no layer to emulate.
+    ``DEFAULT_FMT`` ("fp8_152", the documented default). Raises ValueError if the filter and
+    ``keep_first_last`` leave no layer to swap and no module whose functional GEMMs could run emulated (with
+    ``functional``: one outside the layers, that the filter accepts with its ancestors, other than a plain
+    container; e.g. GPT-2's ``Conv1D`` when a recipe leaves out its embeddings and first and last layers; if its
+    first forward then emulates no GEMM, it warns, or raises with ``strict``), or if the model is already
+    patched with another policy; warns if the model has no layer to emulate.
     strict: raise instead of warning when a GEMM runs off the format (see the module doc). functional: emulate
     the functional GEMMs of modules that are not swapped (default True). elide: skip the roundings that cannot
     change a bit (tensors already on the format's grid; ``docs/elision.md``), while the process-wide switch
@@ -280,7 +284,8 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, strict
         keep = {id(weights[0].module), id(weights[-1].module)}
     chosen = [s for s in sites if not s.done and id(s.module) not in keep and _applies(s, pol)
               and (pol.filter is None or pol.filter(s.module, s.name))]
-    if not chosen:
+    hosts_only = not chosen and functional and not any(s.done for s in sites) and _functional_host(model, pol, sites)
+    if not chosen and not hosts_only:
         if any(s.done for s in sites):
             return model  # patched before with this policy: nothing left to do
         if not any(_applies(s, pol) for s in sites):
@@ -308,9 +313,28 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, strict
         excluded = [(s.module, gemm_context.KEPT if id(s.module) in keep else gemm_context.FILTERED)
                     for s in sites if not s.done and id(s.module) not in reps and _applies(s, pol)]
         _attach_functional(model, pol, strict, excluded, {id(s.module) for s in sites})
+        model.__dict__["_emunum_gemm"].expects_emulated = hosts_only
     if "_emunum_gemm" in model.__dict__:
         model.__dict__["_emunum_gemm"].mode.emu.__dict__["_emunum_elide"] = elide
     return model
+
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def _functional_host(model: nn.Module, pol: Policy, sites) -> bool:
+    """Whether a module that is not a site, and that the filter accepts with all its ancestors, has a forward of
+    its own (not a plain container): where the functional path would emulate GEMMs (e.g. GPT-2's ``Conv1D``)."""
+    site_ids = {id(s.module) for s in sites}
+
+    def visit(m: nn.Module, name: str) -> bool:
+        if id(m) in site_ids or (pol.filter is not None and not pol.filter(m, name)):
+            return False
+        if type(m) not in _CONTAINERS:
+            return True
+        return any(visit(c, f"{name}.{k}" if name else k) for k, c in m._modules.items() if c is not None)
+
+    return visit(model, "")
 
 
 def _attach_functional(model: nn.Module, pol: Policy, strict: bool, excluded: list, sites) -> None:

@@ -9,6 +9,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import emunum
+from emunum.nn.gemm_context import CHOSEN
 
 from third_party_models import MODELS, loss_of
 
@@ -281,3 +282,17 @@ def test_the_fp8_recipes_convolution_kernels_count_each_gemm_once(channels, spec
     for phase in ("forward", "backward"):
         flops = lambda c: sum(r.flops for r in c.records if r.phase == phase)  # noqa: E731
         assert flops(cov) == flops(plain) > 0, (phase, str(plain), str(cov))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_nvfp4_recipes_policy_patches_every_real_model_and_leaves_out_only_what_it_chose(name):
+    """experiments/conf/format/nvfp4.yaml's policy: embeddings excluded, first and last weight layers kept. GPT-2's
+    layers left after that are all ``Conv1D`` (functional GEMMs), which patch emulates instead of refusing."""
+    model, args, kw = MODELS[name]()
+    emunum.patch(model, fmt="nvfp4", weight="nvfp4_2d", grad_rounding="stochastic", hadamard=16,
+                 keep_first_last=True, filter=lambda m, _: not isinstance(m, nn.Embedding))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cov = emunum.coverage(model, *args, loss_fn=loss_of, **kw)
+    assert {r.reason for r in cov.unemulated()} <= CHOSEN, str(cov)
+    assert cov.fraction >= 0.75, str(cov)

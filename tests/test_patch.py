@@ -320,6 +320,49 @@ def test_filter_matching_nothing_is_an_error_naming_the_candidates():
     assert [(n, m, type(m)) for n, m in model.named_modules()] == snap
 
 
+class _Projection(nn.Module):
+    """A GEMM layer no registry entry swaps (as GPT-2's ``Conv1D``): its ``F.linear`` is a functional GEMM."""
+
+    def __init__(self, a, b):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(b, a) / a ** 0.5)
+
+    def forward(self, x):
+        return F.linear(x, self.weight)
+
+
+class _Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.inner, self.head = nn.Embedding(50, 16), _Projection(16, 16), nn.Linear(16, 4)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.inner(self.embed(ids))))
+
+
+@pytest.mark.parametrize("policy", [dict(fmt="e5m2", keep_first_last=True, filter=lambda m, n: n != "embed"),
+                                    dict(fmt="nvfp4", keep_first_last=True)], ids=["element", "block"])
+def test_a_filter_that_leaves_only_functional_gemms_emulates_them_instead_of_refusing(policy):
+    model = emunum.patch(_Tower(), **policy)
+    ids = torch.randint(0, 50, (6, 3), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # what runs off the format was left out by the policy: no warning
+        cov = emunum.coverage(model, ids)
+    by_module = {(r.module, r.emulated) for r in cov.records}
+    assert ("inner", True) in by_module and ("head", False) in by_module and ("inner", False) not in by_module
+    assert all(r.reason in ("keep_first_last",) for r in cov.unemulated())
+
+
+def test_a_filter_that_leaves_no_gemm_emulated_warns_at_the_first_forward_or_raises_when_strict():
+    policy = dict(fmt="nvfp4", filter=lambda m, n: not isinstance(m, nn.Linear))  # MLP's own forward is accepted
+    model = emunum.patch(make_model("mlp"), **policy)
+    with pytest.warns(RuntimeWarning, match="no GEMM of the forward ran emulated"):
+        model(*_batch("mlp")[0])
+    strict = emunum.patch(make_model("mlp"), strict=True, **policy)
+    with pytest.raises(ValueError, match="no GEMM of the forward ran emulated"):
+        strict(*_batch("mlp")[0])
+
+
 @pytest.mark.parametrize("kwargs, exc, pattern", [
     (dict(fmt="fp7"), ValueError, "not a known format"),
     (dict(fmt="e5m2", grad="e5m9x"), ValueError, "grad='e5m9x'"),

@@ -3,6 +3,7 @@
     python benchmarks/real_models.py                        # every model, fp32 and the e4m3fn/e5m2 policy
     python benchmarks/real_models.py --policy mad           # ResNet-18 on mad="h100_fp8_e4m3" (32x32, batch 2)
     python benchmarks/real_models.py --policy fp8           # cnn2d and ResNet-18 on the fp8 recipe's MAD unit
+    python benchmarks/real_models.py --policy nvfp4         # every model under the NVFP4 recipe's policy
     python benchmarks/real_models.py --models bert,llama --rounds 9 --profile llama
     python benchmarks/real_models.py --models cnn2d,resnet18,bert,llama --compare-elide
     python benchmarks/real_models.py --models cnn2d,resnet18,bert,llama --compare-fused
@@ -28,7 +29,9 @@ Policies (``--policy``): ``elementwise`` = ``emunum.patch(model, fmt="e4m3fn", g
 same plus ``mad="h100_fp8_e4m3"`` (GEMMs on the emulated H100 FP8 tensor core; run on ResNet-18 only unless
 ``--models`` says otherwise); ``fp8`` = ``emunum.patch(model, fmt="fp8_152", mad=MADUnit("fp16_169", "fp16_169",
 chunk=64))``, the fp8 recipe's unit (Wang et al. 2018: 1-6-9 products and accumulator, chunk 64; cnn2d and
-ResNet-18 unless ``--models`` says otherwise). One step = zero_grad, forward, loss, backward, SGD step (lr
+ResNet-18 unless ``--models`` says otherwise); ``nvfp4`` = experiments/conf/format/nvfp4.yaml's policy (NVFP4
+operands, 16x16 weight tiles, stochastic gradients, the 16-point Hadamard transform on the weight-gradient GEMM,
+the first and last weight layers kept, embeddings excluded; every model). One step = zero_grad, forward, loss, backward, SGD step (lr
 1e-3). One torch and numba thread unless ``--threads``. Each round times ``--steps`` steps of every (model,
 fp32/policy) pair in turn, after a warm-up round that compiles the kernels (and runs the patched model's
 first-forward coverage check); the figure is the median over rounds of the mean step time, and the ratio is

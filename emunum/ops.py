@@ -107,6 +107,12 @@ def eager_ok(x: Tensor) -> bool:
             and (x.is_cpu or x.is_cuda))
 
 
+def has_values(x: Tensor) -> bool:
+    """Whether x's values can steer Python (a data-dependent branch): a plain CPU/CUDA tensor outside
+    torch.compile / export tracing and functorch transforms (a FakeTensor or a batched wrapper has none)."""
+    return not _is_compiling() and type(x) in _PLAIN_TENSORS and not _functorch_active() and (x.is_cpu or x.is_cuda)
+
+
 # bound once: each costs a module attribute lookup per call otherwise, and eager_ok runs on every rounding
 _is_compiling = torch.compiler.is_compiling
 _len_function_stack = _C._len_torch_function_stack

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import gemm_listener
+from ..ops import has_values
 from ..policy import Policy, Role
 from .base import EmuLayer, _mad, rounding_state
 from .block_gemm import BlockPlan, block_conv, block_conv_transpose
@@ -311,16 +312,32 @@ class GemmEmulator(EmuLayer):
         if is_causal:
             if attn_mask is not None:
                 raise ValueError("scaled_dot_product_attention: attn_mask and is_causal=True cannot both be given")
-            keep = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
-            s = s.masked_fill(~keep, float("-inf"))
+            s = _masked(s, torch.ones(L, S, dtype=torch.bool, device=q.device).tril())
         elif attn_mask is not None:
-            s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
+            s = _masked(s, attn_mask) if attn_mask.dtype == torch.bool else s + attn_mask
         p = torch.softmax(s, -1)
         if is_causal or attn_mask is not None:  # a row masked whole gives zeros, as torch's math path does
-            p = p.masked_fill(torch.isneginf(s).all(-1, keepdim=True), 0.0)
+            p = _rows_masked_whole_zeroed(p, s)
         if dropout_p > 0.0:
             p = F.dropout(p, dropout_p, training=True)
         return self.matmul(p, v)
+
+
+def _masked(s: Tensor, keep: Tensor) -> Tensor:
+    """``s.masked_fill(~keep, -inf)``, in place: s is the fresh product of the scores and the scale, which no
+    autograd node saves (one pass over s instead of a copy and a pass)."""
+    return s.masked_fill_(~keep, float("-inf"))
+
+
+def _rows_masked_whole_zeroed(p: Tensor, s: Tensor) -> Tensor:
+    """p with the rows where s is -inf throughout set to 0 (softmax gives NaN there). Where s's values are at
+    hand, its row maxima find them (-inf exactly there: a NaN makes a maximum NaN) and p is returned as it is
+    when there are none (the same values and gradients, two passes over s fewer and no node); elsewhere
+    (tracing, fake or batched tensors, an empty key axis) ``masked_fill`` runs on every row."""
+    if s.shape[-1] and has_values(s):
+        dead = torch.isneginf(s.detach().amax(-1, keepdim=True))
+        return p.masked_fill(dead, 0.0) if dead.any() else p
+    return p.masked_fill(torch.isneginf(s).all(-1, keepdim=True), 0.0)
 
 
 def _sum_out(t: Tensor, s: str, others: str):

@@ -334,6 +334,31 @@ def test_sdpa_gives_zeros_for_a_row_masked_whole_as_torchs_math_path():
     assert torch.equal(ref[2], torch.zeros(4))
 
 
+@pytest.mark.parametrize("rows", ["none_dead", "masked_dead", "nan_beside_-inf", "+inf_beside_-inf", "empty"])
+def test_sdpa_finds_the_rows_masked_whole_as_the_full_test_does_with_the_same_values_and_gradients(rows):
+    from emunum.nn.functional import _rows_masked_whole_zeroed
+
+    s = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+    if rows == "empty":
+        s = s[..., :0]
+    elif rows != "none_dead":
+        s[0, 1, 2] = float("-inf")  # a row masked whole: zeroed
+        s[1, 2, 0, :3] = float("-inf")
+        if rows != "masked_dead":  # a row of -inf with one other value: not masked whole, stays as softmax gives it
+            s[1, 2, 0, 4] = float("nan") if rows == "nan_beside_-inf" else float("inf")
+    for grad in (False, True):
+        a, b = s.clone().requires_grad_(grad), s.clone().requires_grad_(grad)
+        got = _rows_masked_whole_zeroed(torch.softmax(a, -1), a)
+        want = torch.softmax(b, -1).masked_fill(torch.isneginf(b).all(-1, keepdim=True), 0.0)
+        assert torch.equal(got, want) if rows in ("none_dead", "empty", "masked_dead") else \
+            torch.equal(torch.nan_to_num(got, 7.0), torch.nan_to_num(want, 7.0))
+        if grad and got.numel():
+            w = torch.randn(got.shape, generator=torch.Generator().manual_seed(1))
+            torch.nan_to_num(got * w, 0.0).sum().backward()
+            torch.nan_to_num(want * w, 0.0).sum().backward()
+            assert torch.equal(torch.nan_to_num(a.grad, 7.0), torch.nan_to_num(b.grad, 7.0))
+
+
 def test_sdpa_dropout_comes_before_the_rounding_of_p():
     q, k, v = (tame(1, 2, 4, 8, seed=s) for s in (1, 2, 3))
     m = emunum.patch(Fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)), "e5m2")

@@ -89,6 +89,46 @@ def test_nvfp4_wgrad_quantises_the_transformed_operands_and_is_seed_reproducible
     assert not torch.equal(other.weight.grad, lin.weight.grad)
 
 
+class _Conv1D(nn.Module):
+    """GPT-2's ``Conv1D``: y = addmm(b, x, W) with W (in, out), a functional GEMM no layer swaps; ``left``: the
+    weight as the left operand instead, y = (W x^T)^T."""
+
+    def __init__(self, left: bool):
+        super().__init__()
+        self.left = left
+        self.weight = nn.Parameter(torch.randn(16, 32) if left else torch.randn(32, 16))
+        self.bias = nn.Parameter(torch.zeros(16))
+
+    def forward(self, x):
+        if self.left:
+            return (self.weight @ x.t()).t() + self.bias
+        return torch.addmm(self.bias, x, self.weight)
+
+
+@pytest.mark.parametrize("left", [False, True], ids=["x_at_w", "w_at_xt"])
+def test_a_functional_weight_gemm_transforms_its_weight_gradient_operands_as_a_layer_does(left):
+    torch.manual_seed(1)
+    layer = _Conv1D(left)
+    x, gy = torch.randn(40, 32, requires_grad=True), torch.randn(40, 16)
+    base = dict(grad_rounding="nearest")  # no layer to swap: the GEMM is functional
+    model = emunum.patch(nn.Sequential(layer), policy=emunum.Policy.make("nvfp4", hadamard=16, hadamard_seed=5,
+                                                                          **base))
+    y = model(x)
+    y.backward(gy)
+    tx, tg = _blockdiag_rht(x.detach(), 16, 5), _blockdiag_rht(gy, 16, 5)  # along the tokens
+    want = Q(tx, "nvfp4", axis=0).t() @ Q(tg, "nvfp4", axis=0)  # (in, out)
+    assert torch.equal(layer.weight.grad, want.t() if left else want)
+    grads = (x.grad.clone(), layer.weight.grad.clone())
+    plain = emunum.patch(nn.Sequential(_Conv1D(left)), policy=emunum.Policy.make("nvfp4", **base))
+    plain[0].load_state_dict(layer.state_dict())
+    x.grad = None
+    yp = plain(x)
+    yp.backward(gy)
+    assert torch.equal(y, yp) and torch.equal(x.grad, grads[0])  # forward and grad-input GEMMs: untouched
+    assert not torch.equal(plain[0].weight.grad, grads[1])  # the transform changes what is quantised
+    assert emunum.coverage(model, x).fraction == 1.0
+
+
 def test_hadamard_policy_errors_name_the_value_and_what_is_allowed():
     with pytest.raises(ValueError, match=r"hadamard=8: .* one of 4, 16, 64, 256"):
         emunum.Policy.make("nvfp4", hadamard=8)

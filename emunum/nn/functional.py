@@ -14,8 +14,11 @@ How the product itself runs, per policy:
 - ``Policy.mad`` (element formats): ``emunum.mad.matmul``/``linear``/``conv1d``/``conv2d`` on the unit; an
   ``addmm``/``baddbmm`` term is added after the GEMM in the tensor's dtype, ``alpha * (a @ b) + beta * c``;
 - block formats (MX, NVFP4): both operands quantised along the GEMM's reduction dimension K, per GEMM, forward
-  and backward (``BlockPlan``, as ``emunum.nn.block_gemm`` does for layers; the Hadamard transform of the
-  NVFP4 recipe applies to layers' weight gradients only).
+  and backward (``BlockPlan``, as ``emunum.nn.block_gemm`` does for layers). The Hadamard transform of the
+  NVFP4 recipe (``Policy.hadamard``) applies to the weight-gradient GEMM of a product with a weight operand
+  (two-dimensional, as every such product is run: GPT-2's ``Conv1D``, a functional ``F.linear``): both of its
+  operands are transformed along its reduction dimension, the tokens, as a layer's are; attention's products
+  (two activations) are not transformed.
 ``einsum`` with two or more operands runs as a chain of batched products, left to right (each contraction one
 emulated GEMM, its result rounded as ``output``); an index summed within one operand is summed first. As in
 torch's own einsum, a summed index of size 1 in either operand is no GEMM dimension (the other operand is summed
@@ -37,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import gemm_listener
+from ..hadamard import rht_scanned
 from ..ops import has_values
 from ..policy import Policy, Role
 from .base import EmuLayer, _mad, rounding_state
@@ -82,9 +86,15 @@ class _BlockMatmul(torch.autograd.Function):
         p, (ra, rb), tr = ctx.plan, ctx.roles, ctx.trace
         ga = gb = None
         if ctx.needs_input_grad[0]:
-            ga = p.mm(g, b.transpose(-1, -2), Role.GRAD_OUTPUT, rb, -2, 1, tr)
+            gg, bb = g, b
+            if p.hadamard is not None and ra is Role.WEIGHT and g.dim() == 2:  # a weight's gradient: K = N
+                gg, bb = (rht_scanned(t, p.hadamard, p.hadamard_seed, 1, False)[0] for t in (g, b))
+            ga = p.mm(gg, bb.transpose(-1, -2), Role.GRAD_OUTPUT, rb, -2, 1, tr)
         if ctx.needs_input_grad[1]:
-            gb = p.mm(a.transpose(-1, -2), g, ra, Role.GRAD_OUTPUT, -2, 2, tr)
+            aa, gg = a, g
+            if p.hadamard is not None and rb is Role.WEIGHT and g.dim() == 2:  # a weight's gradient: K = M
+                aa, gg = (rht_scanned(t, p.hadamard, p.hadamard_seed, 0, False)[0] for t in (a, g))
+            gb = p.mm(aa.transpose(-1, -2), gg, ra, Role.GRAD_OUTPUT, -2, 2, tr)
         return ga, gb, None, None, None
 
 

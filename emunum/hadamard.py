@@ -14,7 +14,14 @@ M's entries +-2**-k are exact); s[i] = +1 or -1 from bit i of the counter-based 
 so transforming both operands of a dot product along its reduction dimension leaves it unchanged:
 (u M) . (v M) = u M M^T v^T = u . v; only the quantisation in between sees the transformed values.
 ``rht(x, n, seed, dim)`` pads ``dim`` with zeros to a multiple of n (zeros contribute nothing to the product),
-and transforms each run of n along it; the sums are computed in float64 and rounded once to x's dtype.
+and transforms each run of n along it; the sums are computed in float64 and rounded once to x's dtype. Each
+output's sum is taken in index order, 0 + u_0 M_0i + u_1 M_1i + ... + u_(n-1) M_(n-1)i: where a run's float64
+sums are exact (its values span fewer than about 53 - 24 - log2 n binades: nearly every run of real data), any
+order gives these bits, and a float32 CPU tensor takes the butterfly kernel (``kernels/hadamard_cpu.py``); a run
+whose sums are inexact takes the index order in that kernel too, and every other path (float64 or 16-bit x,
+autograd, CUDA, a run holding an infinity or NaN) runs that order as element-wise torch ops, so that no device,
+thread count or BLAS changes a bit. (Before 2026-11-29 an inexact run took torch's float64 matrix product,
+whose order is its BLAS's.)
 """
 from __future__ import annotations
 
@@ -86,8 +93,18 @@ def rht_scanned(x: torch.Tensor, n: int, seed: int, dim: int, scan: bool = True)
     if pad:
         w = torch.nn.functional.pad(w, (0, pad))
     m = torch.tensor(rht_matrix(n, seed), device=w.device)
-    out = (w.reshape(*w.shape[:-1], -1, n) @ m).reshape(w.shape)
+    out = _index_order_product(w.reshape(*w.shape[:-1], -1, n), m).reshape(w.shape)
     return out.movedim(-1, d).to(x.dtype), None
+
+
+def _index_order_product(u: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """u @ m for runs u (..., n) of float64, each sum taken in index order from +0: 0 + u_0 m_0i + u_1 m_1i + ...
+    (the module doc's definition; every product is exact). Element-wise ops, so every device, thread count and
+    BLAS gives these bits, and autograd differentiates it."""
+    acc = torch.zeros(u.shape, dtype=u.dtype, device=u.device)
+    for j in range(m.shape[0]):
+        acc = acc + u[..., j:j + 1] * m[j]
+    return acc
 
 
 def _butterfly(x: torch.Tensor, n: int, seed: int, d: int, padded: int, scan: bool = False):

@@ -16,7 +16,10 @@ minimum over nonzero elements of |u| - |u with its lowest set bit cleared| (|u| 
 significand is 0: the implicit bit is the lowest), both float32 values of one binade, so the difference is
 exact; S is bounded above by its float64 sum times 1 + 2**-40, rounded (n <= 256 nonnegative terms: the sum
 is at least S (1 - 255 * 2**-53) > S (1 - 2**-44)). A run holding an infinity or NaN has S = inf or NaN
-and fails. The kernel returns False as soon as a run fails; the caller then takes the reference path.
+and fails. A finite run that fails is summed in index order instead (``_index_order``: each output's n terms
+from +0, j = 0 .. n-1, the definition ``emunum.hadamard`` gives for every run, which any order meets where the
+sums are exact); a run holding an infinity or NaN makes the kernel return False, and the caller computes that
+definition with torch ops.
 A cheaper test runs first, on the float64 exponents e of the run's nonzero elements (|u| in [2**e, 2**(e+1))):
 a spread max e - min e <= 29 - log2 n implies the exact test's condition with room to spare. Every nonzero
 float32 u is a multiple of 2**(e_u - 23) (a subnormal one too), so 2**lsb >= 2**(min e - 23), while
@@ -71,10 +74,53 @@ def _exact(x, bits, a, r, n, L, b0, nb, total, lsb):
     return True
 
 
+@njit(inline="always")
+def _butterfly(work, n, nb):
+    """work[:, :nb] (n signed terms per column) replaced by its Walsh-Hadamard transform, in place."""
+    h = 1
+    while h < n:
+        for i0 in range(0, n, 2 * h):
+            for j in range(i0, i0 + h):
+                p, q = work[j], work[j + h]
+                for c in range(nb):
+                    uc = U64(c)
+                    s, d = p[uc] + q[uc], p[uc] - q[uc]
+                    p[uc] = s
+                    q[uc] = d
+        h *= 2
+
+
+@njit(inline="always")
+def _odd(k):
+    """Whether k (>= 0) has an odd number of set bits."""
+    p = 0
+    while k:
+        p ^= k & 1
+        k >>= 1
+    return p == 1
+
+
+@njit(inline="always")
+def _index_order(work, res, n, nb):
+    """work[:, :nb] replaced by the sums sum_j H[j, i] work[j, c] taken in index order, j = 0 .. n-1, from +0
+    (H[j, i] = -1 where i & j has an odd number of set bits): the definition where a run's sums are inexact."""
+    for c in range(nb):
+        for i in range(n):
+            acc = 0.0
+            for j in range(n):
+                v = work[j, c]
+                acc = acc - v if _odd(i & j) else acc + v
+            res[i, c] = acc
+    for i in range(n):
+        for c in range(nb):
+            work[i, c] = res[i, c]
+
+
 @njit(cache=True)
 def rht_f32(x, out, signs, shift, amaxes, finite):
     """out[a, b, r*n + i] = float32(2**-shift * sum_j signs[j] * H[j, i] * x[a, r*n + j, b]) for every run r
-    (x read as zero beyond L); False (out partly written) where a run's sums might not be exact in float64.
+    (x read as zero beyond L; the sum in float64, in index order where its sums are inexact: module doc); False
+    (out partly written) where a run holds an infinity or NaN.
     Unless amaxes is empty: the largest |out| of each run (out's blocks of n along its last axis) into
     amaxes[(a * B + b) * runs + r] (float64), and the bits of the largest finite |out| into finite[0] (0 if
     none): what ``block_cpu.block_amaxes`` finds in out (no NaN: a run holding one is declined).
@@ -87,6 +133,7 @@ def rht_f32(x, out, signs, shift, amaxes, finite):
     runs = out.shape[2] // n
     scale = np.ldexp(1.0, -shift)
     work = np.empty((n, COLUMNS), dtype=np.float64)
+    res = np.empty((n, COLUMNS), dtype=np.float64)  # the index-order sums of a run whose sums are inexact
     bits = x.view(np.uint32)
     emax = np.empty(COLUMNS, dtype=np.uint64)  # largest float64 exponent field per column of this run
     emin = np.empty(COLUMNS, dtype=np.uint64)  # smallest nonzero one (NO_EXP: all zeros)
@@ -122,20 +169,13 @@ def rht_f32(x, out, signs, shift, amaxes, finite):
                     spread = True
                     for c in range(nb):
                         uc = U64(c)
-                        spread &= (emax[uc] < U64(2047)) & (np.int64(emax[uc]) - np.int64(emin[uc]) <= spread_max)
+                        if emax[uc] == U64(2047):  # an infinity or NaN: the caller's path
+                            return False
+                        spread &= np.int64(emax[uc]) - np.int64(emin[uc]) <= spread_max
                     if not spread and not _exact(x, bits, a, r, n, L, b0, nb, total, lsb):
-                        return False
-                    h = 1
-                    while h < n:
-                        for i0 in range(0, n, 2 * h):
-                            for j in range(i0, i0 + h):
-                                p, q = work[j], work[j + h]
-                                for c in range(nb):
-                                    uc = U64(c)
-                                    s, d = p[uc] + q[uc], p[uc] - q[uc]
-                                    p[uc] = s
-                                    q[uc] = d
-                        h *= 2
+                        _index_order(work, res, n, nb)
+                    else:
+                        _butterfly(work, n, nb)
                     base = r * n
                     for c in range(nb):
                         o = out[a, b0 + c]

@@ -181,37 +181,91 @@ def test_butterfly_gives_the_matrix_products_bits_and_strides(n, shape, dim, kin
     assert _bits_equal(had.rht(x, n, 7, dim), fast)
 
 
-@pytest.mark.parametrize("planted", ["spread", "inf", "nan"])
-def test_butterfly_declines_runs_whose_sums_may_be_inexact_or_not_finite(planted, monkeypatch):
+@pytest.mark.parametrize("planted", ["inf", "nan"])
+def test_butterfly_declines_runs_that_are_not_finite(planted, monkeypatch):
     x = 1 + torch.rand(64, 8, generator=torch.Generator().manual_seed(3))  # [1, 2): one binade
-    x[17, 2] = 1.0 + 2.0 ** -23  # the run's lowest significand bit: 2**-23, so sums must stay below 2**30
-    if planted == "spread":  # 2**30 in that run of 16: its sums reach 2**30 + 15: 54 bits, inexact
-        x[18, 2] = 2.0 ** 30
-    else:
-        x[40, 5] = float(planted)
+    x[40, 5] = float(planted)
     assert had._butterfly(x, 16, 0, 0, 64) is None
     assert _bits_equal(had.rht(x, 16, 0, 0), _reference_rht(x, 16, 0, 0, monkeypatch))
-    x[18, 2] = 2.0 ** 29  # sums below 2**29 + 30 < 2**30: exact (a spread of 29 binades), the kernel's
     x[40, 5] = 1.0
     fast, _ = had._butterfly(x, 16, 0, 0, 64)
     assert _bits_equal(fast, _reference_rht(x, 16, 0, 0, monkeypatch))
 
 
-@pytest.mark.parametrize("top,low,taken", [
-    ((2 - 2.0 ** -23) * 2.0 ** 25, 1.0, True),  # a spread of 25 = 29 - log2 16, full significands: the spread test
-    (2.0 ** 26, 1.0, True),  # 26 binades, lowest bit 1: the exact test takes it (sums far below 2**53)
-    ((2 - 2.0 ** -23) * 2.0 ** 26, 1.0 + 2.0 ** -23, False),  # 26 binades, lowest bit 2**-23: sums past 2**30
+def _orders(x: torch.Tensor, n: int, seed: int):
+    """Independent oracles for rht(x, n, seed, 0) of a 2-D float32 x, in Python floats (IEEE double): each
+    output's sum in index order from +0 (the definition), and in the butterfly's order (pairs, then pairs of
+    pairs; the scale last), each rounded once to float32."""
+    m = scipy.linalg.hadamard(n) * had.sign_vector(n, seed)[:, None] / np.sqrt(n)
+    s, scale = had.sign_vector(n, seed), 1 / np.sqrt(n)
+    t = x.shape[0]
+    u = np.zeros((-(-t // n) * n, x.shape[1]))
+    u[:t] = x.double().numpy()
+    index, tree = np.zeros(u.shape, np.float32), np.zeros(u.shape, np.float32)
+    for c in range(u.shape[1]):
+        for r0 in range(0, u.shape[0], n):
+            run = [float(v) for v in u[r0:r0 + n, c]]
+            for i in range(n):
+                acc = 0.0
+                for j in range(n):
+                    acc = acc + run[j] * float(m[j, i])
+                index[r0 + i, c] = np.float32(acc)
+            w = [float(s[j]) * run[j] for j in range(n)]
+            h = 1
+            while h < n:
+                for i0 in range(0, n, 2 * h):
+                    for j in range(i0, i0 + h):
+                        w[j], w[j + h] = w[j] + w[j + h], w[j] - w[j + h]
+                h *= 2
+            for i in range(n):
+                tree[r0 + i, c] = np.float32((w[i] + 0.0) * scale)
+    return torch.from_numpy(index), torch.from_numpy(tree)
+
+
+def _same_bits(a, b):
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
+
+
+def _midpoint_run(seed: int) -> torch.Tensor:
+    """A run whose sums are inexact and whose first output differs between the two orders: its signed terms are
+    2**29, 32 and fourteen 2**-24. In index order each 2**-24 is a tie below the float64 ulp of 2**29 + 32 and
+    is lost (ties to even), leaving (2**29 + 32) / 4, a float32 midpoint, which rounds to even: 2**27; the
+    butterfly first adds them in pairs, keeps 7 * 2**-23 and rounds up: 2**27 + 16."""
+    v = torch.tensor([2.0 ** 29, 32.0] + [2.0 ** -24] * 14)
+    return v * torch.from_numpy(had.sign_vector(16, seed)).float()
+
+
+@pytest.mark.parametrize("where", ["kernel", "torch_ops", "autograd"])
+def test_a_run_whose_sums_are_inexact_is_summed_in_index_order_on_every_path(where, monkeypatch):
+    x = 1 + torch.rand(64, 8, generator=torch.Generator().manual_seed(3))  # the other runs: exact sums
+    x[16:32, 3] = _midpoint_run(0)
+    index, tree = _orders(x, 16, 0)
+    assert index[16, 3] == 2.0 ** 27 and tree[16, 3] == 2.0 ** 27 + 16  # the orders differ on that run only
+    assert torch.equal(index[:16], tree[:16]) and torch.equal(index[:, :3], tree[:, :3])
+    if where == "kernel":
+        got, _ = had._butterfly(x, 16, 0, 0, 64)
+    elif where == "torch_ops":
+        got = _reference_rht(x, 16, 0, 0, monkeypatch)
+    else:
+        got = had.rht(x.requires_grad_(), 16, 0, 0).detach()
+    assert _same_bits(got, index)
+
+
+@pytest.mark.parametrize("top,low", [
+    ((2 - 2.0 ** -23) * 2.0 ** 25, 1.0),  # a spread of 25 = 29 - log2 16, full significands: the spread test
+    (2.0 ** 26, 1.0),  # 26 binades, lowest bit 1: the exact test takes it (sums far below 2**53)
+    ((2 - 2.0 ** -23) * 2.0 ** 26, 1.0 + 2.0 ** -23),  # 26 binades, lowest bit 2**-23: sums past 2**30
 ])
-def test_butterfly_takes_runs_the_exact_test_takes_and_only_those(top, low, taken, monkeypatch):
-    """The kernel's cheap exponent-spread test admits a run only where the exact test would: at its limit
-    (with the largest sums it allows) the run is taken, one binade past it the exact test decides."""
+def test_butterfly_gives_the_definitions_bits_at_the_limits_of_its_tests(top, low):
+    """At the limit of the kernel's cheap exponent-spread test (with the largest sums it allows), one binade
+    past it (where the exact test decides) and past both: the definition's bits (index order, which any order
+    meets where the sums are exact; a run the tests wrongly admitted would give the butterfly's order, which
+    ``test_a_run_whose_sums_are_inexact...`` shows can differ)."""
     x = 1 + torch.rand(64, 8, generator=torch.Generator().manual_seed(5))
     x[16:31, 2] = top
     x[31, 2] = low
-    result = had._butterfly(x, 16, 0, 0, 64)  # (values, scan), or None where the kernel declines
-    assert (result is not None) == taken
-    if taken:
-        assert _bits_equal(result[0], _reference_rht(x, 16, 0, 0, monkeypatch))
+    got, _ = had._butterfly(x, 16, 0, 0, 64)
+    assert _same_bits(got, _orders(x, 16, 0)[0])
 
 
 def test_butterfly_leaves_autograd_float64_and_its_input_alone():

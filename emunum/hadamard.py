@@ -31,7 +31,7 @@ import math
 import numpy as np
 import torch
 
-from .rng import random_bits_torch, seed_key
+from .rng import random_bits_int, random_bits_torch, seed_key
 
 SIZES = (4, 16, 64, 256)
 
@@ -92,9 +92,25 @@ def rht_scanned(x: torch.Tensor, n: int, seed: int, dim: int, scan: bool = True)
     w = x.to(torch.float64).movedim(d, -1)
     if pad:
         w = torch.nn.functional.pad(w, (0, pad))
-    m = torch.tensor(rht_matrix(n, seed), device=w.device)
+    m = _matrix(n, seed).to(w.device)
     out = _index_order_product(w.reshape(*w.shape[:-1], -1, n), m).reshape(w.shape)
     return out.movedim(-1, d).to(x.dtype), None
+
+
+def _matrix(n: int, seed: int) -> torch.Tensor:
+    """``rht_matrix(n, seed)`` as a float64 CPU tensor, made from Python numbers: torch.compile traces this path
+    (it cannot trace numpy) and folds them into a constant."""
+    return torch.tensor(_matrix_rows(n, seed), dtype=torch.float64)
+
+
+@functools.lru_cache(maxsize=16)
+def _matrix_rows(n: int, seed: int) -> tuple:
+    """``rht_matrix(n, seed)``'s rows as tuples of floats: s[j] H[j][i] / sqrt(n), s from the generator's bits
+    (``sign_vector``) and H[j][i] = -1 where i & j has an odd number of set bits (Sylvester's order)."""
+    key, scale = seed_key(seed), 1.0 / math.sqrt(n)  # exact: n is a power of 4
+    signs = [1 - 2 * random_bits_int(key, j, 1) for j in range(n)]
+    return tuple(tuple(signs[j] * (-scale if bin(i & j).count("1") % 2 else scale) for i in range(n))
+                 for j in range(n))
 
 
 def _index_order_product(u: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -112,9 +128,9 @@ def _butterfly(x: torch.Tensor, n: int, seed: int, d: int, padded: int, scan: bo
     apply: a float32 CPU tensor outside autograd whose runs all have sums that are exact in float64 (then any
     order of summation gives the reference's bits). The result has the reference's shape and strides: a
     contiguous tensor with ``d`` moved last, moved back."""
-    if x.dtype != torch.float32 or not x.is_cpu or type(x) is not torch.Tensor or x.numel() == 0 \
-            or (x.requires_grad and torch.is_grad_enabled()):
-        return None
+    if torch.compiler.is_compiling() or x.dtype != torch.float32 or not x.is_cpu or type(x) is not torch.Tensor \
+            or x.numel() == 0 or (x.requires_grad and torch.is_grad_enabled()):
+        return None  # (first: while torch.compile traces, the tensor-op path is what it can trace)
     from .kernels.hadamard_cpu import rht_f32  # noqa: PLC0415  (compiled on first use)
 
     shape = x.shape

@@ -36,6 +36,12 @@ def test_sign_vector_is_fixed_by_its_seed():
     assert set(had.sign_vector(256, 0)) == {-1, 1}
 
 
+@pytest.mark.parametrize("seed", [0, 1, 12345])
+@pytest.mark.parametrize("n", had.SIZES)
+def test_the_traceable_matrix_made_of_python_numbers_is_rht_matrix(n, seed):
+    assert np.array_equal(had._matrix(n, seed).numpy(), had.rht_matrix(n, seed))
+
+
 def _blockdiag_rht(x: torch.Tensor, n: int, seed: int) -> torch.Tensor:
     """Independent reference: pad the rows to a multiple of n, then multiply by blockdiag(M^T) from the left
     (each run u of n rows becomes (u^T M)^T), in float64."""

@@ -58,6 +58,7 @@ from ..formats import BlockFormat, E8M0Format, FixedFormat, FloatFormat, MXPlusF
 from ..quantize import check_sr_bits, check_tensor, resolve_seed
 from ..rng import mix64_int, seed_key
 from . import backend
+from .compile_boundary import graph_break
 from .unit import MADUnit, Order, as_unit
 
 _SEED_A, _SEED_B, _SEED_STEP = 5, 6, 16
@@ -139,6 +140,7 @@ def check_pair(fa: BlockFormat, fb: BlockFormat) -> int:
     return length
 
 
+@graph_break
 def block_matmul(A: torch.Tensor, B: torch.Tensor, fmt_a, fmt_b, unit: MADUnit, *, rounding="nearest",
                  rounding_b=None, seed: int | None = None, sr_bits: int = 32) -> torch.Tensor:
     """C = A @ B with A quantised to ``fmt_a`` along K and B to ``fmt_b`` along K, block pairs summed exactly,

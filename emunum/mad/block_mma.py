@@ -24,6 +24,7 @@ from ..formats import BlockFormat, E8M0Format, FloatFormat, MXPlusFormat, RoundM
 from ..quantize import check_sr_bits, check_tensor, resolve_seed
 from ..rng import seed_key
 from .block import _SEED_A, _SEED_B, _derived, _k_length, _split
+from .compile_boundary import graph_break
 from .mma import MMAUnit, mma_preset
 from .scaled_gemm import scaled_mm
 
@@ -50,6 +51,7 @@ def check_formats(fa, fb, unit: MMAUnit) -> None:
                              f"blocks of {unit.block}")
 
 
+@graph_break
 def block_scaled_mm(A: torch.Tensor, B: torch.Tensor, fmt_a, fmt_b, unit, *, rounding="nearest", rounding_b=None,
                     seed: int | None = None, sr_bits: int = 32) -> torch.Tensor:
     """C = A @ B with A quantised to ``fmt_a`` along K and B to ``fmt_b``, on the block-scaled instruction

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from . import backend
+from .compile_boundary import graph_break
 from .functional import (ROLE_GRAD_BIAS, ROLE_GRAD_INPUT, ROLE_GRAD_WEIGHT, _bwd_seed, _resolve_seed,
                          parse_backward_units)
 from .unit import MADUnit, as_unit
@@ -250,6 +251,7 @@ def _check(input, weight, bias, groups, nd: int):
         raise ValueError(f"bias must have shape ({O},), got {tuple(bias.shape)}")
 
 
+@graph_break
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1, padding=0,
            dilation=1, groups: int = 1, *, unit: MADUnit = None, backward_units=None,
            seed: int | None = None) -> torch.Tensor:
@@ -281,6 +283,7 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     return _Conv2dFn.apply(input, weight, bias, stride, dilation, groups, unit, units_bwd, seed, dtype)
 
 
+@graph_break
 def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1, padding=0,
            dilation=1, groups: int = 1, *, unit: MADUnit = None, backward_units=None,
            seed: int | None = None) -> torch.Tensor:

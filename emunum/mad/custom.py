@@ -13,10 +13,12 @@ from __future__ import annotations
 import torch
 
 from ..formats import CustomFormat
+from .compile_boundary import graph_break
 
 _DTYPES = (torch.float32, torch.float64)
 
 
+@graph_break
 def custom_matmul(A: torch.Tensor, B: torch.Tensor, fmt: CustomFormat) -> torch.Tensor:
     """A (m, K) @ B (K, n) on fmt's codes with fmt.mul and fmt.add (module docstring)."""
     if not isinstance(fmt, CustomFormat):

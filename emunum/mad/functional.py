@@ -16,6 +16,7 @@ import torch
 
 from ..rng import mix64_int, seed_key
 from . import backend
+from .compile_boundary import graph_break
 from .unit import MADUnit, as_unit
 
 ROLE_GRAD_INPUT, ROLE_GRAD_WEIGHT, ROLE_GRAD_BIAS = 1, 2, 3
@@ -48,6 +49,7 @@ def _bwd_seed(unit: MADUnit, seed: int, role: int) -> int:
 
 # ---- mad -------------------------------------------------------------------------------------------------
 
+@graph_break
 def mad(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, unit: MADUnit, *, seed: int | None = None) -> torch.Tensor:
     """One MAD step per element: round_acc(a*b + c) if ``unit.fused`` (correctly rounded: one rounding of the
     exact value), else round_acc(round_mul(a*b) + c). Broadcasts like ``a * b + c``.
@@ -130,6 +132,7 @@ class _MatmulFn(torch.autograd.Function):
         return grad_a, grad_b, None, None, None, None
 
 
+@graph_break
 def matmul(A: torch.Tensor, B: torch.Tensor, unit: MADUnit, *, backward_units=None,
            seed: int | None = None) -> torch.Tensor:
     """``torch.matmul`` on a MAD unit: C[..., m, n] = sum_k A[..., m, k] B[..., k, n], every multiply-accumulate
@@ -208,6 +211,7 @@ class _LinearFn(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None, None
 
 
+@graph_break
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, unit: MADUnit = None, *,
            backward_units=None, seed: int | None = None) -> torch.Tensor:
     """``torch.nn.functional.linear`` on a MAD unit: y[..., o] = round_acc(sum_i x[..., i] w[o, i] + b[o]).
@@ -274,6 +278,7 @@ def _check_scale(beta, alpha) -> None:
                              f"{name}=1 (scale the operands first)")
 
 
+@graph_break
 def baddbmm(input: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, unit: MADUnit, *, beta=1, alpha=1,
             backward_units=None, seed: int | None = None) -> torch.Tensor:
     """``torch.baddbmm`` on a MAD unit: out[b] = batch1[b] @ batch2[b] + input[b], as D = A.B + C.
@@ -312,6 +317,7 @@ def baddbmm(input: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, uni
     return _AddmmFn.apply(input, batch1, batch2, unit, units_bwd, seed, dtype)
 
 
+@graph_break
 def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, unit: MADUnit, *, beta=1, alpha=1,
           backward_units=None, seed: int | None = None) -> torch.Tensor:
     """``torch.addmm`` on a MAD unit: out = mat1 @ mat2 + input (input broadcast to (n, p)), as D = A.B + C with

@@ -39,6 +39,7 @@ import torch
 from ..formats import LogFormat
 from ..formats.log import log_tables
 from ..formats.base import parse_enum
+from .compile_boundary import graph_break
 
 _DTYPES = (torch.float32, torch.float64)
 
@@ -89,6 +90,7 @@ def _operand(t: torch.Tensor, fmt: LogFormat) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(cls, dtype=np.int64), np.ascontiguousarray(k, dtype=np.int64)
 
 
+@graph_break
 def lns_matmul(A: torch.Tensor, B: torch.Tensor, fmt: LogFormat, add="exact") -> torch.Tensor:
     """A (M, K) @ B (K, N) on an LNS MAD unit of format fmt; add: "exact" or "mitchell" (module docstring)."""
     if not isinstance(fmt, LogFormat):

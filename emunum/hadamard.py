@@ -124,10 +124,10 @@ def _index_order_product(u: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 
 def _butterfly(x: torch.Tensor, n: int, seed: int, d: int, padded: int, scan: bool = False):
-    """``rht_scanned``'s result by the butterfly kernel (``kernels/hadamard_cpu.py``), or None where it does not
-    apply: a float32 CPU tensor outside autograd whose runs all have sums that are exact in float64 (then any
-    order of summation gives the reference's bits). The result has the reference's shape and strides: a
-    contiguous tensor with ``d`` moved last, moved back."""
+    """``rht_scanned``'s result by the butterfly kernel (``kernels/hadamard_cpu.py``: the butterfly where a run's
+    float64 sums are exact, the index order where not), or None where it does not apply: anything but a float32
+    CPU tensor outside autograd and torch.compile's tracing, or a tensor holding an infinity or NaN. The result
+    has the tensor-op path's shape and strides: a contiguous tensor with ``d`` moved last, moved back."""
     if torch.compiler.is_compiling() or x.dtype != torch.float32 or not x.is_cpu or type(x) is not torch.Tensor \
             or x.numel() == 0 or (x.requires_grad and torch.is_grad_enabled()):
         return None  # (first: while torch.compile traces, the tensor-op path is what it can trace)

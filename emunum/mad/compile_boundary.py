@@ -13,6 +13,7 @@ import torch
 
 
 def graph_break(fn):
+    """fn, a graph break under torch.compile (module doc)."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
         return _disabled(fn)(*args, **kwargs)

@@ -25,19 +25,19 @@ Models (random weights, built from configs; nothing is downloaded):
 heads (Llama), FFN 4w (BERT) or 11w/4 (Llama); with ``--seq``/``--batch`` this shows how the emulation's
 per-rounding costs weigh less as the GEMMs grow.
 
-Policies (``--policy``): ``elementwise`` = ``emunum.patch(model, fmt="e4m3fn", grad="e5m2")``; ``mad`` = the
-same plus ``mad="h100_fp8_e4m3"`` (GEMMs on the emulated H100 FP8 tensor core; run on ResNet-18 only unless
-``--models`` says otherwise); ``fp8`` = ``emunum.patch(model, fmt="fp8_152", mad=MADUnit("fp16_169", "fp16_169",
-chunk=64))``, the fp8 recipe's unit (Wang et al. 2018: 1-6-9 products and accumulator, chunk 64; cnn2d and
-ResNet-18 unless ``--models`` says otherwise); ``nvfp4`` = experiments/conf/format/nvfp4.yaml's policy (NVFP4
-operands, 16x16 weight tiles, stochastic gradients, the 16-point Hadamard transform on the weight-gradient GEMM,
-the first and last weight layers kept, embeddings excluded; every model). One step = zero_grad, forward, loss, backward, SGD step (lr
-1e-3). One torch and numba thread unless ``--threads``. Each round times ``--steps`` steps of every (model,
-fp32/policy) pair in turn, after a warm-up round that compiles the kernels (and runs the patched model's
-first-forward coverage check); the figure is the median over rounds of the mean step time, and the ratio is
-against that model's fp32 median from the same run. Every step starts from the model's initial weights and
-buffers, put back untimed before it (``TrainStep.reset``): without loss scaling some models diverge within a few
-emulated steps, and a step on NaN weights is not a training step; a step whose loss is not finite stops the run.
+Policies (``--policy``): ``elementwise`` = ``emunum.patch(model, fmt="e4m3fn", grad="e5m2")``; ``mad`` = the same plus
+``mad="h100_fp8_e4m3"`` (GEMMs on the emulated H100 FP8 tensor core; run on ResNet-18 only unless ``--models`` says
+otherwise); ``fp8`` = ``emunum.patch(model, fmt="fp8_152", mad=MADUnit("fp16_169", "fp16_169", chunk=64))``, the fp8
+recipe's unit (Wang et al. 2018: 1-6-9 products and accumulator, chunk 64; cnn2d and ResNet-18 unless ``--models``
+says otherwise); ``nvfp4`` = experiments/conf/format/nvfp4.yaml's policy (NVFP4 operands, 16x16 weight tiles,
+stochastic gradients, the 16-point Hadamard transform on the weight-gradient GEMM, the first and last weight layers
+kept, embeddings excluded; every model). One step = zero_grad, forward, loss, backward, SGD step (lr 1e-3). One torch
+and numba thread unless ``--threads``. Each round times ``--steps`` steps of every (model, fp32/policy) pair in turn,
+after a warm-up round that compiles the kernels (and runs the patched model's first-forward coverage check); the
+figure is the median over rounds of the mean step time, and the ratio is against that model's fp32 median from the
+same run. Every step starts from the model's initial weights and buffers, put back untimed before it
+(``TrainStep.reset``): without loss scaling some models diverge within a few emulated steps, and a step on NaN weights
+is not a training step; a step whose loss is not finite stops the run.
 ``--compare-elide`` adds the policy with ``elide=False`` (every rounding run; ``docs/elision.md``) to the same
 rounds; ``--compare-fused`` turns the one-node-per-layer path on for the policy
 (``emunum.nn.fused.set_fused(True)``; it is off by default) and adds the policy with it off (``fused(False)``

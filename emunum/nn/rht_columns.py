@@ -13,10 +13,10 @@ quantised runs to their kh places.
 Why the bits equal q(rht(cols)): the transform maps each run to a function of that run alone (the butterfly's
 values are exact, and a run whose sums are not is summed in index order: ``kernels/hadamard_cpu.py``), the
 quantiser's blocks are runs too, and the tensor's finite amax and the kernel's tests range over the set of runs,
-which is the same set in both matrices when every padded row R is read by some (oy, i) (Ho >= dh, or kh = 1). Nearest and directed rounding draw no
-random bits, so the element order does not matter; stochastic rounding (bits from the element's index) and
-per-row outer scales (nvfp4_row, 4/6: a row's set of runs differs) are not taken here. Where the butterfly
-declines (a run holding an infinity or NaN), the caller takes the full path."""
+which is the same set in both matrices when every padded row R is read by some (oy, i) (Ho >= dh, or kh = 1).
+Nearest and directed rounding draw no random bits, so the element order does not matter; stochastic rounding (bits
+from the element's index) and per-row outer scales (nvfp4_row, 4/6: a row's set of runs differs) are not taken
+here. Where the butterfly declines (a run holding an infinity or NaN), the caller takes the full path."""
 from __future__ import annotations
 
 from typing import Callable, Optional

@@ -23,8 +23,7 @@ class _Net(nn.Module):
 
 
 POLICIES = {"h100_fp8": dict(fmt="e4m3fn", grad="e5m2", mad="h100_fp8_e4m3"),
-            "b200_nvfp4": dict(fmt="nvfp4", grad_rounding="nearest", mad="b200_mxf4nvf4_ue4m3"),
-            "fp8_recipe_unit": dict(fmt="fp8_152", mad=emunum.MADUnit("fp16_169", "fp16_169", chunk=64))}
+            "b200_nvfp4": dict(fmt="nvfp4", grad_rounding="nearest", mad="b200_mxf4nvf4_ue4m3")}
 
 
 def _step(model, x):

@@ -1,6 +1,7 @@
 """MAD units under torch.compile: their GEMMs are numba kernels, which dynamo cannot trace, so each emulated GEMM
 call is a graph break run eagerly (``torch.compiler.disable`` on the ``emunum.mad`` entry points), with eager's bits;
-``fullgraph=True``, which forbids graph breaks, refuses them."""
+``fullgraph=True``, which forbids graph breaks, refuses them, and torch.export (fake tensors) gets a TypeError
+naming the function."""
 import copy
 import warnings
 
@@ -54,3 +55,9 @@ def test_fullgraph_refuses_a_mad_unit_gemm():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="disable"):
         torch.compile(model, backend="aot_eager", fullgraph=True)(torch.randn(2, 8))
+
+
+def test_torch_export_of_a_mad_unit_gemm_is_refused_by_name():
+    model = emunum.patch(nn.Linear(8, 4), fmt="e4m3fn", mad="h100_fp8_e4m3")
+    with torch.no_grad(), pytest.raises(TypeError, match=r"emunum.mad.linear: .* fake or meta"):
+        torch.export.export(model, (torch.randn(2, 8),))

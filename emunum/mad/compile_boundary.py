@@ -2,9 +2,10 @@
 
 Their GEMMs are numba kernels, which dynamo cannot trace (it raised ``InternalTorchDynamoError`` inside them).
 ``graph_break(fn)`` makes each call of fn ``torch.compiler.disable(fn)``'s: under torch.compile the call is a graph
-break, run eagerly, with eager's bits (``fullgraph=True``, which forbids graph breaks, refuses it); in eager mode it
-is fn's call. The wrapping is made on the first call, not at import: ``torch.compiler.disable`` imports
-``torch._dynamo`` (about a second), which a process that never compiles should not pay."""
+break, run eagerly, with eager's bits (``fullgraph=True``, which forbids graph breaks, refuses it, and torch.export,
+which hands it fake tensors, gets a TypeError that says so); in eager mode it is fn's call. The wrapping is made on
+the first call, not at import: ``torch.compiler.disable`` imports ``torch._dynamo`` (about a second), which a
+process that never compiles should not pay."""
 from __future__ import annotations
 
 import functools
@@ -13,12 +14,20 @@ import torch
 
 
 def graph_break(fn):
-    """fn, a graph break under torch.compile (module doc)."""
+    """fn, a graph break under torch.compile (module doc); TypeError for fake or meta tensors (torch.export)."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        if any(_without_values(a) for a in args):
+            raise TypeError(f"emunum.mad.{fn.__name__}: a MAD unit's GEMMs are numba kernels that need real "
+                            "tensors, and this call got fake or meta ones (torch.export, or another tracer); run "
+                            "such a model eagerly or under torch.compile without fullgraph (each GEMM a graph break)")
         return _disabled(fn)(*args, **kwargs)
 
     return call
+
+
+def _without_values(a) -> bool:
+    return isinstance(a, torch.Tensor) and (a.is_meta or type(a).__name__ == "FakeTensor")
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,12 +14,12 @@ import torch
 
 
 def graph_break(fn):
-    """fn, a graph break under torch.compile (module doc); TypeError for fake or meta tensors (torch.export)."""
+    """fn, a graph break under torch.compile (module doc); TypeError for fake tensors (torch.export)."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
         if any(_without_values(a) for a in args):
             raise TypeError(f"emunum.mad.{fn.__name__}: a MAD unit's GEMMs are numba kernels that need real "
-                            "tensors, and this call got fake or meta ones (torch.export, or another tracer); run "
+                            "tensors, and this call got fake ones (torch.export, or another tracer); run "
                             "such a model eagerly or under torch.compile without fullgraph (each GEMM a graph break)")
         return _disabled(fn)(*args, **kwargs)
 
@@ -27,7 +27,7 @@ def graph_break(fn):
 
 
 def _without_values(a) -> bool:
-    return isinstance(a, torch.Tensor) and (a.is_meta or type(a).__name__ == "FakeTensor")
+    return isinstance(a, torch.Tensor) and type(a).__name__ == "FakeTensor"  # (meta: each function's own check)
 
 
 @functools.lru_cache(maxsize=None)

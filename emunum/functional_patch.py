@@ -19,14 +19,13 @@ from .policy import Policy
 class FunctionalPatch(ModelHooks):
     """Forward hooks of a patched model (see ``ModelHooks``) plus the first forward's check."""
 
-    def __init__(self, policy: Policy, strict: bool):
+    def __init__(self, policy: Policy, strict: bool, expects_emulated: bool = False):
+        """expects_emulated: ``patch`` swapped no layer (its filter and keep_first_last left none) and relies on
+        the functional GEMMs alone; the first forward then also checks that some GEMM ran emulated."""
         super().__init__(GemmMode(GemmEmulator(policy), strict))
-        self.policy, self.strict = policy, strict
+        self.policy, self.strict, self.expects_emulated = policy, strict, expects_emulated
         self._counter = None
         self.checked = False
-        # set by ``patch`` when it swapped no layer (its filter and keep_first_last left none) and relies on the
-        # functional GEMMs alone: the first forward then also checks that some GEMM ran emulated
-        self.expects_emulated = False
 
     def _enter(self, mod, args):
         if not self.checked and self.mode.depth == 0 and not torch.compiler.is_compiling():

@@ -312,8 +312,7 @@ def patch(model: nn.Module, fmt=None, *, policy: Optional[Policy] = None, strict
     if functional and "_emunum_gemm" not in model.__dict__:
         excluded = [(s.module, gemm_context.KEPT if id(s.module) in keep else gemm_context.FILTERED)
                     for s in sites if not s.done and id(s.module) not in reps and _applies(s, pol)]
-        _attach_functional(model, pol, strict, excluded, {id(s.module) for s in sites})
-        model.__dict__["_emunum_gemm"].expects_emulated = hosts_only
+        _attach_functional(model, pol, strict, excluded, {id(s.module) for s in sites}, expects_emulated=hosts_only)
     if "_emunum_gemm" in model.__dict__:
         model.__dict__["_emunum_gemm"].mode.emu.__dict__["_emunum_elide"] = elide
     return model
@@ -337,9 +336,10 @@ def _functional_host(model: nn.Module, pol: Policy, sites) -> bool:
     return visit(model, "")
 
 
-def _attach_functional(model: nn.Module, pol: Policy, strict: bool, excluded: list, sites) -> None:
+def _attach_functional(model: nn.Module, pol: Policy, strict: bool, excluded: list, sites,
+                       expects_emulated: bool = False) -> None:
     """Forward hooks that emulate the functional GEMMs of the model's unswapped modules (``gemm_mode``)."""
-    hooks = FunctionalPatch(pol, strict)
+    hooks = FunctionalPatch(pol, strict, expects_emulated)
     hooks.attach_root(model)
     for module, reason in excluded:
         hooks.attach_excluded(module, reason)
